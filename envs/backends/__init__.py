@@ -1,0 +1,1 @@
+"""envs/backends package."""

@@ -1,0 +1,178 @@
+"""Named observation terms and the layouts that flatten them into a policy's input vector.
+
+The env produces raw, unscaled terms (SI units, body frame); the store keeps them raw; every policy
+declares an ``ObsLayout`` - which terms, which slice, what offset/scale/clip - so any model can choose
+its own input later. This file is the single catalogue of term names and widths.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+
+NUM_JOINTS = 12
+NUM_FEET = 4
+# Joint order, stated once for the whole project: legs FR, FL, RR, RL, each hip, thigh, calf.
+LEGS = ("FR", "FL", "RR", "RL")
+JOINT_NAMES = tuple(f"{leg}_{part}" for leg in LEGS for part in ("hip", "thigh", "calf"))
+
+# The walk-these-ways gait-conditioned command space (15-D). The joystick space is its first three
+# entries; in joystick mode the rest hold the default trot so one `commands` term serves every layout.
+COMMAND_NAMES = (
+    "lin_vel_x", "lin_vel_y", "ang_vel_yaw", "body_height", "gait_frequency",
+    "gait_phase", "gait_offset", "gait_bound", "gait_duration", "foot_swing_height",
+    "body_pitch", "body_roll", "stance_width", "stance_length", "aux",
+)
+
+# legged_gym's 17 x 11 height-sample grid over 1.6 m x 1.0 m.
+HEIGHT_SCAN_X = tuple(round(-0.8 + 0.1 * i, 2) for i in range(17))
+HEIGHT_SCAN_Y = tuple(round(-0.5 + 0.1 * i, 2) for i in range(11))
+
+TERM_DIMS: dict[str, int] = {
+    "base_lin_vel": 3,        # m/s, body frame
+    "base_ang_vel": 3,        # rad/s, body frame
+    "projected_gravity": 3,   # unit gravity vector in the body frame
+    "commands": len(COMMAND_NAMES),
+    "dof_pos": NUM_JOINTS,    # rad, relative to the robot's default standing pose
+    "dof_vel": NUM_JOINTS,    # rad/s
+    "dof_pos_sin": NUM_JOINTS,  # sin of the absolute joint angle (FCNet C.3.1)
+    "dof_pos_cos": NUM_JOINTS,
+    "last_action": NUM_JOINTS,
+    "last_last_action": NUM_JOINTS,
+    "foot_contacts": NUM_FEET,  # 1 where the foot touches ground
+    "gait_clock": NUM_FEET,     # sin(2*pi*phase) per foot (walk-these-ways)
+    # privileged: never fed to a deployable policy by default
+    "base_height": 1,         # m above the terrain under the base
+    "height_scan": len(HEIGHT_SCAN_X) * len(HEIGHT_SCAN_Y),  # base z - terrain z at the grid points, m
+    "friction": 1,
+    "added_mass": 1,
+}
+PRIVILEGED_TERMS = frozenset({"base_height", "height_scan", "friction", "added_mass"})
+
+
+@dataclass(frozen=True)
+class LayoutTerm:
+    """One term of a layout: ``clip((x[index] + offset) * scale)``."""
+
+    name: str
+    scale: float | Sequence[float] = 1.0
+    index: tuple[int, ...] | None = None   # a sub-selection of the term's entries
+    offset: float = 0.0
+    clip: float | None = None
+
+    @property
+    def dim(self) -> int:
+        if self.name not in TERM_DIMS:
+            raise ValueError(f"unknown observation term {self.name!r}; known terms: {sorted(TERM_DIMS)}")
+        return len(self.index) if self.index is not None else TERM_DIMS[self.name]
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        if self.index is not None:
+            x = x[..., list(self.index)]
+        scale = torch.as_tensor(self.scale, dtype=x.dtype, device=x.device)
+        y = (x + self.offset) * scale
+        if self.clip is not None:
+            y = y.clamp(-self.clip, self.clip)
+        return y
+
+
+@dataclass(frozen=True)
+class ObsLayout:
+    name: str
+    terms: tuple[LayoutTerm, ...]
+    clip: float | None = None
+
+    @property
+    def dim(self) -> int:
+        return sum(t.dim for t in self.terms)
+
+    @property
+    def term_names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t.name for t in self.terms))
+
+    @property
+    def privileged(self) -> bool:
+        return any(t.name in PRIVILEGED_TERMS for t in self.terms)
+
+    def build(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Flatten named terms (..., term_dim) into (..., self.dim)."""
+        missing = [t.name for t in self.terms if t.name not in terms]
+        if missing:
+            raise KeyError(f"layout {self.name!r} needs observation terms {missing}; got {sorted(terms)}")
+        out = torch.cat([t.apply(terms[t.name]) for t in self.terms], dim=-1)
+        return out.clamp(-self.clip, self.clip) if self.clip is not None else out
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "clip": self.clip, "terms": [
+            {"name": t.name, "scale": list(t.scale) if isinstance(t.scale, (list, tuple)) else t.scale,
+             "index": list(t.index) if t.index is not None else None, "offset": t.offset, "clip": t.clip}
+            for t in self.terms]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "ObsLayout":
+        terms = tuple(LayoutTerm(name=t["name"], scale=tuple(t["scale"]) if isinstance(t["scale"], list) else t["scale"],
+                                 index=tuple(t["index"]) if t.get("index") is not None else None,
+                                 offset=t.get("offset", 0.0), clip=t.get("clip")) for t in d["terms"])
+        return cls(name=d["name"], terms=terms, clip=d.get("clip"))
+
+
+# --- the named layouts -------------------------------------------------------------------------------
+_VEL3 = (0, 1, 2)
+
+LEGGED_GYM_48 = ObsLayout("legged_gym_48", (
+    LayoutTerm("base_lin_vel", 2.0),
+    LayoutTerm("base_ang_vel", 0.25),
+    LayoutTerm("projected_gravity"),
+    LayoutTerm("commands", (2.0, 2.0, 0.25), index=_VEL3),
+    LayoutTerm("dof_pos"),
+    LayoutTerm("dof_vel", 0.05),
+    LayoutTerm("last_action"),
+), clip=100.0)
+
+LEGGED_GYM_235 = ObsLayout("legged_gym_235", LEGGED_GYM_48.terms + (
+    LayoutTerm("height_scan", 5.0, offset=-0.5, clip=5.0),
+), clip=100.0)
+
+# FCNet appendix C.3.1 (the paper lists 12-D angular velocity and a 16-D command; the body angular
+# velocity is 3-D and our gait-conditioned command is 15-D - the walk-these-ways space).
+FCNET = ObsLayout("fcnet", (
+    LayoutTerm("projected_gravity"),
+    LayoutTerm("dof_vel", 0.05),
+    LayoutTerm("dof_pos_sin"),
+    LayoutTerm("dof_pos_cos"),
+    LayoutTerm("base_ang_vel", 0.25),
+    LayoutTerm("last_action"),
+    LayoutTerm("commands"),
+))
+
+# walk-these-ways' 70-D frame: gravity 3, commands 15, dof pos 12, dof vel 12, action 12,
+# previous action 12, clock 4 (stacked over 30 frames by its adapter).
+WTW_70 = ObsLayout("wtw_70", (
+    LayoutTerm("projected_gravity"),
+    LayoutTerm("commands"),
+    LayoutTerm("dof_pos"),
+    LayoutTerm("dof_vel", 0.05),
+    LayoutTerm("last_action"),
+    LayoutTerm("last_last_action"),
+    LayoutTerm("gait_clock"),
+))
+
+# The default for models trained here: proprioception + command, no privileged terms.
+PROPRIO = ObsLayout("proprio", (
+    LayoutTerm("base_ang_vel", 0.25),
+    LayoutTerm("projected_gravity"),
+    LayoutTerm("commands"),
+    LayoutTerm("dof_pos"),
+    LayoutTerm("dof_vel", 0.05),
+    LayoutTerm("last_action"),
+    LayoutTerm("gait_clock"),
+))
+
+LAYOUTS: dict[str, ObsLayout] = {l.name: l for l in (LEGGED_GYM_48, LEGGED_GYM_235, FCNET, WTW_70, PROPRIO)}
+
+
+def get_layout(name: str) -> ObsLayout:
+    if name not in LAYOUTS:
+        raise ValueError(f"unknown observation layout {name!r}; allowed: {sorted(LAYOUTS)}")
+    return LAYOUTS[name]

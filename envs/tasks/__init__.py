@@ -1,0 +1,1 @@
+"""envs/tasks package."""

@@ -1,0 +1,47 @@
+"""The one policy protocol: experts, learned models and (later) VLAs all meet it.
+
+A policy is reset for a set of env ids and acts on a batch of *named* observation terms (see
+``envs.layout``), keeping whatever recurrent state it needs (gait phase, FCNet's frequency cache, a KV
+cache). Collection and evaluation use only this protocol.
+
+Action spaces:
+- ``"joint"``: 12-D normalised joint actions, the rsl_rl / legged_gym convention
+  ``q_target = q_default + action_scale * action`` (the env applies it).
+- ``"command"``: a high-level command (GeRM's 12-D command of seed 003 Eq. 9) that a low-level policy
+  turns into joint actions; ``HierarchicalPolicy`` composes the two.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Protocol, runtime_checkable
+
+import torch
+
+ACTION_SPACES = ("joint", "command")
+
+
+@runtime_checkable
+class Policy(Protocol):
+    #: a stable identifier recorded with every episode it produces (e.g. "gait:trot", "fcnet:<hash>")
+    policy_id: str
+    #: the raw observation terms it reads (names from envs.layout.TERM_DIMS)
+    obs_terms: tuple[str, ...]
+    #: "joint" or "command"
+    action_space: str
+    action_dim: int
+
+    def reset(self, env_ids: torch.Tensor) -> None:
+        """Forget the recurrent state of these envs (called at episode start)."""
+
+    def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """(num_envs, action_dim) actions for the batch of named terms, each (num_envs, term_dim)."""
+
+
+def check_policy(policy: object) -> Policy:
+    """Raise a clear error when an object does not meet the protocol."""
+    missing = [a for a in ("policy_id", "obs_terms", "action_space", "action_dim", "reset", "act")
+               if not hasattr(policy, a)]
+    if missing:
+        raise TypeError(f"{type(policy).__name__} is not a quadforge Policy: missing {missing}")
+    if policy.action_space not in ACTION_SPACES:
+        raise ValueError(f"{type(policy).__name__}.action_space={policy.action_space!r}; allowed: {ACTION_SPACES}")
+    return policy  # type: ignore[return-value]

@@ -1,0 +1,1 @@
+"""The `quadforge` command line, reports and benchmarks."""

@@ -1,0 +1,23 @@
+"""`quadforge bench <name> [--quick] [--json PATH]`: each benchmark is a module in tools/bench/."""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS = {
+    "sim": "tools.bench.sim",
+    "experts": "tools.bench.experts",
+    "store": "tools.bench.store",
+    "models": "tools.bench.models",
+    "germ": "tools.bench.germ",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
+    parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(importlib.import_module(BENCHMARKS[args.name]).main(quick=args.quick, json_path=args.json) or 0)

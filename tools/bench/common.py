@@ -1,0 +1,80 @@
+"""Shared benchmark plumbing: timing, a printed table, and a JSON record.
+
+Benchmarks compare ratios measured in one run (this machine is shared and noisy), never absolute
+numbers against constants from another day.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
+    """Median wall time of one call of ``fn`` in seconds."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+
+    def add(self, *values: Any) -> None:
+        if len(values) != len(self.columns):
+            raise ValueError(f"row has {len(values)} values, table {self.title!r} has {len(self.columns)} columns")
+        self.rows.append(list(values))
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row)) for row in self.rows]
+
+    def markdown(self) -> str:
+        def fmt(v: Any) -> str:
+            if isinstance(v, float):
+                return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+            return str(v)
+        lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
+                 "|" + "|".join("---" for _ in self.columns) + "|"]
+        lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+
+def report(name: str, tables: list[Table], json_path: str | None, extra: dict[str, Any] | None = None) -> dict:
+    """Print every table and, if asked, write them (with machine info) as JSON."""
+    for t in tables:
+        print(t.markdown())
+        print()
+    record = {"benchmark": name, "machine": machine_info(), "tables": {t.title: t.records() for t in tables}}
+    if extra:
+        record.update(extra)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(record, indent=2, default=float))
+        print(f"wrote {json_path}")
+    return record

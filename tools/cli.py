@@ -1,0 +1,57 @@
+"""The `quadforge` console script.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
+modules are imported only when their subcommand runs, so ``quadforge --help`` stays instant and a
+broken optional part never blocks the others.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("tools.demo", "end-to-end demo: collect with the gait expert, train FCNet, evaluate both"),
+    "rollout": ("tools.rollout_cmd", "run a policy in the env for a few seconds and print a summary"),
+    "collect": ("collection.collect", "collect labelled episodes into a zarr trajectory store"),
+    "dataset": ("data.cli", "inspect, validate, export or import a trajectory store"),
+    "train": ("training.cli", "train an imitation model or GeRM on a trajectory store"),
+    "train-expert": ("experts.ppo", "train a PPO expert with rsl_rl on the locomotion task"),
+    "eval": ("collection.evaluate", "closed-loop evaluation of a policy across terrain types and levels"),
+    "eval-expert": ("collection.evaluate_expert", "evaluate an expert per terrain type x level"),
+    "bench": ("tools.bench.cli", "benchmarks: sim | experts | store | models | germ"),
+}
+
+
+def build_parser(with_subcommand: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quadforge", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == with_subcommand:
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = next((a for a in argv if not a.startswith("-")), None)
+    if name not in COMMANDS:
+        build_parser().print_help()
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    args = build_parser(with_subcommand=name).parse_args(argv)
+    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, NotImplementedError) as err:
+        # Bad input is a one-line error naming what is wrong, not a traceback.
+        print(f"quadforge {name}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
