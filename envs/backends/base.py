@@ -1,0 +1,96 @@
+"""The physics-backend protocol: everything above it is batched torch over N environments.
+
+A backend owns the physics of N robots on one terrain. It is stepped with joint *position targets*
+(radians, absolute) for ``decimation`` physics substeps under a PD law with torque limits, and hands
+back the batched state as torch tensors (``RobotState``). ``mujoco_cpu`` is the embedded default; a
+MuJoCo Warp backend (thousands of worlds on one GPU) or an Isaac Gym adapter implements the same
+protocol with tensors living on the GPU.
+
+Conventions: quaternions are (w, x, y, z); "_w" is the world frame, "_b" the base (body) frame; joint
+order is ``envs.layout.JOINT_NAMES``; foot order is ``envs.layout.LEGS``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class RandomizationConfig:
+    """Per-env physics parameters drawn at construction (a pool of model variants)."""
+
+    friction_range: tuple[float, float] | None = (0.5, 1.25)   # legged_gym
+    added_mass_range: tuple[float, float] | None = (-1.0, 1.0)  # kg on the base
+    motor_strength_range: tuple[float, float] | None = (0.9, 1.1)  # scales Kp, Kd and torque limits
+    num_variants: int = 8  # size of the model-variant pool envs are spread over
+
+
+@dataclass
+class BackendConfig:
+    robot: str = "go1"
+    num_envs: int = 16
+    sim_dt: float = 0.005
+    decimation: int = 4
+    num_threads: int | None = None   # None -> os.cpu_count()
+    seed: int = 0
+    randomization: RandomizationConfig | None = None  # None -> nominal physics in every env
+    # terrain: an envs.terrain.TerrainConfig, or None for a flat plane
+    terrain: object | None = None
+
+
+@dataclass
+class RobotState:
+    """Batched robot state after the last step/reset (all tensors on the backend's device)."""
+
+    root_pos_w: torch.Tensor        # (N, 3)
+    root_quat_w: torch.Tensor       # (N, 4) wxyz
+    root_lin_vel_w: torch.Tensor    # (N, 3)
+    root_ang_vel_w: torch.Tensor    # (N, 3)
+    root_lin_vel_b: torch.Tensor    # (N, 3)
+    root_ang_vel_b: torch.Tensor    # (N, 3)
+    projected_gravity_b: torch.Tensor  # (N, 3)
+    joint_pos: torch.Tensor         # (N, 12) absolute, rad
+    joint_vel: torch.Tensor         # (N, 12) rad/s
+    joint_torque: torch.Tensor      # (N, 12) N·m actually applied (after limits)
+    foot_pos_w: torch.Tensor        # (N, 4, 3)
+    foot_contact: torch.Tensor      # (N, 4) bool
+    contact_forces: torch.Tensor    # (N, num_bodies, 3) world-frame contact force on each tracked body
+    body_names: tuple[str, ...] = field(default=())  # names of the tracked bodies, in order
+
+
+@runtime_checkable
+class PhysicsBackend(Protocol):
+    num_envs: int
+    num_joints: int
+    device: torch.device
+    sim_dt: float
+    decimation: int
+
+    @property
+    def state(self) -> RobotState: ...
+
+    @property
+    def env_params(self) -> dict[str, torch.Tensor]:
+        """Per-env physics parameters (friction (N,), added_mass (N,), motor_strength (N,))."""
+
+    def reset(self, env_ids: torch.Tensor, root_pos_w: torch.Tensor, root_quat_w: torch.Tensor,
+              root_lin_vel_w: torch.Tensor, root_ang_vel_w: torch.Tensor,
+              joint_pos: torch.Tensor, joint_vel: torch.Tensor) -> None:
+        """Put the given envs into the given states (k rows each) and refresh ``state``."""
+
+    def step(self, joint_targets: torch.Tensor) -> torch.Tensor:
+        """Advance every env by ``decimation`` substeps towards (N, 12) targets.
+
+        Returns an (N,) bool mask of envs whose physics went non-finite during this step; those envs
+        have already been restored to a finite state (their last reset state) and must be terminated by
+        the caller. Never propagates NaN into ``state``."""
+
+    def push(self, env_ids: torch.Tensor, delta_lin_vel_w: torch.Tensor) -> None:
+        """Add a velocity impulse to the base of the given envs (domain randomization pushes)."""
+
+    def terrain_height(self, xy_w: torch.Tensor) -> torch.Tensor:
+        """Terrain height (m) under world points (..., 2) -> (...)."""
+
+    def close(self) -> None: ...
