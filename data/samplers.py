@@ -1,0 +1,305 @@
+"""Window and transition samplers over a trajectory store or in-memory ``EpisodeArrays``.
+
+Both samplers select episodes once (seeded episode-level split, then filters), copy the selected
+steps into one contiguous block with a zero row in front (row 0 is the padding row), and build the
+layout vector for every step up front. A batch is then pure index arithmetic plus one fancy-index
+gather per tensor - no Python loop per window.
+
+Padding rule: the window ending at step t of an episode holds steps t-n+1..t; positions before the
+episode's first step read the zero row (obs, actions, rtg = 0) and have mask False, on the LEFT.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import torch
+
+from data.episodes import (EpisodeArrays, as_episode_arrays, discounted_returns, select_episodes,
+                           SPLITS)
+from envs.layout import ObsLayout
+from tools.seeding import numpy_rng
+
+__all__ = ["EpisodeArrays", "WindowSampler", "TransitionSampler", "SPLITS"]
+
+
+class _SelectedSteps:
+    """The selected episodes' steps, contiguous, with a zero padding row at index 0."""
+
+    def __init__(self, data: EpisodeArrays, episodes: np.ndarray, layout: ObsLayout, action_feature: str):
+        self.episodes = episodes                                   # (E_sel,) indices into the source
+        lengths = data.episode_lengths[episodes]
+        self.lengths = lengths
+        self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)  # compact starts
+        self.num_steps = int(lengths.sum())
+        # compact step i <-> source step source_index[i]
+        shift = np.repeat(data.episode_starts[episodes] - self.starts, lengths)
+        self.source_index = np.arange(self.num_steps, dtype=np.int64) + shift
+        self.step_start = np.repeat(self.starts, lengths)          # (T,) compact start of the step's episode
+        self.step_episode = np.repeat(np.arange(len(episodes)), lengths)  # (T,) position in `episodes`
+        self.timestep = np.arange(self.num_steps, dtype=np.int64) - self.step_start
+
+        terms = {name: torch.from_numpy(np.ascontiguousarray(data.features[name][self.source_index],
+                                                             dtype=np.float32))
+                 for name in layout.term_names}
+        obs = layout.build(terms)                                  # (T, D)
+        self.obs = self._padded(obs)                               # (T+1, D)
+        acts = np.asarray(data.features[action_feature][self.source_index], dtype=np.float32)
+        self.actions = self._padded(torch.from_numpy(acts.reshape(self.num_steps, -1)))  # (T+1, A)
+
+    @staticmethod
+    def _padded(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.zeros((1,) + tuple(x.shape[1:]), dtype=x.dtype), x], dim=0).contiguous()
+
+    def window_index(self, ends: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray]:
+        """(B, n) padded-row indices and (B, n) mask of the windows ending at compact steps ``ends``."""
+        idx = ends[:, None] + np.arange(1 - context, 1, dtype=np.int64)[None, :]
+        mask = idx >= self.step_start[ends][:, None]
+        return np.where(mask, idx + 1, 0), mask
+
+
+def _check_context(context: int, who: str) -> None:
+    if int(context) < 1:
+        raise ValueError(f"{who}: context={context}; must be >= 1")
+
+
+def _check_rank(rank: int, world_size: int, who: str) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"{who}: rank={rank}, world_size={world_size}; need 0 <= rank < world_size")
+
+
+class WindowSampler:
+    """Context windows for sequence imitation (FCNet, Transformer, DC, StARformer, MLP with n=1).
+
+    Every step of every selected episode is a window end. ``reward_feature=None`` drops ``rtg`` from
+    the batch (for data without rewards).
+    """
+
+    def __init__(self, source: Any, layout: ObsLayout, context: int, split: str = "train",
+                 val_fraction: float = 0.1, filters: Mapping[str, Any] | None = None, seed: int = 0,
+                 rank: int = 0, world_size: int = 1, action_feature: str = "actions",
+                 reward_feature: str | None = "rewards"):
+        who = "WindowSampler"
+        _check_context(context, who)
+        _check_rank(rank, world_size, who)
+        needed = list(layout.term_names) + [action_feature] + ([reward_feature] if reward_feature else [])
+        data = as_episode_arrays(source, needed)
+        data.require(needed, who)
+        self.layout, self.context, self.split = layout, int(context), split
+        self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
+        self.steps = _SelectedSteps(data, select_episodes(data, split, val_fraction, seed, filters, who),
+                                    layout, action_feature)
+        self.rtg: torch.Tensor | None = None
+        if reward_feature:
+            rewards = np.asarray(data.features[reward_feature], dtype=np.float64).reshape(-1)
+            rtg = discounted_returns(rewards[self.steps.source_index],
+                                     self.steps.starts + self.steps.lengths, 1.0)
+            self.rtg = self.steps._padded(torch.from_numpy(rtg.astype(np.float32))[:, None])  # (T+1, 1)
+        self._rng = numpy_rng(self.seed, f"window_sampler/rank{self.rank}")
+        self._epoch = 0
+
+    # --- sizes ----------------------------------------------------------------------------------
+    @property
+    def num_windows(self) -> int:
+        return self.steps.num_steps
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.steps.episodes)
+
+    @property
+    def episode_indices(self) -> np.ndarray:
+        """Indices (into the source's episode table) of the selected episodes."""
+        return self.steps.episodes
+
+    def __len__(self) -> int:
+        return self.num_windows
+
+    # --- batches --------------------------------------------------------------------------------
+    def batch_at(self, ends: np.ndarray) -> dict[str, torch.Tensor]:
+        """The windows ending at these compact step indices (0..num_windows-1)."""
+        ends = np.asarray(ends, dtype=np.int64)
+        idx, mask = self.steps.window_index(ends, self.context)
+        t_idx = torch.from_numpy(idx)
+        timestep = np.where(mask, self.steps.timestep[np.clip(idx - 1, 0, None)], 0)
+        batch = {
+            "obs": self.steps.obs[t_idx],                    # (B, n, D)
+            "actions": self.steps.actions[t_idx],            # (B, n, A)
+            "mask": torch.from_numpy(mask),                  # (B, n) bool
+            "timestep": torch.from_numpy(timestep),          # (B, n) long
+            "episode_index": torch.from_numpy(self.steps.episodes[self.steps.step_episode[ends]]),  # (B,)
+        }
+        if self.rtg is not None:
+            batch["rtg"] = self.rtg[t_idx]                   # (B, n, 1)
+        return batch
+
+    def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
+        """A uniformly random batch of windows (with replacement), from this rank's seeded stream."""
+        return self.batch_at(self._rng.integers(0, self.num_windows, size=int(batch_size)))
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)
+
+    def epoch(self, batch_size: int, drop_last: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+        """One shuffled pass over this rank's shard of the window ends.
+
+        All ranks draw the same permutation (seed, epoch) and take disjoint strided shards of equal
+        size (the remainder of num_windows / world_size is dropped), so DDP ranks step in lockstep.
+        """
+        perm = numpy_rng(self.seed, f"window_epoch/{self._epoch}").permutation(self.num_windows)
+        self._epoch += 1
+        usable = (self.num_windows // self.world_size) * self.world_size
+        shard = perm[:usable][self.rank::self.world_size]
+        stop = len(shard) - (len(shard) % batch_size if drop_last else 0)
+        for i in range(0, stop, int(batch_size)):
+            yield self.batch_at(shard[i:i + batch_size])
+
+    # --- statistics -----------------------------------------------------------------------------
+    def obs_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) of the layout vector over the selected steps, each (D,); std >= std_floor."""
+        return _stats(self.steps.obs[1:], std_floor)
+
+    def action_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
+        return _stats(self.steps.actions[1:], std_floor)
+
+
+def _stats(x: torch.Tensor, std_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    x64 = x.double()
+    mean = x64.mean(dim=0)
+    std = x64.std(dim=0, unbiased=False).clamp_min(std_floor)
+    return mean.float(), std.float()
+
+
+REWARD_MODES = ("sparse", "dense")
+
+
+class TransitionSampler:
+    """(context window, action, reward, next window) transitions for Q-learning (GeRM).
+
+    ``reward="sparse"``: 1 at the last step of a successful episode, else 0 (GeRM / Q-Transformer);
+    ``"dense"``: the stored ``rewards`` feature. ``n_step`` > 1 sums ``gamma^k r_{t+k}`` over the next
+    n steps (cut at the episode end) and ``next_obs`` ends at ``t + n_step``; ``discount`` is
+    ``gamma^m`` for the m steps summed, the factor to bootstrap with. ``last`` marks transitions whose
+    next step is not stored (the episode ended): ``next_obs`` is zeros there, and ``done`` is 1 only if
+    the episode terminated (a fall), not on a time-out.
+    """
+
+    def __init__(self, source: Any, layout: ObsLayout, context: int, gamma: float = 0.98,
+                 reward: str = "sparse", success_only: bool = False, success_ratio: float | None = None,
+                 n_step: int = 1, seed: int = 0, split: str = "train", val_fraction: float = 0.1,
+                 filters: Mapping[str, Any] | None = None, rank: int = 0, world_size: int = 1,
+                 action_feature: str = "actions"):
+        who = "TransitionSampler"
+        _check_context(context, who)
+        _check_rank(rank, world_size, who)
+        if reward not in REWARD_MODES:
+            raise ValueError(f"{who}: reward={reward!r}; allowed: {REWARD_MODES}")
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"{who}: gamma={gamma}; must be in (0, 1]")
+        if n_step < 1:
+            raise ValueError(f"{who}: n_step={n_step}; must be >= 1")
+        if success_ratio is not None and not 0.0 <= success_ratio <= 1.0:
+            raise ValueError(f"{who}: success_ratio={success_ratio}; must be in [0, 1] or None")
+        needed = list(layout.term_names) + [action_feature] + (["rewards"] if reward == "dense" else [])
+        source_features = needed + ["terminated"]
+        data = as_episode_arrays(source, source_features)
+        data.require(needed, who)
+        if "success" not in data.episode_info:
+            raise ValueError(f"{who}: episode_info needs a 'success' column; have {sorted(data.episode_info)}")
+        filters = dict(filters or {})
+        if success_only:
+            filters["success_only"] = True
+        self.layout, self.context, self.gamma, self.n_step = layout, int(context), float(gamma), int(n_step)
+        self.reward_mode = reward
+        self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
+        steps = _SelectedSteps(data, select_episodes(data, split, val_fraction, seed, filters, who),
+                               layout, action_feature)
+        self.steps = steps
+        ends = steps.starts + steps.lengths
+        self.ep_success = data.episode_info["success"][steps.episodes].astype(bool)        # (E_sel,)
+        self.ep_terminal = _episode_terminal(data, steps.episodes, who)                    # (E_sel,)
+        if reward == "sparse":
+            r = np.zeros(steps.num_steps, dtype=np.float64)
+            r[ends[self.ep_success] - 1] = 1.0
+        else:
+            r = np.asarray(data.features["rewards"], dtype=np.float64).reshape(-1)[steps.source_index]
+        self.step_reward = r                                                               # (T,)
+        self.mc_return = discounted_returns(r, ends, self.gamma)                           # (T,)
+        step_success = self.ep_success[steps.step_episode]
+        # this rank's pool of transition starts: a disjoint strided shard of the selected steps
+        pool = np.arange(steps.num_steps, dtype=np.int64)[self.rank::self.world_size]
+        self.success_ratio = success_ratio
+        self._pools = (pool[step_success[pool]], pool[~step_success[pool]])
+        self._all = pool
+        if success_ratio is not None:
+            for name, p, share in (("successful", self._pools[0], success_ratio),
+                                   ("failed", self._pools[1], 1.0 - success_ratio)):
+                if share > 0 and p.size == 0:
+                    raise ValueError(f"{who}: success_ratio={success_ratio} needs {name} episodes; "
+                                     f"the selection has none")
+        self._rng = numpy_rng(self.seed, f"transition_sampler/rank{self.rank}")
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def _draw(self, batch_size: int) -> np.ndarray:
+        if self.success_ratio is None:
+            return self._all[self._rng.integers(0, len(self._all), size=batch_size)]
+        n_succ = int(round(batch_size * self.success_ratio))
+        succ, fail = self._pools
+        parts = [succ[self._rng.integers(0, len(succ), size=n_succ)] if n_succ else succ[:0],
+                 fail[self._rng.integers(0, len(fail), size=batch_size - n_succ)] if batch_size - n_succ
+                 else fail[:0]]
+        return self._rng.permutation(np.concatenate(parts))
+
+    def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
+        return self.batch_at(self._draw(int(batch_size)))
+
+    def batch_at(self, t: np.ndarray) -> dict[str, torch.Tensor]:
+        """Transitions starting at these compact step indices."""
+        s = self.steps
+        t = np.asarray(t, dtype=np.int64)
+        local = s.timestep[t]
+        length = s.lengths[s.step_episode[t]]
+        m = np.minimum(self.n_step, length - local)                       # (B,) steps summed
+        k = np.arange(self.n_step, dtype=np.int64)[None, :]
+        valid = k < m[:, None]                                            # (B, n_step)
+        r_idx = np.where(valid, t[:, None] + k, 0)
+        reward = (np.where(valid, self.step_reward[r_idx], 0.0) * self.gamma ** k).sum(axis=1)
+        has_next = local + self.n_step < length
+        nxt = np.where(has_next, t + self.n_step, t)
+        idx, mask = s.window_index(t, self.context)
+        n_idx, _ = s.window_index(nxt, self.context)
+        n_idx = np.where(has_next[:, None], n_idx, 0)                     # zero row when no next step
+        ep = s.step_episode[t]
+        return {
+            "obs": s.obs[torch.from_numpy(idx)],                          # (B, n, D)
+            "mask": torch.from_numpy(mask),                               # (B, n)
+            "action": s.actions[torch.from_numpy(t + 1)],                 # (B, A)
+            "reward": torch.from_numpy(reward.astype(np.float32)),        # (B,)
+            "next_obs": s.obs[torch.from_numpy(n_idx)],                   # (B, n, D)
+            "next_mask": torch.from_numpy(n_idx > 0),                     # (B, n)
+            "done": torch.from_numpy((~has_next & self.ep_terminal[ep]).astype(np.float32)),  # (B,)
+            "last": torch.from_numpy(~has_next),                          # (B,) bool
+            "discount": torch.from_numpy((self.gamma ** m).astype(np.float32)),  # (B,)
+            "mc_return": torch.from_numpy(self.mc_return[t].astype(np.float32)),  # (B,)
+            "success": torch.from_numpy(self.ep_success[ep].astype(np.float32)),  # (B,)
+            "episode_index": torch.from_numpy(s.episodes[ep]),            # (B,) into the source table
+            "t": torch.from_numpy(local),                                 # (B,) step within the episode
+        }
+
+    def obs_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
+        return _stats(self.steps.obs[1:], std_floor)
+
+    def action_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
+        return _stats(self.steps.actions[1:], std_floor)
+
+
+def _episode_terminal(data: EpisodeArrays, episodes: np.ndarray, who: str) -> np.ndarray:
+    """Whether each episode ended in a termination (fall, collision), not a time-out."""
+    if "terminated" in data.features:
+        flags = np.asarray(data.features["terminated"]).reshape(-1)
+        return flags[data.episode_ends[episodes] - 1].astype(bool)
+    if "terminated" in data.episode_info:
+        return data.episode_info["terminated"][episodes].astype(bool)
+    raise ValueError(f"{who}: need a per-step 'terminated' feature or an episode_info 'terminated' column")
