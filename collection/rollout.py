@@ -1,0 +1,230 @@
+"""The one rollout loop: N envs under a policy, yielding finished episodes.
+
+Collection stores what it yields, evaluation summarises it; both run this loop. Per env and step it
+records the observation the policy acted on (every raw term of ``env.terms``), the action that was
+applied (``actions``: the policy output, plus action noise when asked for), ``joint_targets``,
+``rewards``, ``terminated`` and ``time_outs``, and ``hl_commands`` when the policy exposes the
+high-level command it acted with (a ``hl_commands`` attribute, (N, 12), as hierarchical policies do).
+
+Buffers are preallocated numpy arrays (num_envs, max_episode_length, dim) written in place each step,
+so recording costs a copy per term and step. When env i is done, its episode - arrays sliced to its
+length - is yielded with the env's ``extras["episode"]`` numbers, the skill it ran, its label
+(``collection.labels``) and what perturbed it; the policy is reset for the done envs and the loop
+carries on (the env has already auto-reset them). An episode that hits the time limit ends with
+``time_outs`` True and ``terminated`` False (truncated, not terminal).
+
+Stopping at a count favours short episodes among those in flight (failures finish first); the envs'
+partly run episodes are dropped, never yielded.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from collection.labels import LabelRule, label, termination_name
+from collection.skills import SkillCommandSampler
+from envs.layout import COMMAND_NAMES, NUM_JOINTS
+from experts.policy import check_policy
+from tools.seeding import torch_generator
+
+# Per-step features besides the raw observation terms.
+STEP_FEATURES: dict[str, tuple[tuple[int, ...], type]] = {
+    "actions": ((NUM_JOINTS,), np.float32),
+    "joint_targets": ((NUM_JOINTS,), np.float32),
+    "rewards": ((), np.float32),
+    "terminated": ((), np.bool_),
+    "time_outs": ((), np.bool_),
+}
+HL_COMMAND_DIM = 12  # GeRM's high-level command (seed 003, Eq. 9)
+_VX, _VY, _WZ = (COMMAND_NAMES.index(n) for n in ("lin_vel_x", "lin_vel_y", "ang_vel_yaw"))
+
+
+@dataclass
+class Episode:
+    """One finished episode: per-step arrays (length T each, first axis time) and its info."""
+
+    features: dict[str, np.ndarray]
+    info: dict[str, Any]
+
+    @property
+    def length(self) -> int:
+        return int(self.info["length"])
+
+
+@dataclass
+class RolloutConfig:
+    record: bool = True                 # False: infos only (evaluation summaries), no step arrays
+    action_noise_std: float = 0.0       # Gaussian noise on the normalised actions (sub-optimal data)
+    label_rule: LabelRule = field(default_factory=LabelRule)
+    seed: int = 0                       # the noise stream's seed
+
+    def validate(self) -> None:
+        if not (self.action_noise_std >= 0 and math.isfinite(self.action_noise_std)):
+            raise ValueError(f"action_noise_std={self.action_noise_std!r}; must be a finite number >= 0")
+
+
+class CommandIntegrator:
+    """Where the ideal robot would be: integrates the commanded velocities, heading turning with the
+    commanded yaw rate; per env the xy position (m) and heading (rad) since the episode start."""
+
+    def __init__(self, num_envs: int, dt: float, device: torch.device) -> None:
+        self.dt = dt
+        self.pose = torch.zeros(num_envs, 3, dtype=torch.float64, device=device)   # x, y, yaw
+        self.sums = torch.zeros(num_envs, 3, dtype=torch.float64, device=device)   # Σ vx, vy, wz
+
+    def step(self, commands: torch.Tensor) -> None:
+        c = commands.to(torch.float64)
+        yaw = self.pose[:, 2]
+        cos, sin = torch.cos(yaw), torch.sin(yaw)
+        self.pose[:, 0] += (cos * c[:, _VX] - sin * c[:, _VY]) * self.dt
+        self.pose[:, 1] += (sin * c[:, _VX] + cos * c[:, _VY]) * self.dt
+        self.pose[:, 2] += c[:, _WZ] * self.dt
+        self.sums += c[:, [_VX, _VY, _WZ]]
+
+    def take(self, env_id: int, length: int) -> dict[str, float]:
+        displacement = float(torch.linalg.vector_norm(self.pose[env_id, :2]))
+        means = (self.sums[env_id] / max(length, 1)).tolist()
+        self.pose[env_id] = 0.0
+        self.sums[env_id] = 0.0
+        return {"commanded_displacement": displacement, "cmd_vx": means[0], "cmd_vy": means[1], "cmd_wz": means[2]}
+
+
+class Rollout:
+    """Runs ``policy`` in ``env`` and yields ``Episode``s (see the module doc).
+
+    ``skills``: a ``SkillCommandSampler`` installed as the env's command sampler; its skill names go
+    into the infos as ``task``. ``info_extra``: constant entries added to every info (robot, run
+    settings).
+    """
+
+    def __init__(self, env: Any, policy: Any, config: RolloutConfig | None = None,
+                 skills: SkillCommandSampler | None = None, info_extra: dict[str, Any] | None = None) -> None:
+        self.cfg = config or RolloutConfig()
+        self.cfg.validate()
+        policy = check_policy(policy)
+        if policy.action_space != "joint":
+            raise ValueError(f"policy {policy.policy_id!r} emits action_space={policy.action_space!r}; the env "
+                             "takes 'joint' actions - wrap a command policy in a HierarchicalPolicy")
+        self.env, self.policy, self.skills = env, policy, skills
+        self.info_extra = dict(info_extra or {})
+        self.num_envs = int(env.num_envs)
+        self.device = torch.device(getattr(env, "device", "cpu"))
+        self.max_len = int(env.max_episode_length)
+        if skills is not None:
+            env.command_sampler = skills
+        self._noise_gen = torch_generator(self.cfg.seed, "action_noise", self.device)
+        self._commands = CommandIntegrator(self.num_envs, float(env.dt), self.device)
+        self._step_count = np.zeros(self.num_envs, dtype=np.int64)
+        self._skill = [""] * self.num_envs
+        self._buffers: dict[str, np.ndarray] = {}
+        self.env_steps = 0  # env-steps summed over envs since construction
+
+    # --- recording ----------------------------------------------------------------------------------
+    def _buffer(self, name: str, tail: tuple[int, ...], dtype: Any) -> np.ndarray:
+        buf = self._buffers.get(name)
+        if buf is None:
+            buf = self._buffers[name] = np.zeros((self.num_envs, self.max_len) + tail, dtype=dtype)
+        return buf
+
+    def _record(self, name: str, value: torch.Tensor | np.ndarray, dtype: Any = np.float32) -> None:
+        arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+        buf = self._buffer(name, arr.shape[1:], dtype)
+        buf[self._rows, self._step_count] = arr
+
+    # --- the loop -------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        all_ids = torch.arange(self.num_envs, device=self.device)
+        self.env.reset_envs(all_ids)
+        self.policy.reset(all_ids)
+        self._step_count[:] = 0
+        self._commands = CommandIntegrator(self.num_envs, float(self.env.dt), self.device)
+        self._rows = np.arange(self.num_envs)
+        self._take_skills(range(self.num_envs))
+
+    def _take_skills(self, env_ids: Any) -> None:
+        if self.skills is not None:
+            for i in env_ids:
+                self._skill[i] = self.skills.current[i]
+
+    def episodes(self, max_episodes: int | None = None, max_steps: int | None = None) -> Iterator[Episode]:
+        """Yield finished episodes until ``max_episodes`` were yielded or ``max_steps`` control steps
+        (of the whole batch) were taken; at least one bound is required."""
+        if max_episodes is None and max_steps is None:
+            raise ValueError("Rollout.episodes: give max_episodes or max_steps (a bound), not neither")
+        for name, bound in (("max_episodes", max_episodes), ("max_steps", max_steps)):
+            if bound is not None and (not isinstance(bound, int) or bound < 0):
+                raise ValueError(f"Rollout.episodes: {name}={bound!r}; must be an integer >= 0")
+        self._start()
+        emitted = steps = 0
+        while (max_episodes is None or emitted < max_episodes) and (max_steps is None or steps < max_steps):
+            done_ids, extras = self._step()
+            steps += 1
+            for i in done_ids:
+                if max_episodes is not None and emitted >= max_episodes:
+                    break
+                yield self._finish(i, extras)
+                emitted += 1
+            self._restart(done_ids)
+
+    def _step(self) -> tuple[list[int], dict]:
+        terms = self.env.terms
+        if np.any(self._step_count >= self.max_len):
+            raise RuntimeError(f"an episode ran past env.max_episode_length={self.max_len} without a time-out")
+        actions = self.policy.act(terms)
+        if self.cfg.action_noise_std > 0:
+            noise = torch.randn(actions.shape, generator=self._noise_gen, device=actions.device)
+            actions = actions + self.cfg.action_noise_std * noise
+        hl = getattr(self.policy, "hl_commands", None)
+        if self.cfg.record:
+            for name, value in terms.items():
+                self._record(name, value)
+            self._record("actions", actions)
+            if hl is not None:
+                self._record("hl_commands", hl)
+        self._commands.step(terms["commands"])
+
+        _, rewards, dones, extras = self.env.step(actions)
+        time_outs = extras["time_outs"].bool() & dones.bool()
+        if self.cfg.record:
+            self._record("joint_targets", self.env.joint_targets)
+            self._record("rewards", rewards)
+            self._record("terminated", dones.bool() & ~time_outs, np.bool_)
+            self._record("time_outs", time_outs, np.bool_)
+        self._step_count += 1
+        self.env_steps += self.num_envs
+        return dones.nonzero(as_tuple=False).flatten().tolist(), extras
+
+    def _finish(self, i: int, extras: dict) -> Episode:
+        length = int(self._step_count[i])
+        features = {name: buf[i, :length].copy() for name, buf in self._buffers.items()} if self.cfg.record else {}
+        info: dict[str, Any] = dict(self.info_extra)
+        for key, value in extras.get("episode", {}).items():
+            info[key] = value[i].item() if isinstance(value, torch.Tensor) else value[i]
+        info["termination_reason"] = termination_name(info.get("termination_reason", "none"))
+        terrain_types = tuple(getattr(self.env, "terrain_types", ()) or ())
+        if "terrain_type" in info and terrain_types:
+            info["terrain_type"] = terrain_types[int(info["terrain_type"])]
+        info.update(self._commands.take(i, length))
+        success, reason, numbers = label(info, self.cfg.label_rule)
+        info.update({
+            "env_id": i, "length": length, "task": self._skill[i], "policy_id": self.policy.policy_id,
+            "action_noise_std": self.cfg.action_noise_std, "success": success,
+            "failure_reason": "none" if success else reason,
+            "progress": numbers["progress"], "label_rule": self.cfg.label_rule.to_json(),
+        })
+        return Episode(features, info)
+
+    def _restart(self, done_ids: list[int]) -> None:
+        if not done_ids:
+            return
+        self._step_count[done_ids] = 0
+        # Any episode yielded or dropped at a bound: its env starts afresh either way.
+        for i in done_ids:
+            self._commands.pose[i] = 0.0
+            self._commands.sums[i] = 0.0
+        self.policy.reset(torch.as_tensor(done_ids, device=self.device))
+        self._take_skills(done_ids)
