@@ -1,0 +1,291 @@
+"""``mujoco_cpu``: native MuJoCo, one ``MjData`` per env, stepped on a thread pool.
+
+Each thread owns a contiguous slice of envs; MuJoCo releases the GIL inside its step functions, so the
+threads run the physics in parallel and only the few Python statements per env are serialised.
+A policy step is split so that the state the caller reads is current without an extra ``mj_forward``:
+
+    mj_step2 (finish the substep begun by the last mj_step1, with the new ctrl)
+    mj_step(nstep = decimation - 1)
+    mj_step1 (position/velocity stages + their sensors at the new state)
+
+which is the same arithmetic as ``decimation`` calls of ``mj_step``. After it, poses and velocities
+(``sensordata``'s position/velocity sensors) describe the state after the step; joint torques and
+contact forces (acceleration-stage sensors) are those that acted during the last substep.
+
+The readout is one ``sensordata`` row per env copied into a preallocated (N, S) float64 array; every
+``RobotState`` field is a preallocated float32 tensor refreshed in place by vectorised torch ops.
+Consumers must ``clone()`` a field they want to keep across steps.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import mujoco
+import numpy as np
+import torch
+
+from envs.backends.base import BackendConfig, RobotState
+from envs.layout import NUM_FEET, NUM_JOINTS
+from envs.scene import TRACKED, Scene, build_scene, make_variants
+from tools.seeding import numpy_rng
+
+# A state entry beyond this magnitude (m, rad, m/s, rad/s) is a diverged simulation, like a NaN.
+MAX_ABS_STATE = 1e6
+# Foot contact: net contact force above this (N), as legged_gym's contact_forces > 1.
+FOOT_CONTACT_FORCE = 1.0
+
+
+def quat_rotate_inverse(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Rotate world vectors (N, 3) into the frame of the wxyz quaternions (N, 4): R(q)^T v."""
+    w, u = q[:, :1], q[:, 1:]
+    t = 2.0 * torch.linalg.cross(u, v, dim=-1)
+    return v - w * t + torch.linalg.cross(u, t, dim=-1)
+
+
+def _load_terrain(terrain_cfg):
+    """The Terrain to build, or None for a plane (no config, or a flat one)."""
+    if terrain_cfg is None:
+        return None
+    from envs import terrain as terrain_mod
+
+    terrain = terrain_mod.generate(terrain_cfg)
+    return None if getattr(terrain, "heights", None) is None else terrain
+
+
+class MujocoCpuBackend:
+    """``envs.backends.base.PhysicsBackend`` on native MuJoCo (see the module docstring)."""
+
+    def __init__(self, cfg: BackendConfig):
+        from envs.robots import get_robot
+
+        self.cfg = cfg
+        if int(cfg.num_envs) < 1:
+            raise ValueError(f"BackendConfig.num_envs must be >= 1, got {cfg.num_envs}")
+        if int(cfg.decimation) < 1:
+            raise ValueError(f"BackendConfig.decimation must be >= 1, got {cfg.decimation}")
+        threads = (os.cpu_count() or 1) if cfg.num_threads is None else int(cfg.num_threads)
+        if threads < 1:
+            raise ValueError(f"BackendConfig.num_threads must be >= 1 or None, got {cfg.num_threads}")
+        self.num_envs = int(cfg.num_envs)
+        self.num_joints = NUM_JOINTS
+        self.device = torch.device("cpu")
+        self.sim_dt = float(cfg.sim_dt)
+        self.decimation = int(cfg.decimation)
+        self.num_threads = min(threads, self.num_envs)
+        self.num_non_finite = 0
+
+        self.robot = get_robot(cfg.robot)
+        self.scene: Scene = build_scene(self.robot, _load_terrain(cfg.terrain), self.sim_dt)
+        self.variants = make_variants(self.scene, cfg.randomization, self.num_envs,
+                                      numpy_rng(cfg.seed, "backend/variants"))
+        self.models = [self.variants.models[v] for v in self.variants.env_variant]
+        self.datas = [mujoco.MjData(m) for m in self.models]
+        # cached numpy views of each env's MjData (a fresh attribute lookup per step costs more)
+        self._ctrl_views = [d.ctrl for d in self.datas]
+        self._sens_views = [d.sensordata for d in self.datas]
+
+        n, s = self.num_envs, self.scene.sensors.size
+        self._sens = np.zeros((n, s))                  # (N, S) readout, float64 as MuJoCo computes it
+        self._targets = np.zeros((n, NUM_JOINTS))      # (N, 12) ctrl for the next step
+        self._reset_qpos = np.zeros((n, self.models[0].nq))  # each env's last reset state, to restore
+        self._reset_qvel = np.zeros((n, self.models[0].nv))
+        bounds = np.linspace(0, n, self.num_threads + 1).astype(int)
+        self._slices = [(int(bounds[k]), int(bounds[k + 1])) for k in range(self.num_threads)]
+        # the caller runs the last slice itself, so a 1-thread backend never touches the pool
+        self._pool = ThreadPoolExecutor(self.num_threads - 1) if self.num_threads > 1 else None
+
+        self._state = self._allocate_state()
+        self._env_params = {
+            "friction": torch.as_tensor(self.variants.friction, dtype=torch.float32),
+            "added_mass": torch.as_tensor(self.variants.added_mass, dtype=torch.float32),
+            "motor_strength": torch.as_tensor(self.variants.motor_strength, dtype=torch.float32),
+        }
+        self._reset_default(np.arange(n))
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def state(self) -> RobotState:
+        return self._state
+
+    @property
+    def env_params(self) -> dict[str, torch.Tensor]:
+        return self._env_params
+
+    def reset(self, env_ids: torch.Tensor, root_pos_w: torch.Tensor, root_quat_w: torch.Tensor,
+              root_lin_vel_w: torch.Tensor, root_ang_vel_w: torch.Tensor,
+              joint_pos: torch.Tensor, joint_vel: torch.Tensor) -> None:
+        ids = self._ids(env_ids)
+        k = len(ids)
+        parts = {"root_pos_w": (root_pos_w, 3), "root_quat_w": (root_quat_w, 4),
+                 "root_lin_vel_w": (root_lin_vel_w, 3), "root_ang_vel_w": (root_ang_vel_w, 3),
+                 "joint_pos": (joint_pos, NUM_JOINTS), "joint_vel": (joint_vel, NUM_JOINTS)}
+        arr = {}
+        for name, (value, dim) in parts.items():
+            a = np.asarray(torch.as_tensor(value).detach().cpu(), dtype=np.float64)
+            if a.shape != (k, dim):
+                raise ValueError(f"reset: {name} must have shape ({k}, {dim}) for {k} env ids, got {tuple(a.shape)}")
+            if not np.isfinite(a).all():
+                raise ValueError(f"reset: {name} holds non-finite values")
+            arr[name] = a
+        quat = arr["root_quat_w"]
+        norm = np.linalg.norm(quat, axis=1, keepdims=True)
+        if (norm < 1e-9).any():
+            raise ValueError("reset: root_quat_w rows must be non-zero (w, x, y, z) quaternions")
+        quat = quat / norm
+        self._reset_qpos[ids, 0:3] = arr["root_pos_w"]
+        self._reset_qpos[ids, 3:7] = quat
+        self._reset_qpos[ids, 7:] = arr["joint_pos"][:, self._qpos_order]
+        self._reset_qvel[ids, 0:3] = arr["root_lin_vel_w"]
+        # a free joint's angular velocity lives in the body frame
+        self._reset_qvel[ids, 3:6] = quat_rotate_inverse(torch.from_numpy(quat),
+                                                         torch.from_numpy(arr["root_ang_vel_w"])).numpy()
+        self._reset_qvel[ids, 6:] = arr["joint_vel"][:, self._qpos_order]
+        self._targets[ids] = arr["joint_pos"]
+        for i in ids:
+            self._restore(int(i))
+        self._refresh()
+
+    def step(self, joint_targets: torch.Tensor) -> torch.Tensor:
+        if tuple(joint_targets.shape) != (self.num_envs, NUM_JOINTS):
+            raise ValueError(f"step: joint_targets must have shape ({self.num_envs}, {NUM_JOINTS}), "
+                             f"got {tuple(joint_targets.shape)}")
+        self._targets[:] = joint_targets.detach().cpu().numpy()
+        futures = [self._pool.submit(self._step_slice, lo, hi) for lo, hi in self._slices[:-1]] if self._pool else []
+        self._step_slice(*self._slices[-1])
+        for f in futures:
+            f.result()
+        bad = self._diverged()
+        if bad.any():
+            ids = np.flatnonzero(bad)
+            self.num_non_finite += len(ids)
+            for i in ids:
+                self._restore(int(i))
+        self._refresh()
+        return torch.from_numpy(bad)
+
+    def push(self, env_ids: torch.Tensor, delta_lin_vel_w: torch.Tensor) -> None:
+        ids = self._ids(env_ids)
+        dv = np.asarray(torch.as_tensor(delta_lin_vel_w).detach().cpu(), dtype=np.float64)
+        if dv.shape != (len(ids), 3):
+            raise ValueError(f"push: delta_lin_vel_w must have shape ({len(ids)}, 3), got {tuple(dv.shape)}")
+        for row, i in enumerate(ids):
+            m, d = self.models[i], self.datas[i]
+            d.qvel[0:3] += dv[row]
+            # velocity-dependent quantities of the pending substep must see the new velocity
+            mujoco.mj_forward(m, d)
+            self._sens[i] = self._sens_views[i]
+        self._refresh()
+
+    def terrain_height(self, xy_w: torch.Tensor) -> torch.Tensor:
+        if xy_w.shape[-1] != 2:
+            raise ValueError(f"terrain_height: points must have a last dimension of 2 (x, y), got {tuple(xy_w.shape)}")
+        if self.scene.terrain is None:
+            return torch.zeros(xy_w.shape[:-1], dtype=torch.float32, device=xy_w.device)
+        return self.scene.terrain.height_at(xy_w)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __del__(self):  # the pool's threads would otherwise outlive a forgotten backend
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ internals
+    @property
+    def _qpos_order(self) -> np.ndarray:
+        """Column order taking project joint order to the model's hinge order (qpos[7:], qvel[6:])."""
+        if not hasattr(self, "_qpos_order_cache"):
+            m = self.models[0]
+            adr = [m.jnt_qposadr[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, j)] - 7
+                   for j in self.robot.joint_names]
+            order = np.empty(NUM_JOINTS, dtype=np.int64)
+            order[np.asarray(adr)] = np.arange(NUM_JOINTS)
+            self._qpos_order_cache = order
+        return self._qpos_order_cache
+
+    def _ids(self, env_ids: torch.Tensor) -> np.ndarray:
+        ids = np.asarray(torch.as_tensor(env_ids).detach().cpu(), dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_envs):
+            raise ValueError(f"env_ids must lie in [0, {self.num_envs}), got min {ids.min()} max {ids.max()}")
+        return ids
+
+    def _step_slice(self, lo: int, hi: int) -> None:
+        models, datas, ctrl, sens, targets = self.models, self.datas, self._ctrl_views, self._sens_views, self._targets
+        extra = self.decimation - 1
+        step1, step2, step = mujoco.mj_step1, mujoco.mj_step2, mujoco.mj_step
+        out = self._sens
+        for i in range(lo, hi):
+            m, d = models[i], datas[i]
+            ctrl[i][:] = targets[i]
+            step2(m, d)
+            if extra:
+                step(m, d, extra)
+            step1(m, d)
+            out[i] = sens[i]
+
+    def _diverged(self) -> np.ndarray:
+        kin = self._sens[:, self.scene.sensors.kinematic]
+        with np.errstate(invalid="ignore"):
+            return ~(np.abs(kin) <= MAX_ABS_STATE).all(axis=1)  # NaN compares False
+
+    def _restore(self, i: int) -> None:
+        """Put env i into its last reset state (fresh MjData contents: no warmstart, time 0)."""
+        m, d = self.models[i], self.datas[i]
+        mujoco.mj_resetData(m, d)
+        d.qpos[:] = self._reset_qpos[i]
+        d.qvel[:] = self._reset_qvel[i]
+        d.ctrl[:] = self._targets[i]
+        mujoco.mj_forward(m, d)
+        self._sens[i] = self._sens_views[i]
+
+    def _reset_default(self, ids: np.ndarray) -> None:
+        """Standing pose at the origin, above the ground: a valid state before the caller's first reset."""
+        k = len(ids)
+        pos = np.zeros((k, 3))
+        pos[:, 2] = self.robot.nominal_base_height + float(self.terrain_height(torch.zeros(1, 2)).max())
+        quat = np.tile([1.0, 0.0, 0.0, 0.0], (k, 1))
+        q = np.tile(np.asarray(self.robot.default_joint_pos, dtype=np.float64), (k, 1))
+        z3, z12 = np.zeros((k, 3)), np.zeros((k, NUM_JOINTS))
+        self.reset(torch.from_numpy(ids), *(torch.from_numpy(a) for a in (pos, quat, z3, z3, q, z12)))
+
+    def _allocate_state(self) -> RobotState:
+        n, f32 = self.num_envs, torch.float32
+        z = lambda *shape: torch.zeros(*shape, dtype=f32)  # noqa: E731
+        return RobotState(
+            root_pos_w=z(n, 3), root_quat_w=z(n, 4), root_lin_vel_w=z(n, 3), root_ang_vel_w=z(n, 3),
+            root_lin_vel_b=z(n, 3), root_ang_vel_b=z(n, 3), projected_gravity_b=z(n, 3),
+            joint_pos=z(n, NUM_JOINTS), joint_vel=z(n, NUM_JOINTS), joint_torque=z(n, NUM_JOINTS),
+            foot_pos_w=z(n, NUM_FEET, 3), foot_contact=torch.zeros(n, NUM_FEET, dtype=torch.bool),
+            contact_forces=z(n, len(TRACKED), 3), body_names=TRACKED,
+        )
+
+    def _refresh(self) -> None:
+        """Fill every RobotState tensor in place from the (N, S) readout."""
+        s, L, st = torch.from_numpy(self._sens), self.scene.sensors, self._state
+        st.root_pos_w.copy_(s[:, L.root_pos])
+        st.root_quat_w.copy_(s[:, L.root_quat])
+        st.root_lin_vel_w.copy_(s[:, L.root_lin_vel])
+        st.root_ang_vel_w.copy_(s[:, L.root_ang_vel])
+        st.joint_pos.copy_(s[:, L.joint_pos])
+        st.joint_vel.copy_(s[:, L.joint_vel])
+        st.joint_torque.copy_(s[:, L.joint_torque])
+        st.foot_pos_w.view(-1, 3 * NUM_FEET).copy_(s[:, L.foot_pos])
+        q = st.root_quat_w
+        st.root_lin_vel_b.copy_(quat_rotate_inverse(q, st.root_lin_vel_w))
+        st.root_ang_vel_b.copy_(quat_rotate_inverse(q, st.root_ang_vel_w))
+        gravity = torch.zeros_like(st.root_lin_vel_w)
+        gravity[:, 2] = -1.0
+        st.projected_gravity_b.copy_(quat_rotate_inverse(q, gravity))
+        # contact sensors report the force the tracked object exerts on the rest: negate
+        cf = st.contact_forces
+        cf[:, 0].copy_(s[:, L.contact_base]).neg_()
+        cf[:, 1:5].view(-1, 12).copy_(s[:, L.contact_thigh]).neg_()
+        cf[:, 9:13].view(-1, 12).copy_(s[:, L.contact_foot]).neg_()
+        # calf body force minus its foot sphere's: the calf link alone
+        cf[:, 5:9].view(-1, 12).copy_(s[:, L.contact_foot] - s[:, L.contact_calf])
+        torch.gt(cf[:, 9:13].norm(dim=-1), FOOT_CONTACT_FORCE, out=st.foot_contact)

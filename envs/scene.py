@@ -1,0 +1,198 @@
+"""Compose the MuJoCo scene a backend steps: one robot on a ground plane or a terrain heightfield.
+
+The scene adds, to the robot's own MJCF (``RobotSpec.spec()``), the ground and a set of sensors chosen
+so that one copy of ``MjData.sensordata`` per env is the whole batched readout (``SensorLayout`` says
+where each quantity lives). Contact forces come from MuJoCo ``contact`` sensors reduced to the net
+force in the world frame; such a sensor reports the force the tracked object exerts on the rest, so
+the readout negates it (checked against ``cfrc_ext`` when this file was written).
+
+Domain randomization uses a small pool of model variants (copies of the compiled model with sampled
+friction, added base mass and motor strength); envs are spread over the pool by a seeded draw.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+
+from envs.backends.base import RandomizationConfig
+from envs.layout import JOINT_NAMES, LEGS
+
+# The tracked bodies of RobotState.contact_forces, in this order. Calf entries exclude the foot
+# sphere (a geom of the calf body), so a foot on the ground is never a "calf collision".
+TRACKED = ("base",) + tuple(f"{leg}_thigh" for leg in LEGS) + tuple(f"{leg}_calf" for leg in LEGS) \
+    + tuple(f"{leg}_foot" for leg in LEGS)
+GROUND_NAME = "ground"
+_SENS = mujoco.mjtSensor
+_OBJ = mujoco.mjtObj
+
+
+@dataclass(frozen=True)
+class SensorLayout:
+    """Column slices of ``sensordata`` (every block in project joint / foot order)."""
+
+    root_pos: slice        # 3, base frame origin, world
+    root_quat: slice       # 4, wxyz
+    root_lin_vel: slice    # 3, world
+    root_ang_vel: slice    # 3, world
+    joint_pos: slice       # 12
+    joint_vel: slice       # 12
+    joint_torque: slice    # 12, actuator force after limits
+    foot_pos: slice        # 12 = 4 x 3, world
+    contact_base: slice    # 3, base body
+    contact_thigh: slice   # 12, thigh bodies
+    contact_calf: slice    # 12, whole calf bodies (foot included; the backend subtracts the feet)
+    contact_foot: slice    # 12, foot geoms
+    size: int
+
+    @property
+    def kinematic(self) -> slice:
+        """The columns that describe the physical state (checked for non-finite values)."""
+        return slice(self.root_pos.start, self.joint_vel.stop)
+
+
+@dataclass
+class Scene:
+    model: mujoco.MjModel
+    sensors: SensorLayout
+    robot: object          # envs.robots.RobotSpec
+    terrain: object | None  # envs.terrain.Terrain, None for a plane
+    ground_geom: int
+
+
+def _check_names(model: mujoco.MjModel, robot) -> None:
+    """A robot MJCF missing a contract name is an error here, not a silent wrong readout later."""
+    wanted = [(robot.base_body, _OBJ.mjOBJ_BODY)] + [(n, _OBJ.mjOBJ_JOINT) for n in robot.joint_names] \
+        + [(n, _OBJ.mjOBJ_ACTUATOR) for n in robot.actuator_names] \
+        + [(n, _OBJ.mjOBJ_SITE) for n in robot.foot_sites] + [(n, _OBJ.mjOBJ_GEOM) for n in robot.foot_geoms] \
+        + [(n, _OBJ.mjOBJ_BODY) for n in robot.thigh_bodies + robot.calf_bodies]
+    for name, kind in wanted:
+        if mujoco.mj_name2id(model, kind, name) < 0:
+            raise ValueError(f"robot MJCF {robot.mjcf_path}: no {kind.name[6:].lower()} named {name!r}")
+
+
+def _add_ground(spec: mujoco.MjSpec, terrain) -> None:
+    if terrain is None:
+        spec.worldbody.add_geom(name=GROUND_NAME, type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0, 0, 0.05],
+                                friction=[1.0, 0.005, 0.0001])
+        return
+    h = terrain.mujoco_hfield()
+    spec.add_hfield(name="terrain", nrow=int(h["nrow"]), ncol=int(h["ncol"]), size=list(h["size"]),
+                    userdata=list(np.asarray(h["data"], dtype=np.float64).ravel()))
+    spec.worldbody.add_geom(name=GROUND_NAME, type=mujoco.mjtGeom.mjGEOM_HFIELD, hfieldname="terrain",
+                            pos=list(h["pos"]), friction=[1.0, 0.005, 0.0001])
+
+
+def _add_sensors(spec: mujoco.MjSpec, robot) -> SensorLayout:
+    cursor = 0
+
+    def block(sensors: list[tuple[str, int, int, str, int]]) -> slice:
+        # (type, objtype, name, dim, intprm0); returns the slice the block occupies
+        nonlocal cursor
+        start = cursor
+        for stype, objtype, name, dim, intprm in sensors:
+            s = spec.add_sensor(type=stype, objtype=objtype, objname=name)
+            if stype == _SENS.mjSENS_CONTACT:
+                # data="force" (bit 1), reduce="netforce" (3), one slot: net world-frame force
+                s.intprm[0], s.intprm[1], s.intprm[2] = 1 << int(mujoco.mjtConDataField.mjCONDATA_FORCE), 3, 1
+            cursor += dim
+        return slice(start, cursor)
+
+    base = robot.base_body
+    xb = _OBJ.mjOBJ_XBODY  # the body frame itself, not its centre of mass
+    layout = dict(
+        root_pos=block([(_SENS.mjSENS_FRAMEPOS, xb, base, 3, 0)]),
+        root_quat=block([(_SENS.mjSENS_FRAMEQUAT, xb, base, 4, 0)]),
+        root_lin_vel=block([(_SENS.mjSENS_FRAMELINVEL, xb, base, 3, 0)]),
+        root_ang_vel=block([(_SENS.mjSENS_FRAMEANGVEL, xb, base, 3, 0)]),
+        joint_pos=block([(_SENS.mjSENS_JOINTPOS, _OBJ.mjOBJ_JOINT, j, 1, 0) for j in robot.joint_names]),
+        joint_vel=block([(_SENS.mjSENS_JOINTVEL, _OBJ.mjOBJ_JOINT, j, 1, 0) for j in robot.joint_names]),
+        joint_torque=block([(_SENS.mjSENS_ACTUATORFRC, _OBJ.mjOBJ_ACTUATOR, a, 1, 0)
+                            for a in robot.actuator_names]),
+        foot_pos=block([(_SENS.mjSENS_FRAMEPOS, _OBJ.mjOBJ_SITE, s, 3, 0) for s in robot.foot_sites]),
+        contact_base=block([(_SENS.mjSENS_CONTACT, _OBJ.mjOBJ_BODY, base, 3, 0)]),
+        contact_thigh=block([(_SENS.mjSENS_CONTACT, _OBJ.mjOBJ_BODY, b, 3, 0) for b in robot.thigh_bodies]),
+        contact_calf=block([(_SENS.mjSENS_CONTACT, _OBJ.mjOBJ_BODY, b, 3, 0) for b in robot.calf_bodies]),
+        contact_foot=block([(_SENS.mjSENS_CONTACT, _OBJ.mjOBJ_GEOM, g, 3, 0) for g in robot.foot_geoms]),
+    )
+    return SensorLayout(size=cursor, **layout)
+
+
+def build_scene(robot, terrain=None, sim_dt: float = 0.005) -> Scene:
+    """Compile the robot + ground (+ sensors) model. ``terrain`` is an ``envs.terrain.Terrain`` or None."""
+    if not sim_dt > 0:
+        raise ValueError(f"sim_dt must be > 0 seconds, got {sim_dt}")
+    spec = robot.spec()
+    spec.option.timestep = sim_dt
+    # MuJoCo would silently reset a diverged sim to qpos0; the backend detects non-finite state itself
+    # and restores the env's last reset state, so it can count and report it.
+    spec.option.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_AUTORESET)
+    _add_ground(spec, terrain)
+    sensors = _add_sensors(spec, robot)
+    model = spec.compile()
+    _check_names(model, robot)
+    if model.nsensordata != sensors.size:
+        raise RuntimeError(f"scene sensors hold {model.nsensordata} values, layout expects {sensors.size}")
+    if model.nu != len(JOINT_NAMES):
+        raise ValueError(f"robot MJCF {robot.mjcf_path}: {model.nu} actuators, expected {len(JOINT_NAMES)}")
+    return Scene(model=model, sensors=sensors, robot=robot, terrain=terrain,
+                 ground_geom=mujoco.mj_name2id(model, _OBJ.mjOBJ_GEOM, GROUND_NAME))
+
+
+@dataclass
+class Variants:
+    models: list[mujoco.MjModel]   # the pool
+    env_variant: np.ndarray        # (N,) int, pool index of each env
+    friction: np.ndarray           # (N,) sliding friction of every contact of the env
+    added_mass: np.ndarray         # (N,) kg added to the base
+    motor_strength: np.ndarray     # (N,) scale of Kp, Kd and torque limits
+
+
+def _draw(rng: np.random.Generator, rng_range: tuple[float, float] | None, n: int, nominal: float,
+          field_name: str) -> np.ndarray:
+    if rng_range is None:
+        return np.full(n, nominal)
+    lo, hi = (float(v) for v in rng_range)
+    if not lo <= hi:
+        raise ValueError(f"RandomizationConfig.{field_name} must be (low, high) with low <= high, got {rng_range}")
+    return rng.uniform(lo, hi, n)
+
+
+def make_variants(scene: Scene, rcfg: RandomizationConfig | None, num_envs: int,
+                  rng: np.random.Generator) -> Variants:
+    """The model pool and each env's variant; ``rcfg=None`` gives one nominal model for every env."""
+    base = scene.model
+    nominal_friction = float(base.geom_friction[scene.ground_geom, 0])
+    if rcfg is None:
+        return Variants([base], np.zeros(num_envs, dtype=np.int64), np.full(num_envs, nominal_friction),
+                        np.zeros(num_envs), np.ones(num_envs))
+    k = int(rcfg.num_variants)
+    if k < 1:
+        raise ValueError(f"RandomizationConfig.num_variants must be >= 1, got {rcfg.num_variants}")
+    friction = _draw(rng, rcfg.friction_range, k, nominal_friction, "friction_range")
+    mass = _draw(rng, rcfg.added_mass_range, k, 0.0, "added_mass_range")
+    strength = _draw(rng, rcfg.motor_strength_range, k, 1.0, "motor_strength_range")
+    if (friction <= 0).any() or (strength <= 0).any():
+        raise ValueError("RandomizationConfig: friction_range and motor_strength_range must be > 0")
+    base_id = mujoco.mj_name2id(base, _OBJ.mjOBJ_BODY, scene.robot.base_body)
+    if (base.body_mass[base_id] + mass <= 0).any():
+        raise ValueError(f"RandomizationConfig.added_mass_range {rcfg.added_mass_range} would make the base "
+                         f"mass ({base.body_mass[base_id]:.3f} kg) non-positive")
+    models = []
+    for i in range(k):
+        m = copy.deepcopy(base)
+        # every geom (robot and ground) gets the same sliding friction, so whichever geom's value MuJoCo
+        # combines into a contact (max, or the higher-priority foot), the contact sees this friction
+        m.geom_friction[:, 0] = friction[i]
+        m.body_mass[base_id] += mass[i]
+        # position actuator: force = kp*(ctrl - q) - kd*qdot = gain*ctrl + bias1*q + bias2*qdot
+        m.actuator_gainprm[:, 0] *= strength[i]
+        m.actuator_biasprm[:, 1:3] *= strength[i]
+        m.actuator_forcerange *= strength[i]
+        mujoco.mj_setConst(m, mujoco.MjData(m))  # refresh mass-derived constants (subtree mass, ...)
+        models.append(m)
+    # an even spread over the pool, shuffled: every variant is used when num_envs >= num_variants
+    env_variant = rng.permutation(np.arange(num_envs) % k)
+    return Variants(models, env_variant, friction[env_variant], mass[env_variant], strength[env_variant])
