@@ -1,0 +1,121 @@
+"""Commands: the 15-D walk-these-ways vector per env, drawn, resampled, steered by heading, or pinned.
+
+Joystick mode draws (vx, vy, yaw rate) - or a heading whose error becomes the yaw command, legged_gym
+style - and fills entries 3.. with the default trot. Gait mode draws every entry from its range, the
+(phase, offset, bound) triple from one of the configured gaits. ``command_sampler`` (a callable
+``(env_ids, generator) -> (k, 15)``) overrides the draw entirely - collection uses it for skills; with
+a sampler set, commands are drawn only at reset (one skill per episode) and heading steering is off.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from envs.config import GAITS, CommandsConfig
+from envs.layout import COMMAND_NAMES
+
+CommandSampler = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+NUM_COMMANDS = len(COMMAND_NAMES)
+_IDX = {n: i for i, n in enumerate(COMMAND_NAMES)}
+
+
+def wrap_to_pi(x: torch.Tensor) -> torch.Tensor:
+    return torch.remainder(x + math.pi, 2 * math.pi) - math.pi
+
+
+def yaw_from_quat(q: torch.Tensor) -> torch.Tensor:
+    """Heading of the base's x axis, from (N, 4) wxyz quaternions."""
+    w, x, y, z = q.unbind(-1)
+    return torch.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+
+
+class CommandManager:
+    def __init__(self, cfg: CommandsConfig, num_envs: int, dt: float, generator: torch.Generator,
+                 device: torch.device | str = "cpu"):
+        self.cfg = cfg
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        self.gen = generator
+        self.commands = torch.zeros(num_envs, NUM_COMMANDS, device=self.device)
+        self.heading = torch.zeros(num_envs, device=self.device)
+        self.pinned = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
+        self.steps_to_resample = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        self.resample_steps = max(1, int(round(cfg.resampling_time / dt)))
+        self.command_sampler: CommandSampler | None = None
+        lo, hi = zip(*(cfg.range(n) for n in COMMAND_NAMES))
+        self._lo = torch.tensor(lo, device=self.device)
+        self._hi = torch.tensor(hi, device=self.device)
+        default = [0.0, 0.0, 0.0] + [cfg.default_gait.get(n, _trot_default(n)) for n in COMMAND_NAMES[3:]]
+        self._default = torch.tensor(default, device=self.device)
+        self._gaits = torch.tensor([GAITS[g] for g in cfg.gaits] or [GAITS["trot"]], device=self.device)
+        self._uses_heading = cfg.mode == "joystick" and cfg.heading_command
+        self._yaw_limits = cfg.range("ang_vel_yaw")
+
+    # --- drawing -------------------------------------------------------------------------------------
+    def _uniform(self, k: int, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        u = torch.rand(k, lo.numel(), generator=self.gen, device=self.device)
+        return lo + (hi - lo) * u
+
+    def draw(self, env_ids: torch.Tensor) -> torch.Tensor:
+        """(k, 15) fresh commands for these envs (does not store them)."""
+        k = env_ids.numel()
+        if self.command_sampler is not None:
+            cmd = torch.as_tensor(self.command_sampler(env_ids, self.gen), dtype=torch.float32, device=self.device)
+            if cmd.shape != (k, NUM_COMMANDS):
+                raise ValueError(f"command_sampler returned shape {tuple(cmd.shape)}; expected ({k}, {NUM_COMMANDS})")
+            return cmd
+        if self.cfg.mode == "joystick":
+            cmd = self._default.expand(k, -1).clone()
+            cmd[:, :3] = self._uniform(k, self._lo[:3], self._hi[:3])
+        else:
+            cmd = self._uniform(k, self._lo, self._hi)
+            pick = torch.randint(len(self._gaits), (k,), generator=self.gen, device=self.device)
+            cmd[:, _IDX["gait_phase"]:_IDX["gait_bound"] + 1] = self._gaits[pick]
+        # legged_gym: tiny xy commands become "stand still" so the policy learns to stop.
+        small = cmd[:, :2].norm(dim=1) < self.cfg.small_xy_threshold
+        cmd[:, :2] *= (~small).unsqueeze(1)
+        return cmd
+
+    def resample(self, env_ids: torch.Tensor) -> None:
+        if env_ids.numel() == 0:
+            return
+        self.commands[env_ids] = self.draw(env_ids)
+        if self._uses_heading and self.command_sampler is None:
+            lo, hi = self.cfg.heading_range
+            self.heading[env_ids] = lo + (hi - lo) * torch.rand(env_ids.numel(), generator=self.gen, device=self.device)
+        self.steps_to_resample[env_ids] = self.resample_steps
+
+    # --- episode / step hooks --------------------------------------------------------------------------
+    def reset(self, env_ids: torch.Tensor) -> None:
+        """A new episode: unpin and draw."""
+        self.pinned[env_ids] = False
+        self.resample(env_ids)
+
+    def set_commands(self, env_ids: torch.Tensor, commands: torch.Tensor) -> None:
+        """Fix these envs' commands until their episode ends (no resampling, no heading steering)."""
+        commands = torch.as_tensor(commands, dtype=torch.float32, device=self.device)
+        if commands.shape != (env_ids.numel(), NUM_COMMANDS):
+            raise ValueError(f"set_commands: commands shape {tuple(commands.shape)}; "
+                             f"expected ({env_ids.numel()}, {NUM_COMMANDS}) in envs.layout.COMMAND_NAMES order")
+        self.commands[env_ids] = commands
+        self.pinned[env_ids] = True
+
+    def step(self, root_quat_w: torch.Tensor) -> None:
+        """After a physics step: count down to resampling, steer yaw towards the heading."""
+        # A command_sampler defines what an episode is asked to do (a skill): it draws only at reset.
+        if self.cfg.resample and self.command_sampler is None:
+            self.steps_to_resample -= 1
+            due = ((self.steps_to_resample <= 0) & ~self.pinned).nonzero(as_tuple=False).flatten()
+            if due.numel():
+                self.resample(due)
+        if self._uses_heading and self.command_sampler is None:
+            err = wrap_to_pi(self.heading - yaw_from_quat(root_quat_w))
+            yaw = (self.cfg.heading_gain * err).clamp(*self._yaw_limits)
+            self.commands[:, 2] = torch.where(self.pinned, self.commands[:, 2], yaw)
+
+
+def _trot_default(name: str) -> float:
+    from envs.config import DEFAULT_GAIT_COMMAND
+    return DEFAULT_GAIT_COMMAND[name]

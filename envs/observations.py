@@ -1,0 +1,139 @@
+"""One function per observation term of ``envs.layout.TERM_DIMS``, computed from the robot state and
+the task state; ``TermCache`` evaluates them lazily so a step only pays for the terms it uses.
+
+Terms are raw (SI units, body frame, unscaled); policies flatten them with an ``ObsLayout``. Noise is
+added to a copy for the policy group only (``noisy_terms``), never to what ``env.terms`` returns.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+
+from envs.backends.base import RobotState
+from envs.commands import yaw_from_quat
+from envs.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, TERM_DIMS
+
+_C = {n: i for i, n in enumerate(COMMAND_NAMES)}
+
+
+@dataclass
+class TaskView:
+    """What the observation and reward functions read besides the robot state."""
+
+    state: RobotState
+    default_joint_pos: torch.Tensor      # (12,)
+    commands: torch.Tensor               # (N, 15)
+    actions: torch.Tensor                # (N, 12) the policy action of the last step (a_t)
+    last_actions: torch.Tensor           # (N, 12) a_{t-1}
+    gait_time: torch.Tensor              # (N,) walk-these-ways gait index t in [0, 1)
+    env_params: Mapping[str, torch.Tensor]
+    terrain_height: Callable[[torch.Tensor], torch.Tensor]   # (..., 2) world xy -> (...)
+    flat: bool                           # a plane at z = 0: no terrain lookups needed
+
+
+def foot_phases(gait_time: torch.Tensor, commands: torch.Tensor) -> torch.Tensor:
+    """(N, 4) foot phases in LEGS order FR, FL, RR, RL: FR = t+o, FL = t+p+o+b, RR = t+p, RL = t+b."""
+    t = gait_time
+    p, o, b = commands[:, _C["gait_phase"]], commands[:, _C["gait_offset"]], commands[:, _C["gait_bound"]]
+    return torch.remainder(torch.stack((t + o, t + p + o + b, t + p, t + b), dim=1), 1.0)
+
+
+def scan_points_b(device: torch.device | str = "cpu") -> torch.Tensor:
+    """(187, 2) legged_gym's height-sample grid in the yaw frame, x-major (x outer, y inner)."""
+    x = torch.tensor(HEIGHT_SCAN_X, device=device)
+    y = torch.tensor(HEIGHT_SCAN_Y, device=device)
+    gx, gy = torch.meshgrid(x, y, indexing="ij")
+    return torch.stack((gx.flatten(), gy.flatten()), dim=1)
+
+
+def scan_points_w(state: RobotState, points_b: torch.Tensor) -> torch.Tensor:
+    """(N, P, 2) world xy of the grid rotated by the base yaw (legged_gym's quat_apply_yaw)."""
+    yaw = yaw_from_quat(state.root_quat_w)
+    c, s = torch.cos(yaw)[:, None], torch.sin(yaw)[:, None]
+    px, py = points_b[:, 0][None], points_b[:, 1][None]
+    return torch.stack((c * px - s * py, s * px + c * py), dim=-1) + state.root_pos_w[:, None, :2]
+
+
+def _height_scan(v: TaskView, points_b: torch.Tensor) -> torch.Tensor:
+    z = v.state.root_pos_w[:, 2:3]
+    if v.flat:
+        return z.expand(-1, points_b.shape[0]).clone()
+    return z - v.terrain_height(scan_points_w(v.state, points_b))
+
+
+def _base_height(v: TaskView) -> torch.Tensor:
+    z = v.state.root_pos_w[:, 2:3]
+    if v.flat:
+        return z.clone()
+    return z - v.terrain_height(v.state.root_pos_w[:, None, :2])
+
+
+def _param(v: TaskView, name: str) -> torch.Tensor:
+    n = v.state.root_pos_w.shape[0]
+    p = v.env_params.get(name)
+    if p is None:  # nominal physics: friction 1 (MuJoCo default), no added mass
+        return torch.full((n, 1), 1.0 if name == "friction" else 0.0, device=v.state.root_pos_w.device)
+    return p.reshape(n, 1).to(torch.float32)
+
+
+def make_term_fns(points_b: torch.Tensor) -> dict[str, Callable[[TaskView], torch.Tensor]]:
+    fns: dict[str, Callable[[TaskView], torch.Tensor]] = {
+        "base_lin_vel": lambda v: v.state.root_lin_vel_b,
+        "base_ang_vel": lambda v: v.state.root_ang_vel_b,
+        "projected_gravity": lambda v: v.state.projected_gravity_b,
+        "commands": lambda v: v.commands,
+        "dof_pos": lambda v: v.state.joint_pos - v.default_joint_pos,
+        "dof_vel": lambda v: v.state.joint_vel,
+        "dof_pos_sin": lambda v: torch.sin(v.state.joint_pos),
+        "dof_pos_cos": lambda v: torch.cos(v.state.joint_pos),
+        "last_action": lambda v: v.actions,
+        "last_last_action": lambda v: v.last_actions,
+        "foot_contacts": lambda v: v.state.foot_contact.to(torch.float32),
+        "gait_clock": lambda v: torch.sin(2 * math.pi * foot_phases(v.gait_time, v.commands)),
+        "base_height": _base_height,
+        "height_scan": lambda v: _height_scan(v, points_b),
+        "friction": lambda v: _param(v, "friction"),
+        "added_mass": lambda v: _param(v, "added_mass"),
+    }
+    assert set(fns) == set(TERM_DIMS), "every layout term needs an observation function"
+    return fns
+
+
+class TermCache(Mapping[str, torch.Tensor]):
+    """A read-only mapping term -> (N, dim) that computes each term once, on first access."""
+
+    def __init__(self, fns: Mapping[str, Callable[[TaskView], torch.Tensor]], view: TaskView):
+        self._fns, self._view, self._done = fns, view, {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._done:
+            if name not in self._fns:
+                raise KeyError(f"unknown observation term {name!r}; known terms: {sorted(self._fns)}")
+            self._done[name] = self._fns[name](self._view)
+        return self._done[name]
+
+    def __iter__(self):
+        return iter(self._fns)
+
+    def __len__(self) -> int:
+        return len(self._fns)
+
+    def materialize(self) -> dict[str, torch.Tensor]:
+        """Every term, as a plain dict of tensors the caller may keep (clones)."""
+        return {k: self[k].clone() for k in self._fns}
+
+
+def noisy_terms(terms: Mapping[str, torch.Tensor], names: tuple[str, ...], noise: Mapping[str, float],
+                level: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """The named terms with uniform noise U(-scale, scale) * level added (a new dict; inputs untouched)."""
+    out = {}
+    for n in names:
+        x = terms[n]
+        s = noise.get(n, 0.0) * level
+        if s > 0:
+            x = x + (2 * torch.rand(x.shape, generator=generator, device=x.device) - 1) * s
+        out[n] = x
+    return out

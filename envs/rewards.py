@@ -1,0 +1,196 @@
+"""legged_gym's reward terms as a registry, and the manager that scales, sums and logs them.
+
+Each term maps a ``RewardView`` to an (N,) tensor *before* scaling; the manager multiplies by
+``scale * dt`` (legged_gym), clips the total at zero when ``only_positive_rewards`` and adds the
+termination term after the clip (as legged_gym does). Zero-scale terms are accepted and skipped; an
+unknown term is a construction error listing the known ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from envs.observations import TaskView
+
+
+@dataclass
+class RewardView:
+    task: TaskView
+    dt: float
+    tracking_sigma: float
+    last_joint_vel: torch.Tensor         # (N, 12) before this step
+    terminated: torch.Tensor             # (N,) bool, terminal (not time-out) this step
+    feet_first_contact: torch.Tensor     # (N, 4) bool: touchdown this step
+    feet_air_time: torch.Tensor          # (N, 4) s in the air before this step's touchdown
+    feet_air_time_target: float
+    base_height: torch.Tensor            # (N,) m above the terrain
+    base_height_target: float
+    soft_dof_pos_limits: torch.Tensor    # (12, 2)
+    soft_dof_vel_limits: torch.Tensor    # (12,)
+    soft_torque_limits: torch.Tensor     # (12,)
+    penalized_bodies: torch.Tensor       # indices into state.contact_forces
+    feet_bodies: torch.Tensor            # indices into state.contact_forces
+    max_contact_force: float
+
+
+def _sq(x: torch.Tensor) -> torch.Tensor:
+    return torch.sum(torch.square(x), dim=1)
+
+
+def tracking_lin_vel(v: RewardView) -> torch.Tensor:
+    err = _sq(v.task.commands[:, :2] - v.task.state.root_lin_vel_b[:, :2])
+    return torch.exp(-err / v.tracking_sigma)
+
+
+def tracking_ang_vel(v: RewardView) -> torch.Tensor:
+    err = torch.square(v.task.commands[:, 2] - v.task.state.root_ang_vel_b[:, 2])
+    return torch.exp(-err / v.tracking_sigma)
+
+
+def lin_vel_z(v: RewardView) -> torch.Tensor:
+    return torch.square(v.task.state.root_lin_vel_b[:, 2])
+
+
+def ang_vel_xy(v: RewardView) -> torch.Tensor:
+    return _sq(v.task.state.root_ang_vel_b[:, :2])
+
+
+def orientation(v: RewardView) -> torch.Tensor:
+    return _sq(v.task.state.projected_gravity_b[:, :2])
+
+
+def torques(v: RewardView) -> torch.Tensor:
+    return _sq(v.task.state.joint_torque)
+
+
+def dof_vel(v: RewardView) -> torch.Tensor:
+    return _sq(v.task.state.joint_vel)
+
+
+def dof_acc(v: RewardView) -> torch.Tensor:
+    return _sq((v.last_joint_vel - v.task.state.joint_vel) / v.dt)
+
+
+def base_height(v: RewardView) -> torch.Tensor:
+    return torch.square(v.base_height - v.base_height_target)
+
+
+def feet_air_time(v: RewardView) -> torch.Tensor:
+    # Reward long steps at touchdown, only while asked to move (legged_gym).
+    rew = torch.sum((v.feet_air_time - v.feet_air_time_target) * v.feet_first_contact, dim=1)
+    return rew * (torch.norm(v.task.commands[:, :2], dim=1) > 0.1)
+
+
+def _force_norm(v: RewardView, idx: torch.Tensor) -> torch.Tensor:
+    return torch.norm(v.task.state.contact_forces[:, idx, :], dim=-1)
+
+
+def collision(v: RewardView) -> torch.Tensor:
+    return torch.sum((_force_norm(v, v.penalized_bodies) > 0.1).to(torch.float32), dim=1)
+
+
+def feet_stumble(v: RewardView) -> torch.Tensor:
+    f = v.task.state.contact_forces[:, v.feet_bodies, :]
+    return torch.any(torch.norm(f[..., :2], dim=-1) > 5 * torch.abs(f[..., 2]), dim=1).to(torch.float32)
+
+
+def feet_contact_forces(v: RewardView) -> torch.Tensor:
+    return torch.sum((_force_norm(v, v.feet_bodies) - v.max_contact_force).clamp(min=0.0), dim=1)
+
+
+def action_rate(v: RewardView) -> torch.Tensor:
+    return _sq(v.task.last_actions - v.task.actions)
+
+
+def stand_still(v: RewardView) -> torch.Tensor:
+    moving = torch.norm(v.task.commands[:, :2], dim=1) < 0.1
+    return torch.sum(torch.abs(v.task.state.joint_pos - v.task.default_joint_pos), dim=1) * moving
+
+
+def dof_pos_limits(v: RewardView) -> torch.Tensor:
+    q = v.task.state.joint_pos
+    below = (v.soft_dof_pos_limits[:, 0] - q).clamp(min=0.0)
+    above = (q - v.soft_dof_pos_limits[:, 1]).clamp(min=0.0)
+    return torch.sum(below + above, dim=1)
+
+
+def dof_vel_limits(v: RewardView) -> torch.Tensor:
+    excess = torch.abs(v.task.state.joint_vel) - v.soft_dof_vel_limits
+    return torch.sum(excess.clamp(min=0.0, max=1.0), dim=1)
+
+
+def torque_limits(v: RewardView) -> torch.Tensor:
+    return torch.sum((torch.abs(v.task.state.joint_torque) - v.soft_torque_limits).clamp(min=0.0), dim=1)
+
+
+def termination(v: RewardView) -> torch.Tensor:
+    return v.terminated.to(torch.float32)
+
+
+REWARD_TERMS: dict[str, Callable[[RewardView], torch.Tensor]] = {f.__name__: f for f in (
+    tracking_lin_vel, tracking_ang_vel, lin_vel_z, ang_vel_xy, orientation, torques, dof_vel, dof_acc,
+    base_height, feet_air_time, collision, feet_stumble, feet_contact_forces, action_rate, stand_still,
+    dof_pos_limits, dof_vel_limits, torque_limits, termination,
+)}
+
+
+class FeetAirTime:
+    """legged_gym's air-time bookkeeping, with its contact filter (MuJoCo contacts flicker on rough
+    ground too): a touchdown is the first filtered contact after time in the air."""
+
+    def __init__(self, num_envs: int, device: torch.device | str):
+        self.air_time = torch.zeros(num_envs, 4, device=device)
+        self.last_contact = torch.zeros(num_envs, 4, dtype=torch.bool, device=device)
+
+    def update(self, contact: torch.Tensor, dt: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (first_contact (N, 4) bool, air time (N, 4) s including this step)."""
+        filt = contact | self.last_contact
+        self.last_contact = contact.clone()
+        first = (self.air_time > 0) & filt
+        self.air_time += dt
+        air = self.air_time.clone()
+        self.air_time *= ~filt
+        return first, air
+
+    def reset(self, env_ids: torch.Tensor) -> None:
+        self.air_time[env_ids] = 0.0
+        self.last_contact[env_ids] = False
+
+
+class RewardManager:
+    def __init__(self, scales: dict[str, float], dt: float, num_envs: int, only_positive: bool,
+                 device: torch.device | str = "cpu"):
+        unknown = sorted(set(scales) - set(REWARD_TERMS))
+        if unknown:
+            raise ValueError(f"rewards.scales has unknown terms {unknown}; known terms: {sorted(REWARD_TERMS)}")
+        # Scales are per second in the config; per step they are multiplied by dt (legged_gym).
+        self.scales = {n: float(s) * dt for n, s in scales.items() if s != 0}
+        self.only_positive = only_positive
+        self.episode_sums = {n: torch.zeros(num_envs, device=device) for n in self.scales}
+
+    def compute(self, view: RewardView) -> torch.Tensor:
+        total = torch.zeros_like(view.terminated, dtype=torch.float32)
+        for name, scale in self.scales.items():
+            if name == "termination":
+                continue
+            r = REWARD_TERMS[name](view) * scale
+            total += r
+            self.episode_sums[name] += r
+        if self.only_positive:
+            total.clamp_(min=0.0)
+        if "termination" in self.scales:
+            r = termination(view) * self.scales["termination"]
+            total += r
+            self.episode_sums["termination"] += r
+        return total
+
+    def pop_episode(self, env_ids: torch.Tensor, episode_length_s: float) -> dict[str, float]:
+        """Mean per-term episode sums over these envs per second of episode (``Episode_Reward/<term>``);
+        clears their sums."""
+        out = {}
+        for name, sums in self.episode_sums.items():
+            out[f"Episode_Reward/{name}"] = (sums[env_ids].mean() / episode_length_s).item()
+            sums[env_ids] = 0.0
+        return out

@@ -1,0 +1,116 @@
+"""The locomotion task: command tracking over terrain. It composes commands, the gait clock, the reward
+registry, terminations and the per-episode statistics; ``LeggedEnv`` owns the physics and the rsl_rl
+plumbing and calls ``post_step`` after every physics step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from envs.backends.base import RobotState
+from envs.commands import CommandManager
+from envs.config import EnvConfig
+from envs.layout import COMMAND_NAMES
+from envs.observations import TaskView
+from envs.rewards import FeetAirTime, RewardManager, RewardView
+from envs.terminations import NONE, TIME_OUT, Terminations, contact_body_indices
+
+_FREQ = COMMAND_NAMES.index("gait_frequency")
+
+
+@dataclass
+class StepResult:
+    rewards: torch.Tensor        # (N,)
+    reason: torch.Tensor         # (N,) int64 code into TERMINATION_REASONS, 0 = still running
+    dones: torch.Tensor          # (N,) bool
+    time_outs: torch.Tensor      # (N,) bool
+
+
+class LocomotionTask:
+    def __init__(self, cfg: EnvConfig, robot, body_names: tuple[str, ...], dt: float,
+                 gen: torch.Generator, device: torch.device):
+        n = cfg.num_envs
+        self.cfg, self.robot, self.dt, self.device, self.num_envs = cfg, robot, dt, device, n
+        self.commands = CommandManager(cfg.commands, n, dt, gen, device)
+        self.gait_time = torch.zeros(n, device=device)
+        self.air = FeetAirTime(n, device)
+        rc = cfg.rewards
+        self.rewards = RewardManager(rc.scales, dt, n, rc.only_positive_rewards, device)
+        self.terminations = Terminations(cfg.terminations, robot.nominal_base_height, body_names, device)
+        self.penalized = contact_body_indices(body_names, cfg.terminations.penalized_contact_bodies,
+                                              "terminations.penalized_contact_bodies").to(device)
+        feet = [i for i, b in enumerate(body_names) if b.endswith("_foot")]
+        self.feet_bodies = (torch.tensor(feet, dtype=torch.long) if feet else
+                            contact_body_indices(body_names, ("calf",), "feet bodies")).to(device)
+        self.default_joint_pos = torch.tensor(robot.default_joint_pos, device=device)
+        rng = torch.tensor(robot.joint_ranges, device=device)
+        mid, half = rng.mean(dim=1), (rng[:, 1] - rng[:, 0]) / 2 * rc.soft_dof_pos_limit
+        self.soft_pos = torch.stack((mid - half, mid + half), dim=1)
+        self.soft_vel = torch.tensor(robot.velocity_limits, device=device) * rc.soft_dof_vel_limit
+        self.soft_torque = torch.tensor(robot.torque_limits, device=device) * rc.soft_torque_limit
+        self.base_height_target = rc.base_height_target if rc.base_height_target is not None else robot.nominal_base_height
+        # per-episode accumulators
+        z = lambda: torch.zeros(n, device=device)  # noqa: E731
+        self.ep_steps = torch.zeros(n, dtype=torch.long, device=device)
+        self.ep_return, self.ep_cmd_dist = z(), z()
+        self.ep_lin_err, self.ep_lin_x_err, self.ep_ang_err = z(), z(), z()
+        self.start_xy = torch.zeros(n, 2, device=device)
+
+    def view(self, state: RobotState, actions, last_actions, env_params, terrain_height, flat) -> TaskView:
+        return TaskView(state=state, default_joint_pos=self.default_joint_pos, commands=self.commands.commands,
+                        actions=actions, last_actions=last_actions, gait_time=self.gait_time,
+                        env_params=env_params, terrain_height=terrain_height, flat=flat)
+
+    def reset(self, env_ids: torch.Tensor, root_pos_w: torch.Tensor) -> None:
+        self.commands.reset(env_ids)
+        self.gait_time[env_ids] = 0.0
+        self.air.reset(env_ids)
+        self.ep_steps[env_ids] = 0
+        for buf in (self.ep_return, self.ep_cmd_dist, self.ep_lin_err, self.ep_lin_x_err, self.ep_ang_err):
+            buf[env_ids] = 0.0
+        self.start_xy[env_ids] = root_pos_w[:, :2]
+
+    def post_step(self, view: TaskView, base_height: torch.Tensor, last_joint_vel: torch.Tensor,
+                  non_finite: torch.Tensor, time_out: torch.Tensor) -> StepResult:
+        s, cmd = view.state, self.commands.commands
+        # The commands that were in force during this step score it; update them afterwards.
+        self.ep_steps += 1
+        self.ep_cmd_dist += cmd[:, :2].norm(dim=1) * self.dt
+        v_err = s.root_lin_vel_b[:, :2] - cmd[:, :2]
+        self.ep_lin_err += v_err.norm(dim=1)
+        self.ep_lin_x_err += v_err[:, 0].abs()
+        self.ep_ang_err += (s.root_ang_vel_b[:, 2] - cmd[:, 2]).abs()
+
+        reason = self.terminations.compute(s, base_height, non_finite, time_out)
+        terminated = reason > TIME_OUT
+        first, air = self.air.update(s.foot_contact, self.dt)
+        rview = RewardView(
+            task=view, dt=self.dt, tracking_sigma=self.cfg.rewards.tracking_sigma, last_joint_vel=last_joint_vel,
+            terminated=terminated, feet_first_contact=first, feet_air_time=air,
+            feet_air_time_target=self.cfg.rewards.feet_air_time_target, base_height=base_height,
+            base_height_target=self.base_height_target, soft_dof_pos_limits=self.soft_pos,
+            soft_dof_vel_limits=self.soft_vel, soft_torque_limits=self.soft_torque,
+            penalized_bodies=self.penalized, feet_bodies=self.feet_bodies,
+            max_contact_force=self.cfg.rewards.max_contact_force)
+        rew = torch.nan_to_num(self.rewards.compute(rview), nan=0.0, posinf=0.0, neginf=0.0)
+        self.ep_return += rew
+
+        # Advance the gait clock at the commanded frequency (walk-these-ways), then the commands.
+        self.gait_time = torch.remainder(self.gait_time + self.dt * cmd[:, _FREQ], 1.0)
+        self.commands.step(s.root_quat_w)
+        return StepResult(rewards=rew, reason=reason, dones=reason != NONE, time_outs=reason == TIME_OUT)
+
+    def episode_info(self, env_ids: torch.Tensor, reason: torch.Tensor, root_pos_w: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-episode statistics of the given (ending) envs, as (k,) tensors."""
+        steps = self.ep_steps[env_ids].clamp(min=1).to(torch.float32)
+        return {
+            "termination_reason": reason[env_ids],
+            "length": self.ep_steps[env_ids].clone(),
+            "return": self.ep_return[env_ids].clone(),
+            "distance": (root_pos_w[env_ids, :2] - self.start_xy[env_ids]).norm(dim=1),
+            "commanded_distance": self.ep_cmd_dist[env_ids].clone(),
+            "lin_vel_error": self.ep_lin_err[env_ids] / steps,
+            "lin_vel_x_error": self.ep_lin_x_err[env_ids] / steps,
+            "ang_vel_error": self.ep_ang_err[env_ids] / steps,
+        }

@@ -1,0 +1,234 @@
+"""``LeggedEnv``: N quadrupeds on one terrain behind rsl_rl 5.x's ``VecEnv`` interface.
+
+Per step: clip the policy action, apply per-env latency, turn it into joint targets
+(``q_default + action_scale * a``), step the backend, let the task score and terminate, reset the done
+envs in place (auto-reset: the returned observation of a done env is its next episode's first), push,
+and build the observation groups ``policy`` (noisy) and ``critic`` (privileged, clean). All per-env work
+is batched torch over N.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from rsl_rl.env import VecEnv
+from tensordict import TensorDict
+
+from envs.backends import make_backend
+from envs.backends.base import PhysicsBackend
+from envs.config import EnvConfig
+from envs.layout import NUM_JOINTS, get_layout
+from envs.observations import TermCache, make_term_fns, noisy_terms, scan_points_b
+from envs.randomization import ActionLatency, Pushes
+from envs.robots import get_robot
+from envs.tasks.locomotion import LocomotionTask
+from envs.terminations import TERMINATION_REASONS
+from envs.tasks.terrain_levels import TerrainState
+from tools.seeding import torch_generator
+
+EPISODE_KEYS = ("termination_reason", "length", "return", "distance", "commanded_distance", "lin_vel_error",
+                "lin_vel_x_error", "ang_vel_error", "terrain_type", "terrain_level")
+
+
+class LeggedEnv(VecEnv):
+    def __init__(self, cfg: EnvConfig, backend: PhysicsBackend | None = None):
+        self.cfg = cfg.validate()
+        self.robot = get_robot(cfg.backend.robot)
+        self.backend = backend if backend is not None else make_backend(cfg.backend_name, cfg.backend_config())
+        self.device = self.backend.device
+        self.num_envs = cfg.num_envs
+        self.num_actions = NUM_JOINTS
+        self.dt = self.backend.sim_dt * self.backend.decimation
+        self.max_episode_length = int(round(cfg.episode_length_s / self.dt))
+        gen = lambda name: torch_generator(cfg.seed, f"env/{name}", self.device)  # noqa: E731
+        self._reset_gen, self._noise_gen = gen("reset"), gen("noise")
+
+        n, dev = self.num_envs, self.device
+        self.terrain = TerrainState(cfg, n, gen("terrain"), dev)
+        self.terrain_types = self.terrain.types
+        body_names = tuple(self.backend.state.body_names)
+        self.task = LocomotionTask(cfg, self.robot, body_names, self.dt, gen("commands"), dev)
+        self.pushes = Pushes(cfg.randomization, self.dt, gen("push"))
+        self.latency = ActionLatency(cfg.randomization, n, gen("latency"), dev)
+
+        self.default_joint_pos = torch.tensor(self.robot.default_joint_pos, device=dev)
+        self.action_scale = float(self.robot.action_scale)
+        self.clip_actions = cfg.observations.clip_actions
+        self.actions = torch.zeros(n, NUM_JOINTS, device=dev)        # a_t (policy output, clipped)
+        self.last_actions = torch.zeros(n, NUM_JOINTS, device=dev)   # a_{t-1}
+        self.joint_targets = self.default_joint_pos.expand(n, -1).clone()
+        self.episode_length_buf = torch.zeros(n, dtype=torch.long, device=dev)
+        self.common_step_counter = 0
+
+        obs_cfg = cfg.observations
+        self.policy_layout = get_layout(obs_cfg.policy_layout)
+        self.critic_layout = get_layout(obs_cfg.critic_layout)
+        self._noise = dict(obs_cfg.noise) if obs_cfg.add_noise else {}
+        self._term_fns = make_term_fns(scan_points_b(dev))
+        self._terms: TermCache | None = None
+        self._terms_full: dict[str, torch.Tensor] | None = None
+        self.extras: dict[str, Any] = {"log": {}}
+
+        self.reset_envs(torch.arange(n, device=dev))
+        self._obs = self._compute_obs()
+
+    # --- rsl_rl VecEnv --------------------------------------------------------------------------------
+    def get_observations(self) -> TensorDict:
+        return self._obs
+
+    def reset(self) -> tuple[TensorDict, dict]:
+        self.reset_envs(torch.arange(self.num_envs, device=self.device))
+        self._obs = self._compute_obs()
+        return self._obs, self.extras
+
+    def step(self, actions: torch.Tensor) -> tuple[TensorDict, torch.Tensor, torch.Tensor, dict]:
+        a = actions.to(self.device, torch.float32).clamp(-self.clip_actions, self.clip_actions)
+        applied = self.latency.apply(a, self.actions)
+        self.joint_targets = self.default_joint_pos + self.action_scale * applied
+        last_joint_vel = self.backend.state.joint_vel.clone()
+        non_finite = self.backend.step(self.joint_targets).to(self.device)
+        self.last_actions, self.actions = self.actions, a.clone()
+        self.episode_length_buf += 1
+        self.common_step_counter += 1
+
+        state = self.backend.state
+        terms = self._new_terms()
+        base_height = terms["base_height"][:, 0]
+        time_out = self.episode_length_buf >= self.max_episode_length
+        res = self.task.post_step(terms._view, base_height, last_joint_vel, non_finite, time_out)
+
+        episode = {k: torch.zeros(self.num_envs, device=self.device,
+                                  dtype=torch.long if k in ("termination_reason", "length", "terrain_type",
+                                                            "terrain_level") else torch.float32)
+                   for k in EPISODE_KEYS}
+        log: dict[str, float] = {}
+        done_ids = res.dones.nonzero(as_tuple=False).flatten()
+        if done_ids.numel():
+            info = self.task.episode_info(done_ids, res.reason, state.root_pos_w)
+            info["terrain_type"] = self.terrain.type_idx[done_ids].clone()
+            info["terrain_level"] = self.terrain.levels[done_ids].clone()
+            for k, v in info.items():
+                episode[k][done_ids] = v.to(episode[k].dtype)
+            log.update(self._episode_log(done_ids, info))
+            if self.cfg.curriculum:
+                self.terrain.update_curriculum(done_ids, info["distance"], info["commanded_distance"])
+            self.reset_envs(done_ids)
+        log.update(self.terrain.log())
+        self.pushes.maybe_push(self.backend, self.common_step_counter)
+
+        self._obs = self._compute_obs()
+        self.extras = {"time_outs": res.time_outs, "log": log, "episode": episode}
+        return self._obs, res.rewards, res.dones, self.extras
+
+    # --- contract extras -------------------------------------------------------------------------------
+    @property
+    def terms(self) -> dict[str, torch.Tensor]:
+        """Every raw observation term of the current observation, (N, dim) each, unscaled, noise-free."""
+        if self._terms_full is None:
+            self._terms_full = self._terms.materialize()
+        return self._terms_full
+
+    @property
+    def command_sampler(self) -> Callable | None:
+        return self.task.commands.command_sampler
+
+    @command_sampler.setter
+    def command_sampler(self, fn: Callable | None) -> None:
+        self.task.commands.command_sampler = fn
+
+    @property
+    def commands(self) -> torch.Tensor:
+        return self.task.commands.commands
+
+    def set_commands(self, env_ids: torch.Tensor, commands: torch.Tensor) -> None:
+        """Fix (k, 15) commands for these envs until their episode ends; refreshes the observation."""
+        env_ids = torch.as_tensor(env_ids, dtype=torch.long, device=self.device).reshape(-1)
+        self.task.commands.set_commands(env_ids, commands)
+        self._obs = self._compute_obs()
+
+    def set_terrain_levels(self, env_ids: torch.Tensor, levels: torch.Tensor, cols: torch.Tensor | None = None) -> None:
+        """Move these envs to the given (level, col) tiles and start new episodes there."""
+        env_ids = torch.as_tensor(env_ids, dtype=torch.long, device=self.device).reshape(-1)
+        self.terrain.set_levels(env_ids, levels, cols)
+        self.reset_envs(env_ids)
+        self._obs = self._compute_obs()
+
+    def reset_envs(self, env_ids: torch.Tensor) -> None:
+        """Start new episodes in these envs (spawn at their tile, fresh commands and gait clock)."""
+        env_ids = torch.as_tensor(env_ids, dtype=torch.long, device=self.device).reshape(-1)
+        k = env_ids.numel()
+        if k == 0:
+            return
+        g, dev, ic = self._reset_gen, self.device, self.cfg.init
+        u = lambda *shape: torch.rand(*shape, generator=g, device=dev)  # noqa: E731
+        pos = self.terrain.origins_of(env_ids).clone()
+        if not self.terrain.flat:
+            pos[:, :2] += (2 * u(k, 2) - 1) * ic.spawn_xy
+            pos[:, 2] = self.backend.terrain_height(pos[:, :2])
+        pos[:, 2] += self.robot.nominal_base_height + ic.spawn_height
+        quat = torch.zeros(k, 4, device=dev)
+        quat[:, 0] = 1.0
+        lin_vel = (2 * u(k, 3) - 1) * ic.root_vel
+        ang_vel = (2 * u(k, 3) - 1) * ic.root_vel
+        lo, hi = ic.joint_pos_scale
+        q = self.default_joint_pos * (lo + (hi - lo) * u(k, NUM_JOINTS))
+        self.backend.reset(env_ids, pos, quat, lin_vel, ang_vel, q, torch.zeros(k, NUM_JOINTS, device=dev))
+
+        self.task.reset(env_ids, pos)
+        self.latency.reset(env_ids)
+        self.actions[env_ids] = 0.0
+        self.last_actions[env_ids] = 0.0
+        self.joint_targets[env_ids] = self.default_joint_pos
+        self.episode_length_buf[env_ids] = 0
+
+    def close(self) -> None:
+        self.backend.close()
+
+    # --- internals ------------------------------------------------------------------------------------
+    def _new_terms(self) -> TermCache:
+        view = self.task.view(self.backend.state, self.actions, self.last_actions, self.backend.env_params,
+                              self.backend.terrain_height, self.terrain.flat)
+        self._terms = TermCache(self._term_fns, view)
+        self._terms_full = None
+        return self._terms
+
+    def _compute_obs(self) -> TensorDict:
+        terms = self._new_terms()
+        noisy = noisy_terms(terms, self.policy_layout.term_names, self._noise,
+                            self.cfg.observations.noise_level, self._noise_gen)
+        return TensorDict({"policy": self.policy_layout.build(noisy), "critic": self.critic_layout.build(terms)},
+                          batch_size=[self.num_envs], device=self.device)
+
+    def _episode_log(self, done_ids: torch.Tensor, info: dict[str, torch.Tensor]) -> dict[str, float]:
+        log = self.task.rewards.pop_episode(done_ids, self.cfg.episode_length_s)
+        for k in ("length", "return", "distance", "lin_vel_error", "ang_vel_error"):
+            log[f"Episode/{k}"] = info[k].to(torch.float32).mean().item()
+        reasons = torch.bincount(info["termination_reason"], minlength=len(TERMINATION_REASONS))
+        for i, name in enumerate(TERMINATION_REASONS[1:], start=1):
+            log[f"Episode_Termination/{name}"] = reasons[i].item() / done_ids.numel()
+        return log
+
+
+class RslRlLogView(VecEnv):
+    """``LeggedEnv`` for ``OnPolicyRunner``: rsl_rl's logger averages ``extras["episode"]`` over *all*
+    envs when present (our entries are only valid where done), so this view hides it and the runner
+    logs ``extras["log"]`` (done-env means) instead. Everything else is the wrapped env."""
+
+    def __init__(self, env: LeggedEnv):
+        self.env = env
+
+    def __getattr__(self, name: str):
+        return getattr(self.env, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "env":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.env, name, value)
+
+    def get_observations(self) -> TensorDict:
+        return self.env.get_observations()
+
+    def step(self, actions: torch.Tensor):
+        obs, rew, dones, extras = self.env.step(actions)
+        return obs, rew, dones, {k: v for k, v in extras.items() if k != "episode"}

@@ -1,0 +1,188 @@
+"""LeggedEnv on the real MuJoCo backend: shapes, extras, auto-reset and time-out semantics, episode info,
+commands, terms and determinism."""
+import math
+
+import pytest
+import torch
+
+from envs.config import EnvConfig, RandomizationConfig
+from envs.layout import COMMAND_NAMES, TERM_DIMS, get_layout
+from envs.terminations import TERMINATION_REASONS
+from envs.vec_env import EPISODE_KEYS, LeggedEnv
+
+torch.set_num_threads(1)
+
+
+def _env(n=4, seed=0, **kw):
+    kw.setdefault("randomization", RandomizationConfig.off())
+    cfg = EnvConfig.flat(num_envs=n, seed=seed, **kw)
+    cfg.backend.num_threads = 1
+    return LeggedEnv(cfg)
+
+
+def test_shapes_and_contract_attributes():
+    env = _env()
+    obs = env.get_observations()
+    assert obs["policy"].shape == (4, 48) and obs["critic"].shape == (4, 235)
+    assert env.num_actions == 12 and env.dt == pytest.approx(0.02) and env.max_episode_length == 1000
+    assert env.terrain_types == ("flat",) and env.robot.name == "go1"
+    obs, rew, dones, extras = env.step(torch.zeros(4, 12))
+    assert rew.shape == (4,) and dones.shape == (4,) and dones.dtype == torch.bool
+    assert extras["time_outs"].shape == (4,) and isinstance(extras["log"], dict)
+    assert set(extras["episode"]) == set(EPISODE_KEYS)
+    assert all(v.shape == (4,) for v in extras["episode"].values())
+    assert set(env.terms) == set(TERM_DIMS)
+    assert all(env.terms[k].shape == (4, d) for k, d in TERM_DIMS.items())
+    torch.testing.assert_close(env.joint_targets, env.default_joint_pos.expand(4, -1))
+    env.close()
+
+
+def test_actions_become_joint_targets_and_last_action_terms():
+    env = _env()
+    a1 = torch.full((4, 12), 0.4)
+    a2 = torch.full((4, 12), -0.2)
+    env.step(a1)
+    torch.testing.assert_close(env.joint_targets, env.default_joint_pos + env.robot.action_scale * a1)
+    env.step(a2)
+    torch.testing.assert_close(env.terms["last_action"], a2)
+    torch.testing.assert_close(env.terms["last_last_action"], a1)
+    # terms are raw: dof_pos relative to the default pose, commands 15-D in COMMAND_NAMES order
+    t = env.terms
+    torch.testing.assert_close(t["dof_pos"], env.backend.state.joint_pos - env.default_joint_pos)
+    assert t["commands"].shape[1] == len(COMMAND_NAMES)
+    # on a plane the height scan is the base height at every grid point
+    torch.testing.assert_close(t["height_scan"], t["base_height"].expand(-1, 187))
+    env.close()
+
+
+def test_policy_obs_noisy_but_terms_and_critic_clean():
+    env = _env(randomization=RandomizationConfig.off())
+    env.step(torch.zeros(4, 12))
+    obs, terms = env.get_observations(), env.terms
+    clean = get_layout("legged_gym_48").build(terms)
+    diff = (obs["policy"] - clean).abs()
+    assert diff.max() > 0                                          # noise on the policy group
+    assert diff[:, 9:12].max() == 0                                 # commands carry no noise
+    torch.testing.assert_close(obs["critic"], get_layout("legged_gym_235").build(terms))
+
+
+def test_time_out_auto_reset_and_episode_info():
+    env = _env(episode_length_s=0.2)   # 10 steps
+    assert env.max_episode_length == 10
+    for i in range(9):
+        _, _, dones, extras = env.step(torch.zeros(4, 12))
+        assert not dones.any() and not extras["time_outs"].any()
+    pos_before = env.backend.state.root_pos_w.clone()
+    obs, rew, dones, extras = env.step(torch.zeros(4, 12))
+    assert dones.all() and extras["time_outs"].all()
+    ep = extras["episode"]
+    assert (ep["termination_reason"] == TERMINATION_REASONS.index("time_out")).all()
+    assert (ep["length"] == 10).all()
+    assert (ep["terrain_type"] == 0).all() and (ep["terrain_level"] == 0).all()
+    assert torch.isfinite(ep["return"]).all() and (ep["distance"] >= 0).all()
+    expect_cmd = env.commands  # new commands now; the old ones were summed: check the integral sign only
+    assert (ep["commanded_distance"] >= 0).all() and expect_cmd.shape == (4, 15)
+    assert "Episode_Reward/tracking_lin_vel" in extras["log"] and "Episode/length" in extras["log"]
+    # auto-reset: the episode counters restarted and the observation is the new episode's first
+    assert (env.episode_length_buf == 0).all()
+    assert (env.terms["last_action"] == 0).all()
+    assert not torch.equal(env.backend.state.root_pos_w, pos_before)
+    env.close()
+
+
+def test_falls_terminate_with_reason():
+    env = _env(n=2)
+    # drive the joints to a folded pose: the robot collapses onto its base
+    a = torch.zeros(2, 12)
+    a[:, 2::3] = 8.0   # calves fully flexed
+    a[:, 1::3] = -8.0
+    reasons = set()
+    for _ in range(150):
+        _, _, dones, extras = env.step(a)
+        reasons.update(extras["episode"]["termination_reason"][dones].tolist())
+    assert reasons and reasons <= {TERMINATION_REASONS.index("fall"), TERMINATION_REASONS.index("base_collision")}
+    env.close()
+
+
+def test_commands_pinned_and_sampler_hook():
+    env = _env()
+    cmd = torch.zeros(2, 15)
+    cmd[:, 0] = 0.7
+    cmd[:, 4] = 2.5
+    env.set_commands(torch.tensor([1, 3]), cmd)
+    for _ in range(3):
+        env.step(torch.zeros(4, 12))
+    torch.testing.assert_close(env.terms["commands"][[1, 3]], cmd)
+    assert env.get_observations()["policy"][1, 9].item() == pytest.approx(1.4)  # vx * 2 in legged_gym_48
+    with pytest.raises(ValueError, match="expected"):
+        env.set_commands(torch.tensor([0]), torch.zeros(1, 3))
+
+    calls = []
+
+    def sampler(env_ids, gen):
+        calls.append(env_ids.clone())
+        out = torch.zeros(env_ids.numel(), 15)
+        out[:, 0] = 0.5
+        out[:, 4] = 3.0
+        return out
+
+    env.command_sampler = sampler
+    env.reset_envs(torch.tensor([0, 2]))
+    assert torch.equal(calls[-1], torch.tensor([0, 2]))
+    assert (env.commands[[0, 2], 0] == 0.5).all()
+    env.close()
+
+
+def test_joystick_defaults_heading_and_small_commands_zeroed():
+    env = _env(n=64)
+    c = env.commands
+    xy = c[:, :2].norm(dim=1)
+    assert ((xy == 0) | (xy >= 0.2)).all()
+    assert (c[:, 4] == 3.0).all() and (c[:, 5] == 0.5).all()   # default trot fills entries 3..
+    env.step(torch.zeros(64, 12))
+    assert (env.commands[:, 2].abs() <= 1.0).all()             # heading error -> clipped yaw command
+    env.close()
+
+
+def test_gait_mode_draws_walk_these_ways_gaits():
+    cfg = EnvConfig.flat(num_envs=32, randomization=RandomizationConfig.off())
+    cfg.commands.mode = "gait"
+    env = LeggedEnv(cfg)
+    c = env.commands
+    gaits = {tuple(round(x, 3) for x in row) for row in c[:, 5:8].tolist()}
+    assert gaits <= {(0.5, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 0.0, 0.5), (0.0, 0.5, 0.0)} and len(gaits) > 1
+    assert ((c[:, 4] >= 2.0) & (c[:, 4] <= 4.0)).all()
+    # gait clock: FR = t+o, FL = t+p+o+b, RR = t+p, RL = t+b, advancing at the commanded frequency
+    env.step(torch.zeros(32, 12))
+    t = (env.dt * c[:, 4]) % 1.0
+    p, o, b = c[:, 5], c[:, 6], c[:, 7]
+    expect = torch.sin(2 * math.pi * torch.stack((t + o, t + p + o + b, t + p, t + b), 1))
+    torch.testing.assert_close(env.terms["gait_clock"], expect, atol=1e-5, rtol=0)
+    env.close()
+
+
+def test_set_terrain_levels_on_flat_checks_range():
+    env = _env()
+    env.set_terrain_levels(torch.tensor([0, 1]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="levels must lie"):
+        env.set_terrain_levels(torch.tensor([0]), torch.tensor([3]))
+    env.close()
+
+
+def _rollout(seed, steps=200):
+    cfg = EnvConfig.flat(num_envs=4, seed=seed)  # randomization on: pushes, latency, physics variants
+    cfg.backend.num_threads = 2
+    env = LeggedEnv(cfg)
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(steps):
+        obs, rew, dones, _ = env.step(0.3 * torch.randn(4, 12, generator=g))
+        out.append(torch.cat([obs["policy"], obs["critic"], rew[:, None], dones[:, None].float()], 1))
+    env.close()
+    return torch.stack(out)
+
+
+def test_same_seed_is_bit_identical_for_200_steps():
+    a, b, c = _rollout(3), _rollout(3), _rollout(4)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
