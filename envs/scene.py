@@ -78,11 +78,8 @@ def _add_ground(spec: mujoco.MjSpec, terrain) -> None:
         spec.worldbody.add_geom(name=GROUND_NAME, type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0, 0, 0.05],
                                 friction=[1.0, 0.005, 0.0001])
         return
-    h = terrain.mujoco_hfield()
-    spec.add_hfield(name="terrain", nrow=int(h["nrow"]), ncol=int(h["ncol"]), size=list(h["size"]),
-                    userdata=list(np.asarray(h["data"], dtype=np.float64).ravel()))
-    spec.worldbody.add_geom(name=GROUND_NAME, type=mujoco.mjtGeom.mjGEOM_HFIELD, hfieldname="terrain",
-                            pos=list(h["pos"]), friction=[1.0, 0.005, 0.0001])
+    geom = terrain.mujoco_hfield().add_to(spec, name=GROUND_NAME)
+    geom.friction = [1.0, 0.005, 0.0001]
 
 
 def _add_sensors(spec: mujoco.MjSpec, robot) -> SensorLayout:

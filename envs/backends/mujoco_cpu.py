@@ -44,13 +44,12 @@ def quat_rotate_inverse(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def _load_terrain(terrain_cfg):
-    """The Terrain to build, or None for a plane (no config, or a flat one)."""
-    if terrain_cfg is None:
+    """The Terrain to build, or None for a plane (no config, or a flat-plane one)."""
+    if terrain_cfg is None or getattr(terrain_cfg, "plane", False):
         return None
-    from envs import terrain as terrain_mod
+    from envs.terrain import generate
 
-    terrain = terrain_mod.generate(terrain_cfg)
-    return None if getattr(terrain, "heights", None) is None else terrain
+    return generate(terrain_cfg)
 
 
 class MujocoCpuBackend:

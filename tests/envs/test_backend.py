@@ -128,7 +128,8 @@ def test_same_state_bit_for_bit_with_1_and_2_threads():
 
 
 @pytest.mark.parametrize("poison", [float("nan"), 1e12])
-def test_non_finite_env_is_restored_and_others_untouched(poison):
+def test_non_finite_env_is_restored_and_others_untouched(poison, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MuJoCo logs its instability warnings to ./MUJOCO_LOG.TXT
     steps = _wobble_targets(_backend(num_envs=4), 12)
     ref = _backend(num_envs=4, num_threads=2)
     b = _backend(num_envs=4, num_threads=2)
@@ -263,3 +264,29 @@ def test_aliengo_builds_and_stands():
         b.step(tgt)
     assert b.state.projected_gravity_b[0, 2] < -0.99 and b.state.foot_contact.all()
     b.close()
+
+
+def test_robot_stands_on_the_heightfield_where_the_terrain_says():
+    from envs.terrain import TerrainConfig
+
+    tcfg = TerrainConfig.of_types(["stairs_up", "rough_slope"], num_levels=2, num_cols=2, tile_size=4.0, border=1.0)
+    b = _backend(num_envs=2, terrain=tcfg)
+    terrain = b.scene.terrain
+    assert terrain is not None and b.models[0].nhfield == 1
+    pos = torch.stack([terrain.origins[1, 0], terrain.origins[1, 1]]).clone()
+    pos[:, 2] += b.robot.nominal_base_height + 0.02
+    b.reset(torch.arange(2), pos, torch.tensor([[1.0, 0, 0, 0]]).repeat(2, 1), torch.zeros(2, 3),
+            torch.zeros(2, 3), _default_targets(b), torch.zeros(2, 12))
+    for _ in range(50):
+        assert not b.step(_default_targets(b)).any()
+    st = b.state
+    assert st.foot_contact.all()
+    # the feet rest on MuJoCo's heightfield exactly where Terrain.height_at puts the ground
+    ground = b.terrain_height(st.foot_pos_w[..., :2])
+    torch.testing.assert_close(ground, terrain.height_at(st.foot_pos_w[..., :2]))
+    assert ((st.foot_pos_w[..., 2] - ground) - b.robot.foot_radius).abs().max() < 0.01
+    # a flat-plane terrain config needs no heightfield
+    flat = _backend(num_envs=1, terrain=TerrainConfig.flat())
+    assert flat.models[0].nhfield == 0 and flat.scene.terrain is None
+    b.close()
+    flat.close()
