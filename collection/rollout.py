@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from collection.labels import LabelRule, label, termination_name
-from collection.skills import SkillCommandSampler
+from collection.skills import SKILLS, SkillCommandSampler
+from envs.config import GAITS
 from envs.layout import COMMAND_NAMES, NUM_JOINTS
 from experts.policy import check_policy
 from tools.seeding import torch_generator
@@ -41,6 +42,7 @@ STEP_FEATURES: dict[str, tuple[tuple[int, ...], type]] = {
 }
 HL_COMMAND_DIM = 12  # GeRM's high-level command (seed 003, Eq. 9)
 _VX, _VY, _WZ = (COMMAND_NAMES.index(n) for n in ("lin_vel_x", "lin_vel_y", "ang_vel_yaw"))
+_GAIT = [COMMAND_NAMES.index(n) for n in ("gait_phase", "gait_offset", "gait_bound")]
 
 
 @dataclass
@@ -69,14 +71,20 @@ class RolloutConfig:
 
 class CommandIntegrator:
     """Where the ideal robot would be: integrates the commanded velocities, heading turning with the
-    commanded yaw rate; per env the xy position (m) and heading (rad) since the episode start."""
+    commanded yaw rate; per env the xy position (m) and heading (rad) since the episode start, the
+    command sums (for means) and the episode's first command (its gait)."""
 
     def __init__(self, num_envs: int, dt: float, device: torch.device) -> None:
         self.dt = dt
         self.pose = torch.zeros(num_envs, 3, dtype=torch.float64, device=device)   # x, y, yaw
         self.sums = torch.zeros(num_envs, 3, dtype=torch.float64, device=device)   # Σ vx, vy, wz
+        self.first = torch.zeros(num_envs, len(COMMAND_NAMES), device=device)
+        self.steps = torch.zeros(num_envs, dtype=torch.long, device=device)
 
     def step(self, commands: torch.Tensor) -> None:
+        fresh = self.steps == 0
+        if fresh.any():
+            self.first[fresh] = commands[fresh].to(self.first.dtype)
         c = commands.to(torch.float64)
         yaw = self.pose[:, 2]
         cos, sin = torch.cos(yaw), torch.sin(yaw)
@@ -84,13 +92,30 @@ class CommandIntegrator:
         self.pose[:, 1] += (sin * c[:, _VX] + cos * c[:, _VY]) * self.dt
         self.pose[:, 2] += c[:, _WZ] * self.dt
         self.sums += c[:, [_VX, _VY, _WZ]]
+        self.steps += 1
 
-    def take(self, env_id: int, length: int) -> dict[str, float]:
+    def take(self, env_id: int) -> dict[str, Any]:
+        """The finished episode's command numbers; forgets the env's."""
         displacement = float(torch.linalg.vector_norm(self.pose[env_id, :2]))
-        means = (self.sums[env_id] / max(length, 1)).tolist()
-        self.pose[env_id] = 0.0
-        self.sums[env_id] = 0.0
-        return {"commanded_displacement": displacement, "cmd_vx": means[0], "cmd_vy": means[1], "cmd_wz": means[2]}
+        means = (self.sums[env_id] / max(int(self.steps[env_id]), 1)).tolist()
+        out = {"commanded_displacement": displacement, "cmd_vx": means[0], "cmd_vy": means[1],
+               "cmd_wz": means[2], "gait": gait_name(self.first[env_id])}
+        self.forget([env_id])
+        return out
+
+    def forget(self, env_ids: list[int]) -> None:
+        self.pose[env_ids] = 0.0
+        self.sums[env_ids] = 0.0
+        self.steps[env_ids] = 0
+
+
+def gait_name(command: torch.Tensor) -> str:
+    """walk-these-ways' gait of a 15-D command from its (phase, offset, bound), or "custom"."""
+    pob = command[_GAIT].tolist()
+    for name, ref in GAITS.items():
+        if all(abs(a - b) < 1e-3 for a, b in zip(pob, ref)):
+            return name
+    return "custom"
 
 
 class Rollout:
@@ -138,7 +163,9 @@ class Rollout:
     # --- the loop -------------------------------------------------------------------------------------
     def _start(self) -> None:
         all_ids = torch.arange(self.num_envs, device=self.device)
-        self.env.reset_envs(all_ids)
+        # VecEnv.reset() also refreshes the observation; reset_envs is the contract's minimum.
+        reset = getattr(self.env, "reset", None)
+        reset() if callable(reset) else self.env.reset_envs(all_ids)
         self.policy.reset(all_ids)
         self._step_count[:] = 0
         self._commands = CommandIntegrator(self.num_envs, float(self.env.dt), self.device)
@@ -208,13 +235,18 @@ class Rollout:
         terrain_types = tuple(getattr(self.env, "terrain_types", ()) or ())
         if "terrain_type" in info and terrain_types:
             info["terrain_type"] = terrain_types[int(info["terrain_type"])]
-        info.update(self._commands.take(i, length))
+        info.update(self._commands.take(i))
         success, reason, numbers = label(info, self.cfg.label_rule)
+        if not math.isfinite(numbers["progress"]):
+            numbers["progress"] = None  # no commanded displacement: progress is undefined
         info.update({
             "env_id": i, "length": length, "task": self._skill[i], "policy_id": self.policy.policy_id,
+            # the store's tasks table lists each task's instructions; a skill's is its description
+            "instruction": SKILLS[self._skill[i]].description if self._skill[i] in SKILLS else None,
             "action_noise_std": self.cfg.action_noise_std, "success": success,
             "failure_reason": "none" if success else reason,
-            "progress": numbers["progress"], "label_rule": self.cfg.label_rule.to_json(),
+            "terminated": info["termination_reason"] not in ("none", "time_out"),
+            "label": {"reason": reason, "numbers": numbers, "rule": self.cfg.label_rule.to_dict()},
         })
         return Episode(features, info)
 
@@ -223,8 +255,6 @@ class Rollout:
             return
         self._step_count[done_ids] = 0
         # Any episode yielded or dropped at a bound: its env starts afresh either way.
-        for i in done_ids:
-            self._commands.pose[i] = 0.0
-            self._commands.sums[i] = 0.0
+        self._commands.forget(done_ids)
         self.policy.reset(torch.as_tensor(done_ids, device=self.device))
         self._take_skills(done_ids)

@@ -23,19 +23,14 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from envs.config import DEFAULT_GAIT_COMMAND
 from envs.layout import COMMAND_NAMES
 from tools.seeding import numpy_rng
 
 _INDEX = {name: i for i, name in enumerate(COMMAND_NAMES)}
 
-# The walk-these-ways default trot (their config's nominal values): what every entry a skill does
-# not set holds. Phase/offset/bound = (0.5, 0, 0) is the trot.
-DEFAULT_COMMAND: dict[str, float] = {
-    "lin_vel_x": 0.0, "lin_vel_y": 0.0, "ang_vel_yaw": 0.0, "body_height": 0.0,
-    "gait_frequency": 3.0, "gait_phase": 0.5, "gait_offset": 0.0, "gait_bound": 0.0,
-    "gait_duration": 0.5, "foot_swing_height": 0.08, "body_pitch": 0.0, "body_roll": 0.0,
-    "stance_width": 0.25, "stance_length": 0.40, "aux": 0.0,
-}
+# What every entry a skill does not set holds: zero velocities and the env's default trot.
+DEFAULT_COMMAND: dict[str, float] = {"lin_vel_x": 0.0, "lin_vel_y": 0.0, "ang_vel_yaw": 0.0, **DEFAULT_GAIT_COMMAND}
 
 Range = tuple[float, float]
 
@@ -161,7 +156,9 @@ class SkillCommandSampler:
         self.rng = numpy_rng(seed, name)
         self.current: list[str] = [""] * num_envs
 
-    def __call__(self, env_ids: torch.Tensor) -> torch.Tensor:
+    def __call__(self, env_ids: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        # The env passes its own generator; skills draw from their own named stream instead, so the
+        # env's randomness (and a skill mix change) never shift each other.
         ids = env_ids.detach().cpu().reshape(-1).tolist()
         names, commands = self.mix.sample(len(ids), self.rng)
         for i, name in zip(ids, names):

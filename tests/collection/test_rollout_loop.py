@@ -120,4 +120,16 @@ def test_a_command_policy_is_refused_with_a_clear_error():
 
 def test_label_rule_travels_with_each_episode():
     ep = run(ScriptedEnv(), EchoPolicy(), 1)[0]
-    assert '"max_lin_vel_error": 0.35' in ep.info["label_rule"]
+    assert ep.info["label"]["rule"]["max_lin_vel_error"] == 0.35
+    assert ep.info["label"]["reason"] == ("success" if ep.info["success"] else ep.info["failure_reason"])
+    assert set(ep.info["label"]["numbers"]) >= {"lin_vel_error", "distance", "commanded_displacement"}
+    assert ep.info["gait"] == "pronk"  # the scripted env's (phase, offset, bound) are all zero
+
+
+def test_gait_names_come_from_phase_offset_bound():
+    from collection.rollout import gait_name
+    from collection.skills import DEFAULT_COMMAND
+    cmd = torch.tensor(list(DEFAULT_COMMAND.values()))
+    assert gait_name(cmd) == "trot"
+    cmd[5] = 0.3
+    assert gait_name(cmd) == "custom"
