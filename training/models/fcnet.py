@@ -1,0 +1,91 @@
+"""FCNet (seed 000, Eq. 3): encoder P, L Fourier layers, decoder Q.
+
+    X^1     = P(X^0)                                   P: one Linear (obs [+ rtg] -> hidden)
+    Y^l     = gelu(CSC(LN(X^l))) + X^l
+    X^{l+1} = FFN(LN(Y^l)) + Y^l                       FFN inner width = hidden, not shared
+    actions = Q(X^{L+1})                               Q: Linear -> GELU -> Linear (decoder_hidden)
+
+No positional embedding, no dropout, no final norm (the official implementation). Masked (padding)
+steps are zeroed at every CSC input, so left padding equals zero history. With hidden 256, m 10, L 4,
+decoder 128 and a 70-D state this is the paper's 787,852 parameters (complex weights counted twice).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.models.base import Cache, Decoder, FeedForward, SequenceModel
+from training.models.csc import CausalSpectralConv
+
+
+class FourierLayer(nn.Module):
+    def __init__(self, hidden: int, context: int, modes: int, csc_impl: str):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(hidden)
+        self.csc = CausalSpectralConv(hidden, context, modes, csc_impl)
+        self.norm2 = nn.LayerNorm(hidden)
+        self.ffn = FeedForward(hidden, hidden)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # x (B, T, d); padding steps enter the CSC as zeros = no history
+        y = self.act(self.csc(self.norm1(x) * mask.unsqueeze(-1))) + x
+        return self.ffn(self.norm2(y)) + y
+
+    def step(self, x: torch.Tensor, state: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
+        # x (B, d). Functional calls: at batch 1 the per-module call overhead is a visible share of
+        # the latency budget (seed 000 C.4), the maths is the same as forward.
+        n1, n2, (f1, _, f2) = self.norm1, self.norm2, self.ffn
+        y = F.gelu(self.csc.step(F.layer_norm(x, n1.normalized_shape, n1.weight, n1.bias, n1.eps), state, prefix))
+        y = y + x
+        h = F.layer_norm(y, n2.normalized_shape, n2.weight, n2.bias, n2.eps)
+        return torch.addmm(y, F.gelu(F.linear(h, f1.weight, f1.bias)), f2.weight.t()).add_(f2.bias)
+
+
+class FCNet(SequenceModel):
+    name = "fcnet"
+
+    def __init__(self, obs_dim: int, action_dim: int = 12, context: int = 64, modes: int = 10,
+                 hidden: int = 256, num_layers: int = 4, decoder_hidden: int = 128, use_rtg: bool = False,
+                 csc_impl: str = "kernel"):
+        super().__init__(obs_dim, action_dim, context, use_rtg=use_rtg, use_actions=False)
+        if num_layers < 1 or hidden < 1 or decoder_hidden < 1:
+            raise ValueError(f"fcnet: num_layers, hidden, decoder_hidden must be >= 1, "
+                             f"got {num_layers}, {hidden}, {decoder_hidden}")
+        self.modes, self.hidden, self.num_layers = modes, hidden, num_layers
+        self.decoder_hidden, self.csc_impl = decoder_hidden, csc_impl
+        self.encoder = nn.Linear(obs_dim + int(use_rtg), hidden)
+        self.layers = nn.ModuleList(FourierLayer(hidden, context, modes, csc_impl) for _ in range(num_layers))
+        self.decoder = Decoder(hidden, decoder_hidden, action_dim)
+
+    @property
+    def config(self) -> dict:
+        return dict(obs_dim=self.obs_dim, action_dim=self.action_dim, context=self.context, modes=self.modes,
+                    hidden=self.hidden, num_layers=self.num_layers, decoder_hidden=self.decoder_hidden,
+                    use_rtg=self.use_rtg, csc_impl=self.csc_impl)
+
+    def _input(self, obs: torch.Tensor, rtg: torch.Tensor | None) -> torch.Tensor:
+        return torch.cat([obs, rtg], dim=-1) if self.use_rtg else obs
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor | None = None, rtg: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        mask = self.check_window(obs, actions, rtg, mask).to(obs.dtype)
+        x = self.encoder(self._input(obs, rtg))                   # (B, T, d)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.decoder(x)                                    # (B, T, A)
+
+    def _init_state(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+        state: dict[str, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            state.update(layer.csc.init_state(batch_size, device, prefix=f"l{i}."))
+        return state
+
+    def _step(self, obs_t: torch.Tensor, cache: Cache, action_prev: torch.Tensor,
+              rtg_t: torch.Tensor | None) -> torch.Tensor:
+        x = F.linear(self._input(obs_t, rtg_t), self.encoder.weight, self.encoder.bias)   # (B, d)
+        for i, layer in enumerate(self.layers):
+            x = layer.step(x, cache.state, f"l{i}.")
+        q1, _, q2 = self.decoder
+        return F.linear(F.gelu(F.linear(x, q1.weight, q1.bias)), q2.weight, q2.bias)     # (B, A)
