@@ -81,7 +81,9 @@ def as_episode_arrays(source: Any, features: Iterable[str]) -> EpisodeArrays:
     if isinstance(source, EpisodeArrays):
         return source
     if hasattr(source, "load") and hasattr(source, "episodes"):
-        return EpisodeArrays.from_store(source, features)
+        have = set(getattr(source, "feature_names", features))
+        # load what exists; the sampler's own check names anything missing
+        return EpisodeArrays.from_store(source, [f for f in features if f in have])
     raise ValueError(f"sampler source must be EpisodeArrays or a TrajectoryStore, got {type(source).__name__}")
 
 

@@ -1,0 +1,99 @@
+"""`quadforge dataset info [--json] | validate | compact | export-hdf5 | import-hdf5`."""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ACTIONS = ("info", "validate", "compact", "export-hdf5", "import-hdf5")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = sub.add_parser("info", help="summary of a store: episodes, steps, features, success, terrains")
+    p.add_argument("store")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p = sub.add_parser("validate", help="check every store invariant; exit 1 if any is broken")
+    p.add_argument("store")
+    p.add_argument("--no-values", action="store_true", help="skip reading the data (finite, stats)")
+    p = sub.add_parser("compact", help="append staged episodes to the store")
+    p.add_argument("store")
+    p = sub.add_parser("export-hdf5", help="write the store as robomimic-style HDF5")
+    p.add_argument("store")
+    p.add_argument("output")
+    p.add_argument("--compression", choices=("gzip", "lzf"), default=None)
+    p = sub.add_parser("import-hdf5", help="append an exported HDF5 file's demos to a store")
+    p.add_argument("input")
+    p.add_argument("store")
+
+
+def summary(store_path: str | Path) -> dict[str, Any]:
+    from data.staging import list_staged
+    from data.store import TrajectoryStore
+    store = TrajectoryStore.open(store_path)
+    t = store.episodes
+    success = t["success"]
+    per_terrain: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(t["terrain_type"].tolist())):
+        sel = t["terrain_type"] == name
+        per_terrain[name or "unknown"] = {"episodes": int(sel.sum()), "success_rate": float(success[sel].mean())}
+    return {
+        "path": str(store.root), "generation": store.generation, "episodes": store.num_episodes,
+        "steps": store.num_steps, "hours": store.num_steps * store.schema.control_dt / 3600.0,
+        "robot": store.schema.robot, "control_rate_hz": store.schema.control_rate_hz,
+        "format_version": store.schema.format_version,
+        "success_rate": float(success.mean()) if len(t) else 0.0,
+        "failure_reasons": dict(Counter(t["failure_reason"].tolist())),
+        "terrains": per_terrain,
+        "policies": dict(Counter(t["policy_id"].tolist())),
+        "tasks": {k: len(v) for k, v in store.tasks.items()},
+        "collectors": dict(Counter(t["collector_id"].tolist())),
+        "mean_length": float(t["length"].mean()) if len(t) else 0.0,
+        "features": {k: {"dtype": v.dtype, "shape": list(v.shape)} for k, v in sorted(store.schema.features.items())},
+        "staged": len(list_staged(store.root)),
+    }
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    print(f"{s['path']}  generation {s['generation']}  robot {s['robot'] or '?'}  {s['control_rate_hz']:.0f} Hz")
+    print(f"episodes {s['episodes']}  steps {s['steps']}  ({s['hours']:.2f} h)  mean length {s['mean_length']:.1f}"
+          f"  success {100 * s['success_rate']:.1f}%  staged {s['staged']}")
+    print("terrains: " + ", ".join(f"{k} {v['episodes']} ({100 * v['success_rate']:.0f}%)"
+                                   for k, v in s["terrains"].items()))
+    print("policies: " + ", ".join(f"{k or '?'} {v}" for k, v in s["policies"].items()))
+    print("failure reasons: " + ", ".join(f"{k} {v}" for k, v in s["failure_reasons"].items()))
+    print("features: " + ", ".join(f"{k}{tuple(v['shape'])}" for k, v in s["features"].items()))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "info":
+        s = summary(args.store)
+        if args.json:
+            print(json.dumps(s, indent=2))
+        else:
+            _print_summary(s)
+        return 0
+    if args.action == "validate":
+        from data.validate import validate
+        rep = validate(args.store, check_values=not args.no_values)
+        print(rep.text())
+        return 0 if rep.ok else 1
+    if args.action == "compact":
+        from data.store import compact
+        r = compact(args.store)
+        print(f"generation {r.generation}: appended {len(r.appended)} episode(s), {r.steps} steps; "
+              f"removed {len(r.skipped)} already-stored staging file(s); {r.seconds:.2f} s")
+        return 0
+    if args.action == "export-hdf5":
+        from data.export import export_hdf5
+        n = export_hdf5(args.store, args.output, compression=args.compression)
+        print(f"wrote {n} demos to {args.output}")
+        return 0
+    if args.action == "import-hdf5":
+        from data.export import import_hdf5
+        n = import_hdf5(args.input, args.store)
+        print(f"imported {n} demos into {args.store}")
+        return 0
+    raise ValueError(f"dataset action {args.action!r}; allowed: {ACTIONS}")

@@ -1,0 +1,330 @@
+"""Compaction: the store's only writer. Appends staged episodes, then commits a new manifest.
+
+Order of a compaction (under an exclusive ``fcntl.flock`` on ``<store>/.lock``):
+1. read the manifest (the trusted state) and truncate every array to its trusted length;
+2. list staging files by name; skip those whose episode id is already in the trusted table;
+3. check every remaining file's header against the schema (before any write);
+4. append the episodes feature by feature in buffered, chunk-aligned blocks, updating running stats;
+5. fsync the chunks written, then write the episode table and tasks table (temp + fsync + rename);
+6. write the new manifest (generation + 1) the same way - this is the commit point;
+7. delete the consumed staging files.
+A crash before 6 leaves the previous generation intact (the extra rows are ignored and overwritten
+next time); a crash after 6 leaves staging files whose ids are already in the table, which the next
+compaction deletes without appending them again.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+import zipfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, NamedTuple
+
+import numpy as np
+
+from data.schema import IMAGE_PREFIX, StoreSchema, spec_for
+from data.staging import INFO_KEY, episode_id_of, fsync_dir, list_staged, read_staged
+from data.stats import RunningStats
+from data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable, array_path,
+                        read_episode_table, read_json, read_manifest, write_json_atomic)
+from data.schema import FORMAT_VERSION
+
+LOCK_FILE = ".lock"
+TARGET_CHUNK_BYTES = 2 << 20        # ~2 MiB per chunk (diffusion_policy's choice)
+MAX_CHUNK_STEPS = 1 << 18
+FLUSH_CHUNKS = 2                    # buffer about this many chunks per feature before writing
+APPEND_MODES = ("chunked", "episode")
+
+
+class ArrayHeader(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@dataclass
+class CompactionResult:
+    generation: int
+    appended: list[str]               # episode ids appended, in order
+    skipped: list[str]                # staged ids already in the store (deleted)
+    steps: int                        # steps appended
+    seconds: float
+
+
+@contextmanager
+def store_lock(root: Path, timeout: float | None = None) -> Iterator[None]:
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK_FILE, "a+") as f:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | (fcntl.LOCK_NB if deadline else 0))
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{root / LOCK_FILE}: another compaction holds the lock") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def read_headers(path: Path) -> tuple[dict[str, ArrayHeader], dict[str, Any]]:
+    """Shapes and dtypes of a staging file's features, and its info, without reading the data."""
+    headers: dict[str, ArrayHeader] = {}
+    info: dict[str, Any] | None = None
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for member in zf.namelist():
+                key = member[:-4] if member.endswith(".npy") else member
+                with zf.open(member) as f:
+                    if key == INFO_KEY:
+                        info = json.loads(str(np.lib.format.read_array(f, allow_pickle=False)))
+                        continue
+                    version = np.lib.format.read_magic(f)
+                    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                            else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read(f)
+                    headers[key] = ArrayHeader(tuple(shape), np.dtype(dtype))
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        raise ValueError(f"staging file {path}: unreadable ({err})") from err
+    if info is None:
+        raise ValueError(f"staging file {path}: no {INFO_KEY} member (not written by StagingWriter)")
+    return headers, info
+
+
+def chunk_steps(spec_shape: tuple[int, ...], dtype: str) -> int:
+    """Steps per chunk: the power of two nearest below ~2 MiB of rows, at most MAX_CHUNK_STEPS."""
+    row = max(1, int(np.prod(spec_shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    n = max(1, TARGET_CHUNK_BYTES // row)
+    return int(min(MAX_CHUNK_STEPS, 1 << int(np.floor(np.log2(n)))))
+
+
+class _Appender:
+    """Writes one feature's rows from ``pos`` on, in blocks that end on chunk boundaries."""
+
+    def __init__(self, arr, pos: int, chunk: int, mode: str, stats: RunningStats | None):
+        self.arr, self.pos, self.chunk, self.mode, self.stats = arr, pos, chunk, mode, stats
+        self.first_chunk = pos // chunk
+        self.pending: list[np.ndarray] = []
+        self.pending_n = 0
+
+    def add(self, x: np.ndarray) -> None:
+        if self.mode == "episode":
+            self.arr.append(x, axis=0)   # resize + write per episode: the slow path, for the benchmark
+            self.pos += len(x)
+            self._stats(x)
+            return
+        self.pending.append(x)
+        self.pending_n += len(x)
+        end = self.pos + self.pending_n
+        if end - (self.pos // self.chunk) * self.chunk >= FLUSH_CHUNKS * self.chunk:
+            self._write((end // self.chunk) * self.chunk)
+
+    def finish(self) -> None:
+        if self.pending_n:
+            self._write(self.pos + self.pending_n)
+
+    def _write(self, end: int) -> None:
+        block = self.pending[0] if len(self.pending) == 1 else np.concatenate(self.pending)
+        k = end - self.pos
+        self.arr[self.pos:end] = block[:k]
+        self._stats(block[:k])
+        rest = block[k:]
+        self.pending, self.pending_n = ([rest], len(rest)) if len(rest) else ([], 0)
+        self.pos = end
+
+    def _stats(self, x: np.ndarray) -> None:
+        if self.stats is not None:
+            self.stats.update(x)
+
+
+def _fsync_tree(path: Path) -> None:
+    """fsync every file under ``path`` (zarr's LocalStore renames atomically but does not fsync)."""
+    if path.is_file():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        return
+    if path.is_dir():
+        for p in path.rglob("*"):
+            if p.is_file():
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+
+
+def _fsync_written(root: Path, name: str, first_chunk: int, last_chunk: int) -> None:
+    base = root / array_path(name)
+    _fsync_tree(base / "zarr.json")
+    for i in range(first_chunk, last_chunk + 1):
+        _fsync_tree(base / "c" / str(i))
+
+
+def _episode_row(features: Mapping[str, np.ndarray], info: Mapping[str, Any], start: int,
+                 tasks: dict[str, list[str]]) -> dict[str, Any]:
+    length = len(next(iter(features.values())))
+    success = bool(info.get("success", False))
+    if "terminated" in features:
+        terminated = bool(features["terminated"][-1])
+    else:
+        terminated = bool(info.get("terminated", False))
+    if "return" in info:
+        ret = float(info["return"])
+    elif "rewards" in features:
+        ret = float(np.sum(features["rewards"], dtype=np.float64))
+    else:
+        ret = float("nan")
+    cmd = (np.asarray(features["commands"][:, :3], dtype=np.float64).mean(axis=0) if "commands" in features
+           else [info.get("cmd_vx", np.nan), info.get("cmd_vy", np.nan), info.get("cmd_wz", np.nan)])
+    task = str(info.get("task", "locomotion"))
+    instructions = tasks.setdefault(task, [])
+    if info.get("instruction") is not None:
+        if info["instruction"] not in instructions:
+            instructions.append(str(info["instruction"]))
+        instruction_index = instructions.index(info["instruction"])
+    else:
+        instruction_index = int(info.get("instruction_index", -1))
+    known = {"success", "terminated", "return", "cmd_vx", "cmd_vy", "cmd_wz", "task", "instruction",
+             "instruction_index", "failure_reason", "terrain_type", "terrain_level", "gait", "policy_id",
+             "seed", "collector_id", "episode_id", "label", "length", "robot", "control_dt"}
+    return {
+        "start": start, "end": start + length, "length": length, "success": success,
+        "terminated": terminated, "return": ret,
+        "cmd_vx": float(cmd[0]), "cmd_vy": float(cmd[1]), "cmd_wz": float(cmd[2]),
+        "failure_reason": str(info.get("failure_reason", "none" if success else "unknown")),
+        "terrain_type": str(info.get("terrain_type", "")), "terrain_level": int(info.get("terrain_level", -1)),
+        "task": task, "instruction_index": instruction_index, "gait": str(info.get("gait", "")),
+        "policy_id": str(info.get("policy_id", "")), "seed": int(info.get("seed", -1)),
+        "collector_id": str(info["collector_id"]), "episode_id": str(info["episode_id"]),
+        "label": dict(info.get("label", {})),
+        "extra": {k: v for k, v in info.items() if k not in known},
+    }
+
+
+def _create_arrays(group, schema: StoreSchema) -> None:
+    from zarr.codecs import BloscCodec, BloscShuffle
+    for name, spec in schema.features.items():
+        # byte shuffle for floats/ints (zstd then sees aligned exponent bytes); bools and images as is
+        shuffle = BloscShuffle.shuffle if spec.dtype not in ("bool", "uint8") else BloscShuffle.noshuffle
+        group.create_array(array_path(name), shape=(0,) + spec.shape, dtype=spec.dtype,
+                           chunks=(chunk_steps(spec.shape, spec.dtype),) + spec.shape,
+                           compressors=BloscCodec(cname="zstd", clevel=3, shuffle=shuffle),
+                           fill_value=0, overwrite=True, dimension_names=("time",) + (None,) * len(spec.shape))
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    write_json_atomic(root / MANIFEST, manifest)
+
+
+def compact(store_path: str | Path, *, lock_timeout: float | None = None,
+            append_mode: str = "chunked") -> CompactionResult:
+    """Append every staged episode to the store; returns what was done."""
+    import zarr
+    if append_mode not in APPEND_MODES:
+        raise ValueError(f"append_mode={append_mode!r}; allowed: {APPEND_MODES}")
+    root = Path(store_path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such trajectory store directory")
+    t0 = time.perf_counter()
+    # every chunk is written, even all-fill ones, so the validator can tell a lost chunk from zeros
+    with store_lock(root, lock_timeout), zarr.config.set({"array.write_empty_chunks": True}):
+        fresh = not (root / MANIFEST).is_file()
+        if fresh:
+            manifest = {"format_version": FORMAT_VERSION, "generation": 0, "num_steps": 0,
+                        "num_episodes": 0, "lengths": {}, "stats": {}}
+            schema, table, tasks = None, EpisodeTable.from_rows([]), {}
+        else:
+            manifest = read_manifest(root)
+            schema = StoreSchema.from_dict(read_json(root / SCHEMA_FILE, "schema"))
+            table = read_episode_table(root, int(manifest["num_episodes"]))
+            tasks = read_json(root / TASKS_FILE, "tasks table").get("tasks", {}) \
+                if (root / TASKS_FILE).exists() else {}
+
+        known = set(table["episode_id"].tolist())
+        staged = list_staged(root)
+        skipped = [p for p in staged if episode_id_of(p) in known]
+        todo = [p for p in staged if episode_id_of(p) not in known]
+        if not todo:
+            _delete(skipped, root)
+            return CompactionResult(int(manifest["generation"]), [], [episode_id_of(p) for p in skipped], 0,
+                                    time.perf_counter() - t0)
+
+        # 3. every header against the schema before the first write
+        headers = [(p, *read_headers(p)) for p in todo]
+        if schema is None:
+            p0, h0, info0 = headers[0]
+            specs = {n: spec_for(n, np.empty((0,) + h.shape[1:], h.dtype), f"staging file {p0}")
+                     for n, h in h0.items()}
+            schema = StoreSchema(specs, robot=str(info0.get("robot", "")),
+                                 control_dt=float(info0.get("control_dt", 0.02)))
+        for p, h, _ in headers:
+            schema.check(h, where=f"staging file {p}")
+            lengths = {len_ for len_ in (hh.shape[0] for hh in h.values())}
+            if len(lengths) != 1:
+                raise ValueError(f"staging file {p}: features have different lengths {sorted(lengths)}")
+
+        # 1. open arrays at their trusted lengths (truncating leftovers of an interrupted compaction)
+        group = zarr.open_group(str(root), mode="a", zarr_format=3)
+        if fresh:
+            write_json_atomic(root / SCHEMA_FILE, schema.to_dict())
+            _create_arrays(group, schema)
+        start = int(manifest["num_steps"])
+        total_new = sum(next(iter(h.values())).shape[0] for _, h, _ in headers)
+        appenders: dict[str, _Appender] = {}
+        for name, spec in schema.features.items():
+            arr = group[array_path(name)]
+            n0 = int(manifest["lengths"].get(name, 0))
+            if arr.shape[0] != n0:
+                arr.resize((n0,) + spec.shape)
+            if append_mode == "chunked":
+                arr.resize((n0 + total_new,) + spec.shape)
+            stats = None
+            if not name.startswith(IMAGE_PREFIX):
+                stats = (RunningStats.from_dict(manifest["stats"][name]) if name in manifest["stats"]
+                         else RunningStats.empty(spec.shape))
+            appenders[name] = _Appender(arr, n0, arr.chunks[0], append_mode, stats)
+
+        # 4. buffered appends
+        rows = []
+        pos = start
+        for p, _, _ in headers:
+            features, info = read_staged(p)
+            for name, app in appenders.items():
+                app.add(features[name])
+            rows.append(_episode_row(features, info, pos, tasks))
+            pos += rows[-1]["length"]
+        for app in appenders.values():
+            app.finish()
+
+        # 5. durability of the data, then the tables
+        for name, app in appenders.items():
+            _fsync_written(root, name, app.first_chunk, max(app.pos - 1, 0) // app.chunk)
+        new_table = table.concat(rows)
+        write_json_atomic(root / EPISODES_FILE, {"columns": new_table.to_lists()})
+        write_json_atomic(root / TASKS_FILE, {"tasks": tasks})
+
+        # 6. commit
+        new_manifest = {
+            "format_version": FORMAT_VERSION, "generation": int(manifest["generation"]) + 1,
+            "num_steps": pos, "num_episodes": len(new_table),
+            "lengths": {name: app.pos for name, app in appenders.items()},
+            "stats": {name: app.stats.to_dict() for name, app in appenders.items() if app.stats is not None},
+            "chunks": {name: app.chunk for name, app in appenders.items()},
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        write_manifest(root, new_manifest)
+
+        # 7. the staged copies are now redundant
+        _delete(todo + skipped, root)
+        return CompactionResult(new_manifest["generation"], [r["episode_id"] for r in rows],
+                                [episode_id_of(p) for p in skipped], pos - start, time.perf_counter() - t0)
+
+
+def _delete(paths: list[Path], root: Path) -> None:
+    for p in paths:
+        p.unlink(missing_ok=True)
+    if paths:
+        fsync_dir(paths[0].parent)

@@ -1,0 +1,135 @@
+"""HDF5 export/import in a robomimic-like layout, for tools that expect it.
+
+```
+/data                      attrs: format, total, schema (JSON), tasks (JSON), env_args (JSON)
+/data/demo_<i>/obs/<term>  raw observation terms (and images/<camera>) of store episode i
+/data/demo_<i>/actions     (T, 12)          /data/demo_<i>/rewards (T,)
+/data/demo_<i>/dones       (T,) uint8, 1 at the episode's last step (robomimic's convention)
+/data/demo_<i>/<other>     the remaining per-step features (joint_targets, terminated, time_outs, ...)
+    attrs: num_samples and every episode-table column (label, extra as JSON strings)
+/mask/<filter>             demo names: success, failure, terrain_<type>
+```
+Import writes each demo as a staging file with its original episode id and compacts, keeping the
+demo order, so export -> import -> export reproduces the file's contents bit for bit.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from data.schema import IMAGE_PREFIX
+from data.staging import write_staging_file
+from data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore, compact
+from envs.layout import TERM_DIMS
+
+FORMAT = "quadforge-robomimic-1"
+TOP_LEVEL = ("actions", "rewards")
+DERIVED_COLUMNS = ("start", "end", "length")
+
+
+def _is_obs(name: str) -> bool:
+    return name in TERM_DIMS or name.startswith(IMAGE_PREFIX)
+
+
+def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | None = None) -> int:
+    """Write the whole store to ``h5_path``; returns the number of demos."""
+    import h5py
+    store = TrajectoryStore.open(store_path)
+    data = store.load()
+    table = store.episodes
+    out = Path(h5_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(out, "w", track_order=True) as f:
+        g = f.create_group("data", track_order=True)
+        g.attrs["format"] = FORMAT
+        g.attrs["total"] = store.num_steps
+        g.attrs["schema"] = json.dumps(store.schema.to_dict(), sort_keys=True)
+        g.attrs["tasks"] = json.dumps(store.tasks, sort_keys=True)
+        g.attrs["env_args"] = json.dumps({"robot": store.schema.robot, "control_dt": store.schema.control_dt})
+        masks: dict[str, list[str]] = {"success": [], "failure": []}
+        for i in range(len(table)):
+            name = f"demo_{i}"
+            lo, hi = int(table["start"][i]), int(table["end"][i])
+            d = g.create_group(name, track_order=True)
+            for feat in sorted(data):
+                key = f"obs/{feat}" if _is_obs(feat) else feat
+                d.create_dataset(key, data=data[feat][lo:hi], compression=compression)
+            dones = np.zeros(hi - lo, dtype=np.uint8)
+            dones[-1] = 1
+            d.create_dataset("dones", data=dones)
+            d.attrs["num_samples"] = hi - lo
+            for col in COLUMNS:
+                v = table[col][i]
+                v = v.item() if isinstance(v, np.generic) else v
+                d.attrs[col] = json.dumps(v, sort_keys=True) if col in DICT_COLUMNS else v
+            masks["success" if table["success"][i] else "failure"].append(name)
+            masks.setdefault(f"terrain_{table['terrain_type'][i] or 'unknown'}", []).append(name)
+        m = f.create_group("mask", track_order=True)
+        for key in sorted(masks):
+            m.create_dataset(key, data=np.asarray(masks[key], dtype="S"))
+    return len(table)
+
+
+def _attr(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return v.decode()
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
+    """Append the demos of an exported file to a store (created if absent); returns demos imported."""
+    import h5py
+    src = Path(h5_path)
+    if not src.is_file():
+        raise FileNotFoundError(f"{src}: no such HDF5 file")
+    Path(store_path).mkdir(parents=True, exist_ok=True)
+    known = TrajectoryStore.existing_episode_ids(store_path)
+    imported = 0
+    with h5py.File(src, "r") as f:
+        if "data" not in f or _attr(f["data"].attrs.get("format")) != FORMAT:
+            raise ValueError(f"{src}: not a quadforge HDF5 export (want /data with format={FORMAT!r})")
+        g = f["data"]
+        env_args = json.loads(_attr(g.attrs["env_args"]))
+        tasks = json.loads(_attr(g.attrs.get("tasks", "{}")))
+        names = sorted(g.keys(), key=lambda k: int(k.split("_")[1]))
+        last_id = ""
+        for name in names:
+            d = g[name]
+            attrs = {k: _attr(v) for k, v in d.attrs.items()}
+            eid = str(attrs["episode_id"])
+            if eid in known:
+                continue
+            if eid < last_id:  # compaction consumes staging files by name: keep the demo order
+                compact(store_path)
+            last_id = eid
+            features = {k: np.asarray(d["obs"][k]) for k in _walk(d["obs"])}
+            features.update({k: np.asarray(d[k]) for k in d.keys() if k not in ("obs", "dones")})
+            info = {k: v for k, v in attrs.items() if k not in DERIVED_COLUMNS + DICT_COLUMNS + ("num_samples",)}
+            info.update(json.loads(attrs.get("extra", "{}")))
+            info["label"] = json.loads(attrs.get("label", "{}"))
+            idx = int(info.pop("instruction_index", -1))
+            task_instr = tasks.get(info.get("task", ""), [])
+            if 0 <= idx < len(task_instr):
+                info["instruction"] = task_instr[idx]
+            else:
+                info["instruction_index"] = idx
+            info.update(robot=env_args.get("robot", ""), control_dt=env_args.get("control_dt", 0.02))
+            write_staging_file(store_path, eid, str(attrs["collector_id"]), features, info)
+            imported += 1
+    compact(store_path)
+    return imported
+
+
+def _walk(group, prefix: str = "") -> list[str]:
+    """Dataset paths under an h5 group (images live one level deeper: images/<camera>)."""
+    out = []
+    for k in group.keys():
+        item = group[k]
+        if hasattr(item, "keys"):
+            out += _walk(item, f"{prefix}{k}/")
+        else:
+            out.append(f"{prefix}{k}")
+    return out

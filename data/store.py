@@ -1,0 +1,291 @@
+"""The read side of the zarr v3 trajectory store, and its on-disk layout.
+
+```
+<store>/
+  zarr.json                   zarr v3 root group
+  data/<feature>              per-step arrays concatenated along time, chunked along time only
+  images/<camera>             camera frames (uint8 (T, H, W, C)), when present
+  meta/schema.json            per-feature dtype, shape, names, units; robot; control rate; version
+  meta/episodes.json          the episode table, columnar JSON ({"columns": {name: [...]}})
+  meta/tasks.json             tasks and their instructions ({"tasks": {task: [instruction, ...]}})
+  manifest.json               the commit record: generation, steps, episodes, per-feature lengths, stats
+  staging/<episode_id>.npz    episodes written by collectors, not yet compacted
+  .lock                       compaction's exclusive flock
+```
+
+Readers trust only ``manifest.json``: array rows beyond its per-feature lengths and episode-table rows
+beyond its episode count are leftovers of an interrupted compaction and are ignored (the next
+compaction overwrites them). ``compact`` (in ``data.compaction``) is the only writer.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from data.schema import FORMAT_VERSION, IMAGE_PREFIX, StoreSchema
+from data.staging import episode_id_of, fsync_dir, list_staged
+from data.stats import RunningStats
+
+MANIFEST = "manifest.json"
+SCHEMA_FILE = "meta/schema.json"
+EPISODES_FILE = "meta/episodes.json"
+TASKS_FILE = "meta/tasks.json"
+MANIFEST_KEYS = ("format_version", "generation", "num_steps", "num_episodes", "lengths", "stats")
+
+INT_COLUMNS = ("start", "end", "length", "terrain_level", "instruction_index", "seed")
+BOOL_COLUMNS = ("success", "terminated")
+FLOAT_COLUMNS = ("return", "cmd_vx", "cmd_vy", "cmd_wz")
+STR_COLUMNS = ("failure_reason", "terrain_type", "task", "gait", "policy_id", "collector_id", "episode_id")
+DICT_COLUMNS = ("label", "extra")
+COLUMNS = INT_COLUMNS + BOOL_COLUMNS + FLOAT_COLUMNS + STR_COLUMNS + DICT_COLUMNS
+
+
+def array_path(name: str) -> str:
+    """Zarr path of a feature: images in their own group, everything else under data/."""
+    return name if name.startswith(IMAGE_PREFIX) else f"data/{name}"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """temp + fsync + rename + fsync(dir): the file is either the old one or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_json(path: Path, what: str) -> Any:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing {what}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: corrupt {what} (not valid JSON: {err})") from err
+
+
+@dataclass
+class EpisodeTable:
+    """One row per episode, held as columns (numpy arrays); see ``COLUMNS``."""
+
+    data: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.data["end"]) if "end" in self.data else 0
+
+    def __getitem__(self, column: str) -> np.ndarray:
+        if column not in self.data:
+            raise KeyError(f"episode table has no column {column!r}; columns: {list(self.data)}")
+        return self.data[column]
+
+    def __contains__(self, column: str) -> bool:
+        return column in self.data
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return dict(self.data)
+
+    def row(self, i: int) -> dict[str, Any]:
+        return {k: (v[i].item() if isinstance(v[i], np.generic) else v[i]) for k, v in self.data.items()}
+
+    def where(self, mask: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(mask)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> "EpisodeTable":
+        rows = list(rows)
+        return cls.from_lists({c: [r[c] for r in rows] for c in COLUMNS})
+
+    @classmethod
+    def from_lists(cls, cols: Mapping[str, list]) -> "EpisodeTable":
+        out: dict[str, np.ndarray] = {}
+        for c in COLUMNS:
+            values = list(cols.get(c, []))
+            if c in INT_COLUMNS:
+                out[c] = np.asarray(values, dtype=np.int64)
+            elif c in BOOL_COLUMNS:
+                out[c] = np.asarray(values, dtype=bool)
+            elif c in FLOAT_COLUMNS:
+                out[c] = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+            elif c in STR_COLUMNS:
+                out[c] = np.asarray([str(v) for v in values], dtype=str) if values else np.zeros(0, dtype="<U1")
+            else:
+                arr = np.empty(len(values), dtype=object)
+                arr[:] = values
+                out[c] = arr
+        return cls(out)
+
+    def head(self, n: int) -> "EpisodeTable":
+        return EpisodeTable({k: v[:n] for k, v in self.data.items()})
+
+    def to_lists(self) -> dict[str, list]:
+        return {c: [x.item() if isinstance(x, np.generic) else x for x in self.data[c]] for c in COLUMNS}
+
+    def concat(self, rows: list[Mapping[str, Any]]) -> "EpisodeTable":
+        lists = self.to_lists()
+        for r in rows:
+            for c in COLUMNS:
+                lists[c].append(r[c])
+        return EpisodeTable.from_lists(lists)
+
+
+def read_episode_table(root: Path, num_episodes: int) -> EpisodeTable:
+    raw = read_json(root / EPISODES_FILE, "episode table")
+    try:
+        cols = raw["columns"]
+        table = EpisodeTable.from_lists(cols)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{root / EPISODES_FILE}: corrupt episode table ({err})") from err
+    if len(table) < num_episodes or any(len(v) != len(table) for v in table.data.values()):
+        raise ValueError(f"{root / EPISODES_FILE}: episode table has {len(table)} complete rows, "
+                         f"the manifest says {num_episodes}")
+    return table.head(num_episodes)
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    path = root / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing manifest (not a trajectory store, or never compacted: "
+                                f"run compact first)")
+    m = read_json(path, "manifest")
+    missing = [k for k in MANIFEST_KEYS if not isinstance(m, dict) or k not in m]
+    if missing:
+        raise ValueError(f"{path}: corrupt manifest: missing keys {missing}")
+    if m["format_version"] != FORMAT_VERSION:
+        raise ValueError(f"{path}: format_version {m['format_version']}; this code reads {FORMAT_VERSION}")
+    return m
+
+
+class TrajectoryStore:
+    """A read-only view of the store at its manifest's generation."""
+
+    def __init__(self, root: Path, manifest: dict[str, Any], schema: StoreSchema, table: EpisodeTable,
+                 tasks: dict[str, list[str]]):
+        self.root, self.manifest, self.schema, self._table, self.tasks = root, manifest, schema, table, tasks
+        self._group = None
+
+    # --- opening --------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path) -> "TrajectoryStore":
+        root = Path(path)
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root}: no such trajectory store directory")
+        manifest = read_manifest(root)
+        try:
+            schema = StoreSchema.from_dict(read_json(root / SCHEMA_FILE, "schema"))
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{root / SCHEMA_FILE}: corrupt schema ({err})") from err
+        table = read_episode_table(root, int(manifest["num_episodes"]))
+        tasks = read_json(root / TASKS_FILE, "tasks table").get("tasks", {}) if (root / TASKS_FILE).exists() else {}
+        store = cls(root, manifest, schema, table, tasks)
+        store._check_arrays()
+        return store
+
+    def _check_arrays(self) -> None:
+        lengths = self.manifest["lengths"]
+        if set(lengths) != set(self.schema.features):
+            raise ValueError(f"{self.root / MANIFEST}: manifest features {sorted(lengths)} disagree with "
+                             f"the schema's {sorted(self.schema.features)}")
+        group = self.group
+        for name, n in lengths.items():
+            try:
+                arr = group[array_path(name)]
+            except KeyError:
+                raise ValueError(f"{self.root / array_path(name)}: array missing (manifest lists {n} steps)") from None
+            if arr.shape[0] < n:
+                raise ValueError(f"{self.root / array_path(name)}: truncated: {arr.shape[0]} steps on disk, "
+                                 f"the manifest says {n}")
+
+    @property
+    def group(self):
+        if self._group is None:
+            import zarr
+            try:
+                self._group = zarr.open_group(str(self.root), mode="r", zarr_format=3)
+            except Exception as err:  # zarr raises several types for a damaged group
+                raise ValueError(f"{self.root}: cannot open zarr group ({err})") from err
+        return self._group
+
+    @staticmethod
+    def existing_episode_ids(path: str | Path) -> set[str]:
+        """Ids already compacted (per the manifest) or waiting in staging: never write these again."""
+        root = Path(path)
+        ids = {episode_id_of(p) for p in list_staged(root)}
+        if (root / MANIFEST).is_file():
+            m = read_manifest(root)
+            ids.update(read_episode_table(root, int(m["num_episodes"]))["episode_id"].tolist())
+        return ids
+
+    # --- contents -------------------------------------------------------------------------------
+    @property
+    def generation(self) -> int:
+        return int(self.manifest["generation"])
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.manifest["num_steps"])
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.manifest["num_episodes"])
+
+    @property
+    def episodes(self) -> EpisodeTable:
+        return self._table
+
+    @property
+    def episode_ids(self) -> list[str]:
+        return self._table["episode_id"].tolist()
+
+    @property
+    def episode_ends(self) -> np.ndarray:
+        return self._table["end"]
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.schema.features))
+
+    @property
+    def stats(self) -> dict[str, dict[str, np.ndarray]]:
+        """Per feature: count, mean, std, min, max (images have none)."""
+        return {k: RunningStats.from_dict(v).summary() for k, v in self.manifest["stats"].items()}
+
+    def array(self, name: str):
+        """The on-disk zarr array of a feature (rows beyond ``num_steps`` are not part of the store)."""
+        self._check_feature(name)
+        return self.group[array_path(name)]
+
+    def _check_feature(self, name: str) -> None:
+        if name not in self.schema.features:
+            raise ValueError(f"{self.root}: no feature {name!r}; the store has {list(self.feature_names)}")
+
+    def load(self, features: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Read whole features into RAM (all features when ``features`` is None)."""
+        names = list(self.feature_names if features is None else features)
+        for name in names:
+            self._check_feature(name)
+        out = {}
+        for name in names:
+            n = int(self.manifest["lengths"][name])
+            try:
+                out[name] = np.asarray(self.group[array_path(name)][:n])
+            except Exception as err:  # a damaged chunk surfaces as a codec error from zarr/numcodecs
+                raise ValueError(f"{self.root / array_path(name)}: unreadable data ({type(err).__name__}: "
+                                 f"{err})") from err
+        return out
+
+    def __repr__(self) -> str:
+        return (f"TrajectoryStore({str(self.root)!r}, generation={self.generation}, "
+                f"episodes={self.num_episodes}, steps={self.num_steps})")
+
+
+def compact(store_path: str | Path, **kwargs: Any):
+    """Append staged episodes to the store under its lock (see ``data.compaction.compact``)."""
+    from data.compaction import compact as _compact  # compaction builds on this module
+    return _compact(store_path, **kwargs)
