@@ -145,7 +145,7 @@ def _go1() -> RobotSpec:
 
 def _aliengo() -> RobotSpec:
     pose = _default_pose(0.1, 0.8, 1.0, -1.5)
-    link_masses = {"trunk": 9.042, "hip": 1.993, "thigh": 0.639, "calf": 0.207, "foot": 0.06}
+    link_masses = {"trunk": 9.041, "hip": 1.993, "thigh": 0.639, "calf": 0.207, "foot": 0.06}
     return RobotSpec(
         name="aliengo",
         mjcf_path=str(ASSETS / "aliengo.xml"),
