@@ -1,0 +1,84 @@
+import json
+
+import h5py
+import numpy as np
+
+from data.compaction import compact
+from data.export import export_hdf5, import_hdf5
+from data.staging import StagingWriter
+from data.store import TrajectoryStore
+from data.synthetic import synthetic_episode, synthetic_info
+from data.validate import validate
+from tools.cli import main
+
+
+def _h5_contents(path):
+    """Every dataset's bytes + dtype and every attribute, by path."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in obj.attrs.items()}
+            if isinstance(obj, h5py.Dataset):
+                out[name] = (str(obj.dtype), obj.shape, obj[()].tobytes(), attrs)
+            else:
+                out[name] = attrs
+        f.visititems(visit)
+        out["/"] = {k: v for k, v in f["data"].attrs.items()}
+    return out
+
+
+def test_hdf5_roundtrip_is_bit_identical(tmp_path, write_episodes):
+    store = tmp_path / "s"
+    # two collectors compacted in two generations: store order != id order
+    a = write_episodes(store, "c1", n=3, seed=0)
+    compact(store)
+    rng = np.random.default_rng(5)
+    w = StagingWriter(store, "c0")
+    feats = synthetic_episode(rng, 12, True)
+    w.write_episode(feats, {**synthetic_info(0, True), "instruction": "walk forward", "note": "x"})
+    compact(store)
+    h5a, h5b = tmp_path / "a.h5", tmp_path / "b.h5"
+    assert export_hdf5(store, h5a) == 4
+    with h5py.File(h5a, "r") as f:
+        d = f["data/demo_3"]
+        np.testing.assert_array_equal(d["obs/dof_pos"][()], feats["dof_pos"])
+        np.testing.assert_array_equal(d["actions"][()], feats["actions"])
+        assert d["dones"][()].tolist() == [0] * 11 + [1]
+        assert d.attrs["episode_id"] == "c0-00000000" and d.attrs["terrain_type"] == "flat"
+        assert json.loads(d.attrs["extra"]) == {"note": "x"}
+        assert [n.decode() for n in f["mask/success"][()]] == ["demo_0", "demo_1", "demo_3"]
+        assert [n.decode() for n in f["mask/failure"][()]] == ["demo_2"]
+        assert [n.decode() for n in f["mask/terrain_flat"][()]] == ["demo_0", "demo_3"]
+    copy = tmp_path / "copy"
+    assert import_hdf5(h5a, copy) == 4
+    assert validate(copy).ok
+    original, imported = TrajectoryStore.open(store), TrajectoryStore.open(copy)
+    assert imported.episode_ids == original.episode_ids
+    for k, v in original.load().items():
+        np.testing.assert_array_equal(imported.load([k])[k], v)
+    export_hdf5(copy, h5b)
+    assert _h5_contents(h5a) == _h5_contents(h5b)
+    assert h5a.read_bytes() == h5b.read_bytes()
+    assert import_hdf5(h5a, copy) == 0  # already there: nothing duplicated
+
+
+def test_dataset_info_json(tmp_path, write_episodes, capsys):
+    store = tmp_path / "s"
+    write_episodes(store, "c0", n=6, seed=1)
+    assert main(["dataset", "compact", str(store)]) == 0
+    capsys.readouterr()
+    assert main(["dataset", "info", "--json", str(store)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["episodes"] == 6 and info["generation"] == 1 and info["robot"] == "go1"
+    assert info["steps"] == TrajectoryStore.open(store).num_steps
+    assert info["success_rate"] == 4 / 6
+    assert info["terrains"]["gaps"] == {"episodes": 2, "success_rate": 0.0}
+    assert info["failure_reasons"] == {"none": 4, "fall": 2}
+    assert info["features"]["dof_pos"] == {"dtype": "float32", "shape": [12]}
+    assert info["control_rate_hz"] == 50.0 and info["staged"] == 0
+    assert main(["dataset", "validate", str(store)]) == 0
+    assert main(["dataset", "info", str(tmp_path / "missing")]) == 2
+    assert "no such trajectory store" in capsys.readouterr().err
+    (store / "manifest.json").unlink()
+    assert main(["dataset", "validate", str(store)]) == 1
+    assert "missing manifest" in capsys.readouterr().out
