@@ -15,6 +15,17 @@ from envs.terrain import TERRAIN_TYPES, Terrain
 from tools.seeding import torch_generator
 
 
+def next_levels(levels: torch.Tensor, distance: torch.Tensor, commanded_distance: torch.Tensor,
+                num_levels: int, tile_size: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The rule on its own: new levels (k,) for envs at ``levels`` (k,) that walked ``distance`` (k,)
+    of ``commanded_distance`` (k,); ``generator`` (CPU) draws the random level past the top."""
+    up = distance > tile_size / 2
+    down = (distance < 0.5 * commanded_distance) & ~up
+    levels = levels + up.long() - down.long()
+    random_levels = torch.randint(0, num_levels, levels.shape, generator=generator).to(levels.device)
+    return torch.where(levels >= num_levels, random_levels, levels.clamp(min=0))
+
+
 class TerrainCurriculum:
     def __init__(self, terrain: Terrain, num_envs: int, max_init_level: int = 5, seed: int = 0,
                  device: str | torch.device = "cpu"):
@@ -41,14 +52,9 @@ class TerrainCurriculum:
         env_ids = env_ids.to(self.device)
         if env_ids.numel() == 0:
             return
-        distance = distance.to(self.device)
-        up = distance > self.tile_size / 2
-        down = (distance < 0.5 * commanded_distance.to(self.device)) & ~up
-        levels = self.levels[env_ids] + up.long() - down.long()
-        past_top = levels >= self.num_levels
-        random_levels = torch.randint(0, self.num_levels, (env_ids.numel(),), generator=self._gen).to(self.device)
-        levels = torch.where(past_top, random_levels, levels.clamp(min=0))
-        self.levels[env_ids] = levels
+        self.levels[env_ids] = next_levels(self.levels[env_ids], distance.to(self.device),
+                                           commanded_distance.to(self.device), self.num_levels,
+                                           self.tile_size, self._gen)
 
     def set(self, env_ids: torch.Tensor, levels: torch.Tensor, cols: torch.Tensor) -> None:
         """Place envs on given tiles (evaluation sweeps); ValueError for a tile off the grid."""

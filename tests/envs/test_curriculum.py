@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from envs.curriculum import TerrainCurriculum
+from envs.curriculum import TerrainCurriculum, next_levels
 from envs.terrain import TERRAIN_TYPES, TerrainConfig, generate
 
 
@@ -73,3 +73,10 @@ def test_bad_input(terrain):
         cur.set(torch.tensor([0]), torch.tensor([0]), torch.tensor([-1]))
     with pytest.raises(ValueError, match="num_envs"):
         TerrainCurriculum(terrain, num_envs=0)
+
+
+def test_next_levels_is_the_rule_alone():
+    g = torch.Generator().manual_seed(0)
+    out = next_levels(torch.tensor([0, 2, 2, 2, 9]), torch.tensor([0.0, 5.0, 2.0, 0.5, 5.0]),
+                      torch.tensor([4.0, 0.0, 3.0, 3.0, 0.0]), num_levels=10, tile_size=8.0, generator=g)
+    assert out[:4].tolist() == [0, 3, 2, 1] and 0 <= out[4] < 10
