@@ -1,0 +1,56 @@
+"""Nothing lost: SIGKILL a collection at a random moment, re-run the same command, reach the target."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("data.compaction")
+pytest.importorskip("experts.gait")
+
+from data.store import TrajectoryStore  # noqa: E402
+from data.validate import validate  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = 10
+
+
+def command(out):
+    return [sys.executable, "-m", "tools.cli", "collect", "--out", str(out), "--episodes", str(TARGET),
+            "--num-envs", "2", "--max-episode-s", "0.3", "--compact-every", "3", "--no-progress", "--seed", "5"]
+
+
+def test_sigkill_then_rerun_reaches_the_target_without_losing_or_duplicating(tmp_path):
+    out = tmp_path / "store"
+    rng = np.random.default_rng(11)
+    kill_after = int(rng.integers(2, 6))           # episodes that must exist before the kill
+    extra_delay = float(rng.uniform(0.0, 0.3))     # then a random moment: mid-step, mid-write or mid-compaction
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(command(out), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and len(TrajectoryStore.existing_episode_ids(out)) >= kill_after:
+            break
+        time.sleep(0.02)
+    time.sleep(extra_delay)
+    killed = proc.poll() is None
+    if killed:
+        proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert killed, "the collection finished before it could be killed; raise TARGET"
+    survived = TrajectoryStore.existing_episode_ids(out)
+    assert len(survived) >= kill_after and len(survived) < TARGET
+
+    rerun = subprocess.run(command(out), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    report = validate(out)
+    assert report.ok, report.text()
+    store = TrajectoryStore.open(out)
+    ids = list(store.episodes["episode_id"])
+    assert len(ids) == TARGET and len(set(ids)) == TARGET     # the target, no duplicates
+    assert survived <= set(ids)                               # nothing written before the kill was lost
+    assert not list((out / "staging").glob("*.npz"))         # everything compacted
