@@ -2,7 +2,7 @@
 the task state; ``TermCache`` evaluates them lazily so a step only pays for the terms it uses.
 
 Terms are raw (SI units, body frame, unscaled); policies flatten them with an ``ObsLayout``. Noise is
-added to a copy for the policy group only (``noisy_terms``), never to what ``env.terms`` returns.
+added inside the policy group's ``CompiledLayout`` only, never to what ``env.terms`` returns.
 """
 from __future__ import annotations
 
@@ -126,14 +126,38 @@ class TermCache(Mapping[str, torch.Tensor]):
         return {k: self[k].clone() for k in self._fns}
 
 
-def noisy_terms(terms: Mapping[str, torch.Tensor], names: tuple[str, ...], noise: Mapping[str, float],
-                level: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """The named terms with uniform noise U(-scale, scale) * level added (a new dict; inputs untouched)."""
-    out = {}
-    for n in names:
-        x = terms[n]
-        s = noise.get(n, 0.0) * level
-        if s > 0:
-            x = x + (2 * torch.rand(x.shape, generator=generator, device=x.device) - 1) * s
-        out[n] = x
-    return out
+class CompiledLayout:
+    """An ``ObsLayout`` precomputed into per-column offset/scale/clip vectors, with optional per-column
+    uniform noise: one cat, one rand and a few fused ops per step instead of several ops per term.
+    Gives exactly ``layout.build(terms)`` when no noise is asked for (tested)."""
+
+    def __init__(self, layout, noise: Mapping[str, float] | None = None, level: float = 1.0,
+                 device: torch.device | str = "cpu"):
+        self.layout = layout
+        self.parts: list[tuple[str, list[int] | None]] = []
+        offset, scale, lo, hi, amp = [], [], [], [], []
+        for t in layout.terms:
+            d = t.dim
+            self.parts.append((t.name, list(t.index) if t.index is not None else None))
+            s = torch.as_tensor(t.scale, dtype=torch.float32).expand(d)
+            offset.append(torch.full((d,), float(t.offset)))
+            scale.append(s)
+            c = math.inf if t.clip is None else float(t.clip)
+            lo.append(torch.full((d,), -c))
+            hi.append(torch.full((d,), c))
+            # noise is in raw units of the term; in the scaled output it is noise * |scale|
+            amp.append(s.abs() * float((noise or {}).get(t.name, 0.0)) * level)
+        if layout.clip is not None:
+            lo = [x.clamp(min=-layout.clip) for x in lo]
+            hi = [x.clamp(max=layout.clip) for x in hi]
+        cat = lambda xs: torch.cat(xs).to(device)  # noqa: E731
+        self.offset, self.scale, self.lo, self.hi, self.noise = map(cat, (offset, scale, lo, hi, amp))
+        self.has_noise = bool((self.noise > 0).any())
+
+    def build(self, terms: Mapping[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
+        x = torch.cat([terms[n] if idx is None else terms[n][:, idx] for n, idx in self.parts], dim=1)
+        y = (x + self.offset) * self.scale
+        if self.has_noise and generator is not None:
+            u = torch.rand(y.shape, generator=generator, device=y.device)
+            y = y + (2 * u - 1) * self.noise
+        return torch.clamp(y, self.lo, self.hi)

@@ -168,29 +168,35 @@ class RewardManager:
         # Scales are per second in the config; per step they are multiplied by dt (legged_gym).
         self.scales = {n: float(s) * dt for n, s in scales.items() if s != 0}
         self.only_positive = only_positive
-        self.episode_sums = {n: torch.zeros(num_envs, device=device) for n in self.scales}
+        # termination last: it is added after the only-positive clip
+        self.names = [n for n in self.scales if n != "termination"]
+        self.has_termination = "termination" in self.scales
+        if self.has_termination:
+            self.names.append("termination")
+        self._scale = torch.tensor([self.scales[n] for n in self.names], device=device)
+        self._sums = torch.zeros(num_envs, len(self.names), device=device)  # (N, T) per-episode sums
+
+    @property
+    def episode_sums(self) -> dict[str, torch.Tensor]:
+        return {n: self._sums[:, i] for i, n in enumerate(self.names)}
 
     def compute(self, view: RewardView) -> torch.Tensor:
-        total = torch.zeros_like(view.terminated, dtype=torch.float32)
-        for name, scale in self.scales.items():
-            if name == "termination":
-                continue
-            r = REWARD_TERMS[name](view) * scale
-            total += r
-            self.episode_sums[name] += r
-        if self.only_positive:
-            total.clamp_(min=0.0)
-        if "termination" in self.scales:
-            r = termination(view) * self.scales["termination"]
-            total += r
-            self.episode_sums["termination"] += r
-        return total
+        n = view.terminated.shape[0]
+        if not self.names:
+            return torch.zeros(n, device=self._sums.device)
+        scaled = torch.stack([REWARD_TERMS[name](view) for name in self.names], dim=1) * self._scale  # (N, T)
+        self._sums += scaled
+        if self.has_termination:
+            total = scaled[:, :-1].sum(dim=1)
+            if self.only_positive:
+                total.clamp_(min=0.0)
+            return total + scaled[:, -1]
+        total = scaled.sum(dim=1)
+        return total.clamp_(min=0.0) if self.only_positive else total
 
     def pop_episode(self, env_ids: torch.Tensor, episode_length_s: float) -> dict[str, float]:
         """Mean per-term episode sums over these envs per second of episode (``Episode_Reward/<term>``);
         clears their sums."""
-        out = {}
-        for name, sums in self.episode_sums.items():
-            out[f"Episode_Reward/{name}"] = (sums[env_ids].mean() / episode_length_s).item()
-            sums[env_ids] = 0.0
-        return out
+        means = (self._sums[env_ids].mean(dim=0) / episode_length_s).tolist()
+        self._sums[env_ids] = 0.0
+        return {f"Episode_Reward/{name}": m for name, m in zip(self.names, means)}

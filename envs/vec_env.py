@@ -18,7 +18,7 @@ from envs.backends import make_backend
 from envs.backends.base import PhysicsBackend
 from envs.config import EnvConfig
 from envs.layout import NUM_JOINTS, get_layout
-from envs.observations import TermCache, make_term_fns, noisy_terms, scan_points_b
+from envs.observations import CompiledLayout, TermCache, make_term_fns, scan_points_b
 from envs.randomization import ActionLatency, Pushes
 from envs.robots import get_robot
 from envs.tasks.locomotion import LocomotionTask
@@ -26,8 +26,9 @@ from envs.terminations import TERMINATION_REASONS
 from envs.tasks.terrain_levels import TerrainState
 from tools.seeding import torch_generator
 
-EPISODE_KEYS = ("termination_reason", "length", "return", "distance", "commanded_distance", "lin_vel_error",
-                "lin_vel_x_error", "ang_vel_error", "terrain_type", "terrain_level")
+_EPISODE_LONG = ("termination_reason", "length", "terrain_type", "terrain_level")
+_EPISODE_FLOAT = ("return", "distance", "commanded_distance", "lin_vel_error", "lin_vel_x_error", "ang_vel_error")
+EPISODE_KEYS = _EPISODE_LONG + _EPISODE_FLOAT
 
 
 class LeggedEnv(VecEnv):
@@ -63,7 +64,9 @@ class LeggedEnv(VecEnv):
         obs_cfg = cfg.observations
         self.policy_layout = get_layout(obs_cfg.policy_layout)
         self.critic_layout = get_layout(obs_cfg.critic_layout)
-        self._noise = dict(obs_cfg.noise) if obs_cfg.add_noise else {}
+        noise = dict(obs_cfg.noise) if obs_cfg.add_noise else {}
+        self._policy_obs = CompiledLayout(self.policy_layout, noise, obs_cfg.noise_level, dev)
+        self._critic_obs = CompiledLayout(self.critic_layout, device=dev)
         self._term_fns = make_term_fns(scan_points_b(dev))
         self._terms: TermCache | None = None
         self._terms_full: dict[str, torch.Tensor] | None = None
@@ -97,10 +100,10 @@ class LeggedEnv(VecEnv):
         time_out = self.episode_length_buf >= self.max_episode_length
         res = self.task.post_step(terms._view, base_height, last_joint_vel, non_finite, time_out)
 
-        episode = {k: torch.zeros(self.num_envs, device=self.device,
-                                  dtype=torch.long if k in ("termination_reason", "length", "terrain_type",
-                                                            "terrain_level") else torch.float32)
-                   for k in EPISODE_KEYS}
+        # fresh (N,) columns every step: a consumer may keep last step's extras
+        n = self.num_envs
+        episode = dict(zip(_EPISODE_LONG, torch.zeros(len(_EPISODE_LONG), n, dtype=torch.long, device=self.device)))
+        episode.update(zip(_EPISODE_FLOAT, torch.zeros(len(_EPISODE_FLOAT), n, device=self.device)))
         log: dict[str, float] = {}
         done_ids = res.dones.nonzero(as_tuple=False).flatten()
         if done_ids.numel():
@@ -113,7 +116,7 @@ class LeggedEnv(VecEnv):
             if self.cfg.curriculum:
                 self.terrain.update_curriculum(done_ids, info["distance"], info["commanded_distance"])
             self.reset_envs(done_ids)
-        log.update(self.terrain.log())
+            log.update(self.terrain.log())
         self.pushes.maybe_push(self.backend, self.common_step_counter)
 
         self._obs = self._compute_obs()
@@ -162,8 +165,9 @@ class LeggedEnv(VecEnv):
         g, dev, ic = self._reset_gen, self.device, self.cfg.init
         u = lambda *shape: torch.rand(*shape, generator=g, device=dev)  # noqa: E731
         pos = self.terrain.origins_of(env_ids).clone()
-        if not self.terrain.flat:
+        if self.terrain.terrain is not None:  # legged_gym: anywhere on the tile's central platform
             pos[:, :2] += (2 * u(k, 2) - 1) * ic.spawn_xy
+        if not self.terrain.flat:
             pos[:, 2] = self.backend.terrain_height(pos[:, :2])
         pos[:, 2] += self.robot.nominal_base_height + ic.spawn_height
         quat = torch.zeros(k, 4, device=dev)
@@ -194,10 +198,8 @@ class LeggedEnv(VecEnv):
 
     def _compute_obs(self) -> TensorDict:
         terms = self._new_terms()
-        noisy = noisy_terms(terms, self.policy_layout.term_names, self._noise,
-                            self.cfg.observations.noise_level, self._noise_gen)
-        return TensorDict({"policy": self.policy_layout.build(noisy), "critic": self.critic_layout.build(terms)},
-                          batch_size=[self.num_envs], device=self.device)
+        return TensorDict({"policy": self._policy_obs.build(terms, self._noise_gen),
+                           "critic": self._critic_obs.build(terms)}, batch_size=[self.num_envs], device=self.device)
 
     def _episode_log(self, done_ids: torch.Tensor, info: dict[str, torch.Tensor]) -> dict[str, float]:
         log = self.task.rewards.pop_episode(done_ids, self.cfg.episode_length_s)

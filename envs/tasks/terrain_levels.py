@@ -1,8 +1,9 @@
 """Which terrain tile each env lives on: its (level, column), the tile origin it spawns at, its terrain
 type, and the curriculum that moves it between levels at reset (``envs.curriculum``).
 
-With no terrain (``EnvConfig.terrain is None``, or a flat TerrainConfig) every env spawns at the world
-origin of a plane - each env is its own MuJoCo world, so robots never meet - and the only type is "flat".
+With no terrain (``EnvConfig.terrain is None``) every env spawns at the world origin of a plane - each env
+is its own MuJoCo world, so robots never meet - and the only type is "flat". ``TerrainConfig.flat()`` is a
+plane too, but with the tile grid's origins and levels (useful for level sweeps of flat-ground skills).
 """
 from __future__ import annotations
 
@@ -19,15 +20,15 @@ class TerrainState:
         self.type_idx = torch.zeros(num_envs, dtype=torch.long, device=device)
         self.terrain = None
         self.curriculum = None
-        if cfg.terrain is None or _is_flat(cfg.terrain):
+        if cfg.terrain is None:
             self.flat = True
             self.types: tuple[str, ...] = ("flat",)
             self.origins = torch.zeros(1, 1, 3, device=device)
             self.col_type_idx = torch.zeros(1, dtype=torch.long, device=device)
             return
         from envs.terrain import generate
-        self.flat = False
         self.terrain = generate(cfg.terrain)
+        self.flat = bool(self.terrain.is_plane)  # a plane: heights are 0, no lookups needed
         self.origins = torch.as_tensor(self.terrain.origins, dtype=torch.float32, device=device)
         col_types = tuple(self.terrain.col_types)
         self.types = tuple(dict.fromkeys(col_types))
@@ -48,7 +49,7 @@ class TerrainState:
         return self.origins.shape[0]
 
     def origins_of(self, env_ids: torch.Tensor) -> torch.Tensor:
-        if self.flat:
+        if self.terrain is None:
             return self.origins[0, 0].expand(env_ids.numel(), 3)
         return self.origins[self.levels[env_ids], self.cols[env_ids]]
 
@@ -74,7 +75,7 @@ class TerrainState:
         self.levels[env_ids] = self.curriculum.update(env_ids, self.levels[env_ids], distance, commanded)
 
     def log(self) -> dict[str, float]:
-        if self.flat:
+        if self.terrain is None:
             return {}
         out = {"Curriculum/terrain_level": self.levels.to(torch.float32).mean().item()}
         for i, name in enumerate(self.types):
@@ -82,18 +83,6 @@ class TerrainState:
             if m.any():
                 out[f"Curriculum/level_{name}"] = self.levels[m].to(torch.float32).mean().item()
         return out
-
-
-def _is_flat(terrain_cfg) -> bool:
-    props = getattr(terrain_cfg, "proportions", {}) or {}
-    return set(k for k, v in props.items() if v > 0) <= {"flat"} and getattr(terrain_cfg, "is_plane", True) \
-        and getattr(terrain_cfg, "num_levels", 1) >= 0 and _plane(terrain_cfg)
-
-
-def _plane(terrain_cfg) -> bool:
-    """TerrainConfig.flat() is a plane (no heightfield)."""
-    plane = getattr(terrain_cfg, "plane", None)
-    return bool(plane) if plane is not None else False
 
 
 def _make_curriculum(cfg: EnvConfig, state: TerrainState):

@@ -186,3 +186,17 @@ def test_same_seed_is_bit_identical_for_200_steps():
     a, b, c = _rollout(3), _rollout(3), _rollout(4)
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
+
+
+def test_compiled_layouts_equal_layout_build():
+    from envs.layout import LAYOUTS, TERM_DIMS
+    from envs.observations import CompiledLayout
+    g = torch.Generator().manual_seed(0)
+    terms = {k: 3 * torch.randn(5, d, generator=g) for k, d in TERM_DIMS.items()}
+    for layout in LAYOUTS.values():
+        torch.testing.assert_close(CompiledLayout(layout).build(terms), layout.build(terms), rtol=1e-6, atol=1e-6)
+    noisy = CompiledLayout(LAYOUTS["legged_gym_48"], {"base_lin_vel": 0.1, "dof_vel": 1.5}, 1.0)
+    diff = noisy.build(terms, g) - LAYOUTS["legged_gym_48"].build(terms)
+    assert 0 < diff[:, :3].abs().max() <= 0.2 + 1e-6            # 0.1 m/s x scale 2
+    assert 0 < diff[:, 24:36].abs().max() <= 1.5 * 0.05 + 1e-6  # 1.5 rad/s x scale 0.05
+    assert diff[:, 3:24].abs().max() == 0 and diff[:, 36:].abs().max() == 0
