@@ -242,10 +242,12 @@ class EnvConfig:
         return cls(backend=BackendConfig(robot=robot, num_envs=num_envs, seed=seed), terrain=None, **kw)
 
     @classmethod
-    def rough(cls, robot: str = "go1", num_envs: int = 16, seed: int = 0, **kw: Any) -> "EnvConfig":
+    def rough(cls, robot: str = "go1", num_envs: int = 16, seed: int = 0, terrain: Any | None = None,
+              **kw: Any) -> "EnvConfig":
+        """On a terrain grid: ``terrain`` (a TerrainConfig) or legged_gym's mix ``TerrainConfig.mixed()``."""
         from envs.terrain import TerrainConfig
         return cls(backend=BackendConfig(robot=robot, num_envs=num_envs, seed=seed),
-                   terrain=TerrainConfig.mixed(), **kw)
+                   terrain=terrain if terrain is not None else TerrainConfig.mixed(), **kw)
 
     @property
     def num_envs(self) -> int:

@@ -45,7 +45,7 @@ class LeggedEnv(VecEnv):
         self._reset_gen, self._noise_gen = gen("reset"), gen("noise")
 
         n, dev = self.num_envs, self.device
-        self.terrain = TerrainState(cfg, n, gen("terrain"), dev)
+        self.terrain = TerrainState(cfg, n, torch_generator(cfg.seed, "env/terrain"), dev)
         self.terrain_types = self.terrain.types
         body_names = tuple(self.backend.state.body_names)
         self.task = LocomotionTask(cfg, self.robot, body_names, self.dt, gen("commands"), dev)

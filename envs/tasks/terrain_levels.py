@@ -2,46 +2,49 @@
 type, and the curriculum that moves it between levels at reset (``envs.curriculum``).
 
 With no terrain (``EnvConfig.terrain is None``) every env spawns at the world origin of a plane - each env
-is its own MuJoCo world, so robots never meet - and the only type is "flat". ``TerrainConfig.flat()`` is a
-plane too, but with the tile grid's origins and levels (useful for level sweeps of flat-ground skills).
+is its own MuJoCo world, so robots never meet - and the only type is "flat". Type indices are into
+``envs.terrain.TERRAIN_TYPES``. ``TerrainConfig.flat()`` is a plane too, but with the tile grid's
+origins and levels (useful for level sweeps of flat-ground skills).
 """
 from __future__ import annotations
 
 import torch
 
 from envs.config import EnvConfig
+from envs.curriculum import next_levels
+from envs.terrain import TERRAIN_TYPES, generate
 
 
 class TerrainState:
     def __init__(self, cfg: EnvConfig, num_envs: int, gen: torch.Generator, device: torch.device):
+        """``gen`` is a CPU generator (level draws are the same on any device)."""
         self.num_envs, self.device, self.gen = num_envs, device, gen
         self.levels = torch.zeros(num_envs, dtype=torch.long, device=device)
         self.cols = torch.zeros(num_envs, dtype=torch.long, device=device)
         self.type_idx = torch.zeros(num_envs, dtype=torch.long, device=device)
         self.terrain = None
-        self.curriculum = None
+        self.use_curriculum = False
+        # Type indices are global (into TERRAIN_TYPES) so every env and every store agrees on them.
+        self.types: tuple[str, ...] = TERRAIN_TYPES
         if cfg.terrain is None:
             self.flat = True
-            self.types: tuple[str, ...] = ("flat",)
             self.origins = torch.zeros(1, 1, 3, device=device)
-            self.col_type_idx = torch.zeros(1, dtype=torch.long, device=device)
+            self.col_type_idx = torch.zeros(1, dtype=torch.long, device=device)  # "flat"
             return
-        from envs.terrain import generate
         self.terrain = generate(cfg.terrain)
         self.flat = bool(self.terrain.is_plane)  # a plane: heights are 0, no lookups needed
         self.origins = torch.as_tensor(self.terrain.origins, dtype=torch.float32, device=device)
-        col_types = tuple(self.terrain.col_types)
-        self.types = tuple(dict.fromkeys(col_types))
-        self.col_type_idx = torch.tensor([self.types.index(t) for t in col_types], dtype=torch.long, device=device)
+        self.col_type_idx = self.terrain.col_type_ids.to(device)
+        self.tile_size = float(cfg.terrain.tile_size)
         num_levels, num_cols = self.origins.shape[:2]
         # legged_gym: columns spread evenly over the envs, start levels random in [0, max_init_level].
         self.cols = torch.div(torch.arange(num_envs, device=device) * num_cols, num_envs, rounding_mode="floor")
         if cfg.curriculum:
             top = min(cfg.max_init_terrain_level, num_levels - 1)
-            self.levels = torch.randint(0, top + 1, (num_envs,), generator=gen, device=device)
-            self.curriculum = _make_curriculum(cfg, self)
+            self.levels = torch.randint(0, top + 1, (num_envs,), generator=gen).to(device)
+            self.use_curriculum = True
         else:
-            self.levels = torch.randint(0, num_levels, (num_envs,), generator=gen, device=device)
+            self.levels = torch.randint(0, num_levels, (num_envs,), generator=gen).to(device)
         self.type_idx = self.col_type_idx[self.cols]
 
     @property
@@ -70,20 +73,18 @@ class TerrainState:
             self.type_idx[env_ids] = self.col_type_idx[cols]
 
     def update_curriculum(self, env_ids: torch.Tensor, distance: torch.Tensor, commanded: torch.Tensor) -> None:
-        if self.curriculum is None:
+        if not self.use_curriculum or env_ids.numel() == 0:
             return
-        self.levels[env_ids] = self.curriculum.update(env_ids, self.levels[env_ids], distance, commanded)
+        self.levels[env_ids] = next_levels(self.levels[env_ids], distance, commanded, self.num_levels,
+                                           self.tile_size, self.gen)
 
     def log(self) -> dict[str, float]:
         if self.terrain is None:
             return {}
-        out = {"Curriculum/terrain_level": self.levels.to(torch.float32).mean().item()}
-        for i, name in enumerate(self.types):
-            m = self.type_idx == i
-            if m.any():
-                out[f"Curriculum/level_{name}"] = self.levels[m].to(torch.float32).mean().item()
+        # one sync: per-type level sums and counts via bincount
+        k = len(self.types)
+        sums = torch.bincount(self.type_idx, weights=self.levels.to(torch.float32), minlength=k).tolist()
+        counts = torch.bincount(self.type_idx, minlength=k).tolist()
+        out = {"Curriculum/level/mean": self.levels.to(torch.float32).mean().item()}
+        out.update({f"Curriculum/level/{name}": s / c for name, s, c in zip(self.types, sums, counts) if c})
         return out
-
-
-def _make_curriculum(cfg: EnvConfig, state: TerrainState):
-    raise NotImplementedError("terrain curriculum: waiting for envs.curriculum (team robots+terrain)")

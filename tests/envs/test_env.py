@@ -200,3 +200,48 @@ def test_compiled_layouts_equal_layout_build():
     assert 0 < diff[:, :3].abs().max() <= 0.2 + 1e-6            # 0.1 m/s x scale 2
     assert 0 < diff[:, 24:36].abs().max() <= 1.5 * 0.05 + 1e-6  # 1.5 rad/s x scale 0.05
     assert diff[:, 3:24].abs().max() == 0 and diff[:, 36:].abs().max() == 0
+
+
+def _small_terrain(**kw):
+    from envs.terrain import TerrainConfig
+    return TerrainConfig.of_types(["stairs_up", "slope_down", "gaps"], num_levels=4, num_cols=3, tile_size=4.0,
+                                  border=2.0, **kw)
+
+
+def test_terrain_spawn_levels_curriculum_and_height_scan():
+    from envs.terrain import TERRAIN_TYPES
+    cfg = EnvConfig.rough(num_envs=6, terrain=_small_terrain(), randomization=RandomizationConfig.off(),
+                          episode_length_s=0.1)
+    cfg.max_init_terrain_level = 1
+    env = LeggedEnv(cfg)
+    assert env.terrain_types == TERRAIN_TYPES
+    assert set(env.terrain.levels.tolist()) <= {0, 1}
+    assert {TERRAIN_TYPES[i] for i in env.terrain.type_idx.tolist()} == {"stairs_up", "slope_down", "gaps"}
+    # spawned above its own tile's platform
+    xy = env.backend.state.root_pos_w[:, :2]
+    origins = env.terrain.origins_of(torch.arange(6))
+    assert ((xy - origins[:, :2]).abs() <= cfg.init.spawn_xy + 0.1).all()
+    # the height scan is base z minus the terrain under the yaw-rotated grid
+    from envs.observations import scan_points_b, scan_points_w
+    env.step(torch.zeros(6, 12))
+    st = env.backend.state
+    expect = st.root_pos_w[:, 2:3] - env.backend.terrain_height(scan_points_w(st, scan_points_b()))
+    torch.testing.assert_close(env.terms["height_scan"], expect)
+    # episodes end on time-out after 5 steps; the curriculum moves levels from distance walked
+    before = env.terrain.levels.clone()
+    for _ in range(4):
+        _, _, dones, extras = env.step(torch.zeros(6, 12))
+    ep = extras["episode"]
+    assert dones.all() and torch.equal(ep["terrain_level"], before)
+    assert torch.equal(ep["terrain_type"], env.terrain.type_idx)
+    # standing still while commanded to walk -> down a level (never below 0)
+    walked_little = ep["distance"] < 0.5 * ep["commanded_distance"]
+    torch.testing.assert_close(env.terrain.levels[walked_little], (before[walked_little] - 1).clamp(min=0))
+    assert "Curriculum/level/mean" in extras["log"]
+    # evaluation sweeps put envs on chosen tiles
+    env.set_terrain_levels(torch.tensor([0, 1]), torch.tensor([3, 2]), torch.tensor([2, 2]))
+    assert env.terrain.levels[:2].tolist() == [3, 2]
+    assert TERRAIN_TYPES[env.terrain.type_idx[0]] == "gaps"
+    with pytest.raises(ValueError, match="cols must lie"):
+        env.set_terrain_levels(torch.tensor([0]), torch.tensor([0]), torch.tensor([5]))
+    env.close()
