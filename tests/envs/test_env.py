@@ -25,7 +25,7 @@ def test_shapes_and_contract_attributes():
     obs = env.get_observations()
     assert obs["policy"].shape == (4, 48) and obs["critic"].shape == (4, 235)
     assert env.num_actions == 12 and env.dt == pytest.approx(0.02) and env.max_episode_length == 1000
-    assert env.terrain_types == ("flat",) and env.robot.name == "go1"
+    assert env.terrain_types[0] == "flat" and env.robot.name == "go1"
     obs, rew, dones, extras = env.step(torch.zeros(4, 12))
     assert rew.shape == (4,) and dones.shape == (4,) and dones.dtype == torch.bool
     assert extras["time_outs"].shape == (4,) and isinstance(extras["log"], dict)
