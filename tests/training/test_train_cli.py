@@ -37,3 +37,36 @@ def test_bad_overrides_name_the_field():
 def test_unknown_model_is_a_clean_cli_error(capsys):
     assert main(["train", "--model", "resnet", "--data", "x", "--out", "y"]) == 2
     assert "--model 'resnet' unknown" in capsys.readouterr().err
+
+
+def test_train_command_on_a_real_store(tmp_path, capsys):
+    import numpy as np
+
+    from data.staging import StagingWriter
+    from data.store import compact
+    from data.synthetic import synthetic_episode, synthetic_info
+    from training.checkpoint import load_checkpoint
+
+    store = tmp_path / "store"
+    rng = np.random.default_rng(0)
+    writer = StagingWriter(store, "c0")
+    for i in range(6):
+        writer.write_episode(synthetic_episode(rng, 20, success=i != 0), synthetic_info(i, success=i != 0))
+    compact(store)
+    out = tmp_path / "run"
+    argv = ["train", "--model", "mlp", "--data", str(store), "--out", str(out), "--preset", "cpu",
+            "--max-steps", "4", "--batch-size", "8", "--val-every", "2", "--success-only",
+            "model.hidden=8", "optim.lr=0.01", "tensorboard=False"]
+    assert main(argv) == 0
+    ck = load_checkpoint(out / "last.pt")
+    assert ck.step == 4 and ck.model_config["hidden"] == 8 and ck.train_config["optim"]["lr"] == 0.01
+    assert ck.provenance["store"] == str(store.resolve()) and ck.provenance["generation"] >= 1
+    assert ck.provenance["success_only"] is True
+    assert "step 4" in capsys.readouterr().out
+    assert main(argv + ["--resume", "--max-steps", "6"]) == 0 and load_checkpoint(out).step == 6
+    assert main(["train", "--model", "mlp", "--data", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert "no trajectory store" in capsys.readouterr().err
+    assert main(["train", "--model", "mlp", "--data", str(store), "--out", str(out), "--layout", "bogus"]) == 2
+    assert "unknown observation layout 'bogus'" in capsys.readouterr().err
+    assert main(["train", "--model", "mlp", "--data", str(store), "--out", str(out), "bogus=1"]) == 2
+    assert "has no field 'bogus'" in capsys.readouterr().err

@@ -1,0 +1,122 @@
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from envs.layout import TERM_DIMS
+from training.checkpoint import load_checkpoint
+from training.deploy import load_policy
+from training.imitation import train
+from training.presets import PRESETS, preset
+
+from imitation_data import learnable_arrays
+
+torch.set_num_threads(1)
+
+
+def _cfg(model="fcnet", steps=30, **over):
+    cfg = preset(model, "cpu")
+    cfg.max_steps, cfg.log_every, cfg.val_every, cfg.batch_size, cfg.context = steps, 10, 10, 32, 8
+    small = {"fcnet": dict(modes=3, hidden=16, num_layers=1, decoder_hidden=16),
+             "transformer": dict(hidden=16, num_layers=1, num_heads=2, decoder_hidden=16),
+             "convformer": dict(hidden=16, num_layers=1, decoder_hidden=16, use_actions=True),
+             "starformer": dict(hidden=16, local_dim=4, num_layers=1, num_heads=2, local_heads=1,
+                                decoder_hidden=16, use_actions=True),
+             "mlp": dict(hidden=16, decoder_hidden=16)}[model]
+    cfg.model_config = {**small, **over.pop("model_config", {})}
+    for k, v in over.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def test_presets_carry_the_papers_numbers():
+    fc = preset("fcnet")
+    assert (fc.context, fc.batch_size, fc.model_config["modes"], fc.model_config["hidden"],
+            fc.model_config["num_layers"], fc.model_config["decoder_hidden"]) == (64, 1024, 10, 256, 4, 128)
+    assert (fc.optim.name, fc.optim.lr, fc.optim.betas, fc.optim.eps, fc.optim.weight_decay, fc.optim.warmup_frac) \
+        == ("adamw", 5e-3, (0.9, 0.98), 1e-9, 1e-4, 0.2)
+    assert preset("transformer").optim.name == "lion" and preset("transformer").optim.lr == 5e-3
+    assert preset("convformer").optim.grad_clip == 0.25 and preset("convformer").model_config["kernel"] == 6
+    assert all("cpu" in p and "paper" in p for p in PRESETS.values())
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        preset("fcnet", "huge")
+
+
+def test_loss_falls_and_checkpoint_deploys(tmp_path):
+    data = learnable_arrays()
+    cfg = _cfg(steps=60, model_config=dict(hidden=32))
+    cfg.optim.lr = 1e-2
+    result = train(cfg, data, tmp_path)
+    first, last = result.history[0], result.history[-1]
+    assert last["loss"] < 0.6 * first["loss"] and np.isfinite(last["val_loss"])
+    ck = load_checkpoint(tmp_path / "last.pt")
+    assert ck.model_name == "fcnet" and ck.step == 60 and ck.seed == 0
+    assert ck.layout["name"] == "proprio" and ck.obs_stats["mean"].shape == (61,)
+    assert ck.provenance["episodes"] == 12 and ck.provenance["train_episodes"] + ck.provenance["val_episodes"] == 12
+    assert ck.optimizer is not None and ck.scheduler is not None
+    assert (tmp_path / "best.pt").exists() and any((tmp_path / "tb").iterdir())
+
+    # the checkpoint alone deploys: the policy's first actions equal the model on a one-step window
+    policy = load_policy(tmp_path, num_envs=2)
+    assert set(policy.obs_terms) == {t["name"] for t in ck.layout["terms"]}
+    g = torch.Generator().manual_seed(0)
+    terms = {n: torch.randn(2, TERM_DIMS[n], generator=g) for n in policy.obs_terms}
+    a = policy.act(terms)
+    x = (policy.layout.build(terms) - ck.obs_stats["mean"]) / ck.obs_stats["std"]
+    with torch.no_grad():
+        ref = result.model(x.unsqueeze(1))[:, 0]
+    assert a.shape == (2, 12) and torch.allclose(a, ref, atol=1e-5)
+    bad = dict(terms, dof_pos=torch.zeros(2, 11))
+    with pytest.raises(ValueError, match="'dof_pos' has shape"):
+        policy.act(bad)
+    with pytest.raises(ValueError, match="needs observation term"):
+        policy.act({k: v for k, v in terms.items() if k != "commands"})
+
+
+def test_same_seed_same_weights_and_resume_is_exact(tmp_path):
+    data = learnable_arrays()
+    straight = train(_cfg(steps=20, keep_checkpoints=True), data, tmp_path / "a").model.state_dict()
+    again = train(_cfg(steps=20), data, tmp_path / "b").model.state_dict()
+    assert all(torch.equal(straight[k], again[k]) for k in straight)
+    # interrupted at step 10 (its checkpoint), resumed to 20: the same weights as never stopping
+    (tmp_path / "c").mkdir()
+    shutil.copy(tmp_path / "a" / "step_10.pt", tmp_path / "c" / "last.pt")
+    resumed = train(_cfg(steps=20), data, tmp_path / "c", resume=True)
+    assert resumed.history[0]["step"] == 20
+    assert all(torch.equal(straight[k], resumed.model.state_dict()[k]) for k in straight)
+    with pytest.raises(ValueError, match="config differs"):
+        train(_cfg(steps=30, model_config=dict(hidden=8)), data, tmp_path / "c", resume=True)
+    with pytest.raises(ValueError, match="holds model 'fcnet', not 'mlp'"):
+        train(_cfg("mlp", steps=30), data, tmp_path / "c", resume=True)
+    with pytest.raises(FileNotFoundError):
+        train(_cfg(steps=30), data, tmp_path / "empty", resume=True)
+
+
+@pytest.mark.parametrize("model", ["transformer", "convformer", "starformer", "mlp"])
+def test_every_model_trains_and_deploys(model, tmp_path):
+    data = learnable_arrays(num_episodes=6)
+    result = train(_cfg(model, steps=10), data, tmp_path)
+    assert np.isfinite(result.history[-1]["loss"])
+    policy = load_policy(tmp_path / "last.pt", num_envs=3)
+    terms = {n: torch.zeros(3, TERM_DIMS[n]) for n in policy.obs_terms}
+    for _ in range(10):   # past the block length: the caches restart
+        assert policy.act(terms).shape == (3, 12)
+    policy.reset(torch.tensor([0, 2]))
+
+
+def test_success_only_and_nll(tmp_path):
+    data = learnable_arrays()
+    result = train(_cfg(steps=10, success_only=True, loss="nll"), data, tmp_path)
+    ck = load_checkpoint(tmp_path / "last.pt")
+    assert ck.provenance["success_only"] and ck.provenance["train_episodes"] + ck.provenance["val_episodes"] == 9
+    assert ck.extra["log_std"].shape == (12,) and np.isfinite(result.history[-1]["loss"])
+
+
+def test_rtg_model_trains_and_deploys_with_target_return(tmp_path):
+    data = learnable_arrays(num_episodes=6)
+    train(_cfg("transformer", steps=5, model_config=dict(use_rtg=True, use_actions=True)), data, tmp_path)
+    ck = load_checkpoint(tmp_path / "last.pt")
+    assert ck.extra["target_return"] > 0
+    policy = load_policy(tmp_path, num_envs=2)
+    assert policy.act({n: torch.zeros(2, TERM_DIMS[n]) for n in policy.obs_terms}).shape == (2, 12)

@@ -1,0 +1,91 @@
+"""Deploy any trained checkpoint as an ``experts.policy.Policy``.
+
+``load_policy(path, num_envs, device)`` rebuilds the model from the checkpoint alone (model name +
+config, observation layout, normalisation stats), checks the env's term widths against the ones the
+model was trained on, and acts through the model's recurrent ``step`` with one cache row per env:
+``reset(env_ids)`` clears those rows (episode start), and each row restarts every ``context`` steps
+(the block protocol of ``training.models.base``). Return-conditioned models are driven with the
+constant target return stored at training time (the Policy protocol carries no rewards, so the
+return-to-go is not decremented online). GeRM checkpoints (model name starting with "germ") are
+routed to ``training.qlearning.load_policy``.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from envs.layout import TERM_DIMS, ObsLayout
+from training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
+from training.models import build_model
+
+
+class LearnedPolicy:
+    action_space = "joint"
+
+    def __init__(self, ckpt: Checkpoint, num_envs: int, device: str | torch.device = "cpu", policy_id: str = ""):
+        if int(num_envs) < 1:
+            raise ValueError(f"num_envs={num_envs}; must be >= 1")
+        self.device = torch.device(device)
+        self.num_envs = int(num_envs)
+        self.layout = ObsLayout.from_dict(ckpt.layout)
+        self.model = build_model(ckpt.model_name, **ckpt.model_config)
+        load_state(self.model, ckpt)
+        self.model.to(self.device).eval()
+        if self.model.obs_dim != self.layout.dim:
+            raise ValueError(f"checkpoint model reads {self.model.obs_dim}-D observations but its layout "
+                             f"{self.layout.name!r} is {self.layout.dim}-D")
+        stats = ckpt.obs_stats or {"mean": torch.zeros(self.layout.dim), "std": torch.ones(self.layout.dim)}
+        self.obs_mean = stats["mean"].to(self.device)
+        self.obs_std = stats["std"].to(self.device)
+        self.term_dims = dict(ckpt.extra.get("term_dims") or {n: TERM_DIMS[n] for n in self.layout.term_names})
+        self.obs_terms = self.layout.term_names
+        self.action_dim = self.model.action_dim
+        self.policy_id = policy_id or f"{ckpt.model_name}:step{ckpt.step}"
+        self.rtg = None
+        if self.model.use_rtg:
+            target = ckpt.extra.get("target_return")
+            if target is None:
+                raise ValueError("return-conditioned checkpoint has no extra['target_return'] to deploy with")
+            self.rtg = torch.full((self.num_envs, 1), float(target), device=self.device)
+        with torch.no_grad():
+            self.cache = self.model.init_cache(self.num_envs, self.device)
+
+    def reset(self, env_ids: torch.Tensor) -> None:
+        self.model.reset_cache(self.cache, torch.as_tensor(env_ids, device=self.device))
+
+    def check_terms(self, obs: Mapping[str, torch.Tensor]) -> None:
+        for name in self.obs_terms:
+            if name not in obs:
+                raise ValueError(f"policy {self.policy_id} needs observation term {name!r}; got {sorted(obs)}")
+            shape = tuple(obs[name].shape)
+            want = (self.num_envs, self.term_dims[name])
+            if shape != want:
+                raise ValueError(f"observation term {name!r} has shape {shape}; the checkpoint was trained "
+                                 f"on (num_envs={self.num_envs}, {self.term_dims[name]})")
+
+    @torch.no_grad()
+    def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        self.check_terms(obs)
+        x = self.layout.build({n: obs[n].to(self.device, torch.float32) for n in self.obs_terms})
+        x = (x - self.obs_mean) / self.obs_std
+        return self.model.step(x, self.cache, rtg_t=self.rtg)
+
+
+def _policy_id(path: Path, ckpt: Checkpoint) -> str:
+    digest = hashlib.sha1(f"{path.resolve()}:{path.stat().st_mtime_ns}:{ckpt.step}".encode()).hexdigest()[:10]
+    return f"{ckpt.model_name}:{digest}"
+
+
+def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "cpu"):
+    """A Policy for any trained checkpoint file (or run directory: its last.pt)."""
+    path = Path(path)
+    if path.is_dir():
+        path = latest_checkpoint(path)
+    ckpt = load_checkpoint(path)
+    if ckpt.model_name.startswith("germ"):
+        return importlib.import_module("training.qlearning").load_policy(path, num_envs, device)
+    return LearnedPolicy(ckpt, num_envs, device, policy_id=_policy_id(path, ckpt))

@@ -1,0 +1,293 @@
+"""Imitation training of the sequence-model zoo on a trajectory store (``quadforge train``).
+
+Windows come from ``data.samplers.WindowSampler`` (layout vector per step, left-padded with a mask);
+observations are normalised by the training split's mean/std; the loss is the masked MSE on the
+actions (or a Gaussian NLL with a learned per-dimension log-std) over every real position of the
+window - FCNet's objective (seed 000 Eq. 4). One process or DDP under torchrun: each rank draws its
+batches from a disjoint shard of the window index with its own seeded stream; the stream of step s
+is derived from (seed, rank, s), so a resumed run draws exactly the batches the uninterrupted run
+would have. Checkpoints carry everything ``training.deploy.load_policy`` needs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from envs.layout import NUM_JOINTS, TERM_DIMS, get_layout
+from tools.seeding import numpy_rng, seed_everything
+from training import distributed as dist
+from training.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
+from training.models import SequenceModel, build_model
+from training.optim import build_optimizer, build_scheduler, clip_gradients
+from training.presets import TrainConfig, preset
+
+
+# --- data ----------------------------------------------------------------------------------------------
+
+def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
+    """A TrajectoryStore (opened from a path) or in-memory EpisodeArrays, with its provenance."""
+    from data.episodes import EpisodeArrays
+    if isinstance(data, EpisodeArrays):
+        return data, {"store": None, "source": "in-memory EpisodeArrays", "episodes": data.num_episodes,
+                      "steps": data.num_steps}
+    if data is None:
+        raise ValueError("--data is required: the trajectory store to train on")
+    path = Path(data)
+    if not path.exists():
+        raise FileNotFoundError(f"--data {path}: no trajectory store there")
+    from data.store import TrajectoryStore
+    store = TrajectoryStore.open(path)
+    return store, {"store": str(path.resolve()), "generation": store.generation,
+                   "episodes": store.num_episodes, "steps": store.num_steps}
+
+
+def make_samplers(cfg: TrainConfig, source: Any, info: dist.DistInfo, use_rtg: bool):
+    from data.samplers import WindowSampler
+    layout = get_layout(cfg.layout)
+    filters = {"success_only": True} if cfg.success_only else None
+    common = dict(layout=layout, context=cfg.context, val_fraction=cfg.val_fraction, filters=filters,
+                  seed=cfg.seed, reward_feature="rewards" if use_rtg else None)
+    train = WindowSampler(source, split="train", rank=info.rank, world_size=info.world_size, **common)
+    val = None
+    if cfg.val_fraction > 0:
+        try:
+            val = WindowSampler(source, split="val", **common)
+        except ValueError as err:   # e.g. every val episode filtered out: train on, say so
+            print(f"imitation: no validation split ({err})")
+    return train, val
+
+
+# --- objective -----------------------------------------------------------------------------------------
+
+class ImitationObjective(nn.Module):
+    """Model + (for NLL) a learned log-std; ``forward(batch) -> loss`` so DDP sees one module."""
+
+    def __init__(self, model: SequenceModel, loss: str):
+        super().__init__()
+        self.model, self.loss = model, loss
+        self.log_std = nn.Parameter(torch.zeros(model.action_dim)) if loss == "nll" else None
+
+    def forward(self, obs, actions, rtg, mask) -> torch.Tensor:
+        pred = self.model(obs, actions if self.model.use_actions else None, rtg if self.model.use_rtg else None, mask)
+        m = mask.unsqueeze(-1).to(pred.dtype)                                        # (B, n, 1)
+        err = (pred - actions) ** 2
+        if self.loss == "nll":   # Gaussian NLL per dimension, constant dropped
+            err = 0.5 * err * torch.exp(-2 * self.log_std) + self.log_std
+        return (err * m).sum() / (m.sum() * pred.shape[-1]).clamp_min(1.0)
+
+
+@dataclass
+class Batches:
+    """Turns sampler batches into normalised model inputs on the device."""
+
+    obs_mean: torch.Tensor
+    obs_std: torch.Tensor
+    rtg_scale: float
+    device: torch.device
+
+    def __call__(self, batch: dict[str, torch.Tensor]):
+        obs = ((batch["obs"] - self.obs_mean) / self.obs_std).to(self.device)
+        rtg = batch.get("rtg")
+        rtg = (rtg / self.rtg_scale).to(self.device) if rtg is not None else None
+        return obs, batch["actions"].to(self.device), rtg, batch["mask"].to(self.device)
+
+
+# --- training ------------------------------------------------------------------------------------------
+
+@dataclass
+class TrainResult:
+    model: SequenceModel
+    step: int
+    checkpoint: Path | None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def train(cfg: TrainConfig, data: Any, out_dir: str | Path | None, device: str = "cpu",
+          resume: bool = False) -> TrainResult:
+    cfg.validate()
+    info = dist.init_distributed(device)
+    try:
+        return _train(cfg, data, Path(out_dir) if out_dir else None, info, resume)
+    finally:
+        dist.cleanup(info)
+
+
+def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, resume: bool) -> TrainResult:
+    seed_everything(cfg.seed)   # identical initial weights on every rank
+    if info.enabled:   # ranks share the machine's cores
+        torch.set_num_threads(max(1, torch.get_num_threads() // info.world_size))
+    source, provenance = open_source(data)
+    layout = get_layout(cfg.layout)
+    use_rtg = bool(cfg.model_config.get("use_rtg", False))
+    train_s, val_s = make_samplers(cfg, source, info, use_rtg)
+    per_rank = train_s.num_windows // info.world_size
+    if per_rank < 1:
+        raise ValueError(f"{train_s.num_windows} training windows cannot be sharded over {info.world_size} ranks")
+    max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * train_s.num_windows / (cfg.batch_size * info.world_size)))
+
+    model = build_model(cfg.model, obs_dim=layout.dim, action_dim=NUM_JOINTS, context=cfg.context,
+                        **cfg.model_config).to(info.device)
+    objective = ImitationObjective(model, cfg.loss).to(info.device)
+    obs_mean, obs_std = train_s.obs_stats()
+    act_mean, act_std = train_s.action_stats()
+    optimizer = build_optimizer(objective, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, max_steps)
+    start = 0
+    if resume:
+        if out is None:
+            raise ValueError("--resume needs --out (the run directory holding last.pt)")
+        ckpt = load_checkpoint(out / "last.pt")
+        check_model(ckpt, cfg.model, model.config)
+        load_state(model, ckpt)
+        if objective.log_std is not None and "log_std" in ckpt.extra:
+            objective.log_std.data.copy_(ckpt.extra["log_std"])
+        optimizer.load_state_dict(ckpt.optimizer)
+        scheduler.load_state_dict(ckpt.scheduler)
+        obs_mean, obs_std = ckpt.obs_stats["mean"], ckpt.obs_stats["std"]
+        start = ckpt.step
+    provenance.update(layout=layout.name, success_only=cfg.success_only, train_episodes=train_s.num_episodes,
+                      val_episodes=val_s.num_episodes if val_s else 0, train_windows=train_s.num_windows)
+    target_return = None
+    if use_rtg and train_s.rtg is not None:   # condition deployment on the best return seen (DT's convention)
+        target_return = float(train_s.rtg[torch.as_tensor(train_s.steps.starts + 1)].max()) / cfg.rtg_scale
+
+    ddp = dist.wrap_model(objective, info)
+    to_inputs = Batches(obs_mean.to(info.device), obs_std.to(info.device), cfg.rtg_scale, info.device)
+    val_batches = _fixed_val_batches(cfg, val_s)
+    writer = _writer(out, info) if info.is_main and cfg.tensorboard else None
+    history: list[dict[str, float]] = []
+    best_val = math.inf
+
+    def checkpoint(step: int, name: str) -> Path | None:
+        if out is None or not info.is_main:
+            return None
+        extra = {"rtg_scale": cfg.rtg_scale, "target_return": target_return, "loss": cfg.loss,
+                 "term_dims": {n: TERM_DIMS[n] for n in layout.term_names}}
+        if objective.log_std is not None:
+            extra["log_std"] = objective.log_std.detach().cpu()
+        ck = Checkpoint(model_name=cfg.model, model_config=model.config,
+                        state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
+                        layout=layout.to_dict(), obs_stats={"mean": obs_mean, "std": obs_std},
+                        action_stats={"mean": act_mean, "std": act_std}, provenance=provenance,
+                        optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=step,
+                        seed=cfg.seed, train_config=cfg.to_dict(), extra=extra)
+        return save_checkpoint(out / name, ck)
+
+    if info.is_main:
+        print(f"train {cfg.model}: {model.num_parameters():,} params, layout {layout.name} ({layout.dim}-D), "
+              f"{train_s.num_windows} windows from {train_s.num_episodes} episodes, steps {start}->{max_steps}, "
+              f"world {info.world_size}, device {info.device}")
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+    ddp.train()
+    t0, windows = time.perf_counter(), 0
+    last_path = None
+    for step in range(start, max_steps):
+        rng = numpy_rng(cfg.seed, f"imitation/batch/rank{info.rank}/step{step}")
+        ends = info.rank + info.world_size * rng.integers(0, per_rank, size=cfg.batch_size)
+        loss = ddp(*to_inputs(train_s.batch_at(ends)))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = clip_gradients(objective, cfg.optim.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        windows += cfg.batch_size * info.world_size
+        done = step + 1
+        validate = done % cfg.val_every == 0 or done == max_steps
+        if done % cfg.log_every == 0 or validate:
+            rec = {"step": done, "loss": dist.all_reduce_mean(loss.detach(), info), "grad_norm": grad_norm,
+                   "lr": optimizer.param_groups[0]["lr"], "windows_per_s": windows / (time.perf_counter() - t0)}
+            if validate and val_batches:
+                rec["val_loss"] = _validate(objective, val_batches, to_inputs)
+                if rec["val_loss"] < best_val:
+                    best_val = rec["val_loss"]
+                    checkpoint(done, "best.pt")
+            history.append(rec)
+            if info.is_main:
+                print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items()),
+                      flush=True)
+                if writer is not None:
+                    for k, v in rec.items():
+                        if k != "step":
+                            writer.add_scalar(f"train/{k}", v, done)
+            t0, windows = time.perf_counter(), 0
+        if validate:
+            last_path = checkpoint(done, "last.pt") or last_path
+            if cfg.keep_checkpoints:
+                checkpoint(done, f"step_{done}.pt")
+    if writer is not None:
+        writer.close()
+    dist.barrier(info)
+    return TrainResult(model=model, step=max(start, max_steps), checkpoint=last_path, history=history)
+
+
+def _fixed_val_batches(cfg: TrainConfig, val_s) -> list[dict[str, torch.Tensor]]:
+    if val_s is None:
+        return []
+    rng = numpy_rng(cfg.seed, "imitation/val")
+    size = min(cfg.batch_size, val_s.num_windows)
+    return [val_s.batch_at(rng.integers(0, val_s.num_windows, size=size)) for _ in range(cfg.val_batches)]
+
+
+@torch.no_grad()
+def _validate(objective: ImitationObjective, batches, to_inputs) -> float:
+    if not batches:
+        return float("nan")
+    objective.eval()
+    losses = [float(objective(*to_inputs(b))) for b in batches]
+    objective.train()
+    return float(np.mean(losses))
+
+
+def _writer(out: Path | None, info: dist.DistInfo):
+    if out is None:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:   # tensorboard is a dependency; without it training still runs
+        print("imitation: tensorboard not importable; no TensorBoard logs")
+        return None
+    return SummaryWriter(log_dir=str(out / "tb"))
+
+
+# --- CLI glue --------------------------------------------------------------------------------------------
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    from training.cli import apply_overrides, parse_overrides
+    cfg = preset(args.model, args.preset)
+    cfg.seed = int(args.seed)
+    if args.layout:
+        get_layout(args.layout)   # validate early with the allowed names
+        cfg.layout = args.layout
+    for name in ("max_steps", "batch_size", "log_every", "val_every"):
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(cfg, name, int(value))
+    if args.success_only:
+        cfg.success_only = True
+    overrides = parse_overrides(args.overrides)
+    model_keys = {k: v for k, v in overrides.items() if k.startswith("model.")}
+    apply_overrides(cfg, {k: v for k, v in overrides.items() if k not in model_keys})
+    cfg.model_config.update({k.split(".", 1)[1]: v for k, v in model_keys.items()})
+    cfg.validate()
+    return cfg
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    if not args.out:
+        raise ValueError("--out is required: the directory for checkpoints and logs")
+    cfg = config_from_args(args)
+    result = train(cfg, args.data, args.out, device=args.device, resume=args.resume)
+    if result.checkpoint is not None:
+        print(f"wrote {result.checkpoint}")
+    return 0
