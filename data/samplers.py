@@ -51,6 +51,12 @@ class _SelectedSteps:
     def _padded(x: torch.Tensor) -> torch.Tensor:
         return torch.cat([torch.zeros((1,) + tuple(x.shape[1:]), dtype=x.dtype), x], dim=0).contiguous()
 
+    @staticmethod
+    def gather(table: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
+        """table[idx] for an index of any shape; index_select is ~10x faster than advanced indexing."""
+        flat = torch.from_numpy(np.ascontiguousarray(idx).reshape(-1))
+        return table.index_select(0, flat).view(tuple(idx.shape) + tuple(table.shape[1:]))
+
     def window_index(self, ends: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray]:
         """(B, n) padded-row indices and (B, n) mask of the windows ending at compact steps ``ends``."""
         idx = ends[:, None] + np.arange(1 - context, 1, dtype=np.int64)[None, :]
@@ -120,17 +126,17 @@ class WindowSampler:
         """The windows ending at these compact step indices (0..num_windows-1)."""
         ends = np.asarray(ends, dtype=np.int64)
         idx, mask = self.steps.window_index(ends, self.context)
-        t_idx = torch.from_numpy(idx)
+        g = self.steps.gather
         timestep = np.where(mask, self.steps.timestep[np.clip(idx - 1, 0, None)], 0)
         batch = {
-            "obs": self.steps.obs[t_idx],                    # (B, n, D)
-            "actions": self.steps.actions[t_idx],            # (B, n, A)
+            "obs": g(self.steps.obs, idx),                   # (B, n, D)
+            "actions": g(self.steps.actions, idx),           # (B, n, A)
             "mask": torch.from_numpy(mask),                  # (B, n) bool
             "timestep": torch.from_numpy(timestep),          # (B, n) long
             "episode_index": torch.from_numpy(self.steps.episodes[self.steps.step_episode[ends]]),  # (B,)
         }
         if self.rtg is not None:
-            batch["rtg"] = self.rtg[t_idx]                   # (B, n, 1)
+            batch["rtg"] = g(self.rtg, idx)                  # (B, n, 1)
         return batch
 
     def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
@@ -273,11 +279,11 @@ class TransitionSampler:
         n_idx = np.where(has_next[:, None], n_idx, 0)                     # zero row when no next step
         ep = s.step_episode[t]
         return {
-            "obs": s.obs[torch.from_numpy(idx)],                          # (B, n, D)
+            "obs": s.gather(s.obs, idx),                                  # (B, n, D)
             "mask": torch.from_numpy(mask),                               # (B, n)
-            "action": s.actions[torch.from_numpy(t + 1)],                 # (B, A)
+            "action": s.gather(s.actions, t + 1),                         # (B, A)
             "reward": torch.from_numpy(reward.astype(np.float32)),        # (B,)
-            "next_obs": s.obs[torch.from_numpy(n_idx)],                   # (B, n, D)
+            "next_obs": s.gather(s.obs, n_idx),                           # (B, n, D)
             "next_mask": torch.from_numpy(n_idx > 0),                     # (B, n)
             "done": torch.from_numpy((~has_next & self.ep_terminal[ep]).astype(np.float32)),  # (B,)
             "last": torch.from_numpy(~has_next),                          # (B,) bool
