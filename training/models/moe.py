@@ -165,6 +165,10 @@ class SparseMoE(nn.Module):
         start = 0
         for ex, n in enumerate(counts):
             if n == 0:
+                if torch.is_grad_enabled() and self.training:
+                    # a zero-weight touch keeps every expert in the graph, so DDP's gradient all-reduce
+                    # sees the same parameter set on every rank whatever the routing
+                    out = out + 0.0 * (self.w1[ex].sum() + self.b1[ex].sum() + self.w2[ex].sum() + self.b2[ex].sum())
                 continue
             idx = tokens_sorted[start:start + n]
             h = F.gelu(flat[idx] @ self.w1[ex] + self.b1[ex])           # (n, H)

@@ -1,0 +1,51 @@
+"""A trained GeRM Q-network as a quadforge ``Policy`` (``experts/policy.py``).
+
+Each env keeps its own window of the last ``context`` layout vectors (left-padded after a reset, as in
+training); ``act`` pushes the current observation, decodes the argmax bin dimension by dimension and
+returns the bin centres: normalised joint actions (``action_space="joint"``) or GeRM's 12-D high-level
+command (``"command"``, for a low-level policy to execute).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from envs.layout import ObsLayout
+from training.binning import ActionBinner
+from training.models.germ import ContextWindow, GeRM
+
+ACTION_FEATURES = {"actions": "joint", "hl_commands": "command"}
+
+
+def action_space_of(feature: str) -> str:
+    if feature not in ACTION_FEATURES:
+        raise ValueError(f"GeRM action feature {feature!r} unknown; allowed: {sorted(ACTION_FEATURES)}")
+    return ACTION_FEATURES[feature]
+
+
+class GeRMPolicy:
+    def __init__(self, model: GeRM, binner: ActionBinner, layout: ObsLayout, num_envs: int,
+                 action_space: str = "joint", policy_id: str = "germ", device: str | torch.device = "cpu"):
+        if binner.action_dim != model.cfg.action_dim or binner.num_bins != model.cfg.num_bins:
+            raise ValueError(f"binner ({binner.action_dim} dims x {binner.num_bins} bins) does not fit the model "
+                             f"({model.cfg.action_dim} x {model.cfg.num_bins})")
+        if layout.dim != model.cfg.obs_dim:
+            raise ValueError(f"layout {layout.name!r} has {layout.dim} dims, the model reads {model.cfg.obs_dim}")
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.binner = ActionBinner(binner.edges.to(self.device))
+        self.layout = layout
+        self.window = ContextWindow(num_envs, model.cfg.context, model.cfg.obs_dim, self.device)
+        self.policy_id = policy_id
+        self.obs_terms = layout.term_names
+        self.action_space = action_space
+        self.action_dim = model.cfg.action_dim
+
+    def reset(self, env_ids: torch.Tensor | None = None) -> None:
+        self.window.reset(env_ids)
+
+    @torch.no_grad()
+    def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        x = self.layout.build({k: v.to(self.device).float() for k, v in obs.items() if k in self.obs_terms})
+        return self.binner.decode(self.model.step(x, self.window))

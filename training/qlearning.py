@@ -1,0 +1,458 @@
+"""GeRM's conservative discretized Q-learning (seed 003 §III Eq. 2-3, Q-Transformer) and its baselines.
+
+    quadforge train --model germ|germ-il|germ-dense --data STORE --out DIR [--max-steps N] [--seed S]
+
+Per transition (window ending at t, dataset action a_t binned per dimension, reward, next window):
+- targets (Eq. 2, from the EMA target network, teacher-forced on the dataset's bins):
+  for dimension i < d-1: ``max_b Q_target(s_t, a_t^{0..i}, b)`` — the NEXT dimension at the SAME step;
+  for the last dimension: ``r + discount · bootstrap · max_b Q_target(s_{t+1}, b)`` — the FIRST dimension
+  at the NEXT step (GeRM's published code indexes the same step here; that is a bug and tested against).
+  ``bootstrap`` is 0 after a terminal step and where the next step is not stored (episode end);
+  ``discount`` is γ^m for the m rewards an n-step transition sums.
+- Monte-Carlo lower bound: ``target = max(Bellman, MC return)`` per sample, by default on the LAST
+  dimension only, where the Bellman backup meets the reward. Applying it to every dimension
+  (``mc_bound_dims="all"``) compounds its upward bias once per dimension on stochastic data: with
+  success probability p and MC return m, ``Q_i = p·max(Q_{i+1}, m) + (1−p)·Q_{i+1}`` climbs towards m
+  along the 12 dimensions (measured on the bandit test: Q of a 20 %-success action ≈ 0.86, not ≈ 0.3).
+- TD loss ``½ (Q(s, a_data) − target)²`` and the conservative term of Eq. 3 on Q values in [0, 1]:
+  ``α · ½ · Σ_{b ≠ a_data} Q(s, b)² / (bins − 1)`` — non-dataset bins pushed to 0, the dataset bin
+  untouched by it. α defaults to 1 (Q-Transformer's best setting; GeRM's code uses 0.1 — ``alpha=0.1``).
+- sparse reward: 1 at the last step of a successful episode, 0 otherwise; γ = 0.98; target network by
+  EMA with τ = 0.999; successes:failures mixed 75.69 %:24.31 % per batch (seed 003).
+- plus the MoE load-balancing loss of every layer.
+
+Baselines from the same code: ``germ-il`` (GeRM w/o RL: cross-entropy on the dataset bins, successful
+episodes only) and ``germ-dense`` (GeRM w/o MoE: dense FFNs at the MoE's active parameter count).
+Training: AdamW 3e-4, linear warmup + cosine, grad clipping, TensorBoard, self-contained checkpoints
+(model config, layout, normalisation stats, bin edges, target network, RNG states) that deploy alone
+and resume exactly, DDP under torchrun (``training.distributed``).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from envs.layout import ObsLayout, get_layout
+from training.binning import BIN_METHODS, ActionBinner, fit_binner
+from training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
+from training.distributed import (DistInfo, all_reduce_mean, barrier, broadcast_object, cleanup, init_distributed,
+                                  unwrap, wrap_model)
+from training.germ_policy import GeRMPolicy, action_space_of
+from training.models.germ import GeRM, GeRMConfig
+from training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
+from tools.seeding import seed_everything
+
+GERM_MODELS = ("germ", "germ-il", "germ-dense")
+OBJECTIVES = ("q", "il")
+MC_BOUND_DIMS = ("last", "all")
+SEED003_SUCCESS_RATIO = 0.7569   # seed 003: 75.69 % demonstrations, 24.31 % failures
+
+
+@dataclass
+class GeRMTrainConfig:
+    model_name: str = "germ"
+    objective: str = "q"                 # "q" (conservative Q-learning) | "il" (cross-entropy on bins)
+    model: GeRMConfig = field(default_factory=lambda: GeRMConfig(obs_dim=0))
+    layout: str = "proprio"
+    action_feature: str = "actions"      # "actions" (12-D joint) | "hl_commands" (seed 003 Eq. 9)
+    batch_size: int = 64
+    max_steps: int = 2000
+    gamma: float = 0.98
+    alpha: float = 1.0                   # conservative weight (Q-T paper 1; GeRM code 0.1)
+    tau: float = 0.999                   # target network EMA
+    n_step: int = 1
+    mc_lower_bound: bool = True
+    mc_bound_dims: str = "last"          # "last" | "all" (see the module docstring)
+    success_ratio: float | None = SEED003_SUCCESS_RATIO   # None: draw transitions as they come
+    success_only: bool = False
+    bin_method: str = "uniform"
+    bin_percentile: float = 0.0          # 0 = min-max edges
+    val_fraction: float = 0.1
+    val_batches: int = 4
+    log_every: int = 50
+    val_every: int = 500                 # validate and checkpoint every N steps (and at the end)
+    keep_every: int = 0                  # also keep step_N.pt every N steps (0: only last.pt)
+    tensorboard: bool = True
+    seed: int = 0
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-4, weight_decay=0.01, warmup_frac=0.05))
+
+    def validate(self) -> None:
+        if self.model_name not in GERM_MODELS:
+            raise ValueError(f"GeRM model {self.model_name!r} unknown; allowed: {GERM_MODELS}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective {self.objective!r} unknown; allowed: {OBJECTIVES}")
+        action_space_of(self.action_feature)
+        if self.mc_bound_dims not in MC_BOUND_DIMS:
+            raise ValueError(f"mc_bound_dims {self.mc_bound_dims!r} unknown; allowed: {MC_BOUND_DIMS}")
+        if self.bin_method not in BIN_METHODS:
+            raise ValueError(f"bin_method {self.bin_method!r} unknown; allowed: {BIN_METHODS}")
+        for name, lo, hi in (("gamma", 0.0, 1.0), ("tau", 0.0, 1.0)):
+            v = getattr(self, name)
+            if not lo < v <= hi:
+                raise ValueError(f"{name}={v}; must be in ({lo}, {hi}]")
+        if self.alpha < 0:
+            raise ValueError(f"alpha={self.alpha}; must be >= 0")
+        for name in ("batch_size", "max_steps", "n_step", "log_every", "val_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}; must be >= 1")
+        if self.success_ratio is not None and not 0.0 <= self.success_ratio <= 1.0:
+            raise ValueError(f"success_ratio={self.success_ratio}; must be in [0, 1] or None")
+
+
+def small_model() -> GeRMConfig:
+    """CPU-sized default: 4 layers x 128, 8 experts (top-2) of width 256, context 8, 256 bins."""
+    return GeRMConfig(obs_dim=0, context=8, d_model=128, num_layers=4, num_heads=4, ffn_hidden=256)
+
+
+def paper_model() -> GeRMConfig:
+    """Seed 003 Table II scale: 8 layers, 8 heads, 8 experts top-2, 256 bins (GPU-sized; the context is
+    6 observation steps like its 6 history images; width 512 / expert FFN 2048 is our reading of RT-1's
+    layer sizes)."""
+    return GeRMConfig(obs_dim=0, context=6, d_model=512, num_layers=8, num_heads=8, ffn_hidden=2048)
+
+
+PRESETS = {"small": small_model, "paper": paper_model}
+
+
+def default_config(model_name: str, preset: str | None = None) -> GeRMTrainConfig:
+    if model_name not in GERM_MODELS:
+        raise ValueError(f"GeRM model {model_name!r} unknown; allowed: {GERM_MODELS}")
+    preset = preset or "small"
+    if preset not in PRESETS:
+        raise ValueError(f"GeRM preset {preset!r} unknown; allowed: {sorted(PRESETS)}")
+    cfg = GeRMTrainConfig(model_name=model_name, model=PRESETS[preset]())
+    if model_name == "germ-il":   # GeRM w/o RL: imitation of the demonstrations
+        cfg.objective, cfg.success_only, cfg.success_ratio = "il", True, None
+    return cfg
+
+
+# --- the objective (pure functions, unit-tested) --------------------------------------------------
+
+def bellman_targets(q_same: torch.Tensor, q_next_first: torch.Tensor, reward: torch.Tensor,
+                    discount: torch.Tensor, bootstrap: torch.Tensor) -> torch.Tensor:
+    """Eq. 2 targets (B, d).
+
+    q_same (B, d, K): target-net Q at step t, dimension j conditioned on the dataset bins of dims < j;
+    q_next_first (B, K): target-net Q of dimension 0 at the next step; reward, discount (B,);
+    bootstrap (B,): 0 where the value after the transition is 0 or unknown (terminal / not stored).
+    """
+    intra = q_same[:, 1:].max(dim=-1).values                                 # (B, d-1) next dim, same step
+    last = reward + discount * bootstrap.float() * q_next_first.max(dim=-1).values  # (B,) next step, dim 0
+    return torch.cat([intra, last[:, None]], dim=1)
+
+
+def with_mc_lower_bound(targets: torch.Tensor, mc_return: torch.Tensor, dims: str = "last") -> torch.Tensor:
+    """max(Bellman target, Monte-Carlo return) per sample: on the last dimension (``"last"``, where the
+    Bellman backup meets the reward) or on every dimension (``"all"``)."""
+    if dims not in MC_BOUND_DIMS:
+        raise ValueError(f"mc_bound_dims {dims!r} unknown; allowed: {MC_BOUND_DIMS}")
+    mc = mc_return.to(targets)
+    if dims == "all":
+        return torch.maximum(targets, mc[:, None])
+    return torch.cat([targets[:, :-1], torch.maximum(targets[:, -1:], mc[:, None])], dim=1)
+
+
+def td_loss(q: torch.Tensor, bins: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """½ mean (Q(s, a_data) − target)² with q (B, d, K), bins (B, d), targets (B, d)."""
+    q_data = q.gather(-1, bins[..., None])[..., 0]
+    return 0.5 * (q_data - targets.detach()).pow(2).mean()
+
+
+def conservative_loss(q: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
+    """Eq. 3's regulariser: ½ mean over (B, d) of Σ_{b ≠ data bin} Q(s, b)² / (K − 1)."""
+    k = q.shape[-1]
+    data = F.one_hot(bins, k).bool()                                         # (B, d, K)
+    return 0.5 * (q.masked_fill(data, 0.0).pow(2).sum(-1) / (k - 1)).mean()
+
+
+def q_targets(target: nn.Module, batch: Mapping[str, torch.Tensor], bins: torch.Tensor,
+              mc_lower_bound: bool = True, mc_bound_dims: str = "last") -> torch.Tensor:
+    """Targets (B, d) for a batch from the target network (no gradient)."""
+    with torch.no_grad():
+        q_same = torch.sigmoid(target(batch["obs"], batch["mask"], bins[:, :-1]).logits)       # (B, d, K)
+        q_next = torch.sigmoid(target(batch["next_obs"], batch["next_mask"]).logits[:, 0])      # (B, K)
+        bootstrap = ~(batch["done"].bool() | batch["last"].bool())
+        y = bellman_targets(q_same, q_next, batch["reward"], batch["discount"], bootstrap)
+        return with_mc_lower_bound(y, batch["mc_return"], mc_bound_dims) if mc_lower_bound else y
+
+
+def losses(model: nn.Module, target: nn.Module | None, batch: Mapping[str, torch.Tensor], binner: ActionBinner,
+           cfg: GeRMTrainConfig) -> dict[str, torch.Tensor]:
+    """All loss terms of one batch; ``loss`` is what is minimised."""
+    bins = binner.encode(batch["action"])                                    # (B, d)
+    out = model(batch["obs"], batch["mask"], bins[:, :-1])                   # logits (B, d, K)
+    if cfg.objective == "il":
+        ce = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), bins.reshape(-1))
+        acc = (out.logits.argmax(-1) == bins).float().mean()
+        return {"loss": ce + out.aux_loss, "ce": ce, "aux": out.aux_loss, "bin_accuracy": acc.detach()}
+    q = torch.sigmoid(out.logits)
+    y = q_targets(target, batch, bins, cfg.mc_lower_bound, cfg.mc_bound_dims)
+    td = td_loss(q, bins, y)
+    cons = conservative_loss(q, bins)
+    q_data = q.gather(-1, bins[..., None])[..., 0]
+    return {"loss": td + cfg.alpha * cons + out.aux_loss, "td": td, "conservative": cons, "aux": out.aux_loss,
+            "q_data": q_data.mean().detach(), "target": y.mean()}
+
+
+@torch.no_grad()
+def ema_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """target ← τ·target + (1 − τ)·online for parameters; buffers (normalisation stats) copied."""
+    for t, o in zip(target.parameters(), online.parameters()):
+        t.lerp_(o, 1.0 - tau)
+    for t, o in zip(target.buffers(), online.buffers()):
+        t.copy_(o)
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+def open_source(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"--data {path}: no trajectory store there")
+    from data.store import TrajectoryStore   # imported here: the store package is only needed for files
+    return TrajectoryStore.open(str(path))
+
+
+def make_samplers(source: Any, layout: ObsLayout, cfg: GeRMTrainConfig, info: DistInfo):
+    from data.episodes import as_episode_arrays
+    from data.samplers import TransitionSampler
+
+    data = as_episode_arrays(source, list(layout.term_names) + [cfg.action_feature, "terminated"])
+    common = dict(layout=layout, context=cfg.model.context, gamma=cfg.gamma, reward="sparse",
+                  success_only=cfg.success_only, n_step=cfg.n_step, seed=cfg.seed,
+                  val_fraction=cfg.val_fraction, action_feature=cfg.action_feature)
+    train = TransitionSampler(data, split="train" if cfg.val_fraction > 0 else "all",
+                              success_ratio=cfg.success_ratio, rank=info.rank, world_size=info.world_size, **common)
+    val = TransitionSampler(data, split="val", **common) if cfg.val_fraction > 0 else None
+    return data, train, val
+
+
+def _to(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+# --- training ------------------------------------------------------------------------------------
+
+def build_model(cfg: GeRMTrainConfig) -> GeRM:
+    model_cfg = cfg.model.dense_matched() if cfg.model_name == "germ-dense" else cfg.model
+    return GeRM(model_cfg)
+
+
+@torch.no_grad()
+def validate(model: GeRM, target: GeRM | None, sampler: Any, binner: ActionBinner, cfg: GeRMTrainConfig,
+             device: torch.device) -> dict[str, float]:
+    """Mean loss terms and greedy-vs-dataset bin agreement over a few validation batches."""
+    was = model.training
+    model.eval()
+    sums: dict[str, float] = {}
+    for _ in range(cfg.val_batches):
+        batch = _to(sampler.sample(cfg.batch_size), device)
+        terms = losses(model, target, batch, binner, cfg)
+        greedy, _ = model.greedy(batch["obs"], batch["mask"])
+        terms["greedy_agreement"] = (greedy == binner.encode(batch["action"])).float().mean()
+        for k, v in terms.items():
+            sums[k] = sums.get(k, 0.0) + float(v) / cfg.val_batches
+    model.train(was)
+    return sums
+
+
+def _rng_state(sampler: Any) -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "sampler": sampler._rng.bit_generator.state}
+
+
+def _set_rng_state(sampler: Any, state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    sampler._rng.bit_generator.state = state["sampler"]
+
+
+def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = "cpu", resume: bool = False,
+          provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Train on ``source`` (a TrajectoryStore or EpisodeArrays); returns a summary dict."""
+    cfg.validate()
+    info = init_distributed(device)
+    seed_everything(cfg.seed + info.rank)
+    out = Path(out_dir)
+    layout = get_layout(cfg.layout)
+    cfg.model.obs_dim = layout.dim
+    data, sampler, val_sampler = make_samplers(source, layout, cfg, info)
+    cfg.model.action_dim = int(sampler.steps.actions.shape[1])
+    cfg.model.validate()
+
+    model = build_model(cfg).to(info.device)
+    ckpt = None
+    if resume:
+        ckpt = load_checkpoint(latest_checkpoint(out), map_location="cpu")
+        check_model(ckpt, cfg.model_name, model.cfg.to_dict())
+        binner = ActionBinner.from_dict(ckpt.extra["binner"])
+        load_state(model, ckpt)
+    else:
+        edges = None
+        if info.is_main:
+            edges = fit_binner(sampler.steps.actions[1:], cfg.model.num_bins, cfg.bin_method, cfg.bin_percentile).edges
+            mean, std = sampler.obs_stats()
+            edges = (edges, mean, std)
+        edges, mean, std = broadcast_object(edges, info)
+        binner = ActionBinner(edges)
+        model.set_obs_stats(mean.to(info.device), std.to(info.device))
+    binner = ActionBinner(binner.edges.to(info.device))
+    target = copy.deepcopy(model).eval().requires_grad_(False) if cfg.objective == "q" else None
+    ddp_model = wrap_model(model, info)
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.max_steps)
+    start = 0
+    if ckpt is not None:
+        optimizer.load_state_dict(ckpt.optimizer)
+        scheduler.load_state_dict(ckpt.scheduler)
+        start = ckpt.step
+        if target is not None:
+            target.load_state_dict(ckpt.extra["target_state_dict"])
+        rng = ckpt.extra.get("rng", {}).get(f"rank{info.rank}")
+        if rng is not None:
+            _set_rng_state(sampler, rng)
+
+    prov = {"episodes": int(data.num_episodes), "steps": int(data.num_steps),
+            "successes": int(np.asarray(data.episode_info["success"]).astype(bool).sum()),
+            "train_transitions": len(sampler) * info.world_size, **dict(provenance or {})}
+    writer = None
+    if info.is_main and cfg.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+        writer = SummaryWriter(str(out / "tb"))
+
+    def save(step: int) -> None:
+        rngs = [_rng_state(sampler)]
+        if info.enabled:
+            import torch.distributed as dist
+            gathered: list[Any] = [None] * info.world_size
+            dist.all_gather_object(gathered, rngs[0])
+            rngs = gathered
+        if not info.is_main:
+            return
+        extra = {"binner": {"edges": binner.edges.cpu()}, "action_feature": cfg.action_feature,
+                 "action_space": action_space_of(cfg.action_feature),
+                 "rng": {f"rank{r}": s for r, s in enumerate(rngs)}}
+        if target is not None:
+            extra["target_state_dict"] = {k: v.detach().cpu() for k, v in target.state_dict().items()}
+        mean, std = model.encoder.obs_mean.cpu(), model.encoder.obs_std.cpu()
+        a_mean, a_std = sampler.action_stats()
+        c = Checkpoint(model_name=cfg.model_name, model_config=model.cfg.to_dict(),
+                       state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
+                       layout=layout.to_dict(), obs_stats={"mean": mean, "std": std},
+                       action_stats={"mean": a_mean, "std": a_std}, provenance=prov,
+                       optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=step,
+                       seed=cfg.seed, train_config=dataclasses.asdict(cfg), extra=extra)
+        save_checkpoint(out / "last.pt", c)
+        if cfg.keep_every and step % cfg.keep_every == 0:
+            save_checkpoint(out / f"step_{step}.pt", c)
+
+    history: list[dict[str, float]] = []
+    val_history: list[dict[str, float]] = []
+    model.train()
+    t0, seen = time.perf_counter(), 0
+    for step in range(start, cfg.max_steps):
+        batch = _to(sampler.sample(cfg.batch_size), info.device)
+        terms = losses(ddp_model, target, batch, binner, cfg)
+        optimizer.zero_grad(set_to_none=True)
+        terms["loss"].backward()
+        grad_norm = clip_gradients(model, cfg.optim.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        if target is not None:
+            ema_update(target, model, cfg.tau)
+        seen += cfg.batch_size * info.world_size
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.max_steps:
+            row = {k: all_reduce_mean(v, info) for k, v in terms.items()}
+            dt = time.perf_counter() - t0
+            row.update(step=done, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm,
+                       transitions_per_s=seen / max(dt, 1e-9))
+            history.append(row)
+            t0, seen = time.perf_counter(), 0
+            if info.is_main:
+                print(f"[{cfg.model_name}] step {done}/{cfg.max_steps} " +
+                      " ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "step"), flush=True)
+                if writer is not None:
+                    for k, v in row.items():
+                        if k != "step":
+                            writer.add_scalar(f"train/{k}", v, done)
+        if done % cfg.val_every == 0 or done == cfg.max_steps:
+            if val_sampler is not None and info.is_main:
+                v = validate(model, target, val_sampler, binner, cfg, info.device)
+                v["step"] = done
+                val_history.append(v)
+                print(f"[{cfg.model_name}] val step {done} " +
+                      " ".join(f"{k}={x:.4g}" for k, x in v.items() if k != "step"), flush=True)
+                if writer is not None:
+                    for k, x in v.items():
+                        if k != "step":
+                            writer.add_scalar(f"val/{k}", x, done)
+            save(done)
+            barrier(info)
+    if start >= cfg.max_steps:
+        save(start)
+    if writer is not None:
+        writer.close()
+    cleanup(info)
+    return {"history": history, "val": val_history, "checkpoint": str(out / "last.pt"),
+            "active_parameters": model.active_parameters(), "total_parameters": model.total_parameters()}
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+def config_from_args(args: argparse.Namespace) -> GeRMTrainConfig:
+    from training.cli import apply_overrides, parse_overrides
+
+    cfg = default_config(str(args.model), getattr(args, "preset", None))
+    cfg.seed = int(getattr(args, "seed", 0) or 0)
+    for arg, name in (("max_steps", "max_steps"), ("batch_size", "batch_size"), ("log_every", "log_every"),
+                      ("val_every", "val_every"), ("layout", "layout")):
+        value = getattr(args, arg, None)
+        if value is not None:
+            setattr(cfg, name, value)
+    if getattr(args, "success_only", False):
+        cfg.success_only, cfg.success_ratio = True, None
+    apply_overrides(cfg, parse_overrides(getattr(args, "overrides", None)))
+    cfg.validate()
+    return cfg
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if not getattr(args, "data", None):
+        raise ValueError("--data STORE is required for GeRM training")
+    if not getattr(args, "out", None):
+        raise ValueError("--out DIR is required for GeRM training")
+    source = open_source(args.data)
+    summary = train(cfg, source, args.out, device=getattr(args, "device", "cpu"),
+                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.data).resolve())})
+    print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {summary['active_parameters']:,} / "
+          f"total {summary['total_parameters']:,} parameters)")
+    return 0
+
+
+# --- deployment ----------------------------------------------------------------------------------
+
+def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "cpu") -> GeRMPolicy:
+    """A GeRM checkpoint (file or run directory) as a Policy for ``num_envs`` envs."""
+    ckpt = load_checkpoint(path)
+    if not ckpt.model_name.startswith("germ"):
+        raise ValueError(f"{path}: checkpoint holds model {ckpt.model_name!r}, not a GeRM model")
+    if "binner" not in ckpt.extra:
+        raise ValueError(f"{path}: GeRM checkpoint lacks its bin edges (extra['binner'])")
+    model = GeRM(GeRMConfig.from_dict(ckpt.model_config))
+    load_state(model, ckpt)
+    layout = ObsLayout.from_dict(ckpt.layout)
+    digest = hashlib.sha256(f"{Path(path).resolve()}:{ckpt.step}".encode()).hexdigest()[:8]
+    return GeRMPolicy(model, ActionBinner.from_dict(ckpt.extra["binner"]), layout, num_envs,
+                      action_space=ckpt.extra.get("action_space", "joint"),
+                      policy_id=f"{ckpt.model_name}:{digest}", device=device)
