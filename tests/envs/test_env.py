@@ -245,3 +245,14 @@ def test_terrain_spawn_levels_curriculum_and_height_scan():
     with pytest.raises(ValueError, match="cols must lie"):
         env.set_terrain_levels(torch.tensor([0]), torch.tensor([0]), torch.tensor([5]))
     env.close()
+
+
+def test_rollout_command_summary_and_errors(capsys):
+    from tools.cli import main
+    assert main(["rollout", "--num-envs", "2", "--seconds", "0.2", "--threads", "1", "--command", "0.5,0,0",
+                 "--no-randomization"]) == 0
+    out = capsys.readouterr().out
+    assert "env steps/s" in out and "lin_vel_x=+0.500" in out and "time_out=0" in out
+    assert main(["rollout", "--terrain", "lava"]) == 2
+    assert "lava" in capsys.readouterr().err
+    assert main(["rollout", "--command", "1,2"]) == 2

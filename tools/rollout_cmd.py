@@ -1,0 +1,165 @@
+"""`quadforge rollout`: run a policy (zero actions or the gait expert) in LeggedEnv for a few seconds and
+print a summary: env steps/s, episodes and how they ended, mean base velocity vs command, terrain levels.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+POLICIES = ("zero", "gait")
+TERRAINS = ("flat", "plane_grid", "mixed")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--robot", default="go1", help="go1 | aliengo")
+    parser.add_argument("--num-envs", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=5.0, help="simulated seconds per env")
+    parser.add_argument("--policy", default="zero", help=f"one of {POLICIES} (gait: experts.gait.GaitController)")
+    parser.add_argument("--gait", default="trot", help="gait of the gait expert")
+    parser.add_argument("--terrain", default="flat",
+                        help=f"one of {TERRAINS}, or comma-separated terrain types (envs.terrain.TERRAIN_TYPES)")
+    parser.add_argument("--command", default=None, metavar="VX,VY,WZ",
+                        help="pin this joystick command in every env (default: drawn per episode)")
+    parser.add_argument("--no-randomization", action="store_true", help="nominal physics, no pushes, no latency")
+    parser.add_argument("--threads", type=int, default=None, help="physics threads (default: all cores)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON here")
+
+
+def _terrain(name: str):
+    if name == "flat":
+        return None
+    from envs.terrain import TERRAIN_TYPES, TerrainConfig
+    if name == "plane_grid":
+        return TerrainConfig.flat()
+    if name == "mixed":
+        return TerrainConfig.mixed()
+    types = [t.strip() for t in name.split(",") if t.strip()]
+    bad = [t for t in types if t not in TERRAIN_TYPES]
+    if bad or not types:
+        raise ValueError(f"--terrain {name!r}: unknown terrain type {bad}; allowed: {TERRAINS} or types from {TERRAIN_TYPES}")
+    return TerrainConfig.of_types(types)
+
+
+def _command(text: str | None):
+    if text is None:
+        return None
+    try:
+        vals = [float(x) for x in text.split(",")]
+    except ValueError:
+        vals = []
+    if len(vals) != 3:
+        raise ValueError(f"--command {text!r}: expected three numbers VX,VY,WZ (m/s, m/s, rad/s)")
+    return vals
+
+
+def _policy(name: str, env, gait: str):
+    if name == "zero":
+        return None
+    if name == "gait":
+        from experts.gait import GaitController
+        return GaitController(env.robot, env.num_envs, env.dt, device=env.device, gait=gait)
+    raise ValueError(f"--policy {name!r} is invalid; allowed: {POLICIES}")
+
+
+def build_env(args: argparse.Namespace):
+    from envs.config import EnvConfig, RandomizationConfig
+    from envs.vec_env import LeggedEnv
+
+    if args.num_envs < 1:
+        raise ValueError(f"--num-envs {args.num_envs}: allowed: an integer >= 1")
+    if not args.seconds > 0:
+        raise ValueError(f"--seconds {args.seconds}: allowed: > 0")
+    cfg = EnvConfig.flat(robot=args.robot, num_envs=args.num_envs, seed=args.seed)
+    cfg.terrain = _terrain(args.terrain)
+    cfg.backend.num_threads = args.threads
+    if args.no_randomization:
+        cfg.randomization = RandomizationConfig.off()
+    return LeggedEnv(cfg)
+
+
+def rollout(env, policy, seconds: float, command=None) -> dict:
+    """Run ``seconds`` of simulated time in every env; the summary as a dict."""
+    from envs.layout import COMMAND_NAMES
+    from envs.terminations import TERMINATION_REASONS
+
+    n, dev = env.num_envs, env.device
+    all_ids = torch.arange(n, device=dev)
+    pinned = None
+    if command is not None:
+        pinned = env.commands.clone()
+        pinned[:, :3] = torch.tensor(command, device=dev)
+        env.set_commands(all_ids, pinned)
+    if policy is not None:
+        policy.reset(all_ids)
+    steps = max(1, int(round(seconds / env.dt)))
+    reasons = torch.zeros(len(TERMINATION_REASONS), dtype=torch.long)
+    vel_sum = torch.zeros(3)
+    cmd_sum = torch.zeros(3)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        terms = env.terms if policy is not None else None
+        actions = policy.act(terms) if policy is not None else torch.zeros(n, env.num_actions, device=dev)
+        cmd_sum += env.commands[:, :3].sum(0).cpu()
+        _, _, dones, extras = env.step(actions)
+        st = env.backend.state
+        vel_sum += torch.cat([st.root_lin_vel_b[:, :2], st.root_ang_vel_b[:, 2:3]], 1).sum(0).cpu()
+        done_ids = dones.nonzero(as_tuple=False).flatten()
+        if done_ids.numel():
+            reasons += torch.bincount(extras["episode"]["termination_reason"][done_ids].cpu(),
+                                      minlength=len(TERMINATION_REASONS))
+            if policy is not None:
+                policy.reset(done_ids)
+            if pinned is not None:
+                env.set_commands(done_ids, pinned[done_ids])
+    wall = time.perf_counter() - t0
+    samples = steps * n
+    levels = env.terrain.log() if env.terrain.terrain is not None else {}
+    return {
+        "num_envs": n, "steps": steps, "sim_seconds": steps * env.dt, "wall_seconds": wall,
+        "env_steps_per_s": samples / wall,
+        "episodes_ended": int(reasons[1:].sum()),
+        "terminations": {name: int(reasons[i]) for i, name in enumerate(TERMINATION_REASONS) if i > 0},
+        "mean_velocity": dict(zip(("vx", "vy", "wz"), (vel_sum / samples).tolist())),
+        "mean_command": dict(zip(COMMAND_NAMES[:3], (cmd_sum / samples).tolist())),
+        "terrain_levels": levels,
+    }
+
+
+def format_summary(s: dict, policy: str, terrain: str) -> str:
+    lines = [f"rollout: policy={policy} terrain={terrain} envs={s['num_envs']} "
+             f"{s['sim_seconds']:.1f} s simulated in {s['wall_seconds']:.1f} s wall",
+             f"  env steps/s      {s['env_steps_per_s']:.0f}",
+             f"  episodes ended   {s['episodes_ended']}  "
+             + "  ".join(f"{k}={v}" for k, v in s["terminations"].items()),
+             "  mean velocity    " + "  ".join(f"{k}={v:+.3f}" for k, v in s["mean_velocity"].items()),
+             "  mean command     " + "  ".join(f"{k}={v:+.3f}" for k, v in s["mean_command"].items())]
+    if s["terrain_levels"]:
+        lines.append("  terrain levels   " + "  ".join(
+            f"{k.rsplit('/', 1)[-1]}={v:.2f}" for k, v in s["terrain_levels"].items()))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tools.seeding import seed_everything
+
+    if args.policy not in POLICIES:
+        raise ValueError(f"--policy {args.policy!r} is invalid; allowed: {POLICIES}")
+    command = _command(args.command)
+    seed_everything(args.seed)
+    env = build_env(args)
+    try:
+        policy = _policy(args.policy, env, args.gait)
+        summary = rollout(env, policy, args.seconds, command)
+    finally:
+        env.close()
+    print(format_summary(summary, args.policy, args.terrain))
+    if args.json:
+        from pathlib import Path
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+        print(f"wrote {args.json}")
+    return 0
