@@ -256,3 +256,38 @@ def test_rollout_command_summary_and_errors(capsys):
     assert main(["rollout", "--terrain", "lava"]) == 2
     assert "lava" in capsys.readouterr().err
     assert main(["rollout", "--command", "1,2"]) == 2
+
+
+def test_non_finite_physics_terminates_with_reason():
+    env = _env(n=3)
+    step = env.backend.step
+
+    def flag_env_1(targets):
+        bad = step(targets)
+        bad[1] = True   # as if env 1 diverged (the backend restores it and reports it)
+        return bad
+
+    env.backend.step = flag_env_1
+    _, rew, dones, extras = env.step(torch.zeros(3, 12))
+    assert dones.tolist() == [False, True, False] and not extras["time_outs"].any()
+    assert extras["episode"]["termination_reason"][1] == TERMINATION_REASONS.index("non_finite")
+    assert torch.isfinite(rew).all()
+    env.close()
+
+
+def test_pushes_and_action_latency():
+    cfg_r = RandomizationConfig(physics=None, push_robots=True, push_interval_s=0.1, action_latency_steps=(1, 1))
+    env = _env(n=2, randomization=cfg_r)
+    pushes = []
+    push = env.backend.push
+    env.backend.push = lambda ids, dv: (pushes.append(dv.clone()), push(ids, dv))
+    a1, a2 = torch.full((2, 12), 0.3), torch.full((2, 12), -0.3)
+    env.step(a1)
+    torch.testing.assert_close(env.joint_targets, env.default_joint_pos.expand(2, -1))  # delayed: a_0 = 0
+    env.step(a2)
+    torch.testing.assert_close(env.joint_targets, env.default_joint_pos + env.robot.action_scale * a1)
+    for _ in range(8):
+        env.step(torch.zeros(2, 12))
+    assert len(pushes) == 2   # every 5 steps
+    assert all(p[:, 2].eq(0).all() and p[:, :2].abs().le(1.0).all() and p.abs().gt(0).any() for p in pushes)
+    env.close()
