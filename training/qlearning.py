@@ -306,8 +306,8 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
         binner = ActionBinner(edges)
         model.set_obs_stats(mean.to(info.device), std.to(info.device))
     binner = ActionBinner(binner.edges.to(info.device))
+    ddp_model = wrap_model(model, info)   # DDP broadcasts rank 0's weights: copy the target after this
     target = copy.deepcopy(model).eval().requires_grad_(False) if cfg.objective == "q" else None
-    ddp_model = wrap_model(model, info)
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.max_steps)
     start = 0
@@ -403,7 +403,7 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
     if writer is not None:
         writer.close()
     cleanup(info)
-    return {"history": history, "val": val_history, "checkpoint": str(out / "last.pt"),
+    return {"history": history, "val": val_history, "checkpoint": str(out / "last.pt"), "model": model, "target": target,
             "active_parameters": model.active_parameters(), "total_parameters": model.total_parameters()}
 
 

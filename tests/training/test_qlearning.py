@@ -3,10 +3,12 @@
 terminal), the conservative term, the MC lower bound, EMA, and end-to-end training on a tiny offline
 bandit-chain where GeRM recovers the optimal action and imitation of all data does not."""
 import shutil
+import socket
 
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing as mp
 from torch import nn
 
 from data.episodes import EpisodeArrays
@@ -246,3 +248,27 @@ def test_config_errors_are_clear():
         cfg.validate()
     with pytest.raises(ValueError, match="gamma"):
         _tiny("germ", gamma=1.5).validate()
+
+
+def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    import os
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size),
+                      RANK=str(rank), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    summary = train(_tiny("germ", max_steps=4, val_every=4, log_every=2), bandit_chain(60), out_dir)
+    torch.save({"model": summary["model"].state_dict(), "target": summary["target"].state_dict()},
+               f"{out_dir}/rank{rank}.pt")
+
+
+@pytest.mark.slow   # spawning two torch processes takes ~40 s on the loaded 2-core machine
+def test_two_cpu_ranks_train_and_checkpoint(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_ddp_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    for part in ("model", "target"):   # DDP kept the weights, and so the EMA targets, identical
+        assert all(torch.equal(r0[part][k], r1[part][k]) for k in r0[part]), part
+    ckpt = load_checkpoint(tmp_path / "last.pt")
+    assert ckpt.step == 4 and set(ckpt.extra["rng"]) == {"rank0", "rank1"}
+    assert load_policy(tmp_path, 1).act({n: torch.zeros(1, TERM_DIMS[n]) for n in PROPRIO.term_names}).shape == (1, 12)
