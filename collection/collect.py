@@ -3,9 +3,10 @@
 The job is a count, not a loop: on start it counts the episodes already in the store or staged and
 collects only the missing number, so re-running the same command after a crash (or after it finished)
 resumes (or does nothing). Each finished episode is written durably through ``StagingWriter``
-(episode ids ``<collector_id>-<counter>``, the counter resuming after the collector's highest id), the
-store is compacted every ``--compact-every`` episodes and at the end. A kill loses at most the
-episodes in flight. The run's seed is derived from ``--seed``, the collector id and the counter the
+(episode ids ``<collector_id>-<counter>``, the counter resuming after the collector's highest id) by a
+background thread (``BackgroundWriter``, so fsyncs overlap simulation); the store is compacted every
+``--compact-every`` episodes and at the end. A kill loses at most the episodes in flight: those
+still running in the envs and the few queued for writing. The run's seed is derived from ``--seed``, the collector id and the counter the
 run starts at, so a resumed run never replays the episodes it already has.
 
 ``--workers K`` hands the job to K Ray actors (``collection.distributed``).
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from collection.background_writer import BackgroundWriter
 from collection.labels import LabelRule
 from collection.progress import Progress, Tally
 from collection.rollout import Rollout, RolloutConfig
@@ -173,13 +175,15 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
                           skills=skills, info_extra=info_extra)
         tally = Tally()
         t0 = time.perf_counter()
-        for episode in rollout.episodes(max_episodes=quota):
-            writer.write_episode(episode.features, episode.info)
-            tally.add(episode.info)
-            if on_episode is not None:
-                on_episode(tally, rollout.env_steps / max(time.perf_counter() - t0, 1e-9))
-            if compact and cfg.compact_every and tally.episodes % cfg.compact_every == 0:
-                compact_store(cfg.out)
+        with BackgroundWriter(writer) as background:
+            for episode in rollout.episodes(max_episodes=quota):
+                background.submit(episode.features, episode.info)
+                tally.add(episode.info)
+                if on_episode is not None:
+                    on_episode(tally, rollout.env_steps / max(time.perf_counter() - t0, 1e-9))
+                if compact and cfg.compact_every and tally.episodes % cfg.compact_every == 0:
+                    background.flush()
+                    compact_store(cfg.out)
         seconds = time.perf_counter() - t0
     finally:
         close = getattr(env, "close", None)
