@@ -15,10 +15,8 @@ compaction deletes without appending them again.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import time
-import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +25,7 @@ from typing import Any, Iterator, Mapping, NamedTuple
 import numpy as np
 
 from data.schema import IMAGE_PREFIX, StoreSchema, spec_for
-from data.staging import INFO_KEY, episode_id_of, fsync_dir, list_staged, read_staged
+from data.staging import episode_id_of, fsync_dir, list_staged, read_staged, read_staged_header
 from data.stats import RunningStats
 from data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable, array_path,
                         read_episode_table, read_json, read_manifest, write_json_atomic)
@@ -74,27 +72,9 @@ def store_lock(root: Path, timeout: float | None = None) -> Iterator[None]:
 
 
 def read_headers(path: Path) -> tuple[dict[str, ArrayHeader], dict[str, Any]]:
-    """Shapes and dtypes of a staging file's features, and its info, without reading the data."""
-    headers: dict[str, ArrayHeader] = {}
-    info: dict[str, Any] | None = None
-    try:
-        with zipfile.ZipFile(path) as zf:
-            for member in zf.namelist():
-                key = member[:-4] if member.endswith(".npy") else member
-                with zf.open(member) as f:
-                    if key == INFO_KEY:
-                        info = json.loads(str(np.lib.format.read_array(f, allow_pickle=False)))
-                        continue
-                    version = np.lib.format.read_magic(f)
-                    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                            else np.lib.format.read_array_header_2_0)
-                    shape, _, dtype = read(f)
-                    headers[key] = ArrayHeader(tuple(shape), np.dtype(dtype))
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
-        raise ValueError(f"staging file {path}: unreadable ({err})") from err
-    if info is None:
-        raise ValueError(f"staging file {path}: no {INFO_KEY} member (not written by StagingWriter)")
-    return headers, info
+    """Shapes and dtypes of a staging file's features, and its info, from its header alone."""
+    feats, info = read_staged_header(path)
+    return {k: ArrayHeader(shape, dtype) for k, (shape, dtype) in feats.items()}, info
 
 
 def chunk_steps(spec_shape: tuple[int, ...], dtype: str) -> int:
@@ -177,8 +157,13 @@ def _episode_row(features: Mapping[str, np.ndarray], info: Mapping[str, Any], st
         ret = float(np.sum(features["rewards"], dtype=np.float64))
     else:
         ret = float("nan")
-    cmd = (np.asarray(features["commands"][:, :3], dtype=np.float64).mean(axis=0) if "commands" in features
-           else [info.get("cmd_vx", np.nan), info.get("cmd_vy", np.nan), info.get("cmd_wz", np.nan)])
+    # the collector's own command summary wins; else the mean of the stored joystick commands
+    if all(k in info for k in ("cmd_vx", "cmd_vy", "cmd_wz")):
+        cmd = [info["cmd_vx"], info["cmd_vy"], info["cmd_wz"]]
+    elif "commands" in features:
+        cmd = np.asarray(features["commands"][:, :3], dtype=np.float64).mean(axis=0)
+    else:
+        cmd = [np.nan] * 3
     task = str(info.get("task", "locomotion"))
     instructions = tasks.setdefault(task, [])
     if info.get("instruction") is not None:
@@ -260,8 +245,14 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
                      for n, h in h0.items()}
             schema = StoreSchema(specs, robot=str(info0.get("robot", "")),
                                  control_dt=float(info0.get("control_dt", 0.02)))
-        for p, h, _ in headers:
+        for p, h, info in headers:
             schema.check(h, where=f"staging file {p}")
+            if info.get("robot") and schema.robot and str(info["robot"]) != schema.robot:
+                raise ValueError(f"staging file {p}: robot {info['robot']!r}, the store holds {schema.robot!r} "
+                                 f"(one robot per store)")
+            if "control_dt" in info and abs(float(info["control_dt"]) - schema.control_dt) > 1e-9:
+                raise ValueError(f"staging file {p}: control_dt {info['control_dt']}, the store's is "
+                                 f"{schema.control_dt}")
             lengths = {len_ for len_ in (hh.shape[0] for hh in h.values())}
             if len(lengths) != 1:
                 raise ValueError(f"staging file {p}: features have different lengths {sorted(lengths)}")
@@ -292,6 +283,8 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
         pos = start
         for p, _, _ in headers:
             features, info = read_staged(p)
+            # the header promised this; check the data really agrees before appending it
+            schema.check(features, where=f"staging file {p}")
             for name, app in appenders.items():
                 app.add(features[name])
             rows.append(_episode_row(features, info, pos, tasks))

@@ -1,7 +1,10 @@
 """Collectors' write path: one immutable staging file per episode, made visible by an atomic rename.
 
-A staging file is ``<store>/staging/<episode_id>.npz`` (uncompressed npz, no pickle): one member per
-feature plus ``__info__``, the episode's info as a JSON string. It is written under a dot-prefixed
+A staging file is ``<store>/staging/<episode_id>.episode``: the magic line ``QFEPISODE1``, an 8-byte
+little-endian header length, a JSON header ``{"info": {...}, "features": {name: {dtype, shape,
+offset}}}`` and then each feature's raw C-order bytes (64-byte aligned). The header alone tells
+compaction every feature's dtype and shape, and the data loads as zero-copy numpy views - npz's
+per-member zip and header parsing cost more than the copy itself. It is written under a dot-prefixed
 temp name, fsynced, renamed into place and the directory fsynced, so a reader (the compactor) sees
 either the whole file or nothing. Episode ids are ``<collector_id>-<counter:08d>``; a writer resumes
 its counter after the highest id of its collector already in the store or staged.
@@ -19,7 +22,9 @@ import numpy as np
 from data.schema import CATALOGUE, IMAGE_PREFIX, check_episode
 
 STAGING_DIR = "staging"
-INFO_KEY = "__info__"
+SUFFIX = ".episode"
+MAGIC = b"QFEPISODE1\n"
+_ALIGN = 64
 _COLLECTOR_RE = re.compile(r"^[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*$")
 
 
@@ -32,7 +37,7 @@ def list_staged(store_path: str | Path) -> list[Path]:
     d = staging_dir(store_path)
     if not d.is_dir():
         return []
-    return sorted(p for p in d.iterdir() if p.suffix == ".npz" and not p.name.startswith("."))
+    return sorted(p for p in d.iterdir() if p.suffix == SUFFIX and not p.name.startswith("."))
 
 
 def episode_id_of(path: Path) -> str:
@@ -66,15 +71,66 @@ def _cast(name: str, value: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(value, dtype=dtype)
 
 
-def read_staged(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Load one staging file; a damaged one is a ValueError naming the file."""
+def write_episode_file(path: Path, arrays: Mapping[str, np.ndarray], info: Mapping[str, Any]) -> None:
+    """Write arrays + info in the staging format, durably (fsync); no validation here."""
+    layout, offset = {}, 0
+    for name, a in arrays.items():
+        layout[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "offset": offset}
+        offset += -(-a.nbytes // _ALIGN) * _ALIGN
+    header = json.dumps({"info": info, "features": layout}).encode()
+    header += b" " * (-(len(MAGIC) + 8 + len(header)) % _ALIGN)   # data starts aligned
+    with open(path, "wb") as f:
+        f.write(MAGIC + len(header).to_bytes(8, "little") + header)
+        for name, a in arrays.items():
+            f.write(np.ascontiguousarray(a).tobytes())
+            f.write(b"\0" * (-a.nbytes % _ALIGN))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _parse_header(raw: bytes, path: Path) -> tuple[dict[str, Any], dict[str, Any], int]:
+    if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 8:
+        raise ValueError(f"staging file {path}: not a staging episode (bad magic)")
+    n = int.from_bytes(raw[len(MAGIC):len(MAGIC) + 8], "little")
+    start = len(MAGIC) + 8
+    if len(raw) < start + n:
+        raise ValueError(f"staging file {path}: truncated header")
     try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-        info = json.loads(str(data.pop(INFO_KEY)))
-    except (OSError, ValueError, KeyError, EOFError) as err:
+        head = json.loads(raw[start:start + n])
+        return head["info"], head["features"], start + n
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"staging file {path}: corrupt header ({err})") from err
+
+
+def read_staged_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], np.dtype]], dict[str, Any]]:
+    """(name -> (shape, dtype)) and the info of a staging file, reading only its header."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(len(MAGIC) + 8)
+            if raw.startswith(MAGIC) and len(raw) == len(MAGIC) + 8:
+                raw += f.read(int.from_bytes(raw[len(MAGIC):], "little"))
+    except OSError as err:
         raise ValueError(f"staging file {path}: unreadable ({err})") from err
-    return data, info
+    info, feats, _ = _parse_header(raw, path)
+    return {k: (tuple(v["shape"]), np.dtype(v["dtype"])) for k, v in feats.items()}, info
+
+
+def read_staged(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Load one staging file (read-only zero-copy views); a damaged one is a ValueError naming it."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ValueError(f"staging file {path}: unreadable ({err})") from err
+    info, feats, data_start = _parse_header(raw, path)
+    out = {}
+    for name, f in feats.items():
+        dtype, shape = np.dtype(f["dtype"]), tuple(f["shape"])
+        lo = data_start + int(f["offset"])
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if lo + nbytes > len(raw):
+            raise ValueError(f"staging file {path}: truncated data (feature {name!r})")
+        out[name] = np.frombuffer(raw, dtype=dtype, count=nbytes // dtype.itemsize, offset=lo).reshape(shape)
+    return out, info
 
 
 class StagingWriter:
@@ -106,22 +162,17 @@ class StagingWriter:
 
 def write_staging_file(store_path: str | Path, episode_id: str, collector_id: str,
                        episode: Mapping[str, np.ndarray], info: Mapping[str, Any]) -> Path:
-    """Validate, then write ``<store>/staging/<episode_id>.npz`` via temp + fsync + atomic rename."""
+    """Validate, then write ``<store>/staging/<episode_id>.episode`` via temp + fsync + atomic rename."""
     where = f"episode {episode_id}"
     length = check_episode(episode, where)
-    if INFO_KEY in episode:
-        raise ValueError(f"{where}: feature name {INFO_KEY!r} is reserved")
     arrays = {name: _cast(name, np.asarray(v)) for name, v in episode.items()}
     full_info = dict(_jsonable(dict(info)))
     full_info.update(episode_id=episode_id, collector_id=collector_id, length=length)
     d = staging_dir(store_path)
     d.mkdir(parents=True, exist_ok=True)
-    final = d / f"{episode_id}.npz"
-    tmp = d / f".tmp-{episode_id}-{os.getpid()}.npz"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays, **{INFO_KEY: np.asarray(json.dumps(full_info))})
-        f.flush()
-        os.fsync(f.fileno())
+    final = d / f"{episode_id}{SUFFIX}"
+    tmp = d / f".tmp-{episode_id}-{os.getpid()}{SUFFIX}"
+    write_episode_file(tmp, arrays, full_info)
     os.replace(tmp, final)
     fsync_dir(d)
     return final

@@ -28,9 +28,13 @@ class RunningStats:
         n = len(block)
         if n == 0:
             return
-        x = np.asarray(block, dtype=np.float64)
-        b_mean = x.mean(axis=0)
-        b_m2 = ((x - b_mean) ** 2).sum(axis=0)
+        x = np.asarray(block)
+        if not np.issubdtype(x.dtype, np.floating):
+            x = x.astype(np.float32)
+        # float32 arithmetic with float64 accumulation: no float64 copy of the block
+        b_mean = x.sum(axis=0, dtype=np.float64) / n
+        d = x - b_mean.astype(x.dtype)
+        b_m2 = (d * d).sum(axis=0, dtype=np.float64)
         total = self.count + n
         delta = b_mean - self.mean
         self.mean = self.mean + delta * (n / total)

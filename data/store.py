@@ -9,7 +9,7 @@
   meta/episodes.json          the episode table, columnar JSON ({"columns": {name: [...]}})
   meta/tasks.json             tasks and their instructions ({"tasks": {task: [instruction, ...]}})
   manifest.json               the commit record: generation, steps, episodes, per-feature lengths, stats
-  staging/<episode_id>.npz    episodes written by collectors, not yet compacted
+  staging/<id>.episode       episodes written by collectors, not yet compacted
   .lock                       compaction's exclusive flock
 ```
 

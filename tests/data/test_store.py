@@ -37,7 +37,7 @@ def test_roundtrip_write_compact_open_load(tmp_path, small_chunks, write_episode
     # stats maintained incrementally equal a recomputation
     acts = _concat(everything, "actions").astype(np.float64)
     np.testing.assert_allclose(s.stats["actions"]["mean"], acts.mean(0), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(s.stats["actions"]["std"], acts.std(0), rtol=1e-9)
+    np.testing.assert_allclose(s.stats["actions"]["std"], acts.std(0), rtol=1e-6)
     np.testing.assert_array_equal(s.stats["actions"]["max"], acts.max(0))
     assert validate(store).ok, validate(store).text()
 
@@ -156,17 +156,17 @@ def test_schema_mismatch_names_file_feature_expected_found(tmp_path, write_episo
     w = StagingWriter(store, "c9")
     feats = {k: v for k, v in write_episodes(tmp_path / "other", n=1)[0][1].items() if k != "gait_clock"}
     w.write_episode(feats, {"success": True})
-    with pytest.raises(ValueError, match=r"c9-00000000\.npz.*missing \['gait_clock'\]"):
+    with pytest.raises(ValueError, match=r"c9-00000000\.episode.*missing \['gait_clock'\]"):
         compact(store)
     assert TrajectoryStore.open(store).num_episodes == 1  # nothing was written
     # a dtype change (written without the writer's casting)
     os.remove(list_staged(store)[0])
     full = write_episodes(tmp_path / "other2", n=1)[0][1]
     full["rewards"] = full["rewards"].astype(np.float64)
-    from data.staging import INFO_KEY
-    np.savez(store / "staging" / "c8-00000000.npz", **full,
-             **{INFO_KEY: np.asarray(json.dumps({"episode_id": "c8-00000000", "collector_id": "c8"}))})
-    with pytest.raises(ValueError, match=r"c8-00000000\.npz.*'rewards'.*expected dtype float32, found float64"):
+    from data.staging import write_episode_file  # unvalidated, as a foreign writer might
+    write_episode_file(store / "staging" / "c8-00000000.episode", full,
+                       {"episode_id": "c8-00000000", "collector_id": "c8"})
+    with pytest.raises(ValueError, match=r"c8-00000000\.episode.*'rewards'.*expected dtype float32, found float64"):
         compact(store)
     with pytest.raises(ValueError, match="unknown feature 'dof_posz'"):
         w.write_episode({"dof_posz": np.zeros((3, 12))}, {})
@@ -206,3 +206,36 @@ def test_lock_excludes_a_second_compactor(tmp_path, write_episodes):
         with pytest.raises(TimeoutError, match="lock"):
             compact(store, lock_timeout=0.2)
     assert compact(store).generation == 1
+
+
+def test_staging_file_roundtrip_and_damage(tmp_path):
+    from data.staging import read_staged, read_staged_header, write_staging_file
+    rng = np.random.default_rng(0)
+    feats = {"dof_pos": rng.normal(size=(7, 12)), "terminated": np.arange(7) == 6,
+             "images/front": rng.integers(0, 255, size=(7, 8, 6, 3)).astype(np.uint8)}
+    path = write_staging_file(tmp_path, "cam-00000003", "cam", feats, {"success": np.bool_(True), "x": np.float32(2)})
+    assert path.name == "cam-00000003.episode"
+    heads, info = read_staged_header(path)
+    assert heads["dof_pos"] == ((7, 12), np.dtype("float32")) and heads["images/front"][0] == (7, 8, 6, 3)
+    data, info2 = read_staged(path)
+    assert info == info2 and info["success"] is True and info["length"] == 7 and info["episode_id"] == "cam-00000003"
+    np.testing.assert_array_equal(data["dof_pos"], feats["dof_pos"].astype(np.float32))
+    np.testing.assert_array_equal(data["terminated"], feats["terminated"])
+    np.testing.assert_array_equal(data["images/front"], feats["images/front"])
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) - 200])
+    with pytest.raises(ValueError, match=r"cam-00000003\.episode: truncated data"):
+        read_staged(path)
+    path.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="bad magic"):
+        read_staged_header(path)
+
+
+def test_one_robot_and_rate_per_store(tmp_path, write_episodes):
+    store = tmp_path / "s"
+    write_episodes(store, n=1)
+    compact(store)
+    eid, feats, info = write_episodes(tmp_path / "o", n=1)[0]
+    StagingWriter(store, "c5").write_episode(feats, {**info, "robot": "aliengo"})
+    with pytest.raises(ValueError, match=r"c5-00000000\.episode: robot 'aliengo', the store holds 'go1'"):
+        compact(store)
