@@ -12,6 +12,7 @@ friction, added base mass and motor strength); envs are spread over the pool by 
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 
 import mujoco
@@ -25,6 +26,7 @@ from envs.layout import JOINT_NAMES, LEGS
 TRACKED = ("base",) + tuple(f"{leg}_thigh" for leg in LEGS) + tuple(f"{leg}_calf" for leg in LEGS) \
     + tuple(f"{leg}_foot" for leg in LEGS)
 GROUND_NAME = "ground"
+BASE_FRAME_SITE = "quadforge_base_frame"
 _SENS = mujoco.mjtSensor
 _OBJ = mujoco.mjtObj
 
@@ -37,20 +39,28 @@ class SensorLayout:
     root_quat: slice       # 4, wxyz
     root_lin_vel: slice    # 3, world
     root_ang_vel: slice    # 3, world
+    root_lin_vel_b: slice  # 3, base frame (velocimeter at the base origin)
+    root_ang_vel_b: slice  # 3, base frame (gyro)
+    up_b: slice            # 3, world z axis in the base frame (= -projected gravity)
     joint_pos: slice       # 12
     joint_vel: slice       # 12
     joint_torque: slice    # 12, actuator force after limits
     foot_pos: slice        # 12 = 4 x 3, world
-    contact_base: slice    # 3, base body
-    contact_thigh: slice   # 12, thigh bodies
-    contact_calf: slice    # 12, whole calf bodies (foot included; the backend subtracts the feet)
-    contact_foot: slice    # 12, foot geoms
+    contacts: slice        # 39 = 13 x 3 in TRACKED order (base, thighs, whole calf bodies, foot geoms);
+                           # the calf bodies include their foot sphere: the backend subtracts the feet
     size: int
 
-    @property
+    @functools.cached_property
     def kinematic(self) -> slice:
         """The columns that describe the physical state (checked for non-finite values)."""
         return slice(self.root_pos.start, self.joint_vel.stop)
+
+    def fields(self) -> dict[str, slice]:
+        """RobotState field -> columns, for the fields that are a plain copy of sensordata."""
+        return {"root_pos_w": self.root_pos, "root_quat_w": self.root_quat, "root_lin_vel_w": self.root_lin_vel,
+                "root_ang_vel_w": self.root_ang_vel, "root_lin_vel_b": self.root_lin_vel_b,
+                "root_ang_vel_b": self.root_ang_vel_b, "joint_pos": self.joint_pos, "joint_vel": self.joint_vel,
+                "joint_torque": self.joint_torque}
 
 
 @dataclass
@@ -85,12 +95,14 @@ def _add_ground(spec: mujoco.MjSpec, terrain) -> None:
 def _add_sensors(spec: mujoco.MjSpec, robot) -> SensorLayout:
     cursor = 0
 
-    def block(sensors: list[tuple[str, int, int, str, int]]) -> slice:
-        # (type, objtype, name, dim, intprm0); returns the slice the block occupies
+    def block(sensors: list[tuple], ref: tuple | None = None) -> slice:
+        # (type, objtype, name, dim, intprm0) each; returns the slice of sensordata the block occupies
         nonlocal cursor
         start = cursor
         for stype, objtype, name, dim, intprm in sensors:
             s = spec.add_sensor(type=stype, objtype=objtype, objname=name)
+            if ref is not None:  # express the quantity in this frame instead of the world's
+                s.reftype, s.refname = ref
             if stype == _SENS.mjSENS_CONTACT:
                 # data="force" (bit 1), reduce="netforce" (3), one slot: net world-frame force
                 s.intprm[0], s.intprm[1], s.intprm[2] = 1 << int(mujoco.mjtConDataField.mjCONDATA_FORCE), 3, 1
@@ -98,21 +110,27 @@ def _add_sensors(spec: mujoco.MjSpec, robot) -> SensorLayout:
         return slice(start, cursor)
 
     base = robot.base_body
+    # a site at the base frame's origin with its orientation: body-frame velocities and gravity come
+    # straight from MuJoCo's velocity-stage sensors, current after mj_step1
+    spec.body(base).add_site(name=BASE_FRAME_SITE, group=5)
     xb = _OBJ.mjOBJ_XBODY  # the body frame itself, not its centre of mass
     layout = dict(
         root_pos=block([(_SENS.mjSENS_FRAMEPOS, xb, base, 3, 0)]),
         root_quat=block([(_SENS.mjSENS_FRAMEQUAT, xb, base, 4, 0)]),
         root_lin_vel=block([(_SENS.mjSENS_FRAMELINVEL, xb, base, 3, 0)]),
         root_ang_vel=block([(_SENS.mjSENS_FRAMEANGVEL, xb, base, 3, 0)]),
+        root_lin_vel_b=block([(_SENS.mjSENS_VELOCIMETER, _OBJ.mjOBJ_SITE, BASE_FRAME_SITE, 3, 0)]),
+        root_ang_vel_b=block([(_SENS.mjSENS_GYRO, _OBJ.mjOBJ_SITE, BASE_FRAME_SITE, 3, 0)]),
+        up_b=block([(_SENS.mjSENS_FRAMEZAXIS, _OBJ.mjOBJ_XBODY, "world", 3, 0)],
+                   ref=(_OBJ.mjOBJ_SITE, BASE_FRAME_SITE)),
         joint_pos=block([(_SENS.mjSENS_JOINTPOS, _OBJ.mjOBJ_JOINT, j, 1, 0) for j in robot.joint_names]),
         joint_vel=block([(_SENS.mjSENS_JOINTVEL, _OBJ.mjOBJ_JOINT, j, 1, 0) for j in robot.joint_names]),
         joint_torque=block([(_SENS.mjSENS_ACTUATORFRC, _OBJ.mjOBJ_ACTUATOR, a, 1, 0)
                             for a in robot.actuator_names]),
         foot_pos=block([(_SENS.mjSENS_FRAMEPOS, _OBJ.mjOBJ_SITE, s, 3, 0) for s in robot.foot_sites]),
-        contact_base=block([(_SENS.mjSENS_CONTACT, _OBJ.mjOBJ_BODY, base, 3, 0)]),
-        contact_thigh=block([(_SENS.mjSENS_CONTACT, _OBJ.mjOBJ_BODY, b, 3, 0) for b in robot.thigh_bodies]),
-        contact_calf=block([(_SENS.mjSENS_CONTACT, _OBJ.mjOBJ_BODY, b, 3, 0) for b in robot.calf_bodies]),
-        contact_foot=block([(_SENS.mjSENS_CONTACT, _OBJ.mjOBJ_GEOM, g, 3, 0) for g in robot.foot_geoms]),
+        contacts=block([(_SENS.mjSENS_CONTACT, _OBJ.mjOBJ_BODY, b, 3, 0)
+                        for b in (base,) + tuple(robot.thigh_bodies) + tuple(robot.calf_bodies)]
+                       + [(_SENS.mjSENS_CONTACT, _OBJ.mjOBJ_GEOM, g, 3, 0) for g in robot.foot_geoms]),
     )
     return SensorLayout(size=cursor, **layout)
 

@@ -162,7 +162,7 @@ def test_reset_of_a_subset_leaves_the_others_untouched():
         if k == 10:
             ids = torch.tensor([1, 3])
             pos = torch.tensor([[1.0, 2.0, 0.4], [-1.0, 0.5, 0.35]])
-            quat = torch.tensor([[0.9238795, 0.0, 0.0, 0.3826834], [1.0, 0.0, 0.0, 0.0]])
+            quat = torch.tensor([[0.9238795, 0.0, 0.0, 0.3826834], [0.9950042, 0.0998334, 0.0, 0.0]])  # yaw 45°, roll 0.2
             lin = torch.tensor([[0.5, 0.0, 0.0], [0.0, -0.2, 0.0]])
             ang = torch.tensor([[0.0, 0.0, 0.3], [0.0, 0.0, 0.0]])
             q = torch.tensor(b.robot.default_joint_pos).repeat(2, 1) + 0.1
@@ -177,6 +177,9 @@ def test_reset_of_a_subset_leaves_the_others_untouched():
             # the yawed env sees its forward velocity rotated into the body frame
             torch.testing.assert_close(st.root_lin_vel_b[1], torch.tensor([0.5 * 0.7071068, -0.5 * 0.7071068, 0.0]),
                                        atol=1e-5, rtol=0)
+            torch.testing.assert_close(st.root_ang_vel_b[1], torch.tensor([0.0, 0.0, 0.3]), atol=1e-6, rtol=0)
+            torch.testing.assert_close(st.projected_gravity_b[3], torch.tensor([0.0, -0.1986693, -0.9800666]),
+                                       atol=1e-6, rtol=0)
         a.step(tgt)
         b.step(tgt)
     _assert_rows_equal(_snapshot(a.state), _snapshot(b.state), [0, 2])

@@ -1,0 +1,154 @@
+"""`quadforge bench sim`: policy steps/s of the env and the backend against raw MuJoCo, in one run.
+
+Three layers on the same compiled scene, the same decimation and the same thread count, measured
+interleaved (raw, backend, env, raw, ...) so that load from other users of the machine hits them alike:
+
+- raw: ``mujoco.rollout`` (C thread pool, no Python per env) from the envs' states, nstep = steps x
+  decimation, the standing targets as constant control;
+- backend: ``MujocoCpuBackend.step`` with the standing targets (physics + batched readout);
+- env: ``envs.vec_env.LeggedEnv.step`` with zero actions (= the standing targets), domain
+  randomization off (the full task: observations, rewards, terminations, resets).
+
+Reported: policy steps/s (env steps x N per second, median over rounds) and the ratios backend/raw and
+env/raw (the median over rounds of each round's ratio, which cancels load that drifts between rounds).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import mujoco
+import numpy as np
+import torch
+from mujoco import rollout
+
+from envs.backends.base import BackendConfig
+from envs.backends.mujoco_cpu import MujocoCpuBackend
+from tools.bench.common import Table, report
+
+STATE_SPEC = mujoco.mjtState.mjSTATE_FULLPHYSICS
+
+
+def _terrain_config(name: str):
+    if name == "flat":
+        return None
+    from envs.terrain import TerrainConfig  # team robots+terrain
+
+    return TerrainConfig.mixed()
+
+
+def _make_env(num_envs: int, threads: int, terrain_cfg):
+    from envs.config import EnvConfig, RandomizationConfig
+    from envs.vec_env import LeggedEnv
+
+    cfg = EnvConfig(backend=BackendConfig(num_envs=num_envs, num_threads=threads), terrain=terrain_cfg,
+                    randomization=RandomizationConfig.off())
+    return LeggedEnv(cfg)
+
+
+class _Raw:
+    """mujoco.rollout over the backend's model from its envs' current states."""
+
+    def __init__(self, backend: MujocoCpuBackend, threads: int, steps: int):
+        m = backend.models[0]
+        n = backend.num_envs
+        self.model, self.nstep = m, steps * backend.decimation
+        self.state0 = np.empty((n, mujoco.mj_stateSize(m, STATE_SPEC)))
+        for i, d in enumerate(backend.datas):
+            mujoco.mj_getState(m, d, self.state0[i], STATE_SPEC)
+        ctrl = np.asarray(backend.robot.default_joint_pos, dtype=np.float64)
+        self.control = np.broadcast_to(ctrl, (n, self.nstep, m.nu)).copy()
+        self.datas = [mujoco.MjData(m) for _ in range(threads)]
+        self.out_state = np.empty((n, self.nstep, self.state0.shape[1]))
+        self.out_sens = np.empty((n, self.nstep, m.nsensordata))
+        self.runner = rollout.Rollout(nthread=threads)
+
+    def __call__(self) -> None:
+        self.runner.rollout(self.model, self.datas, self.state0, self.control, state=self.out_state,
+                            sensordata=self.out_sens)
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int, with_env: bool) -> dict:
+    tcfg = _terrain_config(terrain)
+    backend = MujocoCpuBackend(BackendConfig(num_envs=n, num_threads=threads, terrain=tcfg))
+    targets = torch.tensor(backend.robot.default_joint_pos, dtype=torch.float32).repeat(n, 1)
+    for _ in range(20):  # settle from the drop onto the ground
+        backend.step(targets)
+    raw = _Raw(backend, threads, steps)
+    layers: dict[str, Callable[[], None]] = {"raw": raw}
+
+    def run_backend() -> None:
+        for _ in range(steps):
+            backend.step(targets)
+    layers["backend"] = run_backend
+
+    env, env_note = None, ""
+    if with_env:
+        try:
+            env = _make_env(n, threads, tcfg)
+        except Exception as err:  # the env layer belongs to another team: report, do not crash
+            env_note = f"env unavailable: {type(err).__name__}: {err}"
+    if env is not None:
+        zeros = torch.zeros(n, env.num_actions)
+
+        def run_env() -> None:
+            for _ in range(steps):
+                env.step(zeros)
+        layers["env"] = run_env
+
+    samples: dict[str, list[float]] = {k: [] for k in layers}
+    for fn in layers.values():  # warm-up: thread pools, caches, first-call allocations
+        fn()
+    for _ in range(rounds):
+        for name, fn in layers.items():
+            samples[name].append(_timed(fn))
+    raw.close()
+    backend.close()
+    if env is not None:
+        env.close()
+    rate = {k: n * steps / statistics.median(v) for k, v in samples.items()}
+    # ratios from the same round (raw and the layer ran back to back), then the median over rounds
+    ratio = {k: statistics.median(r / t for r, t in zip(samples["raw"], v)) for k, v in samples.items()}
+    return {"rate": rate, "ratio": ratio, "note": env_note}
+
+
+def main(quick: bool = False, json_path: str | None = None) -> int:
+    torch.set_num_threads(1)
+    sizes = (16, 64, 256)
+    work = 1024 if quick else 4096          # env-steps x envs per timed call
+    rounds = 3 if quick else 7
+    table = Table("sim: policy steps/s (N envs x env steps per second), decimation 4",
+                  ["terrain", "envs", "threads", "raw mujoco", "backend", "env", "backend/raw", "env/raw"])
+    notes: list[str] = []
+    for terrain in ("flat", "mixed"):
+        for n in sizes:
+            for threads in (1, 2):
+                steps = max(4, work // n)
+                try:
+                    r = _measure(terrain, n, threads, steps, rounds, with_env=True)
+                except (ImportError, NotImplementedError) as err:
+                    notes.append(f"{terrain}: skipped ({type(err).__name__}: {err})")
+                    break
+                rate = r["rate"]
+                if r["note"] and r["note"] not in notes:
+                    notes.append(r["note"])
+                ratio = r["ratio"]
+                table.add(terrain, n, threads, rate["raw"], rate["backend"], rate.get("env", float("nan")),
+                          ratio["backend"], ratio.get("env", float("nan")))
+            else:
+                continue
+            break
+    for note in notes:
+        print(note)
+    report("sim", [table], json_path, extra={"notes": notes, "quick": quick})
+    return 0
