@@ -192,8 +192,9 @@ def _episode_row(features: Mapping[str, np.ndarray], info: Mapping[str, Any], st
 def _create_arrays(group, schema: StoreSchema) -> None:
     from zarr.codecs import BloscCodec, BloscShuffle
     for name, spec in schema.features.items():
-        # byte shuffle for floats/ints (zstd then sees aligned exponent bytes); bools and images as is
-        shuffle = BloscShuffle.shuffle if spec.dtype not in ("bool", "uint8") else BloscShuffle.noshuffle
+        # bit shuffle for multi-byte numbers (sign/exponent/high mantissa bits of smooth signals repeat);
+        # single-byte bools and pixels are left as they are
+        shuffle = BloscShuffle.bitshuffle if np.dtype(spec.dtype).itemsize > 1 else BloscShuffle.noshuffle
         group.create_array(array_path(name), shape=(0,) + spec.shape, dtype=spec.dtype,
                            chunks=(chunk_steps(spec.shape, spec.dtype),) + spec.shape,
                            compressors=BloscCodec(cname="zstd", clevel=3, shuffle=shuffle),

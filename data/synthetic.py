@@ -17,6 +17,17 @@ PROPRIO_FEATURES = ("base_lin_vel", "base_ang_vel", "projected_gravity", "comman
                     "joint_targets", "rewards", "terminated", "time_outs")
 
 
+def _smooth(rng: np.random.Generator, shape: tuple[int, ...], dt: float = 0.02) -> np.ndarray:
+    """Per entry a 0.5-3 Hz sinusoid of random amplitude and phase plus 1% noise: a 50 Hz sensor-like
+    signal, so compression sees realistic (not white-noise) data."""
+    length, rest = shape[0], shape[1:]
+    t = np.arange(length)[:, None] * dt
+    width = int(np.prod(rest, dtype=np.int64))
+    freq, phase, amp = rng.uniform(0.5, 3.0, width), rng.uniform(0, 2 * np.pi, width), rng.uniform(0.1, 2.0, width)
+    x = amp * np.sin(2 * np.pi * freq * t + phase) + 0.01 * rng.standard_normal((length, width))
+    return x.reshape(shape)
+
+
 def synthetic_episode(rng: np.random.Generator, length: int, success: bool,
                       features: Iterable[str] = PROPRIO_FEATURES) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
@@ -26,7 +37,7 @@ def synthetic_episode(rng: np.random.Generator, length: int, success: bool,
         if spec.dtype == "bool":
             out[name] = np.zeros(shape, dtype=bool)
         else:
-            out[name] = rng.normal(size=shape).astype(spec.dtype)
+            out[name] = _smooth(rng, shape).astype(spec.dtype)
     if "projected_gravity" in out:
         g = out["projected_gravity"] * 0.05 + np.array([0.0, 0.0, -1.0], dtype=np.float32)
         out["projected_gravity"] = (g / np.linalg.norm(g, axis=1, keepdims=True)).astype(np.float32)

@@ -239,3 +239,21 @@ def test_one_robot_and_rate_per_store(tmp_path, write_episodes):
     StagingWriter(store, "c5").write_episode(feats, {**info, "robot": "aliengo"})
     with pytest.raises(ValueError, match=r"c5-00000000\.episode: robot 'aliengo', the store holds 'go1'"):
         compact(store)
+
+
+def test_images_live_in_their_own_group(tmp_path, small_chunks):
+    store = tmp_path / "s"
+    rng = np.random.default_rng(1)
+    w = StagingWriter(store, "cam")
+    frames = []
+    for length in (5, 9):
+        f = rng.integers(0, 255, size=(length, 6, 8, 3), dtype=np.uint8)
+        frames.append(f)
+        w.write_episode({"images/front": f, "dof_pos": rng.normal(size=(length, 12)), "rewards": np.ones(length)},
+                        {"success": True, "robot": "go1"})
+    compact(store)
+    s = TrajectoryStore.open(store)
+    assert (store / "images" / "front" / "zarr.json").is_file() and "images/front" not in s.stats
+    np.testing.assert_array_equal(s.load(["images/front"])["images/front"], np.concatenate(frames))
+    assert s.schema.features["images/front"].shape == (6, 8, 3)
+    assert validate(store).ok, validate(store).text()
