@@ -88,10 +88,17 @@ class CommandManager:
         self.steps_to_resample[env_ids] = self.resample_steps
 
     # --- episode / step hooks --------------------------------------------------------------------------
-    def reset(self, env_ids: torch.Tensor) -> None:
-        """A new episode: unpin and draw."""
+    def reset(self, env_ids: torch.Tensor, root_quat_w: torch.Tensor | None = None) -> None:
+        """A new episode: unpin and draw; with the spawn orientation (k, 4) the first observation already
+        carries the heading-derived yaw command."""
         self.pinned[env_ids] = False
         self.resample(env_ids)
+        if root_quat_w is not None and self._uses_heading and self.command_sampler is None:
+            self.commands[env_ids, 2] = self._heading_yaw(env_ids, root_quat_w)
+
+    def _heading_yaw(self, env_ids, root_quat_w: torch.Tensor) -> torch.Tensor:
+        err = wrap_to_pi(self.heading[env_ids] - yaw_from_quat(root_quat_w))
+        return (self.cfg.heading_gain * err).clamp(*self._yaw_limits)
 
     def set_commands(self, env_ids: torch.Tensor, commands: torch.Tensor) -> None:
         """Fix these envs' commands until their episode ends (no resampling, no heading steering)."""
@@ -111,8 +118,7 @@ class CommandManager:
             if due.numel():
                 self.resample(due)
         if self._uses_heading and self.command_sampler is None:
-            err = wrap_to_pi(self.heading - yaw_from_quat(root_quat_w))
-            yaw = (self.cfg.heading_gain * err).clamp(*self._yaw_limits)
+            yaw = self._heading_yaw(slice(None), root_quat_w)
             self.commands[:, 2] = torch.where(self.pinned, self.commands[:, 2], yaw)
 
 

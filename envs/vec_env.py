@@ -178,7 +178,7 @@ class LeggedEnv(VecEnv):
         q = self.default_joint_pos * (lo + (hi - lo) * u(k, NUM_JOINTS))
         self.backend.reset(env_ids, pos, quat, lin_vel, ang_vel, q, torch.zeros(k, NUM_JOINTS, device=dev))
 
-        self.task.reset(env_ids, pos)
+        self.task.reset(env_ids, pos, quat)
         self.latency.reset(env_ids)
         self.actions[env_ids] = 0.0
         self.last_actions[env_ids] = 0.0

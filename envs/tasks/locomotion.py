@@ -62,8 +62,8 @@ class LocomotionTask:
                         actions=actions, last_actions=last_actions, gait_time=self.gait_time,
                         env_params=env_params, terrain_height=terrain_height, flat=flat)
 
-    def reset(self, env_ids: torch.Tensor, root_pos_w: torch.Tensor) -> None:
-        self.commands.reset(env_ids)
+    def reset(self, env_ids: torch.Tensor, root_pos_w: torch.Tensor, root_quat_w: torch.Tensor) -> None:
+        self.commands.reset(env_ids, root_quat_w)
         self.gait_time[env_ids] = 0.0
         self.air.reset(env_ids)
         self.ep_steps[env_ids] = 0

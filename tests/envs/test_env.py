@@ -139,6 +139,9 @@ def test_joystick_defaults_heading_and_small_commands_zeroed():
     xy = c[:, :2].norm(dim=1)
     assert ((xy == 0) | (xy >= 0.2)).all()
     assert (c[:, 4] == 3.0).all() and (c[:, 5] == 0.5).all()   # default trot fills entries 3..
+    # heading mode: the first command already steers towards the drawn heading (spawn yaw 0)
+    h = env.task.commands.heading
+    torch.testing.assert_close(c[:, 2], (0.5 * h).clamp(-1, 1))
     env.step(torch.zeros(64, 12))
     assert (env.commands[:, 2].abs() <= 1.0).all()             # heading error -> clipped yaw command
     env.close()
