@@ -1,0 +1,109 @@
+"""`quadforge train-expert`: presets, overrides, a real (tiny) OnPolicyRunner run with checkpoints that
+load back as Policies acting exactly like the trained actor, resume, determinism and CLI errors."""
+import pytest
+import torch
+from tensordict import TensorDict
+
+from envs.config import EnvConfig
+from envs.layout import LEGGED_GYM_48
+from experts.loaders import load_expert
+from experts.policy import check_policy
+from experts.ppo import (PRESETS, TrainExpertConfig, apply_env_overrides, apply_preset_overrides,
+                         latest_checkpoint, parse_overrides, rsl_rl_train_cfg, train)
+from tools.cli import main
+
+torch.set_num_threads(1)
+TINY = {"num_steps_per_env": 4, "actor_hidden_dims": [16], "critic_hidden_dims": [16], "save_interval": 1,
+        "num_learning_epochs": 1, "num_mini_batches": 2, "env.episode_length_s": 0.1}
+
+
+def _train(out, iterations=2, resume=None, seed=0, **extra):
+    cfg = TrainExpertConfig(out=str(out), num_envs=4, iterations=iterations, resume=resume, seed=seed,
+                            overrides={**TINY, **extra})
+    return train(cfg)
+
+
+def test_legged_gym_preset_is_the_papers_ppo():
+    cfg = rsl_rl_train_cfg(PRESETS["legged_gym"])
+    alg = cfg["algorithm"]
+    assert cfg["actor"]["hidden_dims"] == [512, 256, 128] == cfg["critic"]["hidden_dims"]
+    assert cfg["actor"]["activation"] == "elu" and cfg["num_steps_per_env"] == 24
+    assert (alg["learning_rate"], alg["schedule"], alg["desired_kl"]) == (1e-3, "adaptive", 0.01)
+    assert (alg["num_learning_epochs"], alg["num_mini_batches"], alg["clip_param"]) == (5, 4, 0.2)
+    assert (alg["gamma"], alg["lam"], alg["entropy_coef"]) == (0.99, 0.95, 0.01)
+    assert cfg["obs_groups"] == {"actor": ["policy"], "critic": ["critic"]}
+    assert PRESETS["cpu"].num_envs < PRESETS["legged_gym"].num_envs
+
+
+def test_overrides_parse_and_validate():
+    ov = parse_overrides(["learning_rate=3e-4", "actor_hidden_dims=[64, 32]", "activation=relu",
+                          "env.commands.ranges.lin_vel_x=(0.0, 1.0)", "env.randomization.push_robots=False"])
+    p = apply_preset_overrides(PRESETS["cpu"], ov)
+    assert p.learning_rate == 3e-4 and p.actor_hidden_dims == (64, 32) and p.activation == "relu"
+    env_cfg = EnvConfig.flat()
+    apply_env_overrides(env_cfg, ov)
+    assert env_cfg.commands.ranges["lin_vel_x"] == (0.0, 1.0) and env_cfg.randomization.push_robots is False
+    with pytest.raises(ValueError, match="override 'lr' is unknown; allowed"):
+        apply_preset_overrides(PRESETS["cpu"], {"lr": 1.0})
+    with pytest.raises(ValueError, match=r"no field env\.comands"):
+        apply_env_overrides(EnvConfig.flat(), {"env.comands.mode": "gait"})
+    with pytest.raises(ValueError, match="gamma=1.5 is invalid"):
+        apply_preset_overrides(PRESETS["cpu"], {"gamma": 1.5})
+    with pytest.raises(ValueError, match="key=value"):
+        parse_overrides(["learning_rate"])
+
+
+def test_train_checkpoint_loads_as_the_trained_actor(tmp_path):
+    last = _train(tmp_path / "run", iterations=2)
+    assert last.name == "model_1.pt" and (tmp_path / "run" / "model_0.pt").is_file()
+    assert list((tmp_path / "run").glob("events.out.tfevents.*")), "no TensorBoard log"
+    ckpt = torch.load(last, weights_only=True)
+    meta = ckpt["infos"]["quadforge"]
+    assert meta["robot"] == "go1" and meta["policy_layout"]["name"] == "legged_gym_48"
+    assert meta["critic_layout"] == "legged_gym_235" and ckpt["iter"] == 1
+
+    policy = check_policy(load_expert(last, num_envs=4))
+    assert policy.layout.name == "legged_gym_48"
+    # the wrapper's observation from raw terms is the env's noise-free policy observation
+    from envs.vec_env import LeggedEnv
+    cfg = EnvConfig.flat(num_envs=4, seed=3)
+    cfg.backend.num_threads = 1
+    cfg.observations.add_noise = False
+    env = LeggedEnv(cfg)
+    try:
+        env.step(0.3 * torch.randn(4, 12, generator=torch.Generator().manual_seed(0)))
+        obs = env.get_observations()["policy"]
+        torch.testing.assert_close(policy.observation(env.terms), obs)
+        # and its actions are the trained actor's deterministic output on it
+        from rsl_rl.models import MLPModel
+        actor = MLPModel(TensorDict({"policy": obs}, batch_size=[4]), {"actor": ["policy"]}, "actor", 12,
+                         hidden_dims=[16], distribution_cfg={"class_name": "rsl_rl.modules.GaussianDistribution"})
+        actor.load_state_dict(ckpt["actor_state_dict"])
+        with torch.no_grad():
+            torch.testing.assert_close(policy.act(env.terms), actor(TensorDict({"policy": obs}, batch_size=[4])))
+    finally:
+        env.close()
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path):
+    first = _train(tmp_path / "a", iterations=2)
+    resumed = _train(tmp_path / "b", iterations=2, resume=str(first))
+    ckpt = torch.load(resumed, weights_only=True)
+    assert ckpt["iter"] == 2 and resumed.name == "model_2.pt"  # rsl_rl re-runs the loaded iteration index
+    assert latest_checkpoint(tmp_path / "b") == resumed
+
+
+def test_same_seed_same_weights(tmp_path):
+    a = torch.load(_train(tmp_path / "a", iterations=1, seed=5), weights_only=True)["actor_state_dict"]
+    b = torch.load(_train(tmp_path / "b", iterations=1, seed=5), weights_only=True)["actor_state_dict"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k])
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert main(["train-expert", "--out", str(tmp_path), "--preset", "gpu"]) == 2
+    assert "--preset='gpu' is invalid; allowed: ['cpu', 'legged_gym']" in capsys.readouterr().err
+    assert main(["train-expert", "--out", str(tmp_path), "--resume", str(tmp_path / "none.pt")]) == 2
+    assert "no such checkpoint file" in capsys.readouterr().err
+    assert main(["train-expert", "--out", str(tmp_path), "--terrain", "lava"]) == 2
+    assert "unknown terrain types ['lava']" in capsys.readouterr().err
