@@ -257,3 +257,15 @@ def test_images_live_in_their_own_group(tmp_path, small_chunks):
     np.testing.assert_array_equal(s.load(["images/front"])["images/front"], np.concatenate(frames))
     assert s.schema.features["images/front"].shape == (6, 8, 3)
     assert validate(store).ok, validate(store).text()
+
+
+def test_truncated_array_is_a_clear_error(tmp_path, write_episodes):
+    store = tmp_path / "s"
+    write_episodes(store, n=2)
+    compact(store)
+    import zarr
+    arr = zarr.open_group(str(store), mode="a", zarr_format=3)["data/dof_pos"]
+    arr.resize((3, 12))
+    with pytest.raises(ValueError, match=r"data/dof_pos: truncated: 3 steps on disk, the manifest says"):
+        TrajectoryStore.open(store)
+    assert any("data/dof_pos: 3 rows on disk" in p for p in validate(store).problems)
