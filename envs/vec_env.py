@@ -115,7 +115,10 @@ class LeggedEnv(VecEnv):
             log.update(self._episode_log(done_ids, info))
             if self.cfg.curriculum:
                 self.terrain.update_curriculum(done_ids, info["distance"], info["commanded_distance"])
+            applied_targets = self.joint_targets[done_ids].clone()
             self.reset_envs(done_ids)
+            # the contract: joint_targets are the targets applied at this step, done envs included
+            self.joint_targets[done_ids] = applied_targets
             log.update(self.terrain.log())
         self.pushes.maybe_push(self.backend, self.common_step_counter)
 
