@@ -117,21 +117,36 @@ def build_env(cfg: CollectConfig, seed: int) -> Any:
 
 
 def build_policy(cfg: CollectConfig, env: Any) -> Any:
+    """The gait expert, or a checkpoint: outside/PPO experts through ``experts.loaders``, models trained
+    here through ``training.deploy``; a policy emitting high-level commands runs over the gait expert."""
+    from experts.gait import GaitController
     if cfg.policy == "gait":
-        from experts.gait import GaitController
         return GaitController(env.robot, env.num_envs, env.dt, device=str(env.device))
+    policy = load_checkpoint_policy(cfg.policy, cfg.robot, env.num_envs, str(env.device))
+    if policy.action_space == "command":
+        try:
+            from experts.hierarchical import HierarchicalPolicy
+        except ImportError:
+            raise NotImplementedError(f"--policy {cfg.policy!r} emits high-level commands; running it needs "
+                                      "experts.hierarchical.HierarchicalPolicy (team gait), which does not "
+                                      "exist yet") from None
+        policy = HierarchicalPolicy(policy, GaitController(env.robot, env.num_envs, env.dt, device=str(env.device)))
+    return policy
+
+
+def load_checkpoint_policy(path: str, robot: str, num_envs: int, device: str) -> Any:
+    try:
+        from experts.loaders import detect_kind, load_expert
+    except ImportError:
+        detect_kind = load_expert = None
+    if detect_kind is not None and detect_kind(Path(path)) != "quadforge":
+        return load_expert(path, robot=robot, num_envs=num_envs, device=device)
     try:
         from training.deploy import load_policy
     except ImportError:
-        load_policy = None
-    if load_policy is not None:
-        return load_policy(cfg.policy, env.num_envs, str(env.device))
-    try:
-        from experts.loaders import load_policy as load_expert
-    except ImportError:
-        raise NotImplementedError(f"--policy {cfg.policy!r}: loading checkpoints needs training.deploy or "
+        raise NotImplementedError(f"--policy {path!r}: loading checkpoints needs training.deploy or "
                                   "experts.loaders, and neither exists yet; use --policy gait") from None
-    return load_expert(cfg.policy, num_envs=env.num_envs, device=str(env.device))
+    return load_policy(path, num_envs, device)
 
 
 def store_count(out: str) -> int:

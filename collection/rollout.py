@@ -235,6 +235,9 @@ class Rollout:
         info: dict[str, Any] = dict(self.info_extra)
         for key, value in extras.get("episode", {}).items():
             info[key] = value[i].item() if isinstance(value, torch.Tensor) else value[i]
+        if "length" in info and int(info["length"]) != length:
+            raise RuntimeError(f"env {i}: the env counts {int(info['length'])} steps in the episode, the rollout "
+                               f"recorded {length}; was the env stepped outside the rollout?")
         info["termination_reason"] = termination_name(info.get("termination_reason", "none"))
         terrain_types = tuple(getattr(self.env, "terrain_types", ()) or ())
         if "terrain_type" in info and terrain_types:

@@ -70,3 +70,22 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys, args, match):
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "s").exists()
+
+
+def test_collects_with_a_trained_checkpoint(tmp_path, capsys):
+    pytest.importorskip("training.deploy")
+    from envs.layout import PROPRIO
+    from training.checkpoint import Checkpoint, save_checkpoint
+    from training.models import build_model
+
+    torch.manual_seed(0)
+    config = {"obs_dim": PROPRIO.dim, "action_dim": 12, "context": 4, "hidden": 16, "num_layers": 1,
+              "decoder_hidden": 16}
+    model = build_model("mlp", **config)
+    ckpt = save_checkpoint(tmp_path / "mlp.pt", Checkpoint(model_name="mlp", model_config=config,
+                                                           state_dict=model.state_dict(), layout=PROPRIO.to_dict()))
+    out = tmp_path / "store"
+    summary = collect(capsys, out, 2, "--policy", str(ckpt))
+    assert summary["in_store"] == 2
+    table = TrajectoryStore.open(out).episodes
+    assert all(p.startswith("mlp") for p in table["policy_id"])

@@ -133,3 +133,39 @@ def test_gait_names_come_from_phase_offset_bound():
     assert gait_name(cmd) == "trot"
     cmd[5] = 0.3
     assert gait_name(cmd) == "custom"
+
+
+def test_real_env_episodes_line_up_with_the_env_own_accounting():
+    pytest.importorskip("experts.gait")
+    from envs.config import EnvConfig
+    from envs.vec_env import LeggedEnv
+    from experts.gait import GaitController
+
+    torch.set_num_threads(1)
+    cfg = EnvConfig.flat(num_envs=3, seed=1)
+    cfg.backend.num_threads = 1
+    cfg.episode_length_s = 0.3
+    cfg.commands.resample = False
+    cfg.randomization.action_latency_steps = (0, 0)  # so the targets follow this step's action exactly
+    env = LeggedEnv(cfg)
+    sampler = SkillCommandSampler(parse_skills("walking=1,turning=1"), 3, seed=2)
+    rollout = Rollout(env, GaitController(env.robot, 3, env.dt), skills=sampler)
+    episodes = list(rollout.episodes(max_episodes=6))
+    assert len(episodes) == 6
+    for ep in episodes:
+        L = ep.length
+        assert 1 <= L <= env.max_episode_length
+        assert set(ep.features) >= set(env.terms) | {"actions", "joint_targets", "rewards", "terminated", "time_outs"}
+        assert all(len(v) == L for v in ep.features.values())
+        assert ep.info["return"] == pytest.approx(float(ep.features["rewards"].sum()), rel=1e-4, abs=1e-5)
+        # the commands term holds the skill's command through the whole episode
+        cmds = ep.features["commands"]
+        assert np.allclose(cmds, cmds[0])
+        assert (np.abs(cmds[0, 2]) >= 0.5) == (ep.info["task"] == "turning")
+        assert ep.features["time_outs"][-1] == (ep.info["termination_reason"] == "time_out")
+        assert ep.features["time_outs"][-1] != ep.features["terminated"][-1]
+        if ep.info["termination_reason"] == "time_out":
+            assert L == env.max_episode_length
+        # joint targets are the env's PD targets for the applied action
+        q = np.asarray(env.robot.default_joint_pos) + env.robot.action_scale * np.clip(ep.features["actions"], -100, 100)
+        assert np.allclose(ep.features["joint_targets"], q, atol=1e-5)
