@@ -29,13 +29,17 @@ def test_exactly_k_experts_and_gates_sum_to_one():
 
 
 @pytest.mark.parametrize("train", [False, True])
-def test_output_equals_dense_weighted_sum_of_selected_experts(train):
+@pytest.mark.parametrize("tokens", [1, 2, 20])   # <= E (token, slot) pairs take the gathered path
+def test_output_equals_dense_weighted_sum_of_selected_experts(train, tokens):
     m = _moe(num_experts=4, top_k=2).train(train)
-    x = torch.randn(20, 8)
+    x = torch.randn(tokens, 8)
     torch.manual_seed(1)
     out = m(x)
     every = torch.stack([m.expert_forward(x, e) for e in range(4)], dim=1)   # (T, E, D)
     picked = every.gather(1, out.expert_index[:, :, None].expand(-1, -1, 8))  # (T, k, D)
+    if train:
+        out.y.sum().backward()   # both dispatch paths keep every expert in the graph (DDP)
+        assert m.w1.grad is not None and m.w2.grad is not None
     expected = (picked * out.gates[:, :, None]).sum(1)
     torch.testing.assert_close(out.y, expected, rtol=1e-5, atol=1e-6)
 
@@ -48,6 +52,13 @@ def test_gates_are_softmax_over_clean_topk_logits_in_eval():
     top = logits.topk(3, dim=-1)
     assert torch.equal(out.expert_index, top.indices)
     torch.testing.assert_close(out.gates, torch.softmax(top.values, -1))
+
+
+def test_router_losses_only_in_training():
+    m = _moe()
+    x = torch.randn(64, 8)
+    assert float(m.eval()(x).aux_loss) == 0.0
+    assert float(m.train()(x).aux_loss.detach()) > 0.0
 
 
 def test_no_noise_in_eval_mode_noise_in_training():

@@ -133,21 +133,25 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(d_model, d_model)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, key_valid: torch.Tensor,
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor,
                 past: KVCache | None) -> tuple[torch.Tensor, KVCache]:
-        """x (B, L, D) new tokens; key_valid (B, S) over past + new keys; returns (B, L, D) and the cache."""
+        """x (B, L, D) new tokens; allowed (B, 1, L, S) over past + new keys -> (B, L, D) and the cache."""
         b, l, d = x.shape
         q, k, v = self.qkv(x).view(b, l, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)  # each (B, h, L, hd)
         if past is not None:
             k, v = torch.cat([past.k, k], dim=2), torch.cat([past.v, v], dim=2)
-        s = k.shape[2]
-        q_pos = torch.arange(s - l, s, device=x.device)[:, None]               # (L, 1)
-        k_pos = torch.arange(s, device=x.device)[None, :]                       # (1, S)
-        # causal, skip padded keys, but a token always sees itself (a padded query must not be all -inf)
-        allowed = (k_pos <= q_pos) & key_valid[:, None, None, :] | (k_pos == q_pos)  # (B, 1, L, S)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(b, l, d)), KVCache(k, v)
+
+
+def attention_mask(key_valid: torch.Tensor, num_new: int) -> torch.Tensor:
+    """(B, 1, L, S) mask for the last L=num_new of S=key_valid.shape[1] positions: causal, padded keys
+    skipped, but a token always sees itself (a padded query must not be all -inf)."""
+    s = key_valid.shape[1]
+    q_pos = torch.arange(s - num_new, s, device=key_valid.device)[:, None]   # (L, 1)
+    k_pos = torch.arange(s, device=key_valid.device)[None, :]                 # (1, S)
+    return (k_pos <= q_pos) & key_valid[:, None, None, :] | (k_pos == q_pos)
 
 
 class Block(nn.Module):
@@ -157,9 +161,9 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg.d_model, cfg.num_heads, cfg.dropout)
         self.ffn = SparseMoE(cfg.moe_config()) if cfg.moe else DenseFFN(cfg.d_model, cfg.ffn_hidden, cfg.dropout)
 
-    def forward(self, x: torch.Tensor, key_valid: torch.Tensor,
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor,
                 past: KVCache | None) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
-        a, cache = self.attn(self.ln1(x), key_valid, past)
+        a, cache = self.attn(self.ln1(x), allowed, past)
         x = x + a
         f = self.ffn(self.ln2(x))
         return x + f.y, f.aux_loss, cache
@@ -219,8 +223,9 @@ class GeRM(nn.Module):
              caches: list[KVCache] | None) -> tuple[torch.Tensor, torch.Tensor, list[KVCache]]:
         aux = x.new_zeros(())
         new = []
+        allowed = attention_mask(key_valid, x.shape[1])     # built once, shared by every layer
         for i, block in enumerate(self.blocks):
-            x, a, c = block(x, key_valid, caches[i] if caches is not None else None)
+            x, a, c = block(x, allowed, caches[i] if caches is not None else None)
             aux = aux + a
             new.append(c)
         return x, aux, new
