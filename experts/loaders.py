@@ -234,7 +234,10 @@ def load_rsl_rl(path: Path, layout: str | ObsLayout | None, robot: str, num_envs
     _check_dims(source, lay, actor.in_dim, actor.out_dim)
     if meta is not None:  # trained here: our joint order and the recorded action scale
         order, scale = joint_order or LEGS, source_action_scale or float(meta.get("action_scale", SOURCE_ACTION_SCALE))
-        robot = robot if robot is not None else meta.get("robot", "go1")
+        trained_robot = meta.get("robot", "go1")
+        if robot is not None and robot != trained_robot:
+            raise ValueError(f"{source}: the expert was trained on robot {trained_robot!r}, got robot {robot!r}")
+        robot = trained_robot
     else:
         order, scale = joint_order or ISAAC_GYM_LEGS, source_action_scale or SOURCE_ACTION_SCALE
     gen = "v5" if prefix == "mlp." else "v1"

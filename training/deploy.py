@@ -83,6 +83,14 @@ def _policy_id(path: Path, ckpt: Checkpoint) -> str:
 def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "cpu"):
     """A Policy for any trained checkpoint file (or run directory: its last.pt)."""
     path = Path(path)
+    # Expert checkpoints (rsl_rl PPO, TorchScript, walk-these-ways) load through experts.loaders.
+    from experts.loaders import detect_kind, load_expert
+    try:
+        kind = detect_kind(path)
+    except (ValueError, FileNotFoundError):
+        kind = "quadforge"  # load_checkpoint below reports what is wrong with it
+    if kind != "quadforge":
+        return load_expert(path, num_envs=num_envs, device=str(device))
     if path.is_dir():
         path = latest_checkpoint(path)
     ckpt = load_checkpoint(path)

@@ -259,3 +259,21 @@ def test_load_policy_routes_experts_and_refuses_trained_models_in_load_expert(tm
     assert detect_kind(tmp_path / "q.pt") == "quadforge"
     with pytest.raises(ValueError, match="training.deploy.load_policy"):
         load_expert(tmp_path / "q.pt", num_envs=N)
+
+
+def test_training_deploy_routes_expert_checkpoints_here(tmp_path):
+    from training.deploy import load_policy as deploy_load_policy
+    actor = _mlp([48, 16, 12])
+    _save_v1(tmp_path / "m.pt", actor, _mlp([48, 16, 1]))
+    policy = deploy_load_policy(tmp_path / "m.pt", num_envs=N)
+    terms = _terms(7)
+    with torch.no_grad():
+        torch.testing.assert_close(policy.act(terms), actor(LEGGED_GYM_48.build(_isaac(terms)))[:, ISAAC])
+
+
+def test_robot_mismatch_with_a_checkpoint_trained_here(tmp_path):
+    actor = _rsl_rl5_actor(normalization=False)
+    meta = {"robot": "go1", "policy_layout": LEGGED_GYM_48.to_dict(), "action_scale": 0.25}
+    torch.save({"actor_state_dict": actor.state_dict(), "infos": {"quadforge": meta}}, tmp_path / "m.pt")
+    with pytest.raises(ValueError, match="trained on robot 'go1', got robot 'aliengo'"):
+        load_expert(tmp_path / "m.pt", robot="aliengo", num_envs=N)

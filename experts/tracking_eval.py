@@ -1,0 +1,120 @@
+"""Velocity tracking and fall rate of an expert per terrain type: the measurement behind MODEL_CARD.md.
+
+``python -m experts.tracking_eval --policy PATH|gait [--level L] [--envs-per-type K] [--json OUT]``
+
+One ``LeggedEnv`` with a plane row (``flat`` plane) or a tile grid of every terrain type, the curriculum
+off and every env pinned to (level L, a column of its type); the policy runs through
+``collection.rollout.Rollout`` (the loop collection and evaluation share) for one episode length, and
+each env's *first* episode is scored (taking later ones would over-count early failures, which restart
+sooner). Commands come from the training distribution (joystick, heading mode, legged_gym ranges);
+physics randomization is on as in training. Per terrain: the env's episode numbers ``lin_vel_error``
+(mean |v_xy - cmd_xy|, m/s), ``lin_vel_x_error``, ``ang_vel_error`` (rad/s), the fall rate (episodes ended
+by ``fall``, ``base_collision`` or ``non_finite``), mean length and distance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FAILURES = ("fall", "base_collision", "non_finite")
+
+
+def _policy(spec: str, env: Any):
+    if spec == "gait":
+        from experts.gait import GaitController
+        return GaitController(env.robot, env.num_envs, env.dt, device=str(env.device))
+    from experts.loaders import load_policy
+    return load_policy(spec, num_envs=env.num_envs, device=str(env.device))
+
+
+def _env(terrain: str, num_envs: int, robot: str, seed: int, episode_s: float, num_threads: int):
+    from envs.config import EnvConfig
+    from envs.terrain import TERRAIN_TYPES, TerrainConfig
+    from envs.vec_env import LeggedEnv
+
+    cfg = EnvConfig.flat(robot=robot, num_envs=num_envs, seed=seed)
+    cfg.terrain = None if terrain == "plane" else TerrainConfig.of_types(list(TERRAIN_TYPES), num_cols=len(TERRAIN_TYPES))
+    cfg.curriculum = False
+    cfg.episode_length_s = episode_s
+    cfg.backend.num_threads = num_threads
+    return LeggedEnv(cfg)
+
+
+def _first_episodes(env: Any, policy: Any) -> list[dict[str, Any]]:
+    from collection.rollout import Rollout, RolloutConfig
+
+    rollout = Rollout(env, policy, RolloutConfig(record=False))
+    first: dict[int, dict[str, Any]] = {}
+    for ep in rollout.episodes(max_steps=int(env.max_episode_length)):
+        first.setdefault(ep.info["env_id"], ep.info)
+    return [first[i] for i in sorted(first)]
+
+
+def _summary(infos: list[dict[str, Any]], dt: float) -> dict[str, float]:
+    mean = lambda k: float(np.mean([float(i[k]) for i in infos]))  # noqa: E731
+    return {"episodes": len(infos), "lin_vel_error": mean("lin_vel_error"), "lin_vel_x_error": mean("lin_vel_x_error"),
+            "ang_vel_error": mean("ang_vel_error"),
+            "fall_rate": float(np.mean([i["termination_reason"] in FAILURES for i in infos])),
+            "mean_length_s": mean("length") * dt, "mean_distance_m": mean("distance")}
+
+
+def evaluate(policy_spec: str, robot: str = "go1", level: int = 0, envs_per_type: int = 16, seed: int = 0,
+             episode_s: float = 10.0, num_threads: int = 1) -> dict[str, dict[str, float]]:
+    """{terrain: summary}: "plane" plus every terrain type at ``level``."""
+    from envs.terrain import TERRAIN_TYPES
+
+    results: dict[str, dict[str, float]] = {}
+    env = _env("plane", envs_per_type, robot, seed, episode_s, num_threads)
+    try:
+        results["plane"] = _summary(_first_episodes(env, _policy(policy_spec, env)), env.dt)
+    finally:
+        env.close()
+    n = envs_per_type * len(TERRAIN_TYPES)
+    env = _env("grid", n, robot, seed, episode_s, num_threads)
+    try:
+        col_types = env.terrain.col_type_idx.cpu()
+        type_of_env = torch.arange(n) // envs_per_type           # env i runs type i // k
+        cols = torch.stack([(col_types == env.terrain_types.index(TERRAIN_TYPES[t])).nonzero()[0, 0]
+                            for t in type_of_env.tolist()])
+        env.set_terrain_levels(torch.arange(n), torch.full((n,), level), cols)
+        infos = _first_episodes(env, _policy(policy_spec, env))
+        for t, name in enumerate(TERRAIN_TYPES):
+            results[name] = _summary([i for i in infos if i["env_id"] // envs_per_type == t], env.dt)
+    finally:
+        env.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policy", required=True, help="an expert checkpoint (see experts.loaders) or 'gait'")
+    p.add_argument("--robot", default="go1")
+    p.add_argument("--level", type=int, default=0, help="terrain difficulty level (0 easiest)")
+    p.add_argument("--envs-per-type", type=int, default=16)
+    p.add_argument("--episode-s", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    from tools.bench.common import Table
+    t0 = time.time()
+    res = evaluate(args.policy, args.robot, args.level, args.envs_per_type, args.seed, args.episode_s)
+    table = Table(f"{args.policy} on {args.robot}, level {args.level}", ["terrain"] + list(next(iter(res.values()))))
+    for name, row in res.items():
+        table.add(name, *row.values())
+    print(table.markdown())
+    print(f"\n({time.time() - t0:.0f} s wall)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"policy": args.policy, "args": vars(args), "results": res}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
