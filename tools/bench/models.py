@@ -45,8 +45,8 @@ def _build(name: str, obs_dim: int, context: int, layers: int, hidden: int) -> S
 
 
 def matched(name: str, target: int, obs_dim: int, context: int, layers: int) -> SequenceModel:
-    """The model whose parameter count is closest to ``target`` (hidden in steps of 8)."""
-    best, best_gap, hidden = None, None, 8
+    """The model whose parameter count is closest to ``target`` (hidden in steps of 4)."""
+    best, best_gap, hidden = None, None, 4
     while hidden <= 2048:
         model = _build(name, obs_dim, context, layers, hidden)
         gap = abs(model.num_parameters() - target)
@@ -54,7 +54,7 @@ def matched(name: str, target: int, obs_dim: int, context: int, layers: int) -> 
             best, best_gap = model, gap
         elif model.num_parameters() > target:
             break
-        hidden += 8
+        hidden += 4
     return best
 
 
