@@ -114,9 +114,9 @@ class CommandManager:
         # A command_sampler defines what an episode is asked to do (a skill): it draws only at reset.
         if self.cfg.resample and self.command_sampler is None:
             self.steps_to_resample -= 1
-            due = ((self.steps_to_resample <= 0) & ~self.pinned).nonzero(as_tuple=False).flatten()
-            if due.numel():
-                self.resample(due)
+            due = (self.steps_to_resample <= 0) & ~self.pinned
+            if bool(due.any()):  # rare: pay for nonzero only then
+                self.resample(due.nonzero(as_tuple=False).flatten())
         if self._uses_heading and self.command_sampler is None:
             yaw = self._heading_yaw(slice(None), root_quat_w)
             self.commands[:, 2] = torch.where(self.pinned, self.commands[:, 2], yaw)

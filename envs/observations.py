@@ -134,11 +134,11 @@ class CompiledLayout:
     def __init__(self, layout, noise: Mapping[str, float] | None = None, level: float = 1.0,
                  device: torch.device | str = "cpu"):
         self.layout = layout
-        self.parts: list[tuple[str, list[int] | None]] = []
+        self.parts: list[tuple[str, slice | list[int] | None]] = []
         offset, scale, lo, hi, amp = [], [], [], [], []
         for t in layout.terms:
             d = t.dim
-            self.parts.append((t.name, list(t.index) if t.index is not None else None))
+            self.parts.append((t.name, _as_slice(t.index)))
             s = torch.as_tensor(t.scale, dtype=torch.float32).expand(d)
             offset.append(torch.full((d,), float(t.offset)))
             scale.append(s)
@@ -152,12 +152,25 @@ class CompiledLayout:
             hi = [x.clamp(max=layout.clip) for x in hi]
         cat = lambda xs: torch.cat(xs).to(device)  # noqa: E731
         self.offset, self.scale, self.lo, self.hi, self.noise = map(cat, (offset, scale, lo, hi, amp))
+        self.has_offset = bool((self.offset != 0).any())
         self.has_noise = bool((self.noise > 0).any())
+        self.noise2 = 2 * self.noise
+        self.has_clip = bool(torch.isfinite(self.lo).any() or torch.isfinite(self.hi).any())
 
     def build(self, terms: Mapping[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
         x = torch.cat([terms[n] if idx is None else terms[n][:, idx] for n, idx in self.parts], dim=1)
-        y = (x + self.offset) * self.scale
+        # ((x + offset) + U(-a, a)) * scale, written to touch the (N, D) block as few times as possible
+        y = (x + self.offset) * self.scale if self.has_offset else x * self.scale
         if self.has_noise and generator is not None:
             u = torch.rand(y.shape, generator=generator, device=y.device)
-            y = y + (2 * u - 1) * self.noise
-        return torch.clamp(y, self.lo, self.hi)
+            y = torch.addcmul(y - self.noise, u, self.noise2)
+        return torch.clamp(y, self.lo, self.hi) if self.has_clip else y
+
+
+def _as_slice(index: tuple[int, ...] | None) -> slice | list[int] | None:
+    """A contiguous index as a slice (a view, no gather)."""
+    if index is None:
+        return None
+    if list(index) == list(range(index[0], index[0] + len(index))):
+        return slice(index[0], index[0] + len(index))
+    return list(index)

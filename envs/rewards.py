@@ -41,12 +41,12 @@ def _sq(x: torch.Tensor) -> torch.Tensor:
 
 def tracking_lin_vel(v: RewardView) -> torch.Tensor:
     err = _sq(v.task.commands[:, :2] - v.task.state.root_lin_vel_b[:, :2])
-    return torch.exp(-err / v.tracking_sigma)
+    return torch.exp(err * (-1.0 / v.tracking_sigma))
 
 
 def tracking_ang_vel(v: RewardView) -> torch.Tensor:
     err = torch.square(v.task.commands[:, 2] - v.task.state.root_ang_vel_b[:, 2])
-    return torch.exp(-err / v.tracking_sigma)
+    return torch.exp(err * (-1.0 / v.tracking_sigma))
 
 
 def lin_vel_z(v: RewardView) -> torch.Tensor:

@@ -33,12 +33,11 @@ class Terminations:
     def compute(self, state: RobotState, base_height: torch.Tensor, non_finite: torch.Tensor,
                 time_out: torch.Tensor) -> torch.Tensor:
         """(N,) int64 reason codes (0 = none)."""
-        reason = torch.zeros(state.root_pos_w.shape[0], dtype=torch.long, device=state.root_pos_w.device)
-        reason[time_out] = TIME_OUT
+        # later codes override earlier ones (priority); torch.where keeps it free of host syncs
+        reason = time_out.long()  # TIME_OUT == 1
         fall = (state.projected_gravity_b[:, 2] > self.cfg.max_gravity_z) | (base_height < self.min_height)
-        reason[fall] = FALL
+        reason = torch.where(fall, FALL, reason)
         if self.contact_idx.numel():
             f = torch.norm(state.contact_forces[:, self.contact_idx, :], dim=-1)
-            reason[torch.any(f > self.cfg.contact_force, dim=1)] = BASE_COLLISION
-        reason[non_finite] = NON_FINITE
-        return reason
+            reason = torch.where(torch.any(f > self.cfg.contact_force, dim=1), BASE_COLLISION, reason)
+        return torch.where(non_finite, NON_FINITE, reason)
