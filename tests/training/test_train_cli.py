@@ -70,3 +70,27 @@ def test_train_command_on_a_real_store(tmp_path, capsys):
     assert "unknown observation layout 'bogus'" in capsys.readouterr().err
     assert main(["train", "--model", "mlp", "--data", str(store), "--out", str(out), "bogus=1"]) == 2
     assert "has no field 'bogus'" in capsys.readouterr().err
+
+
+def test_germ_models_are_dispatched_to_qlearning(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    import torch
+    from torch import nn
+
+    from envs.layout import get_layout
+    from training.checkpoint import Checkpoint, save_checkpoint
+    from training.deploy import load_policy
+
+    seen = {}
+    fake = types.ModuleType("training.qlearning")
+    fake.run_from_args = lambda args: seen.setdefault("train", args.model) and 0
+    fake.load_policy = lambda path, num_envs, device: ("germ-policy", num_envs)
+    monkeypatch.setitem(sys.modules, "training.qlearning", fake)
+    assert main(["train", "--model", "germ_small", "--data", "x", "--out", str(tmp_path)]) == 0
+    assert seen["train"] == "germ_small"
+    ck = Checkpoint(model_name="germ", model_config={}, state_dict=nn.Linear(1, 1).state_dict(),
+                    layout=get_layout("proprio").to_dict())
+    path = save_checkpoint(tmp_path / "germ.pt", ck)
+    assert load_policy(path, num_envs=3) == ("germ-policy", 3)
