@@ -6,7 +6,8 @@ One ``LeggedEnv`` with a plane row (``flat`` plane) or a tile grid of every terr
 off and every env pinned to (level L, a column of its type); the policy runs through
 ``collection.rollout.Rollout`` (the loop collection and evaluation share) for one episode length, and
 each env's *first* episode is scored (taking later ones would over-count early failures, which restart
-sooner). Commands come from the training distribution (joystick, heading mode, legged_gym ranges);
+sooner). Commands come from the training distribution: the env defaults (joystick, heading mode, legged_gym
+ranges) with the ``env.*`` overrides the checkpoint records (or those given on the command line);
 physics randomization is on as in training. Per terrain: the env's episode numbers ``lin_vel_error``
 (mean |v_xy - cmd_xy|, m/s), ``lin_vel_x_error``, ``ang_vel_error`` (rad/s), the fall rate (episodes ended
 by ``fall``, ``base_collision`` or ``non_finite``), mean length and distance.
@@ -14,6 +15,7 @@ by ``fall``, ``base_collision`` or ``non_finite``), mean length and distance.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import time
 from pathlib import Path
@@ -21,6 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from experts.ppo import apply_env_overrides, parse_overrides
 
 FAILURES = ("fall", "base_collision", "non_finite")
 
@@ -33,7 +37,23 @@ def _policy(spec: str, env: Any):
     return load_policy(spec, num_envs=env.num_envs, device=str(env.device))
 
 
-def _env(terrain: str, num_envs: int, robot: str, seed: int, episode_s: float, num_threads: int):
+def training_overrides(policy_spec: str) -> dict[str, Any]:
+    """The ``env.*`` overrides a ``quadforge train-expert`` checkpoint was trained with (its task)."""
+    path = Path(policy_spec)
+    if policy_spec == "gait" or not path.is_file():
+        return {}
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return {}
+    meta = (raw.get("infos") or {}).get("quadforge") if isinstance(raw, dict) else None
+    if not meta:
+        return {}
+    return {k: ast.literal_eval(v) for k, v in meta.get("overrides", {}).items() if k.startswith("env.")}
+
+
+def _env(terrain: str, num_envs: int, robot: str, seed: int, episode_s: float, num_threads: int,
+         overrides: dict[str, Any]):
     from envs.config import EnvConfig
     from envs.terrain import TERRAIN_TYPES, TerrainConfig
     from envs.vec_env import LeggedEnv
@@ -43,6 +63,7 @@ def _env(terrain: str, num_envs: int, robot: str, seed: int, episode_s: float, n
     cfg.curriculum = False
     cfg.episode_length_s = episode_s
     cfg.backend.num_threads = num_threads
+    apply_env_overrides(cfg, overrides)
     return LeggedEnv(cfg)
 
 
@@ -65,18 +86,22 @@ def _summary(infos: list[dict[str, Any]], dt: float) -> dict[str, float]:
 
 
 def evaluate(policy_spec: str, robot: str = "go1", level: int = 0, envs_per_type: int = 16, seed: int = 0,
-             episode_s: float = 10.0, num_threads: int = 1) -> dict[str, dict[str, float]]:
-    """{terrain: summary}: "plane" plus every terrain type at ``level``."""
+             episode_s: float = 10.0, num_threads: int = 1,
+             overrides: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
+    """{terrain: summary}: "plane" plus every terrain type at ``level``. ``overrides``: ``env.*`` settings
+    (default: the ones the checkpoint was trained with, e.g. its command ranges)."""
     from envs.terrain import TERRAIN_TYPES
 
+    overrides = training_overrides(policy_spec) if overrides is None else overrides
+
     results: dict[str, dict[str, float]] = {}
-    env = _env("plane", envs_per_type, robot, seed, episode_s, num_threads)
+    env = _env("plane", envs_per_type, robot, seed, episode_s, num_threads, overrides)
     try:
         results["plane"] = _summary(_first_episodes(env, _policy(policy_spec, env)), env.dt)
     finally:
         env.close()
     n = envs_per_type * len(TERRAIN_TYPES)
-    env = _env("grid", n, robot, seed, episode_s, num_threads)
+    env = _env("grid", n, robot, seed, episode_s, num_threads, overrides)
     try:
         col_types = env.terrain.col_type_idx.cpu()
         type_of_env = torch.arange(n) // envs_per_type           # env i runs type i // k
@@ -100,11 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episode-s", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("overrides", nargs="*", metavar="env.KEY=VALUE",
+                   help="env settings (default: those the checkpoint was trained with)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     from tools.bench.common import Table
     t0 = time.time()
-    res = evaluate(args.policy, args.robot, args.level, args.envs_per_type, args.seed, args.episode_s)
+    overrides = parse_overrides(args.overrides) if args.overrides else training_overrides(args.policy)
+    print(f"env overrides: {overrides}")
+    res = evaluate(args.policy, args.robot, args.level, args.envs_per_type, args.seed, args.episode_s,
+                   overrides=overrides)
     table = Table(f"{args.policy} on {args.robot}, level {args.level}", ["terrain"] + list(next(iter(res.values()))))
     for name, row in res.items():
         table.add(name, *row.values())
@@ -112,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n({time.time() - t0:.0f} s wall)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"policy": args.policy, "args": vars(args), "results": res}, indent=2))
+        Path(args.json).write_text(json.dumps({"policy": args.policy, "args": vars(args),
+                                                  "env_overrides": {k: repr(v) for k, v in overrides.items()},
+                                                  "results": res}, indent=2))
     return 0
 
 

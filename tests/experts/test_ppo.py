@@ -107,3 +107,16 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "no such checkpoint file" in capsys.readouterr().err
     assert main(["train-expert", "--out", str(tmp_path), "--terrain", "lava"]) == 2
     assert "unknown terrain types ['lava']" in capsys.readouterr().err
+
+
+def test_tracking_eval_scores_one_first_episode_per_env_on_every_terrain(tmp_path):
+    from envs.terrain import TERRAIN_TYPES
+    from experts.tracking_eval import evaluate, training_overrides
+    last = _train(tmp_path / "run", iterations=1, **{"env.commands.ranges.lin_vel_y": (0.0, 0.0)})
+    overrides = training_overrides(str(last))
+    assert overrides["env.commands.ranges.lin_vel_y"] == (0.0, 0.0) and overrides["env.episode_length_s"] == 0.1
+    res = evaluate(str(last), envs_per_type=2, episode_s=0.2, overrides={})
+    assert list(res) == ["plane", *TERRAIN_TYPES]
+    for row in res.values():
+        assert row["episodes"] == 2 and 0.0 <= row["fall_rate"] <= 1.0
+        assert 0.0 < row["mean_length_s"] <= 0.2 + 1e-6 and row["lin_vel_error"] >= 0.0
