@@ -294,3 +294,19 @@ def test_pushes_and_action_latency():
     assert len(pushes) == 2   # every 5 steps
     assert all(p[:, 2].eq(0).all() and p[:, :2].abs().le(1.0).all() and p.abs().gt(0).any() for p in pushes)
     env.close()
+
+
+def test_terrain_runs_are_seeded():
+    def run(seed):
+        cfg = EnvConfig.rough(num_envs=3, seed=seed, terrain=_small_terrain(), episode_length_s=0.3)
+        cfg.backend.num_threads = 1
+        env = LeggedEnv(cfg)
+        g = torch.Generator().manual_seed(1)
+        out = [torch.cat([env.terrain.levels.float(), env.backend.state.root_pos_w.flatten()])]
+        for _ in range(40):
+            obs, rew, dones, _ = env.step(0.3 * torch.randn(3, 12, generator=g))
+            out.append(torch.cat([obs["critic"].flatten(), rew, env.terrain.levels.float()]))
+        env.close()
+        return torch.cat(out)
+    assert torch.equal(run(5), run(5))
+    assert not torch.equal(run(5), run(6))
