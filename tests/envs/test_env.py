@@ -310,3 +310,34 @@ def test_terrain_runs_are_seeded():
         return torch.cat(out)
     assert torch.equal(run(5), run(5))
     assert not torch.equal(run(5), run(6))
+
+
+def test_termination_priorities_and_thigh_option():
+    from envs.backends.base import RobotState
+    from envs.config import TerminationsConfig
+    from envs.terminations import Terminations
+    names = ("base", "FR_thigh", "FL_thigh", "FR_calf")
+    n = 5
+    grav = torch.tensor([[0, 0, -1.0]] * n)
+    grav[1] = torch.tensor([0.9, 0, -0.3])      # tilted past 60 deg
+    cf = torch.zeros(n, 4, 3)
+    cf[2, 0, 2] = 10.0                           # base contact
+    cf[3, 1, 2] = 10.0                           # thigh contact
+    z = torch.zeros
+    st = RobotState(root_pos_w=z(n, 3), root_quat_w=z(n, 4), root_lin_vel_w=z(n, 3), root_ang_vel_w=z(n, 3),
+                    root_lin_vel_b=z(n, 3), root_ang_vel_b=z(n, 3), projected_gravity_b=grav, joint_pos=z(n, 12),
+                    joint_vel=z(n, 12), joint_torque=z(n, 12), foot_pos_w=z(n, 4, 3),
+                    foot_contact=z(n, 4, dtype=torch.bool), contact_forces=cf, body_names=names)
+    height = torch.full((n,), 0.3)
+    height[4] = 0.05                             # base too low
+    time_out = torch.tensor([True, True, False, True, False])
+    non_finite = torch.tensor([False, False, False, False, False])
+    codes = {r: i for i, r in enumerate(TERMINATION_REASONS)}
+    r = Terminations(TerminationsConfig(), 0.3, names).compute(st, height, non_finite, time_out)
+    assert r.tolist() == [codes["time_out"], codes["fall"], codes["base_collision"], codes["time_out"], codes["fall"]]
+    r = Terminations(TerminationsConfig(contact_bodies=("base", "thigh")), 0.3, names).compute(
+        st, height, torch.tensor([False, True, False, False, False]), time_out)
+    assert r.tolist() == [codes["time_out"], codes["non_finite"], codes["base_collision"], codes["base_collision"],
+                          codes["fall"]]
+    with pytest.raises(ValueError, match="matches none"):
+        Terminations(TerminationsConfig(contact_bodies=("tail",)), 0.3, names)
