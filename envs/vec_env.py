@@ -90,7 +90,7 @@ class LeggedEnv(VecEnv):
         self.joint_targets = self.default_joint_pos + self.action_scale * applied
         last_joint_vel = self.backend.state.joint_vel.clone()
         non_finite = self.backend.step(self.joint_targets).to(self.device)
-        self.last_actions, self.actions = self.actions, a.clone()
+        self.last_actions, self.actions = self.actions, a  # clamp made a fresh tensor
         self.episode_length_buf += 1
         self.common_step_counter += 1
 
@@ -102,8 +102,9 @@ class LeggedEnv(VecEnv):
 
         # fresh (N,) columns every step: a consumer may keep last step's extras
         n = self.num_envs
-        episode = dict(zip(_EPISODE_LONG, torch.zeros(len(_EPISODE_LONG), n, dtype=torch.long, device=self.device)))
-        episode.update(zip(_EPISODE_FLOAT, torch.zeros(len(_EPISODE_FLOAT), n, device=self.device)))
+        episode = dict(zip(_EPISODE_LONG, torch.zeros(len(_EPISODE_LONG), n, dtype=torch.long,
+                                                       device=self.device).unbind(0)))
+        episode.update(zip(_EPISODE_FLOAT, torch.zeros(len(_EPISODE_FLOAT), n, device=self.device).unbind(0)))
         log: dict[str, float] = {}
         done_ids = res.dones.nonzero(as_tuple=False).flatten()
         if done_ids.numel():
