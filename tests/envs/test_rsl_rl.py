@@ -46,3 +46,13 @@ def test_on_policy_runner_two_iterations(tmp_path):
     # setting episode_length_buf through the view reached the env
     assert env.episode_length_buf.max() < env.max_episode_length
     env.close()
+
+
+def test_runner_accepts_the_env_itself(tmp_path):
+    cfg = EnvConfig.flat(num_envs=8, seed=2, episode_length_s=0.1)
+    cfg.backend.num_threads = 1
+    env = LeggedEnv(cfg)
+    runner = OnPolicyRunner(env, _train_cfg(), log_dir=str(tmp_path), device="cpu")
+    runner.learn(num_learning_iterations=1)
+    assert glob.glob(os.path.join(tmp_path, "model_*.pt"))
+    env.close()
