@@ -6,8 +6,8 @@ applied (``actions``: the policy output, plus action noise when asked for), ``jo
 ``rewards``, ``terminated`` and ``time_outs``, and ``hl_commands`` when the policy exposes the
 high-level command it acted with (a ``hl_commands`` attribute, (N, 12), as hierarchical policies do).
 
-Buffers are preallocated numpy arrays (num_envs, max_episode_length, dim) written in place each step,
-so recording costs a copy per term and step. When env i is done, its episode - arrays sliced to its
+Buffers are preallocated numpy arrays (num_envs, max_episode_length, width) written in place each step
+(``PackedSteps``: all features of a step side by side, so a step costs one concatenation and one copy). When env i is done, its episode - arrays sliced to its
 length - is yielded with the env's ``extras["episode"]`` numbers, the skill it ran, its label
 (``collection.labels``) and what perturbed it; the policy is reset for the done envs and the loop
 carries on (the env has already auto-reset them). An episode that hits the time limit ends with
@@ -28,25 +28,56 @@ import torch
 from collection.labels import LabelRule, label, termination_name
 from collection.skills import SKILLS, SkillCommandSampler
 from envs.config import GAITS
-from envs.layout import COMMAND_NAMES, NUM_JOINTS
+from envs.layout import COMMAND_NAMES
 from experts.policy import check_policy
 from tools.seeding import torch_generator
 
-# Per-step features besides the raw observation terms.
-STEP_FEATURES: dict[str, tuple[tuple[int, ...], type]] = {
-    "actions": ((NUM_JOINTS,), np.float32),
-    "joint_targets": ((NUM_JOINTS,), np.float32),
-    "rewards": ((), np.float32),
-    "terminated": ((), np.bool_),
-    "time_outs": ((), np.bool_),
-}
-HL_COMMAND_DIM = 12  # GeRM's high-level command (seed 003, Eq. 9)
 _VX, _VY, _WZ = (COMMAND_NAMES.index(n) for n in ("lin_vel_x", "lin_vel_y", "ang_vel_yaw"))
 _GAIT = [COMMAND_NAMES.index(n) for n in ("gait_phase", "gait_offset", "gait_bound")]
 
 
 def _numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
     return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+class PackedSteps:
+    """Per-env episode buffers for a fixed set of named per-step features, packed side by side into one
+    preallocated float32 array (num_envs, max_len, total width): a step costs one ``torch.cat``, one
+    device-to-host copy and one indexed write, whatever the number of features. Bool features are kept
+    as 0/1 (exact in float32) and come back as bool."""
+
+    def __init__(self, num_envs: int, max_len: int) -> None:
+        self.num_envs, self.max_len = num_envs, max_len
+        self.fields: list[tuple[str, int, int, tuple[int, ...], Any]] | None = None  # name, start, end, shape, dtype
+        self.buf: np.ndarray | None = None
+        self._rows = np.arange(num_envs)
+
+    def _layout(self, features: dict[str, torch.Tensor]) -> None:
+        fields, start = [], 0
+        for name, t in features.items():
+            shape = tuple(t.shape[1:])
+            width = int(np.prod(shape)) if shape else 1
+            fields.append((name, start, start + width, shape, np.bool_ if t.dtype == torch.bool else np.float32))
+            start += width
+        self.fields = fields
+        self.buf = np.zeros((self.num_envs, self.max_len, start), dtype=np.float32)
+
+    def write(self, steps: np.ndarray, features: dict[str, torch.Tensor]) -> None:
+        """Row ``steps[i]`` of env i's buffer gets env i's entries of every (num_envs, ...) feature."""
+        if self.fields is None:
+            self._layout(features)
+        elif [f[0] for f in self.fields] != list(features):
+            raise RuntimeError(f"recorded features changed mid-run: {[f[0] for f in self.fields]} -> {list(features)}")
+        flat = torch.cat([t.reshape(self.num_envs, -1).to(torch.float32) for t in features.values()], dim=1)
+        self.buf[self._rows, steps] = flat.detach().cpu().numpy()
+
+    def episode(self, env_id: int, length: int) -> dict[str, np.ndarray]:
+        """Env ``env_id``'s first ``length`` steps, feature by feature (fresh arrays)."""
+        if self.fields is None:
+            return {}
+        block = self.buf[env_id, :length]
+        return {name: block[:, a:b].reshape((length,) + shape).astype(dtype)
+                for name, a, b, shape, dtype in self.fields}
 
 
 @dataclass
@@ -149,20 +180,10 @@ class Rollout:
         self._commands = CommandIntegrator(self.num_envs, float(env.dt))
         self._step_count = np.zeros(self.num_envs, dtype=np.int64)
         self._skill = [""] * self.num_envs
-        self._buffers: dict[str, np.ndarray] = {}
+        # before the env step: the observation and the action; after it: its outcome
+        self._before = PackedSteps(self.num_envs, self.max_len)
+        self._after = PackedSteps(self.num_envs, self.max_len)
         self.env_steps = 0  # env-steps summed over envs since construction
-
-    # --- recording ----------------------------------------------------------------------------------
-    def _buffer(self, name: str, tail: tuple[int, ...], dtype: Any) -> np.ndarray:
-        buf = self._buffers.get(name)
-        if buf is None:
-            buf = self._buffers[name] = np.zeros((self.num_envs, self.max_len) + tail, dtype=dtype)
-        return buf
-
-    def _record(self, name: str, value: torch.Tensor | np.ndarray, dtype: Any = np.float32) -> None:
-        arr = _numpy(value)
-        buf = self._buffer(name, arr.shape[1:], dtype)
-        buf[self._rows, self._step_count] = arr
 
     # --- the loop -------------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -173,7 +194,6 @@ class Rollout:
         self.policy.reset(all_ids)
         self._step_count[:] = 0
         self._commands = CommandIntegrator(self.num_envs, float(self.env.dt))
-        self._rows = np.arange(self.num_envs)
         self._take_skills(range(self.num_envs))
 
     def _take_skills(self, env_ids: Any) -> None:
@@ -211,27 +231,25 @@ class Rollout:
             actions = actions + self.cfg.action_noise_std * noise
         hl = getattr(self.policy, "hl_commands", None)
         if self.cfg.record:
-            for name, value in terms.items():
-                self._record(name, value)
-            self._record("actions", actions)
+            before = dict(terms)
+            before["actions"] = actions
             if hl is not None:
-                self._record("hl_commands", hl)
+                before["hl_commands"] = hl
+            self._before.write(self._step_count, before)
         self._commands.step(_numpy(terms["commands"]))
 
         _, rewards, dones, extras = self.env.step(actions)
         time_outs = extras["time_outs"].bool() & dones.bool()
         if self.cfg.record:
-            self._record("joint_targets", self.env.joint_targets)
-            self._record("rewards", rewards)
-            self._record("terminated", dones.bool() & ~time_outs, np.bool_)
-            self._record("time_outs", time_outs, np.bool_)
+            self._after.write(self._step_count, {"joint_targets": self.env.joint_targets, "rewards": rewards,
+                                                 "terminated": dones.bool() & ~time_outs, "time_outs": time_outs})
         self._step_count += 1
         self.env_steps += self.num_envs
         return dones.nonzero(as_tuple=False).flatten().tolist(), extras
 
     def _finish(self, i: int, extras: dict) -> Episode:
         length = int(self._step_count[i])
-        features = {name: buf[i, :length].copy() for name, buf in self._buffers.items()} if self.cfg.record else {}
+        features = {**self._before.episode(i, length), **self._after.episode(i, length)} if self.cfg.record else {}
         info: dict[str, Any] = dict(self.info_extra)
         for key, value in extras.get("episode", {}).items():
             info[key] = value[i].item() if isinstance(value, torch.Tensor) else value[i]
