@@ -89,3 +89,14 @@ def test_collects_with_a_trained_checkpoint(tmp_path, capsys):
     assert summary["in_store"] == 2
     table = TrajectoryStore.open(out).episodes
     assert all(p.startswith("mlp") for p in table["policy_id"])
+
+
+def test_same_seed_same_episodes(tmp_path, capsys):
+    stores = []
+    for name in ("a", "b"):
+        collect(capsys, tmp_path / name, 3, "--action-noise", "0.05")
+        stores.append(TrajectoryStore.open(tmp_path / name))
+    a, b = (s.load(["actions", "dof_pos", "commands"]) for s in stores)
+    for key in a:
+        assert np.array_equal(a[key], b[key]), key
+    assert list(stores[0].episodes["task"]) == list(stores[1].episodes["task"])
