@@ -293,3 +293,11 @@ def test_robot_stands_on_the_heightfield_where_the_terrain_says():
     assert flat.models[0].nhfield == 0 and flat.scene.terrain is None
     b.close()
     flat.close()
+
+
+def test_sim_benchmark_measures_raw_and_backend():
+    from tools.bench.sim import _measure
+
+    r = _measure("flat", 4, 2, steps=2, rounds=1, with_env=False)
+    assert set(r["rate"]) == {"raw", "backend"} and all(v > 0 for v in r["rate"].values())
+    assert r["ratio"]["raw"] == 1.0 and r["ratio"]["backend"] > 0

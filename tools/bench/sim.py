@@ -125,7 +125,7 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int, with_e
 def main(quick: bool = False, json_path: str | None = None) -> int:
     torch.set_num_threads(1)
     sizes = (16, 64, 256)
-    work = 1024 if quick else 4096          # env-steps x envs per timed call
+    work = 768 if quick else 4096           # env-steps x envs per timed call
     rounds = 3 if quick else 7
     table = Table("sim: policy steps/s (N envs x env steps per second), decimation 4",
                   ["terrain", "envs", "threads", "raw mujoco", "backend", "env", "backend/raw", "env/raw"])
