@@ -79,6 +79,8 @@ class CollectConfig:
             raise bad("robot", ", ".join(ROBOTS))
         terrain_config(self.terrain)
         parse_skills(self.skills)
+        if Path(self.out).exists() and not Path(self.out).is_dir():
+            raise ValueError(f"--out {self.out!r} is a file; give a trajectory store directory (created if missing)")
         if self.policy != "gait" and not Path(self.policy).exists():
             raise FileNotFoundError(f"--policy {self.policy!r}: no such checkpoint file; use {POLICY_HELP}")
         return self

@@ -186,11 +186,17 @@ class Rollout:
         self.env_steps = 0  # env-steps summed over envs since construction
 
     # --- the loop -------------------------------------------------------------------------------------
-    def _start(self) -> None:
+    def _start(self, reset: bool) -> None:
         all_ids = torch.arange(self.num_envs, device=self.device)
-        # VecEnv.reset() also refreshes the observation; reset_envs is the contract's minimum.
-        reset = getattr(self.env, "reset", None)
-        reset() if callable(reset) else self.env.reset_envs(all_ids)
+        if reset:
+            # VecEnv.reset() also refreshes the observation; reset_envs is the contract's minimum.
+            env_reset = getattr(self.env, "reset", None)
+            env_reset() if callable(env_reset) else self.env.reset_envs(all_ids)
+        else:
+            started = getattr(self.env, "episode_length_buf", None)
+            if started is not None and bool((started != 0).any()):
+                raise ValueError("Rollout.episodes(reset=False): every env must be at the start of an episode "
+                                 f"(env.episode_length_buf is {started.tolist()})")
         self.policy.reset(all_ids)
         self._step_count[:] = 0
         self._commands = CommandIntegrator(self.num_envs, float(self.env.dt))
@@ -201,15 +207,19 @@ class Rollout:
             for i in env_ids:
                 self._skill[i] = self.skills.current[i]
 
-    def episodes(self, max_episodes: int | None = None, max_steps: int | None = None) -> Iterator[Episode]:
+    def episodes(self, max_episodes: int | None = None, max_steps: int | None = None,
+                 reset: bool = True) -> Iterator[Episode]:
         """Yield finished episodes until ``max_episodes`` were yielded or ``max_steps`` control steps
-        (of the whole batch) were taken; at least one bound is required."""
+        (of the whole batch) were taken; at least one bound is required.
+
+        ``reset=False`` keeps the envs as they are - for a caller that has just started fresh episodes
+        itself (``env.set_terrain_levels`` / ``env.set_commands`` for an evaluation sweep)."""
         if max_episodes is None and max_steps is None:
             raise ValueError("Rollout.episodes: give max_episodes or max_steps (a bound), not neither")
         for name, bound in (("max_episodes", max_episodes), ("max_steps", max_steps)):
             if bound is not None and (not isinstance(bound, int) or bound < 0):
                 raise ValueError(f"Rollout.episodes: {name}={bound!r}; must be an integer >= 0")
-        self._start()
+        self._start(reset)
         emitted = steps = 0
         while (max_episodes is None or emitted < max_episodes) and (max_steps is None or steps < max_steps):
             done_ids, extras = self._step()

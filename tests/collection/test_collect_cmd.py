@@ -63,6 +63,7 @@ def test_collects_to_a_target_and_resumes_without_replaying(tmp_path, capsys):
     (["--action-noise", "-1"], "--action-noise"),
     (["--max-episode-s", "0"], "--max-episode-s"),
     (["--num-envs", "0"], "--num-envs"),
+    (["--workers", "-1"], "--workers"),
 ])
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys, args, match):
     argv = ["collect", "--out", str(tmp_path / "s"), "--episodes", "2", *args]
@@ -100,3 +101,10 @@ def test_same_seed_same_episodes(tmp_path, capsys):
     for key in a:
         assert np.array_equal(a[key], b[key]), key
     assert list(stores[0].episodes["task"]) == list(stores[1].episodes["task"])
+
+
+def test_out_must_not_be_a_file(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert main(["collect", "--out", str(f), "--episodes", "1"]) == 2
+    assert "is a file" in capsys.readouterr().err

@@ -169,3 +169,15 @@ def test_real_env_episodes_line_up_with_the_env_own_accounting():
         # joint targets are the env's PD targets for the applied action
         q = np.asarray(env.robot.default_joint_pos) + env.robot.action_scale * np.clip(ep.features["actions"], -100, 100)
         assert np.allclose(ep.features["joint_targets"], q, atol=1e-5)
+
+
+def test_reset_false_keeps_the_callers_fresh_episodes():
+    env = ScriptedEnv(num_envs=2)
+    env.reset_envs(torch.arange(2))
+    env.commands[:, 0] = 0.25                      # e.g. an evaluation pinning its commands
+    ep = next(Rollout(env, EchoPolicy()).episodes(max_episodes=1, reset=False))
+    assert np.allclose(ep.features["commands"][:, 0], 0.25)
+    env.t[:] = 1                                   # envs mid-episode: refused
+    env.episode_length_buf = env.t
+    with pytest.raises(ValueError, match="start of an episode"):
+        next(Rollout(env, EchoPolicy()).episodes(max_episodes=1, reset=False))
