@@ -267,12 +267,18 @@ def validate(model: GeRM, target: GeRM | None, sampler: Any, binner: ActionBinne
     return sums
 
 
-def _rng_state(sampler: Any) -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "sampler": sampler._rng.bit_generator.state}
+def _rng_state(sampler: Any, device: torch.device) -> dict[str, Any]:
+    """What a bit-exact resume needs: torch's generator (MoE gating noise) and the sampler's stream."""
+    state = {"torch": torch.get_rng_state(), "sampler": sampler._rng.bit_generator.state}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
-def _set_rng_state(sampler: Any, state: Mapping[str, Any]) -> None:
+def _set_rng_state(sampler: Any, state: Mapping[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
     sampler._rng.bit_generator.state = state["sampler"]
 
 
@@ -319,7 +325,7 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
             target.load_state_dict(ckpt.extra["target_state_dict"])
         rng = ckpt.extra.get("rng", {}).get(f"rank{info.rank}")
         if rng is not None:
-            _set_rng_state(sampler, rng)
+            _set_rng_state(sampler, rng, info.device)
 
     prov = {"episodes": int(data.num_episodes), "steps": int(data.num_steps),
             "successes": int(np.asarray(data.episode_info["success"]).astype(bool).sum()),
@@ -330,7 +336,7 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
         writer = SummaryWriter(str(out / "tb"))
 
     def save(step: int) -> None:
-        rngs = [_rng_state(sampler)]
+        rngs = [_rng_state(sampler, info.device)]
         if info.enabled:
             import torch.distributed as dist
             gathered: list[Any] = [None] * info.world_size

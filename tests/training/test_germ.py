@@ -170,3 +170,16 @@ def test_unimplemented_encoders_and_bad_config():
         _model()(torch.randn(1, 3, 5), torch.ones(1, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="unknown fields"):
         GeRMConfig.from_dict({"obs_dim": 3, "width": 2})
+
+
+def test_bench_tables_run_on_a_tiny_config():
+    from tools.bench.germ import latency_table, throughput_table
+    cfg = GeRMConfig(obs_dim=61, action_dim=12, num_bins=16, context=2, d_model=16, num_layers=1,
+                     num_heads=2, ffn_hidden=16)
+    lat = latency_table({"germ": cfg, "germ-dense": cfg.dense_matched()}, repeats=2)
+    rows = {r["model"]: r for r in lat.records()}
+    assert rows["germ"]["active params"] < rows["germ"]["total params"]
+    assert rows["germ-dense"]["latency vs w/o MoE"] == 1.0
+    thr = throughput_table({"germ": cfg, "germ-il": cfg}, steps=1, batch_size=4)
+    assert [r["model"] for r in thr.records()] == ["germ", "germ-il"]
+    assert all(r["transitions/s"] > 0 for r in thr.records())

@@ -239,6 +239,12 @@ def test_dense_baseline_is_matched_and_hl_commands_are_a_command_policy(tmp_path
     assert load_policy(s["checkpoint"], 1).action_space == "command"
 
 
+def test_n_step_transitions_train(tmp_path):
+    s = train(_tiny("germ", max_steps=2, n_step=3, mc_bound_dims="all"), bandit_chain(20), tmp_path)
+    assert load_checkpoint(s["checkpoint"]).train_config["n_step"] == 3
+    assert np.isfinite(s["history"][-1]["loss"])
+
+
 def test_config_errors_are_clear():
     with pytest.raises(ValueError, match="GeRM model"):
         default_config("germ-xl")

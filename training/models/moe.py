@@ -116,6 +116,8 @@ class SparseMoE(nn.Module):
             noisy = clean + torch.randn_like(clean) * std
         else:
             std, noisy = None, clean
+            if self.training and torch.is_grad_enabled():   # keep W_noise in the graph for DDP
+                noisy = clean + 0.0 * self.w_noise.sum()
         return clean, noisy, std, noisy.topk(self.cfg.top_k, dim=-1).indices
 
     def _load(self, clean: torch.Tensor, noisy: torch.Tensor, std: torch.Tensor | None,
