@@ -150,6 +150,10 @@ def build_scene(robot, terrain=None, sim_dt: float = 0.005) -> Scene:
     _check_names(model, robot)
     if model.nsensordata != sensors.size:
         raise RuntimeError(f"scene sensors hold {model.nsensordata} values, layout expects {sensors.size}")
+    free = mujoco.mjtJoint.mjJNT_FREE
+    if model.njnt != 1 + len(JOINT_NAMES) or model.jnt_type[0] != free or model.nq != 7 + len(JOINT_NAMES):
+        raise ValueError(f"robot MJCF {robot.mjcf_path}: expected a free joint on the base followed by "
+                         f"{len(JOINT_NAMES)} hinges (nq {7 + len(JOINT_NAMES)}), got njnt {model.njnt}, nq {model.nq}")
     if model.nu != len(JOINT_NAMES):
         raise ValueError(f"robot MJCF {robot.mjcf_path}: {model.nu} actuators, expected {len(JOINT_NAMES)}")
     return Scene(model=model, sensors=sensors, robot=robot, terrain=terrain,

@@ -106,6 +106,7 @@ class MujocoCpuBackend:
         self._state = self._allocate_state()
         self._copies = tuple(self.scene.sensors.fields().items())
         self._kinematic = self.scene.sensors.kinematic
+        self._qpos_order = self._hinge_order()
         self._env_params = {
             "friction": torch.as_tensor(self.variants.friction, dtype=torch.float32),
             "added_mass": torch.as_tensor(self.variants.added_mass, dtype=torch.float32),
@@ -205,17 +206,13 @@ class MujocoCpuBackend:
             pass
 
     # ------------------------------------------------------------------ internals
-    @property
-    def _qpos_order(self) -> np.ndarray:
+    def _hinge_order(self) -> np.ndarray:
         """Column order taking project joint order to the model's hinge order (qpos[7:], qvel[6:])."""
-        if not hasattr(self, "_qpos_order_cache"):
-            m = self.models[0]
-            adr = [m.jnt_qposadr[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, j)] - 7
-                   for j in self.robot.joint_names]
-            order = np.empty(NUM_JOINTS, dtype=np.int64)
-            order[np.asarray(adr)] = np.arange(NUM_JOINTS)
-            self._qpos_order_cache = order
-        return self._qpos_order_cache
+        m = self.models[0]
+        adr = [m.jnt_qposadr[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, j)] - 7 for j in self.robot.joint_names]
+        order = np.empty(NUM_JOINTS, dtype=np.int64)
+        order[np.asarray(adr)] = np.arange(NUM_JOINTS)
+        return order
 
     def _ids(self, env_ids: torch.Tensor) -> np.ndarray:
         ids = np.asarray(torch.as_tensor(env_ids).detach().cpu(), dtype=np.int64).reshape(-1)
