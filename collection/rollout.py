@@ -9,9 +9,10 @@ high-level command it acted with (a ``hl_commands`` attribute, (N, 12), as hiera
 Buffers are preallocated numpy arrays (num_envs, max_episode_length, width) written in place each
 step (``PackedSteps``: a step's features side by side, so a step costs one concatenation and one
 copy). When env i is done, its episode - arrays sliced to its length - is yielded with the env's
-``extras["episode"]`` numbers, the skill it ran, its label (``collection.labels``) and what perturbed it; the policy is reset for the done envs and the loop
-carries on (the env has already auto-reset them). An episode that hits the time limit ends with
-``time_outs`` True and ``terminated`` False (truncated, not terminal).
+``extras["episode"]`` numbers, the skill it ran, its label (``collection.labels``) and what perturbed
+it; the policy is reset for the done envs and the loop carries on (the env has already auto-reset
+them). An episode that hits the time limit ends with ``time_outs`` True and ``terminated`` False
+(truncated, not terminal).
 
 Stopping at a count favours short episodes among those in flight (failures finish first); the envs'
 partly run episodes are dropped, never yielded.
