@@ -1,0 +1,431 @@
+"""The gait-conditioned model-based controller: the embedded default expert (no training).
+
+It reads the 15-D walk-these-ways command (``envs.layout.COMMAND_NAMES``) and proprioception, and
+returns normalised joint actions. Per env and step:
+
+1. a phase oscillator ``t <- t + f*dt (mod 1)``; foot phases follow walk-these-ways,
+   FL = t+p+o+b, FR = t+o, RL = t+b, RR = t+p (p, o, b = gait phase, offset, bound); a foot is in
+   stance while its phase is below the duty ``duration``, in swing after. After a reset the robot
+   stands on four feet for ``settle_s`` before the clock runs; the velocity reference follows the
+   command under acceleration limits;
+2. swing legs (position control): a cycloid from the measured lift-off point to the Raibert touchdown
+   point ``p_td = p_neutral + (T_stance/2) v_i + k (v_meas_i - v_i)`` with ``v_i = v + w_z x p_i``
+   (yaw via tangential foot velocities), under a raised-cosine lift of the commanded foot height above
+   the ground the stance legs measure; neutral points from the commanded stance width/length;
+3. stance legs (force control through the PD): a virtual-model wrench on the base - PI on the
+   velocity and yaw-rate error, PD on body height (from stance-leg kinematics) and on pitch/roll (from
+   projected gravity) towards the commanded values, plus the weight - distributed over the stance
+   feet by weighted least squares, clipped to the friction cone, mapped to joint torques
+   ``tau = -J^T f`` and sent as targets ``q + tau / Kp``. The PD legs (Kp 20) are only ~160 N/m stiff
+   horizontally, so a purely kinematic stance sweep sags and slides instead of walking; forces do not;
+4. leg kinematics from ``envs.kinematics`` (FK/IK, Jacobians by central differences of the FK), for
+   Go1 and Aliengo alike (gains are per unit mass/inertia).
+
+Every gain is a field of ``GaitGains`` with the reason for its value.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+
+from envs.kinematics import LegKinematics
+from envs.layout import COMMAND_NAMES, LEGS, NUM_JOINTS
+
+# (phase, offset, bound) of walk-these-ways' four named gaits.
+GAITS: dict[str, tuple[float, float, float]] = {
+    "trot": (0.5, 0.0, 0.0),
+    "pronk": (0.0, 0.0, 0.0),
+    "pace": (0.0, 0.0, 0.5),
+    "bound": (0.0, 0.5, 0.0),
+}
+
+_CMD = {name: i for i, name in enumerate(COMMAND_NAMES)}
+_GRAVITY = 9.81
+
+
+@dataclass(frozen=True)
+class GaitDefaults:
+    """Gait parameters used where the command leaves them at zero (joystick-only commands).
+
+    Values follow walk-these-ways' Go1 defaults; stance width/length default to the robot's own
+    hip geometry (None)."""
+
+    frequency: float = 3.0        # Hz; walk-these-ways' default trot
+    duration: float = 0.5         # stance fraction of the cycle
+    swing_height: float = 0.08    # m, foot clearance at mid-swing
+    stance_width: float | None = None   # m between left and right feet; None -> 2*(hip y + abduction)
+    stance_length: float | None = None  # m between front and rear feet; None -> hip x spacing
+
+
+@dataclass(frozen=True)
+class GaitGains:
+    """Feedback gains, each with the reason for its value (tuned on LeggedEnv, flat then rough).
+
+    Stance-force gains are accelerations per unit error (the controller multiplies them by the robot's
+    mass or inertia), so one set serves Go1 and Aliengo."""
+
+    # Raibert touchdown gain (s): the touchdown point moves by k*(v_meas - v_cmd). sqrt(h/g) ~ 0.17 s
+    # is the capture-point value for a 0.3 m base; about half of it damps velocity errors without the
+    # step-to-step oscillation a full capture-point step causes.
+    raibert_k: float = 0.08
+    # Horizontal velocity loop of the stance force (1/s): F_xy = m*(kv*e + ki*int e). The legs' Cartesian
+    # stiffness under Kp 20 is only ~160 N/m horizontally, so velocity is tracked by force, not by a
+    # kinematic foot sweep; the integral removes the residual drag of swing legs and slipping feet.
+    vel_kp: float = 4.0
+    vel_ki: float = 4.0
+    vel_integral_limit: float = 0.5       # m/s equivalent, anti-windup
+    # Yaw-rate loop (1/s): tangential stance forces for tau_z = I_zz*(kp*e + ki*int e).
+    yaw_kp: float = 6.0
+    yaw_ki: float = 4.0
+    yaw_integral_limit: float = 1.0
+    # Body height PD (1/s^2, 1/s) on the base height the stance legs measure: omega_n = 10 rad/s at
+    # damping ~0.8, well below the 50 Hz control rate.
+    height_kp: float = 100.0
+    height_kd: float = 16.0
+    # Attitude PD (1/s^2, 1/s) on roll/pitch from projected gravity: faster than the trot's half period
+    # (0.17 s at 3 Hz) so the base is level again at every touchdown.
+    att_kp: float = 150.0
+    att_kd: float = 20.0
+    # Wrench weights in the least-squares force distribution: torques (N m) count this much more than
+    # forces (N) - about 1/lever^2 for 0.2 m levers - and a small ridge keeps a 2-foot stance solvable.
+    torque_weight: float = 20.0
+    force_ridge: float = 1e-3
+    friction: float = 0.6                 # friction-cone bound on |f_xy| / f_z (below the floor's 1.0)
+    # Swing: the foot finishes this far (m) below the estimated ground so touchdown is never late.
+    touchdown_depth: float = 0.02
+    # After a reset the robot stands on all four feet for this long (s) before the gait clock starts:
+    # envs reset with random joint poses a few cm above the ground.
+    settle_s: float = 0.3
+    # Acceleration limits of the velocity reference (m/s^2, rad/s^2): ~0.2 g, what two legs push at
+    # the friction bound without slipping; 1 m/s is reached in 0.5 s.
+    max_lin_acc: float = 2.0
+    max_yaw_acc: float = 4.0
+    # Clamp on velocity commands (m/s, rad/s): beyond these a step no longer fits the leg's workspace.
+    max_lin_vel: float = 1.5
+    max_yaw_rate: float = 1.5
+
+@dataclass
+class GaitParams:
+    """Per-env gait parameters resolved from the command (all (N,) tensors)."""
+
+    vx: torch.Tensor
+    vy: torch.Tensor
+    wz: torch.Tensor
+    height: torch.Tensor
+    frequency: torch.Tensor
+    offsets: torch.Tensor      # (N, 4) foot phase offsets in LEGS order
+    duration: torch.Tensor
+    swing_height: torch.Tensor
+    pitch: torch.Tensor
+    roll: torch.Tensor
+    stance_width: torch.Tensor
+    stance_length: torch.Tensor
+
+
+def foot_offsets(phase: torch.Tensor, offset: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """(N,) walk-these-ways phase/offset/bound -> (N, 4) foot phase offsets in LEGS order."""
+    by_leg = {"FL": phase + offset + bound, "FR": offset, "RL": bound, "RR": phase}
+    return torch.stack([by_leg[leg] for leg in LEGS], dim=-1)
+
+
+def foot_phases(t: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """(N,) clock and (N, 4) offsets -> (N, 4) foot phases in [0, 1)."""
+    return torch.remainder(t.unsqueeze(-1) + offsets, 1.0)
+
+
+def cycloid(w: torch.Tensor) -> torch.Tensor:
+    """Horizontal swing progress for w in [0, 1]: zero velocity and acceleration at both ends."""
+    return w - torch.sin(2 * math.pi * w) / (2 * math.pi)
+
+
+def swing_lift(w: torch.Tensor) -> torch.Tensor:
+    """Vertical swing profile in [0, 1]: 0 at lift-off and touchdown, 1 at mid-swing."""
+    return 0.5 * (1.0 - torch.cos(2 * math.pi * w))
+
+
+def tilt_from_gravity(g_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Projected gravity (N, 3) -> (roll, pitch) of R = Rz Ry(pitch) Rx(roll); pitch > 0 is nose down."""
+    pitch = torch.asin((g_b[:, 0]).clamp(-1.0, 1.0))
+    roll = torch.atan2(-g_b[:, 1], -g_b[:, 2])
+    return roll, pitch
+
+
+def tilt_matrix(roll: torch.Tensor, pitch: torch.Tensor) -> torch.Tensor:
+    """(N,) roll, pitch -> (N, 3, 3) R = Ry(pitch) Rx(roll): base orientation in the yaw frame."""
+    cr, sr, cp, sp = torch.cos(roll), torch.sin(roll), torch.cos(pitch), torch.sin(pitch)
+    zero = torch.zeros_like(roll)
+    return torch.stack([
+        torch.stack([cp, sp * sr, sp * cr], -1),
+        torch.stack([zero, cr, -sr], -1),
+        torch.stack([-sp, cp * sr, cp * cr], -1),
+    ], dim=-2)
+
+
+def leg_jacobian(legs: LegKinematics, q: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """(N, 12) joint angles -> (N, 4, 3, 3) per-leg Jacobians d foot_xyz / d (hip, thigh, calf).
+
+    Central differences of the analytic FK: a leg's foot depends only on its own three joints, so
+    three perturbations (one per joint slot, all legs at once) give every block."""
+    cols = []
+    for j in range(3):
+        dq = torch.zeros_like(q).view(-1, 4, 3)
+        dq[..., j] = eps
+        dq = dq.view_as(q)
+        cols.append((legs.forward(q + dq) - legs.forward(q - dq)) / (2 * eps))   # (N, 4, 3)
+    return torch.stack(cols, dim=-1)
+
+
+def resolve_params(commands: torch.Tensor, defaults: GaitDefaults, gait: str, nominal_height: float,
+                   width0: float, length0: float, gains: GaitGains) -> GaitParams:
+    """(N, 15) commands -> per-env gait parameters.
+
+    A row whose entries 3.. are all zero is a joystick command: it walks the controller's own gait
+    with ``defaults``. Otherwise each entry is read as walk-these-ways defines it; entries that cannot
+    be zero (frequency, duration, swing height, stance width/length) fall back to the default when
+    zero, so a partly filled command still walks."""
+    c = commands
+    joystick = (c[:, 3:] == 0).all(dim=-1)
+    p0, o0, b0 = GAITS[gait]
+
+    def pick(name: str, default: float, zero_is_default: bool = False) -> torch.Tensor:
+        v = c[:, _CMD[name]]
+        use_default = joystick | (v == 0) if zero_is_default else joystick
+        return torch.where(use_default, torch.full_like(v, default), v)
+
+    offsets = foot_offsets(pick("gait_phase", p0), pick("gait_offset", o0), pick("gait_bound", b0))
+    return GaitParams(
+        vx=c[:, 0].clamp(-gains.max_lin_vel, gains.max_lin_vel),
+        vy=c[:, 1].clamp(-gains.max_lin_vel, gains.max_lin_vel),
+        wz=c[:, 2].clamp(-gains.max_yaw_rate, gains.max_yaw_rate),
+        # body_height is an offset from the robot's nominal standing height (walk-these-ways)
+        height=nominal_height + pick("body_height", 0.0).clamp(-0.15, 0.1),
+        frequency=pick("gait_frequency", defaults.frequency, True).clamp(1.0, 5.0),
+        offsets=offsets,
+        duration=pick("gait_duration", defaults.duration, True).clamp(0.2, 0.8),
+        swing_height=pick("foot_swing_height", defaults.swing_height, True).clamp(0.0, 0.3),
+        pitch=pick("body_pitch", 0.0).clamp(-0.4, 0.4),
+        roll=pick("body_roll", 0.0).clamp(-0.4, 0.4),
+        stance_width=pick("stance_width", width0, True).clamp(0.05, 0.6),
+        stance_length=pick("stance_length", length0, True).clamp(0.2, 0.7),
+    )
+
+
+
+
+def skew(r: torch.Tensor) -> torch.Tensor:
+    """(..., 3) -> (..., 3, 3) matrix of the cross product r x ."""
+    x, y, z = r.unbind(-1)
+    zero = torch.zeros_like(x)
+    return torch.stack([torch.stack([zero, -z, y], -1),
+                        torch.stack([z, zero, -x], -1),
+                        torch.stack([-y, x, zero], -1)], dim=-2)
+
+
+def distribute_wrench(feet: torch.Tensor, stance: torch.Tensor, wrench: torch.Tensor,
+                      torque_weight: float, ridge: float) -> torch.Tensor:
+    """Ground forces on the stance feet that best produce a body wrench (weighted least squares).
+
+    feet (N, 4, 3) foot positions relative to the base, stance (N, 4) bool, wrench (N, 6) = total
+    force and torque about the base origin, all in one frame. Minimises
+    ``|A f - w|_S^2 + ridge |f|^2`` with ``A = [I ...; [r_i]x ...]``; swing feet get zero force.
+    Returns (N, 4, 3)."""
+    n = feet.shape[0]
+    eye = torch.eye(3, dtype=feet.dtype, device=feet.device).expand(n, 4, 3, 3)
+    blocks = torch.cat([eye, skew(feet)], dim=-2) * stance[..., None, None]   # (N, 4, 6, 3)
+    a = blocks.permute(0, 2, 1, 3).reshape(n, 6, 12)                           # (N, 6, 12)
+    s = torch.tensor([1.0, 1.0, 1.0, torque_weight, torque_weight, torque_weight],
+                     dtype=feet.dtype, device=feet.device)
+    ata = a.transpose(1, 2) @ (s[:, None] * a) + ridge * torch.eye(12, dtype=feet.dtype, device=feet.device)
+    atb = a.transpose(1, 2) @ (s * wrench).unsqueeze(-1)                      # (N, 12, 1)
+    return torch.linalg.solve(ata, atb).view(n, 4, 3)
+
+
+def robot_inertia(robot) -> tuple[float, float, float]:
+    """Principal-axis (Ixx, Iyy, Izz) of the whole robot about its centre of mass in the default pose,
+    from the MJCF (kg m^2)."""
+    import mujoco
+    import numpy as np
+
+    model = robot.load_model()
+    data = mujoco.MjData(model)
+    data.qpos[7:] = robot.default_joint_pos
+    mujoco.mj_forward(model, data)
+    com = data.subtree_com[1]
+    total = np.zeros((3, 3))
+    for b in range(1, model.nbody):
+        rot = data.ximat[b].reshape(3, 3)
+        r = data.xipos[b] - com
+        total += rot @ np.diag(model.body_inertia[b]) @ rot.T
+        total += model.body_mass[b] * (r @ r * np.eye(3) - np.outer(r, r))
+    return float(total[0, 0]), float(total[1, 1]), float(total[2, 2])
+
+
+class GaitController:
+    """Model-based gait controller; meets ``experts.policy.Policy`` with action_space "joint"."""
+
+    obs_terms = ("commands", "base_lin_vel", "base_ang_vel", "projected_gravity", "dof_pos", "dof_vel")
+    action_space = "joint"
+    action_dim = NUM_JOINTS
+
+    def __init__(self, robot, num_envs: int, dt: float = 0.02, device: str | torch.device = "cpu",
+                 gait: str = "trot", defaults: GaitDefaults | None = None, gains: GaitGains | None = None):
+        if gait not in GAITS:
+            raise ValueError(f"unknown gait {gait!r}; allowed: {sorted(GAITS)}")
+        if int(num_envs) < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if not dt > 0:
+            raise ValueError(f"dt must be > 0 seconds, got {dt}")
+        self.robot, self.num_envs, self.dt, self.gait = robot, int(num_envs), float(dt), gait
+        self.device = torch.device(device)
+        self.defaults = defaults or GaitDefaults()
+        self.gains = gains or GaitGains()
+        self.policy_id = f"gait:{gait}"
+        f32 = dict(dtype=torch.float32, device=self.device)
+        self.legs = LegKinematics(robot, device=self.device)
+        self.default_q = torch.as_tensor(robot.default_joint_pos, **f32)
+        self.action_scale = float(robot.action_scale)
+        self.kp = float(robot.kp)
+        ranges = torch.as_tensor(robot.joint_ranges, **f32)
+        margin = 0.02  # rad kept off the joint limits so the PD never drives into the stops
+        self.q_low, self.q_high = ranges[:, 0] + margin, ranges[:, 1] - margin
+        self.torque_limits = torch.as_tensor(robot.torque_limits, **f32)
+        hips = torch.as_tensor(robot.hip_offsets, **f32)                # (4, 3)
+        self.hip_x_centre = hips[:, 0].mean()
+        self.side_x = torch.sign(hips[:, 0])                            # +1 front, -1 rear
+        self.side_y = torch.sign(hips[:, 1])                            # +1 left, -1 right
+        stand = self.legs.forward(self.default_q)                       # (4, 3) default-pose feet
+        self.width0 = float(2 * stand[:, 1].abs().mean())
+        self.length0 = float(hips[:, 0].max() - hips[:, 0].min())
+        self.foot_radius = float(robot.foot_radius)
+        self.mass = float(robot.total_mass)
+        self.inertia = torch.tensor(robot_inertia(robot), **f32)       # (Ixx, Iyy, Izz)
+        self.max_step = 0.6 * float(robot.thigh_length)                 # m, touchdown shift bound
+        n = self.num_envs
+        self.clock = torch.zeros(n, **f32)
+        self.elapsed = torch.zeros(n, **f32)              # s since reset
+        self.liftoff_xy = torch.zeros(n, 4, 2, **f32)     # measured foot xy (H) at lift-off
+        self.was_stance = torch.ones(n, 4, dtype=torch.bool, device=self.device)
+        self.v_ref = torch.zeros(n, 3, **f32)             # filtered (vx, vy, wz) reference
+        self.vel_integral = torch.zeros(n, 2, **f32)
+        self.yaw_integral = torch.zeros(n, **f32)
+        self.ground = torch.full((n,), -float(robot.nominal_base_height) + self.foot_radius, **f32)
+
+    # -- Policy protocol ----------------------------------------------------------------------------
+    def reset(self, env_ids: torch.Tensor | None = None) -> None:
+        ids = torch.arange(self.num_envs, device=self.device) if env_ids is None else \
+            torch.as_tensor(env_ids, device=self.device).long().flatten()
+        self.clock[ids] = 0.0
+        self.elapsed[ids] = 0.0
+        self.vel_integral[ids] = 0.0
+        self.v_ref[ids] = 0.0
+        self.yaw_integral[ids] = 0.0
+        self.was_stance[ids] = True
+        self.ground[ids] = -float(self.robot.nominal_base_height) + self.foot_radius
+
+    @torch.no_grad()
+    def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        missing = [k for k in self.obs_terms if k not in obs]
+        if missing:
+            raise KeyError(f"GaitController needs observation terms {missing}; got {sorted(obs)}")
+        term = {k: obs[k].to(self.device, torch.float32) for k in self.obs_terms}
+        if term["commands"].shape != (self.num_envs, len(COMMAND_NAMES)):
+            raise ValueError(f"commands must be ({self.num_envs}, {len(COMMAND_NAMES)}), "
+                             f"got {tuple(term['commands'].shape)}")
+        g, dt = self.gains, self.dt
+        prm = resolve_params(term["commands"], self.defaults, self.gait, float(self.robot.nominal_base_height),
+                             self.width0, self.length0, g)
+
+        # measured state in the horizontal frame H (base origin, yaw-aligned, gravity-levelled)
+        roll, pitch = tilt_from_gravity(term["projected_gravity"])
+        rot = tilt_matrix(roll, pitch)                                            # (N, 3, 3) body -> H
+        vel = (rot @ term["base_lin_vel"].unsqueeze(-1)).squeeze(-1)             # (N, 3)
+        omega = (rot @ term["base_ang_vel"].unsqueeze(-1)).squeeze(-1)           # (N, 3)
+        q_meas = term["dof_pos"] + self.default_q
+        feet_b = self.legs.forward(q_meas)                                       # (N, 4, 3)
+        feet_h = torch.einsum("nij,nfj->nfi", rot, feet_b)                       # (N, 4, 3)
+
+        # gait clock: stand on four feet while settling after a reset, then run the oscillator
+        self.elapsed += dt
+        running = self.elapsed > g.settle_s
+        self.clock = torch.where(running, torch.remainder(self.clock + prm.frequency * dt, 1.0), self.clock)
+        phase = foot_phases(self.clock, prm.offsets)                              # (N, 4)
+        duty = prm.duration.unsqueeze(-1)
+        stance = (phase < duty) | ~running.unsqueeze(-1)
+        swing_w = ((phase - duty) / (1 - duty)).clamp(0.0, 1.0)                  # swing progress
+
+        # the velocity reference follows the command under acceleration limits, and is zero while settling:
+        # a step change of command would otherwise ask the legs for more than a stride can deliver
+        target = torch.stack([prm.vx, prm.vy, prm.wz], -1) * running.unsqueeze(-1)
+        step = torch.tensor([g.max_lin_acc, g.max_lin_acc, g.max_yaw_acc], device=self.device) * dt
+        self.v_ref = self.v_ref + (target - self.v_ref).clamp(-step, step)
+        prm.vx, prm.vy, prm.wz = self.v_ref.unbind(-1)
+
+        # ground height (foot-centre z in H) as the feet that stood last step measure it
+        n_was = self.was_stance.float().sum(-1)
+        measured_ground = (feet_h[..., 2] * self.was_stance).sum(-1) / n_was.clamp(min=1.0)
+        self.ground = torch.where(n_was > 0, measured_ground, self.ground)
+        height = self.foot_radius - self.ground                                   # base over ground
+
+        q_swing = self._swing_targets(prm, stance, swing_w, feet_h, vel, omega, rot, running)
+        q_stance = self._stance_targets(prm, stance, feet_h, feet_b, q_meas, vel, omega, roll, pitch,
+                                        height, rot)
+        self.was_stance = stance
+        q = torch.where(stance.repeat_interleave(3, dim=-1), q_stance, q_swing)
+        q = torch.maximum(torch.minimum(q, self.q_high), self.q_low)
+        return (q - self.default_q) / self.action_scale
+
+    # -- swing: cycloid from lift-off to the Raibert touchdown point ---------------------------------
+    def _swing_targets(self, prm: GaitParams, stance, w, feet_h, vel, omega, rot, running) -> torch.Tensor:
+        g = self.gains
+        neutral = torch.stack([
+            self.hip_x_centre + self.side_x * prm.stance_length.unsqueeze(-1) / 2,
+            self.side_y * prm.stance_width.unsqueeze(-1) / 2], dim=-1)          # (N, 4, 2)
+        v_cmd = torch.stack([prm.vx, prm.vy], -1).unsqueeze(1)                   # (N, 1, 2)
+        # each foot's velocity over the ground: base velocity + yaw rate x foot position
+        tangential = torch.stack([-neutral[..., 1], neutral[..., 0]], -1)        # (N, 4, 2)
+        v_cmd_i = v_cmd + prm.wz.view(-1, 1, 1) * tangential
+        v_meas_i = vel[:, None, :2] + omega[:, 2].view(-1, 1, 1) * tangential
+        t_stance = (prm.duration / prm.frequency).view(-1, 1, 1)
+        shift = (t_stance / 2) * v_cmd_i + g.raibert_k * (v_meas_i - v_cmd_i)
+        touchdown = neutral + shift.clamp(-self.max_step, self.max_step)
+        lifting = ~stance & self.was_stance
+        self.liftoff_xy = torch.where(lifting.unsqueeze(-1), feet_h[..., :2], self.liftoff_xy)
+        xy = self.liftoff_xy + (touchdown - self.liftoff_xy) * cycloid(w).unsqueeze(-1)
+        # heights from the measured ground, so body sag never eats the clearance
+        z = self.ground.unsqueeze(-1) + prm.swing_height.unsqueeze(-1) * swing_lift(w) - g.touchdown_depth * w
+        foot_h = torch.cat([xy, z.unsqueeze(-1)], dim=-1)                        # (N, 4, 3)
+        foot_b = torch.einsum("nji,nfj->nfi", rot, foot_h)                       # R^T p
+        return self.legs.inverse(foot_b)
+
+    # -- stance: a virtual-model wrench, distributed over the stance feet, as joint torques ----------
+    def _stance_targets(self, prm: GaitParams, stance, feet_h, feet_b, q_meas, vel, omega, roll, pitch,
+                        height, rot) -> torch.Tensor:
+        g, dt, m = self.gains, self.dt, self.mass
+        e_v = torch.stack([prm.vx, prm.vy], -1) - vel[:, :2]
+        self.vel_integral = (self.vel_integral + e_v * dt).clamp(-g.vel_integral_limit, g.vel_integral_limit)
+        e_wz = prm.wz - omega[:, 2]
+        self.yaw_integral = (self.yaw_integral + e_wz * dt).clamp(-g.yaw_integral_limit, g.yaw_integral_limit)
+        force = torch.cat([
+            m * (g.vel_kp * e_v + g.vel_ki * self.vel_integral),
+            (m * (_GRAVITY + g.height_kp * (prm.height - height) - g.height_kd * vel[:, 2])).unsqueeze(-1),
+        ], dim=-1)                                                                # (N, 3)
+        torque = self.inertia * torch.stack([
+            g.att_kp * (prm.roll - roll) - g.att_kd * omega[:, 0],
+            g.att_kp * (prm.pitch - pitch) - g.att_kd * omega[:, 1],
+            g.yaw_kp * e_wz + g.yaw_ki * self.yaw_integral,
+        ], dim=-1)                                                                # (N, 3)
+        f = distribute_wrench(feet_h, stance, torch.cat([force, torque], -1), g.torque_weight, g.force_ridge)
+        # unilateral contact and friction cone
+        fz = f[..., 2].clamp(min=0.0)
+        fxy = f[..., :2]
+        limit = (g.friction * fz / fxy.norm(dim=-1).clamp(min=1e-6)).clamp(max=1.0).unsqueeze(-1)
+        f = torch.cat([fxy * limit, fz.unsqueeze(-1)], dim=-1) * stance.unsqueeze(-1)
+        f_b = torch.einsum("nji,nfj->nfi", rot, f)                               # H -> body
+        jac = leg_jacobian(self.legs, q_meas)                                     # (N, 4, 3, 3)
+        tau = -torch.einsum("nfji,nfj->nfi", jac, f_b).reshape(-1, NUM_JOINTS)   # motor torques, (N, 12)
+        tau = torch.maximum(torch.minimum(tau, self.torque_limits), -self.torque_limits)
+        # the actuator is a PD about the target: q_t = q + tau / Kp makes it apply tau (minus damping)
+        return q_meas + tau / self.kp

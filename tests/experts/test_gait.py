@@ -1,0 +1,178 @@
+"""The gait controller: its pieces against their definitions, and closed loop on LeggedEnv."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from envs.layout import COMMAND_NAMES, LEGS
+from envs.robots import get_robot
+from experts.gait import (GAITS, GaitController, GaitDefaults, GaitGains, cycloid, distribute_wrench,
+                          foot_offsets, foot_phases, resolve_params, skew, swing_lift, tilt_from_gravity,
+                          tilt_matrix)
+from experts.policy import check_policy
+
+torch.set_num_threads(1)
+
+
+def _leg(name: str) -> int:
+    return LEGS.index(name)
+
+
+def test_walk_these_ways_foot_offsets():
+    # FL = t+p+o+b, FR = t+o, RL = t+b, RR = t+p
+    p, o, b = torch.tensor([0.1]), torch.tensor([0.2]), torch.tensor([0.3])
+    off = foot_offsets(p, o, b)[0]
+    assert off[_leg("FL")] == pytest.approx(0.6)
+    assert off[_leg("FR")] == pytest.approx(0.2)
+    assert off[_leg("RL")] == pytest.approx(0.3)
+    assert off[_leg("RR")] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("gait,pairs", [
+    ("trot", [("FR", "RL"), ("FL", "RR")]),
+    ("pace", [("FR", "RR"), ("FL", "RL")]),
+    ("bound", [("FR", "FL"), ("RR", "RL")]),
+    ("pronk", [("FR", "FL", "RR", "RL")]),
+])
+def test_named_gaits_move_the_right_feet_together(gait, pairs):
+    off = foot_offsets(*(torch.tensor([v]) for v in GAITS[gait]))
+    phases = foot_phases(torch.tensor([0.37]), off)[0]
+    for group in pairs:
+        values = [float(phases[_leg(leg)]) for leg in group]
+        assert max(values) - min(values) == pytest.approx(0.0)
+    if len(pairs) == 2:  # the two groups are half a cycle apart
+        a, b = float(phases[_leg(pairs[0][0])]), float(phases[_leg(pairs[1][0])])
+        assert abs(a - b) == pytest.approx(0.5)
+
+
+def test_swing_profiles_start_and_end_at_rest():
+    w = torch.tensor([0.0, 0.5, 1.0])
+    assert cycloid(w).tolist() == pytest.approx([0.0, 0.5, 1.0], abs=1e-6)
+    assert swing_lift(w).tolist() == pytest.approx([0.0, 1.0, 0.0], abs=1e-6)
+    # zero slope at both ends: no velocity step at lift-off or touchdown
+    eps = torch.tensor([1e-3, 1 - 1e-3])
+    assert (cycloid(eps) - torch.tensor([0.0, 1.0])).abs().max() < 1e-6
+
+
+def test_tilt_from_gravity_inverts_tilt_matrix():
+    roll, pitch = torch.tensor([0.3, -0.2]), torch.tensor([-0.1, 0.25])
+    rot = tilt_matrix(roll, pitch)                                   # body -> yaw frame
+    g_b = (rot.transpose(1, 2) @ torch.tensor([0.0, 0.0, -1.0])).squeeze(-1)
+    r2, p2 = tilt_from_gravity(g_b)
+    assert torch.allclose(r2, roll, atol=1e-6) and torch.allclose(p2, pitch, atol=1e-6)
+    # positive pitch is nose down: the base x axis points below the horizon
+    x_axis = tilt_matrix(torch.tensor([0.0]), torch.tensor([0.2]))[0, :, 0]
+    assert x_axis[2] < 0
+
+
+def test_wrench_distribution_reproduces_the_wrench_and_skips_swing_feet():
+    feet = torch.tensor([[[0.2, -0.13, -0.3], [0.2, 0.13, -0.3], [-0.2, -0.13, -0.3], [-0.2, 0.13, -0.3]]])
+    wrench = torch.tensor([[5.0, -3.0, 120.0, 0.5, -1.0, 0.8]])
+    f = distribute_wrench(feet, torch.ones(1, 4, dtype=torch.bool), wrench, 20.0, 1e-6)
+    total = f.sum(1)
+    moment = torch.cross(feet, f, dim=-1).sum(1)
+    assert torch.allclose(torch.cat([total, moment], -1), wrench, atol=1e-2)
+    stance = torch.tensor([[True, False, False, True]])
+    f2 = distribute_wrench(feet, stance, torch.tensor([[0.0, 0, 120.0, 0, 0, 0]]), 20.0, 1e-6)
+    assert f2[0, 1].abs().max() == 0 and f2[0, 2].abs().max() == 0
+    assert f2[0, :, 2].sum() == pytest.approx(120.0, rel=1e-3)
+    assert torch.allclose(skew(torch.tensor([1.0, 2.0, 3.0])) @ torch.tensor([0.5, -1.0, 2.0]),
+                          torch.cross(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.5, -1.0, 2.0]), dim=0))
+
+
+def test_joystick_rows_use_the_default_gait_and_full_rows_are_read():
+    cmd = torch.zeros(2, len(COMMAND_NAMES))
+    cmd[:, 0] = 0.5
+    full = dict(zip(COMMAND_NAMES, [0.5, 0.0, 0.0, -0.05, 2.5, 0.0, 0.5, 0.0, 0.6, 0.12, 0.1, 0.0, 0.3, 0.42, 0.0]))
+    cmd[1] = torch.tensor([full[n] for n in COMMAND_NAMES])
+    prm = resolve_params(cmd, GaitDefaults(), "pace", 0.3, 0.28, 0.38, GaitGains())
+    assert prm.frequency.tolist() == pytest.approx([3.0, 2.5])
+    assert prm.offsets[0].tolist() == pytest.approx(foot_offsets(*(torch.tensor([v]) for v in GAITS["pace"]))[0].tolist())
+    assert prm.offsets[1].tolist() == pytest.approx(foot_offsets(*(torch.tensor([v]) for v in GAITS["bound"]))[0].tolist())
+    assert prm.height.tolist() == pytest.approx([0.3, 0.25])
+    assert prm.duration[1] == pytest.approx(0.6) and prm.swing_height[1] == pytest.approx(0.12)
+    assert prm.pitch[1] == pytest.approx(0.1)
+    assert prm.stance_width.tolist() == pytest.approx([0.28, 0.3])
+    assert prm.stance_length.tolist() == pytest.approx([0.38, 0.42])
+
+
+def test_bad_input_is_a_clear_error():
+    robot = get_robot("go1")
+    with pytest.raises(ValueError, match="unknown gait 'gallop'"):
+        GaitController(robot, 2, gait="gallop")
+    with pytest.raises(ValueError, match="num_envs"):
+        GaitController(robot, 0)
+    ctrl = GaitController(robot, 2)
+    check_policy(ctrl)
+    assert ctrl.action_space == "joint" and ctrl.policy_id == "gait:trot"
+    with pytest.raises(KeyError, match="dof_vel"):
+        ctrl.act({k: torch.zeros(2, 3) for k in ("commands", "base_lin_vel", "base_ang_vel",
+                                                  "projected_gravity", "dof_pos")})
+    obs = _standing_obs(2)
+    obs["commands"] = torch.zeros(3, len(COMMAND_NAMES))
+    with pytest.raises(ValueError, match="commands must be"):
+        ctrl.act(obs)
+
+
+def _standing_obs(n: int) -> dict[str, torch.Tensor]:
+    cmd = torch.zeros(n, len(COMMAND_NAMES))
+    cmd[:, 0] = 0.5
+    return {"commands": cmd, "base_lin_vel": torch.zeros(n, 3), "base_ang_vel": torch.zeros(n, 3),
+            "projected_gravity": torch.tensor([[0.0, 0.0, -1.0]]).repeat(n, 1),
+            "dof_pos": torch.zeros(n, 12), "dof_vel": torch.zeros(n, 12)}
+
+
+def test_deterministic_and_reset_restarts_the_clock():
+    robot = get_robot("go1")
+    a, b = GaitController(robot, 3), GaitController(robot, 3)
+    for _ in range(30):
+        out_a, out_b = a.act(_standing_obs(3)), b.act(_standing_obs(3))
+        assert torch.equal(out_a, out_b)
+    assert torch.isfinite(out_a).all()
+    assert (a.clock > 0).all()
+    a.reset(torch.tensor([1]))
+    assert a.clock[1] == 0 and a.clock[0] > 0 and a.elapsed[1] == 0 and (a.v_ref[1] == 0).all()
+
+
+# --- closed loop on the real env -------------------------------------------------------------------
+
+def _walk(robot: str, commands: list[list[float]], steps: int, gait: str = "trot"):
+    from envs.config import EnvConfig
+    from envs.vec_env import LeggedEnv
+
+    n = len(commands)
+    cfg = EnvConfig.flat(robot=robot, num_envs=n, seed=3)
+    cfg.curriculum = False
+    cfg.randomization.push_robots = False
+    env = LeggedEnv(cfg)
+    ctrl = GaitController(env.robot, n, env.dt, gait=gait)
+    cmd = env.commands.clone()
+    cmd[:, :3] = torch.tensor(commands)
+    env.set_commands(torch.arange(n), cmd)
+    ctrl.reset(torch.arange(n))
+    falls = torch.zeros(n)
+    vel = []
+    for t in range(steps):
+        _, _, dones, extras = env.step(ctrl.act(env.terms))
+        falls += (dones & ~extras["time_outs"]).float()
+        if t >= steps // 2:
+            vel.append(torch.stack([env.terms["base_lin_vel"][:, 0], env.terms["base_ang_vel"][:, 2]], -1))
+    env.close()
+    return falls, torch.stack(vel).mean(0)
+
+
+def test_go1_trot_tracks_forward_backward_and_turning_commands():
+    commands = [[0.0, 0.0, 0.0], [0.5, 0.0, 0.0], [-0.5, 0.0, 0.0], [0.5, 0.0, 0.5]]
+    falls, vel = _walk("go1", commands, steps=200)
+    assert falls.sum() == 0
+    target = torch.tensor(commands)
+    assert (vel[:, 0] - target[:, 0]).abs().max() < 0.15, vel
+    assert (vel[3, 1] - 0.5).abs() < 0.15, vel
+
+
+def test_aliengo_trot_walks():
+    falls, vel = _walk("aliengo", [[0.5, 0.0, 0.0], [0.0, 0.0, -0.5]], steps=150)
+    assert falls.sum() == 0
+    assert (vel[0, 0] - 0.5).abs() < 0.15 and (vel[1, 1] + 0.5).abs() < 0.2, vel
