@@ -6,8 +6,9 @@ resumes (or does nothing). Each finished episode is written durably through ``St
 (episode ids ``<collector_id>-<counter>``, the counter resuming after the collector's highest id) by a
 background thread (``BackgroundWriter``, so fsyncs overlap simulation); the store is compacted every
 ``--compact-every`` episodes and at the end. A kill loses at most the episodes in flight: those
-still running in the envs and the few queued for writing. The run's seed is derived from ``--seed``, the collector id and the counter the
-run starts at, so a resumed run never replays the episodes it already has.
+still running in the envs and the few queued for writing. The run's seed is derived from ``--seed``,
+the collector id and the counter the run starts at, so a resumed run never replays the episodes it
+already has.
 
 ``--workers K`` hands the job to K Ray actors (``collection.distributed``).
 """
@@ -170,7 +171,8 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
     """Collect ``quota`` episodes as ``collector_id`` into ``cfg.out``'s staging area.
 
     The worker of both the local command and each Ray actor. ``on_episode(tally, steps_per_s)`` is
-    called after every stored episode (steps_per_s: env-steps simulated per second of rollout). With ``compact`` it compacts every ``cfg.compact_every`` episodes.
+    called after every stored episode (steps_per_s: env-steps simulated per second of rollout). With
+    ``compact`` it compacts every ``cfg.compact_every`` episodes.
     """
     import torch
     from data.staging import StagingWriter
