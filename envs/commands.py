@@ -16,6 +16,7 @@ import torch
 from envs.config import GAITS, CommandsConfig
 from envs.layout import COMMAND_NAMES
 
+_NEVER = 2**62  # a due step no episode reaches
 CommandSampler = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 NUM_COMMANDS = len(COMMAND_NAMES)
 _IDX = {n: i for i, n in enumerate(COMMAND_NAMES)}
@@ -41,8 +42,12 @@ class CommandManager:
         self.commands = torch.zeros(num_envs, NUM_COMMANDS, device=self.device)
         self.heading = torch.zeros(num_envs, device=self.device)
         self.pinned = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
-        self.steps_to_resample = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self.resample_steps = max(1, int(round(cfg.resampling_time / dt)))
+        # Resampling clock: per-env due step, and a host-side lower bound on the earliest one so that
+        # most steps cost no tensor op (pinned envs are due "never").
+        self._t = 0
+        self.due_at = torch.full((num_envs,), _NEVER, dtype=torch.long, device=self.device)
+        self._min_due = _NEVER
         self.command_sampler: CommandSampler | None = None
         lo, hi = zip(*(cfg.range(n) for n in COMMAND_NAMES))
         self._lo = torch.tensor(lo, device=self.device)
@@ -85,7 +90,8 @@ class CommandManager:
         if self._uses_heading and self.command_sampler is None:
             lo, hi = self.cfg.heading_range
             self.heading[env_ids] = lo + (hi - lo) * torch.rand(env_ids.numel(), generator=self.gen, device=self.device)
-        self.steps_to_resample[env_ids] = self.resample_steps
+        self.due_at[env_ids] = self._t + self.resample_steps
+        self._min_due = min(self._min_due, self._t + self.resample_steps)
 
     # --- episode / step hooks --------------------------------------------------------------------------
     def reset(self, env_ids: torch.Tensor, root_quat_w: torch.Tensor | None = None) -> None:
@@ -108,15 +114,17 @@ class CommandManager:
                              f"expected ({env_ids.numel()}, {NUM_COMMANDS}) in envs.layout.COMMAND_NAMES order")
         self.commands[env_ids] = commands
         self.pinned[env_ids] = True
+        self.due_at[env_ids] = _NEVER
 
     def step(self, root_quat_w: torch.Tensor) -> None:
-        """After a physics step: count down to resampling, steer yaw towards the heading."""
+        """After a physics step: resample the envs that are due, steer yaw towards the heading."""
+        self._t += 1
         # A command_sampler defines what an episode is asked to do (a skill): it draws only at reset.
-        if self.cfg.resample and self.command_sampler is None:
-            self.steps_to_resample -= 1
-            due = (self.steps_to_resample <= 0) & ~self.pinned
-            if bool(due.any()):  # rare: pay for nonzero only then
-                self.resample(due.nonzero(as_tuple=False).flatten())
+        if self._t >= self._min_due and self.cfg.resample and self.command_sampler is None:
+            due = (self.due_at <= self._t).nonzero(as_tuple=False).flatten()
+            if due.numel():
+                self.resample(due)
+            self._min_due = int(self.due_at.min())
         if self._uses_heading and self.command_sampler is None:
             yaw = self._heading_yaw(slice(None), root_quat_w)
             self.commands[:, 2] = torch.where(self.pinned, self.commands[:, 2], yaw)

@@ -52,9 +52,10 @@ def scan_points_b(device: torch.device | str = "cpu") -> torch.Tensor:
 def scan_points_w(state: RobotState, points_b: torch.Tensor) -> torch.Tensor:
     """(N, P, 2) world xy of the grid rotated by the base yaw (legged_gym's quat_apply_yaw)."""
     yaw = yaw_from_quat(state.root_quat_w)
-    c, s = torch.cos(yaw)[:, None], torch.sin(yaw)[:, None]
-    px, py = points_b[:, 0][None], points_b[:, 1][None]
-    return torch.stack((c * px - s * py, s * px + c * py), dim=-1) + state.root_pos_w[:, None, :2]
+    c, s = torch.cos(yaw), torch.sin(yaw)
+    rot_t = torch.stack((c, s, -s, c), dim=1).view(-1, 2, 2)   # (N, 2, 2) = R(yaw)^T
+    # one batched matmul over all P points: (P, 2) @ R^T -> (N, P, 2)
+    return torch.matmul(points_b, rot_t) + state.root_pos_w[:, None, :2]
 
 
 def _height_scan(v: TaskView, points_b: torch.Tensor) -> torch.Tensor:

@@ -341,3 +341,33 @@ def test_termination_priorities_and_thigh_option():
                           codes["fall"]]
     with pytest.raises(ValueError, match="matches none"):
         Terminations(TerminationsConfig(contact_bodies=("tail",)), 0.3, names)
+
+
+def test_scan_grid_turns_with_the_base_yaw_and_commands_resample_on_time():
+    from envs.backends.base import RobotState
+    from envs.commands import CommandManager
+    from envs.config import CommandsConfig
+    from envs.observations import scan_points_b, scan_points_w
+    z = torch.zeros
+    half = math.sqrt(0.5)
+    st = RobotState(root_pos_w=torch.tensor([[1.0, 2.0, 0.3]]), root_quat_w=torch.tensor([[half, 0, 0, half]]),
+                    root_lin_vel_w=z(1, 3), root_ang_vel_w=z(1, 3), root_lin_vel_b=z(1, 3), root_ang_vel_b=z(1, 3),
+                    projected_gravity_b=z(1, 3), joint_pos=z(1, 12), joint_vel=z(1, 12), joint_torque=z(1, 12),
+                    foot_pos_w=z(1, 4, 3), foot_contact=z(1, 4, dtype=torch.bool), contact_forces=z(1, 1, 3))
+    pb = scan_points_b()
+    assert pb.shape == (187, 2) and pb[0].tolist() == pytest.approx([-0.8, -0.5]) and pb[1, 1] > pb[0, 1]
+    pw = scan_points_w(st, pb)[0]
+    # yawed by +90 deg: the grid's forward x points along world +y, its left y along world -x
+    torch.testing.assert_close(pw, torch.stack((1.0 - pb[:, 1], 2.0 + pb[:, 0]), 1), atol=1e-6, rtol=0)
+
+    cm = CommandManager(CommandsConfig(resampling_time=0.1, heading_command=False), 3, 0.02,
+                        torch.Generator().manual_seed(0))
+    cm.reset(torch.arange(3))
+    cm.set_commands(torch.tensor([2]), torch.full((1, 15), 0.5))
+    first = cm.commands.clone()
+    quat = torch.tensor([[1.0, 0, 0, 0]] * 3)
+    for _ in range(4):
+        cm.step(quat)
+    assert torch.equal(cm.commands, first)
+    cm.step(quat)                                   # 5 steps = 0.1 s: envs 0, 1 redrawn, the pinned one kept
+    assert not torch.equal(cm.commands[:2], first[:2]) and torch.equal(cm.commands[2], first[2])
