@@ -300,4 +300,4 @@ def test_sim_benchmark_measures_raw_and_backend():
 
     r = _measure("flat", 4, 2, steps=2, rounds=1, with_env=False)
     assert set(r["rate"]) == {"raw", "backend"} and all(v > 0 for v in r["rate"].values())
-    assert r["ratio"]["raw"] == 1.0 and r["ratio"]["backend"] > 0
+    assert r["ratio"]["raw"] == 1.0 and r["ratio"]["backend"] > 0 and r["ratio_cpu"]["backend"] > 0

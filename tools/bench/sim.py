@@ -9,8 +9,10 @@ interleaved (raw, backend, env, raw, ...) so that load from other users of the m
 - env: ``envs.vec_env.LeggedEnv.step`` with zero actions (= the standing targets), domain
   randomization off (the full task: observations, rewards, terminations, resets).
 
-Reported: policy steps/s (env steps x N per second, median over rounds) and the ratios backend/raw and
-env/raw (the median over rounds of each round's ratio, which cancels load that drifts between rounds).
+Reported: policy steps/s (env steps x N per second, median over rounds of wall time) and the ratios
+backend/raw and env/raw (the median over rounds of each round's ratio, which cancels load that drifts
+between rounds), from wall time and from the process's CPU time (all threads), which time spent
+descheduled by other users of the machine does not inflate.
 """
 from __future__ import annotations
 
@@ -72,10 +74,11 @@ class _Raw:
         self.runner.close()
 
 
-def _timed(fn: Callable[[], None]) -> float:
-    t0 = time.perf_counter()
+def _timed(fn: Callable[[], None]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the whole process, every thread included) of one call."""
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int, with_env: bool) -> dict:
@@ -107,11 +110,14 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int, with_e
         layers["env"] = run_env
 
     samples: dict[str, list[float]] = {k: [] for k in layers}
+    cpu: dict[str, list[float]] = {k: [] for k in layers}
     for fn in layers.values():  # warm-up: thread pools, caches, first-call allocations
         fn()
     for _ in range(rounds):
         for name, fn in layers.items():
-            samples[name].append(_timed(fn))
+            wall, cpu_s = _timed(fn)
+            samples[name].append(wall)
+            cpu[name].append(cpu_s)
     raw.close()
     backend.close()
     if env is not None:
@@ -119,16 +125,19 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int, with_e
     rate = {k: n * steps / statistics.median(v) for k, v in samples.items()}
     # ratios from the same round (raw and the layer ran back to back), then the median over rounds
     ratio = {k: statistics.median(r / t for r, t in zip(samples["raw"], v)) for k, v in samples.items()}
-    return {"rate": rate, "ratio": ratio, "note": env_note}
+    # CPU seconds are not inflated by time spent descheduled: the steadier ratio on a loaded machine
+    ratio_cpu = {k: statistics.median(r / t for r, t in zip(cpu["raw"], v)) for k, v in cpu.items()}
+    return {"rate": rate, "ratio": ratio, "ratio_cpu": ratio_cpu, "note": env_note}
 
 
 def main(quick: bool = False, json_path: str | None = None) -> int:
     torch.set_num_threads(1)
     sizes = (16, 64, 256)
-    work = 768 if quick else 4096           # env-steps x envs per timed call
-    rounds = 3 if quick else 7
+    work = 512 if quick else 4096           # env-steps x envs per timed call
+    rounds = 5 if quick else 7
     table = Table("sim: policy steps/s (N envs x env steps per second), decimation 4",
-                  ["terrain", "envs", "threads", "raw mujoco", "backend", "env", "backend/raw", "env/raw"])
+                  ["terrain", "envs", "threads", "raw mujoco", "backend", "env", "backend/raw", "env/raw",
+                   "backend/raw cpu", "env/raw cpu"])
     notes: list[str] = []
     for terrain in ("flat", "mixed"):
         for n in sizes:
@@ -142,9 +151,9 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
                 rate = r["rate"]
                 if r["note"] and r["note"] not in notes:
                     notes.append(r["note"])
-                ratio = r["ratio"]
-                table.add(terrain, n, threads, rate["raw"], rate["backend"], rate.get("env", float("nan")),
-                          ratio["backend"], ratio.get("env", float("nan")))
+                ratio, ratio_cpu, nan = r["ratio"], r["ratio_cpu"], float("nan")
+                table.add(terrain, n, threads, rate["raw"], rate["backend"], rate.get("env", nan),
+                          ratio["backend"], ratio.get("env", nan), ratio_cpu["backend"], ratio_cpu.get("env", nan))
             else:
                 continue
             break
