@@ -109,6 +109,10 @@ class TermCache(Mapping[str, torch.Tensor]):
     def __init__(self, fns: Mapping[str, Callable[[TaskView], torch.Tensor]], view: TaskView):
         self._fns, self._view, self._done = fns, view, {}
 
+    @property
+    def view(self) -> TaskView:
+        return self._view
+
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._done:
             if name not in self._fns:

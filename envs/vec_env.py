@@ -22,8 +22,8 @@ from envs.observations import CompiledLayout, TermCache, make_term_fns, scan_poi
 from envs.randomization import ActionLatency, Pushes
 from envs.robots import get_robot
 from envs.tasks.locomotion import LocomotionTask
-from envs.terminations import TERMINATION_REASONS
 from envs.tasks.terrain_levels import TerrainState
+from envs.terminations import TERMINATION_REASONS
 from tools.seeding import torch_generator
 
 _EPISODE_LONG = ("termination_reason", "length", "terrain_type", "terrain_level")
@@ -32,6 +32,8 @@ EPISODE_KEYS = _EPISODE_LONG + _EPISODE_FLOAT
 
 
 class LeggedEnv(VecEnv):
+    """The locomotion env; ``backend`` overrides the one ``cfg.backend_name`` would build."""
+
     def __init__(self, cfg: EnvConfig, backend: PhysicsBackend | None = None):
         self.cfg = cfg.validate()
         self.robot = get_robot(cfg.backend.robot)
@@ -98,7 +100,7 @@ class LeggedEnv(VecEnv):
         terms = self._new_terms()
         base_height = terms["base_height"][:, 0]
         time_out = self.episode_length_buf >= self.max_episode_length
-        res = self.task.post_step(terms._view, base_height, last_joint_vel, non_finite, time_out)
+        res = self.task.post_step(terms.view, base_height, last_joint_vel, non_finite, time_out)
 
         # fresh (N,) columns every step: a consumer may keep last step's extras
         n = self.num_envs
