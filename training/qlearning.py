@@ -47,7 +47,7 @@ from envs.layout import ObsLayout, get_layout
 from training.binning import BIN_METHODS, ActionBinner, fit_binner
 from training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
 from training.distributed import (DistInfo, all_reduce_mean, barrier, broadcast_object, cleanup, init_distributed,
-                                  unwrap, wrap_model)
+                                  wrap_model)
 from training.germ_policy import GeRMPolicy, action_space_of
 from training.models.germ import GeRM, GeRMConfig
 from training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients

@@ -14,7 +14,6 @@ from torch import nn
 from data.episodes import EpisodeArrays
 from envs.layout import PROPRIO, TERM_DIMS
 from experts.policy import check_policy
-from training.binning import fit_binner
 from training.checkpoint import load_checkpoint
 from training.models.germ import GeRMConfig, GeRMOutput
 from training.qlearning import (bellman_targets, conservative_loss, default_config, ema_update, load_policy,
