@@ -7,7 +7,8 @@ interleaved (raw, backend, env, raw, ...) so that load from other users of the m
   decimation, the standing targets as constant control;
 - backend: ``MujocoCpuBackend.step`` with the standing targets (physics + batched readout);
 - env: ``envs.vec_env.LeggedEnv.step`` with zero actions (= the standing targets), domain
-  randomization off (the full task: observations, rewards, terminations, resets).
+  randomization off, robots spawned standing (the full task: observations, rewards, terminations,
+  resets). With the env, the backend row steps the env's own backend and raw starts from its robots.
 
 Reported: policy steps/s (env steps x N per second, median over rounds of wall time) and the ratios
 backend/raw and env/raw (the median over rounds of each round's ratio, which cancels load that drifts
@@ -41,11 +42,12 @@ def _terrain_config(name: str):
 
 
 def _make_env(num_envs: int, threads: int, terrain_cfg):
-    from envs.config import EnvConfig, RandomizationConfig
+    from envs.config import EnvConfig, InitConfig, RandomizationConfig
     from envs.vec_env import LeggedEnv
 
+    # robots spawn standing still in the default pose, as the backend-only rows do
     cfg = EnvConfig(backend=BackendConfig(num_envs=num_envs, num_threads=threads), terrain=terrain_cfg,
-                    randomization=RandomizationConfig.off())
+                    randomization=RandomizationConfig.off(), init=InitConfig(joint_pos_scale=(1.0, 1.0), root_vel=0.0))
     return LeggedEnv(cfg)
 
 
@@ -82,8 +84,17 @@ def _timed(fn: Callable[[], None]) -> tuple[float, float]:
 
 
 def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int, with_env: bool) -> dict:
+    """All layers step the same scene and robots: with the env, its own backend is the backend row and
+    raw starts from its robots' states, so every layer simulates the same physics."""
     tcfg = _terrain_config(terrain)
-    backend = MujocoCpuBackend(BackendConfig(num_envs=n, num_threads=threads, terrain=tcfg))
+    env, env_note = None, ""
+    if with_env:
+        try:
+            env = _make_env(n, threads, tcfg)
+        except Exception as err:  # the env layer belongs to another team: report, do not crash
+            env_note = f"env unavailable: {type(err).__name__}: {err}"
+    backend = env.backend if env is not None else \
+        MujocoCpuBackend(BackendConfig(num_envs=n, num_threads=threads, terrain=tcfg))
     targets = torch.tensor(backend.robot.default_joint_pos, dtype=torch.float32).repeat(n, 1)
     for _ in range(20):  # settle from the drop onto the ground
         backend.step(targets)
@@ -94,13 +105,6 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int, with_e
         for _ in range(steps):
             backend.step(targets)
     layers["backend"] = run_backend
-
-    env, env_note = None, ""
-    if with_env:
-        try:
-            env = _make_env(n, threads, tcfg)
-        except Exception as err:  # the env layer belongs to another team: report, do not crash
-            env_note = f"env unavailable: {type(err).__name__}: {err}"
     if env is not None:
         zeros = torch.zeros(n, env.num_actions)
 
@@ -119,9 +123,7 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int, with_e
             samples[name].append(wall)
             cpu[name].append(cpu_s)
     raw.close()
-    backend.close()
-    if env is not None:
-        env.close()
+    (env if env is not None else backend).close()
     rate = {k: n * steps / statistics.median(v) for k, v in samples.items()}
     # ratios from the same round (raw and the layer ran back to back), then the median over rounds
     ratio = {k: statistics.median(r / t for r, t in zip(samples["raw"], v)) for k, v in samples.items()}
