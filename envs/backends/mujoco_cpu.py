@@ -106,6 +106,9 @@ class MujocoCpuBackend:
         self._state = self._allocate_state()
         self._copies = tuple(self.scene.sensors.fields().items())
         self._kinematic = self.scene.sensors.kinematic
+        k = self._kinematic
+        self._div_scratch = np.empty((n, k.stop - k.start))  # preallocated for the divergence check
+        self._div_peak = np.empty(n)
         self._qpos_order = self._hinge_order()
         self._env_params = {
             "friction": torch.as_tensor(self.variants.friction, dtype=torch.float32),
@@ -235,8 +238,10 @@ class MujocoCpuBackend:
             out[i] = sens[i]
 
     def _diverged(self) -> np.ndarray:
-        peak = np.abs(self._sens[:, self._kinematic]).max(axis=1)  # NaN propagates through max
-        return ~(peak <= MAX_ABS_STATE)  # and compares False
+        scratch, peak = self._div_scratch, self._div_peak
+        np.abs(self._sens[:, self._kinematic], out=scratch)
+        np.max(scratch, axis=1, out=peak)  # NaN propagates through max ...
+        return ~(peak <= MAX_ABS_STATE)    # ... and compares False
 
     def _restore(self, i: int) -> None:
         """Put env i into its last reset state (fresh MjData contents: no warmstart, time 0)."""
