@@ -59,7 +59,7 @@ def store_lock(root: Path, timeout: float | None = None) -> Iterator[None]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | (fcntl.LOCK_NB if deadline else 0))
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | (fcntl.LOCK_NB if deadline is not None else 0))
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
