@@ -1,0 +1,330 @@
+"""`quadforge eval`: closed-loop evaluation of any policy over terrain types x levels x command sets.
+
+    quadforge eval --policy gait|CHECKPOINT --terrain stairs_up,slope_up --levels 0-3 --episodes 8
+                   [--commands walking] [--commands turning] [--num-envs 16] [--seed 0] --out DIR [--video]
+
+The policy runs through the policy protocol (``collection.collect.build_policy``: the gait expert,
+outside/PPO experts through ``experts.loaders``, models trained here through ``training.deploy``, which
+rebuilds the observation layout and normalisation from the checkpoint and checks the env's terms against
+it) in the same rollout loop as collection (``collection.rollout.Rollout``).
+
+Sweep. The terrain is one grid with one column per requested type and ``--num-levels`` rows (10 by
+default, as in training, so "level 3" is the same difficulty whatever levels are evaluated); the
+curriculum is off, so an env stays on its tile and every episode it runs belongs to its cell. Cells
+(type, level) of a command set are placed on the envs in rounds of at most ``num_envs`` cells; env i of a
+round runs ``ceil(N / envs in its cell)`` episodes and each cell keeps its first N by (episode index,
+env) - an order fixed before any outcome is known, so stopping never favours short (failed) episodes.
+Commands are drawn at each reset from the command set (a skill or skill mix of ``collection.skills``)
+and held for the episode; pushes are off; the rest of the env (physics randomization) is the default.
+
+Writes ``DIR/eval.json`` (config, every episode's metrics, per-cell summaries, latency, machine),
+``DIR/report.md`` and ``DIR/success_vs_level.png`` / ``DIR/return_vs_level.png`` (``tools.reports``).
+Metrics: ``collection.metrics``. Latency: wall time of ``policy.act`` per control step for the whole
+batch of envs (and per env), timed around the call only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from collection.labels import LabelRule
+from collection.metrics import episode_metrics, summarize
+from collection.rollout import Rollout, RolloutConfig
+from tools.seeding import derive_seed, seed_everything
+
+
+@dataclass
+class EvalConfig:
+    policy: str = "gait"
+    out: str = "runs/eval"
+    robot: str = "go1"
+    terrain: str = "flat"                     # comma list of envs.terrain.TERRAIN_TYPES, or "mixed"
+    levels: str = "0"                         # "0-3", "0,2,5" or "4"
+    episodes: int = 4                         # per cell (type x level x command set)
+    commands: list[str] = field(default_factory=lambda: ["walking"])  # skills / skill mixes
+    num_envs: int = 8
+    num_levels: int = 10                      # rows of the terrain grid (difficulty = level / (rows - 1))
+    seed: int = 0
+    max_episode_s: float = 4.0                # as collection's default: what the data and labels assume
+    num_threads: int = 1
+    video: bool = False
+    video_steps: int = 150                    # 3 s of env 0 at 50 Hz
+    progress: bool = True
+    label_rule: LabelRule = field(default_factory=LabelRule)
+
+    def validate(self) -> "EvalConfig":
+        def bad(name: str, allowed: str) -> ValueError:
+            return ValueError(f"--{name.replace('_', '-')}={getattr(self, name)!r} is invalid; allowed: {allowed}")
+        for name in ("episodes", "num_envs", "num_levels", "num_threads"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise bad(name, "an integer >= 1")
+        if not (self.max_episode_s > 0 and math.isfinite(self.max_episode_s)):
+            raise bad("max_episode_s", "a finite number > 0 (seconds)")
+        from envs.robots import ROBOTS
+        if self.robot not in ROBOTS:
+            raise bad("robot", ", ".join(ROBOTS))
+        terrain_types(self.terrain)
+        levels = parse_levels(self.levels)
+        if max(levels) >= self.num_levels:
+            raise ValueError(f"--levels={self.levels!r} reaches level {max(levels)}; the grid has --num-levels="
+                             f"{self.num_levels} (levels 0..{self.num_levels - 1})")
+        from collection.skills import parse_skills
+        if not self.commands:
+            raise bad("commands", "one or more skills or skill mixes, e.g. walking or walking=0.5,turning=0.5")
+        for c in self.commands:
+            parse_skills(c)
+        if self.policy != "gait" and not Path(self.policy).exists():
+            raise FileNotFoundError(f"--policy {self.policy!r}: no such checkpoint; use 'gait' or a checkpoint path")
+        if Path(self.out).exists() and not Path(self.out).is_dir():
+            raise ValueError(f"--out {self.out!r} is a file; give a directory for the report")
+        return self
+
+
+def parse_levels(text: str) -> list[int]:
+    """'0-3' -> [0, 1, 2, 3]; '0,2,5' -> [0, 2, 5]; '4' -> [4]."""
+    levels: list[int] = []
+    try:
+        for part in str(text).split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if lo > hi:
+                    raise ValueError
+                levels.extend(range(lo, hi + 1))
+            else:
+                levels.append(int(part))
+    except ValueError:
+        raise ValueError(f"--levels={text!r} is invalid; allowed: a range '0-3', a list '0,2,5' or one level") from None
+    if not levels or min(levels) < 0:
+        raise ValueError(f"--levels={text!r} is invalid; levels are integers >= 0")
+    return sorted(set(levels))
+
+
+def terrain_types(spec: str) -> list[str]:
+    """The terrain types of ``--terrain``: a comma list, or 'mixed' for every type."""
+    from envs.terrain import TERRAIN_TYPES
+    spec = spec.strip()
+    if spec == "mixed":
+        return list(TERRAIN_TYPES)
+    types = list(dict.fromkeys(t.strip() for t in spec.split(",") if t.strip()))
+    unknown = [t for t in types if t not in TERRAIN_TYPES]
+    if unknown or not types:
+        raise ValueError(f"--terrain={spec!r}: unknown terrain types {unknown}; allowed: 'mixed' or a comma list "
+                         f"of {', '.join(TERRAIN_TYPES)}")
+    return types
+
+
+def build_env(cfg: EvalConfig, seed: int) -> Any:
+    """One column per type, ``num_levels`` rows, curriculum off, commands held per episode, no pushes."""
+    from envs.config import EnvConfig
+    from envs.terrain import TerrainConfig
+    from envs.vec_env import LeggedEnv
+
+    types = terrain_types(cfg.terrain)
+    env_cfg = EnvConfig.flat(robot=cfg.robot, num_envs=cfg.num_envs, seed=seed)
+    env_cfg.terrain = TerrainConfig.of_types(types, num_levels=cfg.num_levels, num_cols=len(types),
+                                             seed=derive_seed(seed, "eval/terrain") % (2**31))
+    env_cfg.curriculum = False
+    env_cfg.backend.num_threads = cfg.num_threads
+    env_cfg.episode_length_s = cfg.max_episode_s
+    env_cfg.commands.resample = False
+    env_cfg.randomization.push_robots = False
+    return LeggedEnv(env_cfg)
+
+
+class TimedPolicy:
+    """A Policy that times ``act`` of the one it wraps (seconds per call) and calls ``before_act(terms)``
+    first (outside the timing) - the video recorder's hook. Everything else is the wrapped policy's."""
+
+    def __init__(self, policy: Any, before_act: Callable[[Mapping[str, torch.Tensor]], None] | None = None):
+        self._policy = policy
+        self.before_act = before_act
+        self.seconds: list[float] = []
+        self._cuda = str(getattr(policy, "device", "cpu")).startswith("cuda")
+
+    def __getattr__(self, name: str) -> Any:  # policy_id, obs_terms, action_space, hl_commands, ...
+        return getattr(self._policy, name)
+
+    def reset(self, env_ids: torch.Tensor) -> None:
+        self._policy.reset(env_ids)
+
+    def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        if self.before_act is not None:
+            self.before_act(obs)
+        if self._cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        actions = self._policy.act(obs)
+        if self._cuda:
+            torch.cuda.synchronize()
+        self.seconds.append(time.perf_counter() - t0)
+        return actions
+
+
+def _rounds(cells: list[tuple[str, int]], num_envs: int) -> list[list[tuple[str, int]]]:
+    return [cells[i:i + num_envs] for i in range(0, len(cells), num_envs)]
+
+
+def run_round(env: Any, rollout: Rollout, cells: list[tuple[str, int]], episodes: int,
+              col_of: Mapping[str, int]) -> dict[tuple[str, int], list[Any]]:
+    """Place the envs on ``cells`` (env i on cells[i % len]) and return each cell's first ``episodes``
+    episodes by (episode index, env id)."""
+    n = env.num_envs
+    assignment = [cells[i % len(cells)] for i in range(n)]
+    per_cell = {c: sum(1 for a in assignment if a == c) for c in cells}
+    quota = [math.ceil(episodes / per_cell[assignment[i]]) for i in range(n)]
+    ids = torch.arange(n, device=env.device)
+    env.set_terrain_levels(ids, torch.tensor([a[1] for a in assignment]),
+                           torch.tensor([col_of[a[0]] for a in assignment]))
+    got: list[list[Any]] = [[] for _ in range(n)]
+    bound = max(quota) * int(env.max_episode_length) + 1
+    for ep in rollout.episodes(max_steps=bound, reset=False):
+        i = int(ep.info["env_id"])
+        if (ep.info.get("terrain_type"), int(ep.info.get("terrain_level", -1))) != assignment[i]:
+            raise RuntimeError(f"env {i} ran an episode on {ep.info.get('terrain_type')}/level "
+                               f"{ep.info.get('terrain_level')}, not its cell {assignment[i]}; was the curriculum on?")
+        if len(got[i]) < quota[i]:
+            got[i].append(ep)
+        if all(len(g) >= q for g, q in zip(got, quota)):
+            break
+    if not all(len(g) >= q for g, q in zip(got, quota)):
+        raise RuntimeError("evaluation round ended before every env finished its episodes")
+    out: dict[tuple[str, int], list[Any]] = {}
+    for c in cells:
+        ordered = [(k, i) for i in range(n) if assignment[i] == c for k in range(quota[i])]
+        out[c] = [got[i][k] for k, i in sorted(ordered)[:episodes]]
+    return out
+
+
+def load_policy(cfg: EvalConfig, env: Any) -> Any:
+    from collection.collect import CollectConfig, build_policy
+    policy = build_policy(CollectConfig(out="", episodes=1, policy=cfg.policy, robot=cfg.robot), env)
+    check = getattr(policy, "check_terms", None)
+    if callable(check):  # a checkpoint whose terms the env does not provide: a clear error before running
+        check(env.terms)
+    return policy
+
+
+def evaluate(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the sweep; the result dict that ``write_outputs`` saves (see the module doc)."""
+    from collection.skills import SkillCommandSampler, parse_skills
+
+    cfg.validate()
+    if cfg.video:
+        from collection.video import prepare_gl
+        prepare_gl()
+    torch.set_num_threads(cfg.num_threads)
+    seed_everything(cfg.seed)
+    env_seed = derive_seed(cfg.seed, "eval/env") % (2**31)
+    env = build_env(cfg, env_seed)
+    t_start = time.perf_counter()
+    try:
+        policy = load_policy(cfg, env)
+        recorder = None
+        if cfg.video:
+            from collection.video import VideoRecorder
+            recorder = VideoRecorder.try_create(env, cfg.video_steps, log)
+        timed = TimedPolicy(policy, recorder.capture if recorder is not None else None)
+        col_of = {name: col for col, name in enumerate(
+            env.terrain_types[int(t)] for t in env.terrain.col_type_idx.tolist())}
+        cells = [(t, lv) for t in terrain_types(cfg.terrain) for lv in parse_levels(cfg.levels)]
+        episodes: list[dict[str, Any]] = []
+        summaries: list[dict[str, Any]] = []
+        for ci, command_set in enumerate(cfg.commands):
+            mix = parse_skills(command_set)
+            skills = SkillCommandSampler(mix, env.num_envs, derive_seed(cfg.seed, f"eval/commands/{ci}"))
+            rollout = Rollout(env, timed, RolloutConfig(record=True, seed=cfg.seed, label_rule=cfg.label_rule),
+                              skills=skills, info_extra={"command_set": command_set})
+            for cells_now in _rounds(cells, env.num_envs):
+                t0 = time.perf_counter()
+                by_cell = run_round(env, rollout, cells_now, cfg.episodes, col_of)
+                for (ttype, level), eps in by_cell.items():
+                    rows = []
+                    for ep in eps:
+                        m = episode_metrics(ep.info, ep.features.get("actions"), float(env.dt))
+                        m.update(terrain_type=ttype, terrain_level=level, command_set=command_set,
+                                 task=ep.info.get("task"), gait=ep.info.get("gait"))
+                        rows.append(m)
+                    episodes.extend(rows)
+                    summaries.append({"terrain_type": ttype, "terrain_level": level, "command_set": command_set,
+                                      **summarize(rows)})
+                if cfg.progress:
+                    done = ", ".join(f"{t}/{lv}" for t, lv in cells_now)
+                    log(f"eval {policy.policy_id}: [{command_set}] {done}: {len(cells_now) * cfg.episodes} episodes "
+                        f"in {time.perf_counter() - t0:.1f}s")
+        video = recorder.save(Path(cfg.out)) if recorder is not None else None
+    finally:
+        env.close()
+    lat = timed.seconds
+    latency = {"act_ms_mean": 1e3 * sum(lat) / max(len(lat), 1),
+               "act_ms_per_env": 1e3 * sum(lat) / max(len(lat), 1) / cfg.num_envs,
+               "calls": len(lat), "batch": cfg.num_envs}
+    cfg_dict = asdict(cfg)
+    return {
+        "policy": cfg.policy, "policy_id": policy.policy_id, "config": cfg_dict,
+        "overall": summarize(episodes), "cells": summaries, "episodes": episodes, "latency": latency,
+        "video": str(video) if video else None,
+        "smoothness": "share of action energy above 5 Hz (50 Hz control), see collection/metrics.py",
+        "wall_s": time.perf_counter() - t_start,
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
+        "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
+
+
+def write_outputs(result: dict[str, Any], out: str | Path, title: str | None = None) -> dict[str, Path]:
+    """eval.json, report.md and the PNG plots into ``out``; the paths written."""
+    from tools.reports import eval_report_markdown, plot_vs_level
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "eval.json", "report": out / "report.md"}
+    paths["json"].write_text(json.dumps(result, indent=1, default=str))
+    paths.update(plot_vs_level({result["policy_id"]: result}, out))
+    paths["report"].write_text(eval_report_markdown(result, plots={k: v.name for k, v in paths.items()
+                                                                    if k.endswith("_png")}, title=title))
+    return paths
+
+
+# --- the CLI -----------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = EvalConfig()
+    p.add_argument("--policy", default=d.policy, help="'gait' (the gait expert) or a checkpoint path")
+    p.add_argument("--out", required=True, help="report directory (eval.json, report.md, PNG plots)")
+    p.add_argument("--robot", default=d.robot, help="go1 | aliengo")
+    p.add_argument("--terrain", default=d.terrain, help="'mixed' (every type) or a comma list of terrain types")
+    p.add_argument("--levels", default=d.levels, help="levels to evaluate: '0-3', '0,2,5' or '4'")
+    p.add_argument("--num-levels", type=int, default=d.num_levels, help="rows of the terrain grid (difficulty scale)")
+    p.add_argument("--episodes", type=int, default=d.episodes, help="episodes per type x level x command set")
+    p.add_argument("--commands", action="append", default=None,
+                   help="command set: a skill or a skill mix (repeatable; default: walking)")
+    p.add_argument("--num-envs", type=int, default=d.num_envs)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
+    p.add_argument("--num-threads", type=int, default=d.num_threads, help="physics threads")
+    p.add_argument("--video", action="store_true", help="also render a short GIF of env 0 (MUJOCO_GL=egl)")
+
+
+def config_from_args(args: argparse.Namespace) -> EvalConfig:
+    return EvalConfig(policy=args.policy, out=args.out, robot=args.robot, terrain=args.terrain, levels=args.levels,
+                      num_levels=args.num_levels, episodes=args.episodes, commands=args.commands or ["walking"],
+                      num_envs=args.num_envs, seed=args.seed, max_episode_s=args.max_episode_s,
+                      num_threads=args.num_threads, video=args.video)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args).validate()
+    result = evaluate(cfg)
+    paths = write_outputs(result, cfg.out)
+    from tools.reports import cells_table
+    print(cells_table([result]))
+    print(f"report: {paths['report']}  json: {paths['json']}")
+    return 0

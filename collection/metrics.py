@@ -1,0 +1,101 @@
+"""Evaluation metrics: per-episode numbers from a rollout ``Episode`` and their summary per cell.
+
+Per episode (``episode_metrics``):
+- ``return``: the env's task reward summed over the episode (``extras["episode"]["return"]``);
+- ``success``: the labelling rule of ``collection.labels`` (the rollout labels every episode);
+- ``fall``: the episode ended with the robot down - a ``fall`` or a ``base_collision`` termination
+  (``non_finite`` physics is counted apart, as ``non_finite``);
+- ``lin_vel_error`` / ``ang_vel_error``: the env's mean |v_xy - cmd_xy| (m/s) and |w_z - cmd_wz| (rad/s);
+- ``distance``: xy distance from the start (m);
+- ``high_freq_energy``: action smoothness, the share of the action sequence's energy above
+  ``SMOOTHNESS_CUTOFF_HZ`` (5 Hz at the 50 Hz control rate, i.e. above half of Nyquist): per joint, the
+  mean-removed sequence's one-sided power spectrum (``numpy.fft.rfft``), energy above the cutoff over
+  all energy, joints pooled. 0 is perfectly smooth; white noise gives about 0.8 (the share of
+  frequency bins above 5 Hz). Undefined (NaN, skipped in means) for episodes shorter than
+  ``MIN_SMOOTHNESS_STEPS`` or with constant actions.
+
+``summarize`` reduces a list of per-episode dicts to means, a 95 % normal-approximation interval of the
+success rate (Wilson) and counts; NaNs are skipped per metric.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+SMOOTHNESS_CUTOFF_HZ = 5.0
+MIN_SMOOTHNESS_STEPS = 10
+FALL_REASONS = ("fall", "base_collision")
+MEAN_METRICS = ("return", "success", "fall", "non_finite", "lin_vel_error", "ang_vel_error", "distance",
+                "length", "high_freq_energy")
+
+
+def high_freq_energy(actions: np.ndarray, dt: float, cutoff_hz: float = SMOOTHNESS_CUTOFF_HZ) -> float:
+    """Share of the energy of ``actions`` (T, A) above ``cutoff_hz`` for a control period ``dt`` (s)."""
+    a = np.asarray(actions, dtype=np.float64)
+    if a.ndim == 1:
+        a = a[:, None]
+    if a.ndim != 2:
+        raise ValueError(f"actions must be (T, A); got shape {a.shape}")
+    if not dt > 0:
+        raise ValueError(f"dt={dt!r}; must be > 0 seconds")
+    if a.shape[0] < MIN_SMOOTHNESS_STEPS:
+        return float("nan")
+    a = a - a.mean(axis=0, keepdims=True)
+    power = np.abs(np.fft.rfft(a, axis=0)) ** 2          # (F, A)
+    freqs = np.fft.rfftfreq(a.shape[0], d=dt)            # (F,)
+    total = power.sum()
+    if not total > 1e-12:
+        return float("nan")
+    return float(power[freqs > cutoff_hz].sum() / total)
+
+
+def episode_metrics(info: Mapping[str, Any], actions: np.ndarray | None, dt: float) -> dict[str, Any]:
+    """The numbers evaluation keeps for one finished episode (see the module doc)."""
+    reason = str(info.get("termination_reason", "none"))
+    return {
+        "return": float(info.get("return", float("nan"))),
+        "success": float(bool(info["success"])),
+        "fall": float(reason in FALL_REASONS),
+        "non_finite": float(reason == "non_finite"),
+        "failure_reason": str(info.get("failure_reason", "none")),
+        "lin_vel_error": float(info.get("lin_vel_error", float("nan"))),
+        "ang_vel_error": float(info.get("ang_vel_error", float("nan"))),
+        "distance": float(info.get("distance", float("nan"))),
+        "length": int(info["length"]),
+        "high_freq_energy": high_freq_energy(actions, dt) if actions is not None else float("nan"),
+    }
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a success rate (sensible at the tiny counts used here)."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _nanmean(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def summarize(episodes: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Means of ``MEAN_METRICS`` (NaNs skipped), return std, success interval, failure-reason counts."""
+    eps = list(episodes)
+    out: dict[str, Any] = {"episodes": len(eps)}
+    for key in MEAN_METRICS:
+        out[key] = _nanmean([float(e[key]) for e in eps])
+    returns = [float(e["return"]) for e in eps if math.isfinite(float(e["return"]))]
+    out["return_std"] = float(np.std(returns)) if returns else float("nan")
+    successes = int(sum(e["success"] for e in eps))
+    out["success_ci95"] = list(wilson_interval(successes, len(eps)))
+    reasons: dict[str, int] = {}
+    for e in eps:
+        reasons[e["failure_reason"]] = reasons.get(e["failure_reason"], 0) + 1
+    out["failure_reasons"] = dict(sorted(reasons.items()))
+    return out
