@@ -125,7 +125,8 @@ class SequenceModel(nn.Module):
         if action_prev is None:
             action_prev = cache.state["last_action"]
         out = self._step(obs_t, cache, action_prev, rtg_t)
-        cache.state["last_action"].copy_(out)
+        if self.use_actions:   # only action-token models read it; one op less on the latency path
+            cache.state["last_action"].copy_(out)
         cache.pos += 1
         cache.max_pos += 1
         return out
