@@ -7,18 +7,21 @@ Tables:
 2. training throughput (transitions/s) of one optimizer step — forward on the online network, the two
    target-network passes of the Q objective, backward, AdamW — for germ, germ-il and germ-dense, on
    synthetic transitions in the proprio layout.
-Ratios are measured in one run (the machine is shared); one torch thread throughout.
+Ratios are measured in one run with the candidates timed round-robin, so load drift on the shared
+machine hits them alike; medians; one torch thread throughout.
 """
 from __future__ import annotations
 
 import copy
+import statistics
 import time
+from typing import Callable
 
 import numpy as np
 import torch
 
 from envs.layout import PROPRIO, TERM_DIMS
-from tools.bench.common import Table, median_time, report
+from tools.bench.common import Table, report
 from tools.seeding import seed_everything
 
 
@@ -44,12 +47,27 @@ def _greedy_without_cache(model, obs, mask):
     return bins
 
 
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each fn, timed in round-robin so load drift on a shared machine hits
+    every candidate alike (the ratios are what this benchmark reports)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def latency_table(cfgs: dict, repeats: int) -> Table:
     from training.models.germ import ContextWindow, GeRM
     t = Table("GeRM step latency (batch 1, CPU, 1 thread)",
               ["model", "active params", "total params", "step ms (KV cache)", "step ms (no cache)",
                "latency vs w/o MoE"])
-    rows = []
+    models, fns = {}, {}
     for name, cfg in cfgs.items():
         seed_everything(0)
         model = GeRM(cfg).eval()
@@ -57,14 +75,16 @@ def latency_table(cfgs: dict, repeats: int) -> Table:
         for _ in range(cfg.context):   # a full window, as in steady state
             window.push(torch.randn(1, cfg.obs_dim))
         obs = torch.randn(1, cfg.obs_dim)
-        with torch.no_grad():
-            cached = median_time(lambda: model.step(obs, window), repeats)
-            seq, mask = window.obs.clone(), window.mask.clone()
-            full = median_time(lambda: _greedy_without_cache(model, seq, mask), max(3, repeats // 4))
-        rows.append((name, model.active_parameters(), model.total_parameters(), cached * 1e3, full * 1e3))
-    dense_ms = next(r[3] for r in rows if r[0] == "germ-dense")
-    for name, active, total, cached, full in rows:
-        t.add(name, active, total, cached, full, cached / dense_ms)
+        seq, mask = window.obs.clone(), window.mask.clone()
+        models[name] = model
+        fns[f"{name}/cached"] = lambda m=model, w=window, o=obs: m.step(o, w)
+        fns[f"{name}/full"] = lambda m=model, s_=seq, k=mask: _greedy_without_cache(m, s_, k)
+    with torch.no_grad():
+        med = interleaved_medians(fns, repeats)
+    dense_ms = med["germ-dense/cached"]
+    for name, model in models.items():
+        t.add(name, model.active_parameters(), model.total_parameters(), med[f"{name}/cached"] * 1e3,
+              med[f"{name}/full"] * 1e3, med[f"{name}/cached"] / dense_ms)
     return t
 
 
@@ -76,7 +96,7 @@ def throughput_table(cfgs: dict, steps: int, batch_size: int) -> Table:
     t = Table(f"GeRM training throughput (batch {batch_size}, CPU, 1 thread)",
               ["model", "objective", "transitions/s", "ms/step", "vs germ"])
     data = _synthetic(num_episodes=40, length=50)
-    results = []
+    fns, objectives = {}, {}
     for model_name, cfg in cfgs.items():
         train_cfg = default_config(model_name)
         train_cfg.model = cfg
@@ -86,24 +106,19 @@ def throughput_table(cfgs: dict, steps: int, batch_size: int) -> Table:
         model = GeRM(cfg).train()
         target = copy.deepcopy(model).eval().requires_grad_(False) if train_cfg.objective == "q" else None
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-        batches = [sampler.sample(batch_size) for _ in range(steps + 2)]
+        batch = sampler.sample(batch_size)
 
-        def one(batch):
+        def one(model=model, target=target, batch=batch, binner=binner, train_cfg=train_cfg, opt=opt):
             terms = losses(model, target, batch, binner, train_cfg)
             opt.zero_grad(set_to_none=True)
             terms["loss"].backward()
             opt.step()
 
-        for b in batches[:2]:
-            one(b)
-        t0 = time.perf_counter()
-        for b in batches[2:]:
-            one(b)
-        dt = (time.perf_counter() - t0) / steps
-        results.append((model_name, train_cfg.objective, batch_size / dt, dt * 1e3))
-    base = next(r[2] for r in results if r[0] == "germ")
-    for name, obj, tps, ms in results:
-        t.add(name, obj, tps, ms, tps / base)
+        fns[model_name], objectives[model_name] = one, train_cfg.objective
+    med = interleaved_medians(fns, steps)
+    base = med["germ"]
+    for name, dt in med.items():
+        t.add(name, objectives[name], batch_size / dt, dt * 1e3, base / dt)
     return t
 
 
