@@ -57,20 +57,23 @@ class TerrainState:
         return self.origins[self.levels[env_ids], self.cols[env_ids]]
 
     def set_levels(self, env_ids: torch.Tensor, levels, cols=None) -> None:
-        levels = torch.as_tensor(levels, dtype=torch.long, device=self.device).reshape(-1)
-        if levels.numel() == 1:
-            levels = levels.expand(env_ids.numel())
-        if ((levels < 0) | (levels >= self.num_levels)).any():
-            raise ValueError(f"set_terrain_levels: levels must lie in [0, {self.num_levels - 1}]")
+        """Move envs to (level, col) tiles; a scalar level/col applies to all; nothing changes on error."""
+        levels = self._per_env(env_ids, levels, "levels", self.num_levels)
+        cols = self._per_env(env_ids, cols, "cols", self.origins.shape[1]) if cols is not None else None
         self.levels[env_ids] = levels
         if cols is not None:
-            cols = torch.as_tensor(cols, dtype=torch.long, device=self.device).reshape(-1)
-            if cols.numel() == 1:
-                cols = cols.expand(env_ids.numel())
-            if ((cols < 0) | (cols >= self.origins.shape[1])).any():
-                raise ValueError(f"set_terrain_levels: cols must lie in [0, {self.origins.shape[1] - 1}]")
             self.cols[env_ids] = cols
             self.type_idx[env_ids] = self.col_type_idx[cols]
+
+    def _per_env(self, env_ids: torch.Tensor, values, name: str, size: int) -> torch.Tensor:
+        v = torch.as_tensor(values, dtype=torch.long, device=self.device).reshape(-1)
+        if v.numel() == 1:
+            v = v.expand(env_ids.numel())
+        if v.numel() != env_ids.numel():
+            raise ValueError(f"set_terrain_levels: {v.numel()} {name} for {env_ids.numel()} envs; give one per env")
+        if ((v < 0) | (v >= size)).any():
+            raise ValueError(f"set_terrain_levels: {name} must lie in [0, {size - 1}]; got {v.tolist()}")
+        return v
 
     def update_curriculum(self, env_ids: torch.Tensor, distance: torch.Tensor, commanded: torch.Tensor) -> None:
         if not self.use_curriculum or env_ids.numel() == 0:
