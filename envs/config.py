@@ -143,6 +143,7 @@ class RewardsConfig:
     base_height_target: float | None = None  # None -> the robot's nominal base height
     max_contact_force: float = 100.0
     feet_air_time_target: float = 0.5
+    penalized_contact_bodies: tuple[str, ...] = ("thigh", "calf")  # body suffixes the collision term counts
 
     def validate(self) -> None:
         from envs.rewards import REWARD_TERMS  # the registry lives with the reward functions
@@ -161,7 +162,6 @@ class TerminationsConfig:
     contact_force: float = 1.0        # N
     max_gravity_z: float = -0.5       # projected gravity z above this (tilted > 60 deg) -> "fall"
     min_base_height: float = 0.4      # fraction of the nominal base height; below it -> "fall"
-    penalized_contact_bodies: tuple[str, ...] = ("thigh", "calf")  # suffixes for the collision reward
 
     def validate(self) -> None:
         if not -1.0 <= self.max_gravity_z <= 0.0:

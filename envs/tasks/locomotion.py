@@ -38,8 +38,8 @@ class LocomotionTask:
         rc = cfg.rewards
         self.rewards = RewardManager(rc.scales, dt, n, rc.only_positive_rewards, device)
         self.terminations = Terminations(cfg.terminations, robot.nominal_base_height, body_names, device)
-        self.penalized = contact_body_indices(body_names, cfg.terminations.penalized_contact_bodies,
-                                              "terminations.penalized_contact_bodies").to(device)
+        self.penalized = contact_body_indices(body_names, rc.penalized_contact_bodies,
+                                              "rewards.penalized_contact_bodies").to(device)
         feet = [i for i, b in enumerate(body_names) if b.endswith("_foot")]
         self.feet_bodies = (torch.tensor(feet, dtype=torch.long) if feet else
                             contact_body_indices(body_names, ("calf",), "feet bodies")).to(device)
@@ -49,7 +49,8 @@ class LocomotionTask:
         self.soft_pos = torch.stack((mid - half, mid + half), dim=1)
         self.soft_vel = torch.tensor(robot.velocity_limits, device=device) * rc.soft_dof_vel_limit
         self.soft_torque = torch.tensor(robot.torque_limits, device=device) * rc.soft_torque_limit
-        self.base_height_target = rc.base_height_target if rc.base_height_target is not None else robot.nominal_base_height
+        self.base_height_target = (rc.base_height_target if rc.base_height_target is not None
+                                   else robot.nominal_base_height)
         # per-episode accumulators
         z = lambda: torch.zeros(n, device=device)  # noqa: E731
         self.ep_steps = torch.zeros(n, dtype=torch.long, device=device)
