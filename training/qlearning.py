@@ -234,7 +234,15 @@ def make_samplers(source: Any, layout: ObsLayout, cfg: GeRMTrainConfig, info: Di
                   val_fraction=cfg.val_fraction, action_feature=cfg.action_feature)
     train = TransitionSampler(data, split="train" if cfg.val_fraction > 0 else "all",
                               success_ratio=cfg.success_ratio, rank=info.rank, world_size=info.world_size, **common)
-    val = TransitionSampler(data, split="val", **common) if cfg.val_fraction > 0 else None
+    val = None
+    if cfg.val_fraction > 0:
+        try:
+            val = TransitionSampler(data, split="val", **common)
+        except ValueError as err:   # e.g. one episode, or no successes among the held-out ones
+            if "no episodes left" not in str(err):
+                raise
+            if info.is_main:
+                print(f"[{cfg.model_name}] validation disabled: {err}", flush=True)
     return data, train, val
 
 

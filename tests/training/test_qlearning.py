@@ -244,6 +244,11 @@ def test_n_step_transitions_train(tmp_path):
     assert np.isfinite(s["history"][-1]["loss"])
 
 
+def test_a_single_episode_trains_without_validation(tmp_path, capsys):
+    s = train(_tiny("germ", max_steps=2), bandit_chain(1), tmp_path)
+    assert s["val"] == [] and "validation disabled" in capsys.readouterr().out
+
+
 def test_config_errors_are_clear():
     with pytest.raises(ValueError, match="GeRM model"):
         default_config("germ-xl")
