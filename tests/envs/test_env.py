@@ -371,3 +371,23 @@ def test_scan_grid_turns_with_the_base_yaw_and_commands_resample_on_time():
     assert torch.equal(cm.commands, first)
     cm.step(quat)                                   # 5 steps = 0.1 s: envs 0, 1 redrawn, the pinned one kept
     assert not torch.equal(cm.commands[:2], first[:2]) and torch.equal(cm.commands[2], first[2])
+
+
+def test_privileged_and_trig_terms_come_from_the_state_and_params():
+    cfg = EnvConfig.flat(num_envs=8, seed=3)   # physics randomization on: per-env friction / added mass
+    cfg.backend.num_threads = 1
+    env = LeggedEnv(cfg)
+    env.step(torch.zeros(8, 12))
+    t, st, params = env.terms, env.backend.state, env.backend.env_params
+    torch.testing.assert_close(t["friction"][:, 0], params["friction"].float())
+    torch.testing.assert_close(t["added_mass"][:, 0], params["added_mass"].float())
+    assert t["friction"].std() > 0
+    torch.testing.assert_close(t["dof_pos_sin"], torch.sin(st.joint_pos))
+    torch.testing.assert_close(t["dof_pos_cos"], torch.cos(st.joint_pos))
+    torch.testing.assert_close(t["foot_contacts"], st.foot_contact.float())
+    torch.testing.assert_close(t["base_lin_vel"], st.root_lin_vel_b)
+    # terms are copies: the next step does not change what a caller kept
+    kept = t["dof_vel"].clone()
+    env.step(torch.full((8, 12), 0.5))
+    assert torch.equal(t["dof_vel"], kept)
+    env.close()
