@@ -7,6 +7,14 @@ from envs.layout import LayoutTerm, ObsLayout, get_layout
 
 torch.set_num_threads(1)
 
+
+@pytest.fixture(autouse=True, params=["strided", "rows"])
+def window_layout(request, monkeypatch):
+    """Every test runs on both window layouts: they must give identical batches."""
+    import data.samplers
+    monkeypatch.setattr(data.samplers, "WINDOW_LAYOUT", request.param)
+    return request.param
+
 # obs = [step value, 10 * step value] so every window entry says which step it came from
 LAYOUT = ObsLayout("probe", (LayoutTerm("base_height"), LayoutTerm("friction", 10.0)))
 
@@ -32,9 +40,10 @@ def _arrays(lengths, success=None, terminated_last=None, terrain=None):
     return EpisodeArrays(feats, ends, info)
 
 
-def test_window_padding_rule_exact_contents():
+def test_window_padding_rule_exact_contents(window_layout):
     data = _arrays([3, 6])  # episode 0: global steps 0..2, episode 1: 3..8
     s = WindowSampler(data, LAYOUT, context=4, split="all")
+    assert s.steps.strided == (window_layout == "strided")
     assert s.num_windows == 9
     b = s.batch_at(np.array([3, 4, 5, 7, 2]))  # ep1 t=0, t=1 (<n-1), t=2, t=4 (>=n-1), ep0 t=2
     obs, mask = b["obs"], b["mask"]
