@@ -150,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--policy {args.policy!r} is invalid; allowed: {POLICIES}")
     command = _command(args.command)
     seed_everything(args.seed)
+    # The env's per-step torch work is many small batched ops: intra-op threads only add hand-off cost
+    # (tens of ms per op on a loaded machine); the physics has its own thread pool (--threads).
+    torch.set_num_threads(1)
     env = build_env(args)
     try:
         policy = _policy(args.policy, env, args.gait)
