@@ -13,7 +13,8 @@ which is the same arithmetic as ``decimation`` calls of ``mj_step``. After it, p
 contact forces (acceleration-stage sensors) are those that acted during the last substep.
 
 The readout is one ``sensordata`` row per env copied into a preallocated (N, S) float64 array; every
-``RobotState`` field is a preallocated float32 tensor refreshed in place by vectorised torch ops.
+``RobotState`` field is a float32 tensor sharing memory with a preallocated numpy array, refreshed in
+place by a few vectorised numpy copies (MuJoCo's sensors already give the body-frame quantities).
 Consumers must ``clone()`` a field they want to keep across steps.
 """
 from __future__ import annotations
