@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-expert": ("experts.ppo", "train a PPO expert with rsl_rl on the locomotion task"),
     "eval": ("collection.evaluate", "closed-loop evaluation of a policy across terrain types and levels"),
     "eval-expert": ("collection.evaluate_expert", "evaluate an expert per terrain type x level"),
+    "reproduce": ("tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency)"),
     "bench": ("tools.bench.cli", "benchmarks: sim | experts | store | models | germ"),
 }
 

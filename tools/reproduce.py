@@ -1,0 +1,335 @@
+"""`quadforge reproduce`: the first reproduction report, ``docs/results.md``, from one command.
+
+    quadforge reproduce [--quick] [--out runs/reproduce] [--docs docs/results.md]
+                        [--sizes 50000,250000,1000000] [--seeds 0,1,2] [--train-steps 300] [--report-only]
+
+Three questions, each answered by measurements taken in this run (nothing is copied from a paper):
+
+1. Imitation (seed 000 Fig. 4): FCNet vs Transformer vs Decision ConvFormer vs MLP trained on the
+   gait expert's locomotion data at three dataset sizes (env steps: nested prefixes of one collection,
+   so a larger set contains the smaller), each evaluated closed loop over terrain types x levels with
+   ``collection.evaluate``; several seeds, mean and spread.
+2. GeRM (seed 003 Table III): GeRM vs GeRM w/o RL (``germ-il``) vs GeRM w/o MoE (``germ-dense``) trained
+   on successes and failures (the gait expert clean, plus with action noise and pushes), evaluated on
+   success rate.
+3. Inference latency vs context (seed 000 Fig. 6): quoted from ``docs/models.md``
+   (``quadforge bench models``, team models).
+
+Every stage appends to ``OUT/results.json`` as it finishes and the report is rebuilt from that file, so an
+interrupted run still documents what it measured (``--report-only`` rebuilds the report alone).
+``--quick`` scales everything down to finish in well under an hour on a shared 2-core machine; the
+defaults are the sizes the brief asks for (they are CPU-days here).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+IMITATION_MODELS = ("fcnet", "transformer", "convformer", "mlp")
+GERM_VARIANTS = ("germ", "germ-il", "germ-dense")
+
+
+@dataclass
+class ReproduceConfig:
+    out: str = "runs/reproduce"
+    docs: str = "docs/results.md"
+    sizes: tuple[int, ...] = (50_000, 250_000, 1_000_000)   # env steps of imitation data (seed 000 Fig. 4 scale)
+    models: tuple[str, ...] = IMITATION_MODELS
+    seeds: tuple[int, ...] = (0, 1, 2)
+    train_steps: int = 2000
+    batch_size: int = 64
+    germ_episodes_clean: int = 300
+    germ_episodes_noisy: int = 300
+    germ_action_noise: float = 0.3
+    germ_push: float = 0.5
+    germ_steps: int = 2000
+    eval_terrain: str = "flat,slope_up,rough_slope,stairs_up"
+    eval_levels: str = "0,3,6"
+    eval_episodes: int = 8
+    num_envs: int = 16
+    max_episode_s: float = 4.0
+    data_terrain: str = "flat,slope_up,rough_slope,stairs_up"
+    quick: bool = False
+
+    @classmethod
+    def quick_preset(cls, **kw: Any) -> "ReproduceConfig":
+        base = dict(sizes=(2_500, 7_000, 20_000), seeds=(0, 1), train_steps=300, germ_episodes_clean=60,
+                    germ_episodes_noisy=60, germ_steps=200, eval_terrain="flat,rough_slope", eval_levels="0,3",
+                    eval_episodes=3, num_envs=12, quick=True)
+        base.update(kw)
+        return cls(**base)
+
+    def validate(self) -> "ReproduceConfig":
+        if not self.sizes or any(s < 100 for s in self.sizes):
+            raise ValueError(f"--sizes={self.sizes}; give env-step counts >= 100, e.g. 50000,250000,1000000")
+        unknown = [m for m in self.models if m not in IMITATION_MODELS]
+        if unknown:
+            raise ValueError(f"--models: unknown {unknown}; allowed: {IMITATION_MODELS}")
+        if not self.seeds:
+            raise ValueError("--seeds is empty; give e.g. 0,1,2")
+        for name in ("train_steps", "batch_size", "germ_steps", "eval_episodes", "num_envs"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)}; must be >= 1")
+        return self
+
+
+# --- results file ------------------------------------------------------------------------------------------
+class Results:
+    """OUT/results.json, rewritten after every finished stage."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+
+    def put(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        os.replace(tmp, self.path)
+
+    def append(self, key: str, value: Any) -> None:
+        self.put(key, self.data.get(key, []) + [value])
+
+
+def machine() -> dict[str, Any]:
+    import torch
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "load_avg_1m": os.getloadavg()[0]}
+
+
+# --- data ---------------------------------------------------------------------------------------------------
+def collect_steps(store: Path, min_steps: int, cfg: ReproduceConfig, log: Callable[[str], None],
+                  collector_id: str = "main", action_noise: float = 0.0, push: float = 0.0,
+                  episodes: int | None = None) -> dict[str, Any]:
+    """Top the store up until it holds ``min_steps`` env steps (or exactly ``episodes`` of this collector)."""
+    from collection.collect import CollectConfig, run_local, store_count
+    from data.store import TrajectoryStore
+
+    t0 = time.perf_counter()
+    while True:
+        have = store_count(str(store))
+        steps = TrajectoryStore.open(str(store)).num_steps if have else 0
+        if episodes is None and steps >= min_steps:
+            break
+        if episodes is not None:
+            target = episodes
+        else:   # ~100 steps per episode until the mean length is known
+            mean_len = steps / have if have else 100.0
+            target = have + max(8, int((min_steps - steps) / max(mean_len, 1.0) * 1.1) + 1)
+        run_local(CollectConfig(out=str(store), episodes=target, policy="gait", terrain=cfg.data_terrain,
+                                skills="walking", num_envs=cfg.num_envs, seed=0, max_episode_s=cfg.max_episode_s,
+                                action_noise=action_noise, push=push, collector_id=collector_id, progress=False))
+        log(f"  store {store.name}: {store_count(str(store))} episodes")
+        if episodes is not None:
+            break
+    st = TrajectoryStore.open(str(store))
+    return {"episodes": st.num_episodes, "steps": st.num_steps, "seconds": time.perf_counter() - t0}
+
+
+def prefix(data: Any, min_steps: int) -> Any:
+    """The first episodes of ``data`` (EpisodeArrays) holding at least ``min_steps`` steps."""
+    import numpy as np
+
+    from data.episodes import EpisodeArrays
+    k = int(np.searchsorted(data.episode_ends, min_steps)) + 1
+    k = min(k, data.num_episodes)
+    end = int(data.episode_ends[k - 1])
+    return EpisodeArrays({n: a[:end] for n, a in data.features.items()}, data.episode_ends[:k].copy(),
+                         {n: c[:k] for n, c in data.episode_info.items()})
+
+
+def load_all(store: Path) -> Any:
+    from data.episodes import EpisodeArrays
+    from data.store import TrajectoryStore
+    st = TrajectoryStore.open(str(store))
+    return EpisodeArrays.from_store(st, list(st.feature_names))
+
+
+# --- evaluation of one policy -----------------------------------------------------------------------------
+def eval_policy(policy: str, out: Path, cfg: ReproduceConfig, seed: int) -> dict[str, Any]:
+    from collection.evaluate import EvalConfig, evaluate, write_outputs
+    ecfg = EvalConfig(policy=policy, out=str(out), terrain=cfg.eval_terrain, levels=cfg.eval_levels,
+                      episodes=cfg.eval_episodes, num_envs=cfg.num_envs, seed=1000 + seed,
+                      max_episode_s=cfg.max_episode_s, progress=False)
+    result = evaluate(ecfg)
+    write_outputs(result, out)
+    o = result["overall"]
+    return {"success": o["success"], "return": o["return"], "fall": o["fall"], "lin_vel_error": o["lin_vel_error"],
+            "distance": o["distance"], "high_freq_energy": o["high_freq_energy"], "episodes": o["episodes"],
+            "act_ms": result["latency"]["act_ms_mean"], "eval_s": result["wall_s"],
+            "cells": [{k: c[k] for k in ("terrain_type", "terrain_level", "success", "return", "episodes")}
+                      for c in result["cells"]]}
+
+
+# --- stages ----------------------------------------------------------------------------------------------
+def stage_imitation(cfg: ReproduceConfig, res: Results, log: Callable[[str], None]) -> None:
+    from training.imitation import train
+    from training.presets import preset
+
+    out = Path(cfg.out)
+    store = out / "data" / "expert"
+    log(f"[imitation] collecting >= {max(cfg.sizes)} env steps with the gait expert on {cfg.data_terrain}")
+    res.put("imitation_data", collect_steps(store, max(cfg.sizes), cfg, log))
+    data = load_all(store)
+    if "expert_eval" not in res.data:
+        log("[imitation] evaluating the gait expert (reference)")
+        res.put("expert_eval", eval_policy("gait", out / "eval" / "gait", cfg, 0))
+    done = {(r["model"], r["size"], r["seed"]) for r in res.data.get("imitation", [])}
+    for size in cfg.sizes:
+        subset = prefix(data, size)
+        for model in cfg.models:
+            for seed in cfg.seeds:
+                if (model, size, seed) in done:
+                    continue
+                run_dir = out / "imitation" / f"{model}_{size}_s{seed}"
+                tcfg = preset(model, "cpu")
+                tcfg.seed, tcfg.max_steps, tcfg.batch_size = seed, cfg.train_steps, cfg.batch_size
+                tcfg.val_every = tcfg.log_every = max(1, cfg.train_steps // 2)
+                tcfg.tensorboard = False
+                t0 = time.perf_counter()
+                trained = train(tcfg, subset, run_dir)
+                train_s = time.perf_counter() - t0
+                val = [h["val_loss"] for h in trained.history if "val_loss" in h]
+                ev = eval_policy(str(trained.checkpoint), run_dir / "eval", cfg, seed)
+                row = {"model": model, "size": size, "seed": seed, "data_steps": subset.num_steps,
+                       "data_episodes": subset.num_episodes, "train_steps": cfg.train_steps,
+                       "batch_size": cfg.batch_size, "context": tcfg.context,
+                       "params": trained.model.num_parameters(), "val_loss": val[-1] if val else None,
+                       "train_s": train_s, **ev}
+                res.append("imitation", row)
+                log(f"[imitation] {model} size {size} seed {seed}: val {row['val_loss']:.3g} "
+                    f"success {ev['success']:.2f} return {ev['return']:.3g} ({train_s:.0f}s train, "
+                    f"{ev['eval_s']:.0f}s eval)")
+
+
+def germ_config(model_name: str, cfg: ReproduceConfig, seed: int) -> Any:
+    from training.qlearning import default_config
+    g = default_config(model_name, "small")
+    g.seed, g.max_steps, g.batch_size = seed, cfg.germ_steps, 32
+    g.val_every = g.log_every = max(1, cfg.germ_steps // 2)
+    g.tensorboard = False
+    if cfg.quick:   # a CPU-sized network: 2 layers x 64, 4 experts top-2 of 128, context 4
+        g.model.d_model, g.model.num_layers, g.model.num_heads = 64, 2, 2
+        g.model.ffn_hidden, g.model.num_experts, g.model.context = 128, 4, 4
+    return g
+
+
+def stage_germ(cfg: ReproduceConfig, res: Results, log: Callable[[str], None]) -> None:
+    from training.qlearning import train as germ_train
+
+    out = Path(cfg.out)
+    store = out / "data" / "mixed_outcomes"
+    log(f"[germ] collecting {cfg.germ_episodes_clean} clean + {cfg.germ_episodes_noisy} perturbed episodes "
+        f"(action noise {cfg.germ_action_noise}, pushes {cfg.germ_push} m/s)")
+    collect_steps(store, 0, cfg, log, collector_id="clean", episodes=cfg.germ_episodes_clean)
+    info = collect_steps(store, 0, cfg, log, collector_id="noisy", action_noise=cfg.germ_action_noise,
+                         push=cfg.germ_push, episodes=cfg.germ_episodes_clean + cfg.germ_episodes_noisy)
+    data = load_all(store)
+    success = data.episode_info.get("success")
+    info["success_fraction"] = float(success.astype(float).mean()) if success is not None else None
+    res.put("germ_data", info)
+    done = {(r["model"], r["seed"]) for r in res.data.get("germ", [])}
+    for model in GERM_VARIANTS:
+        for seed in cfg.seeds:
+            if (model, seed) in done:
+                continue
+            run_dir = out / "germ" / f"{model}_s{seed}"
+            g = germ_config(model, cfg, seed)
+            t0 = time.perf_counter()
+            summary = germ_train(g, data, run_dir)
+            train_s = time.perf_counter() - t0
+            ev = eval_policy(str(summary["checkpoint"]), run_dir / "eval", cfg, seed)
+            m = summary.get("model")
+            row = {"model": model, "seed": seed, "train_steps": g.max_steps, "batch_size": g.batch_size,
+                   "context": g.model.context, "d_model": g.model.d_model, "layers": g.model.num_layers,
+                   "params": sum(p.numel() for p in m.parameters()) if m is not None else None,
+                   "objective": g.objective, "success_only": g.success_only, "success_ratio": g.success_ratio,
+                   "train_s": train_s, **ev}
+            res.append("germ", row)
+            log(f"[germ] {model} seed {seed}: success {ev['success']:.2f} return {ev['return']:.3g} "
+                f"({train_s:.0f}s train, {ev['eval_s']:.0f}s eval)")
+
+
+def run_reproduction(cfg: ReproduceConfig, stages: tuple[str, ...] = ("imitation", "germ"),
+                     log: Callable[[str], None] = print, command: str | None = None) -> Path:
+    import torch
+
+    from tools.results_report import write_report
+
+    cfg.validate()
+    torch.set_num_threads(1)
+    out = Path(cfg.out)
+    res = Results(out / "results.json")
+    res.put("config", asdict(cfg))
+    if command:
+        res.put("command", command)
+    res.put("machine", machine())
+    res.put("started_utc", res.data.get("started_utc") or time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
+    t0 = time.perf_counter()
+    for stage in stages:
+        {"imitation": stage_imitation, "germ": stage_germ}[stage](cfg, res, log)
+        res.put("finished_utc", time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
+        res.put(f"{stage}_wall_s", res.data.get(f"{stage}_wall_s", 0.0) + time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        write_report(res.data, Path(cfg.docs))
+    return Path(cfg.docs)
+
+
+# --- CLI -----------------------------------------------------------------------------------------------------
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma list of integers") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="scaled-down sizes that finish on a shared 2-core machine")
+    p.add_argument("--out", default="runs/reproduce", help="run directory (data, checkpoints, results.json)")
+    p.add_argument("--docs", default="docs/results.md", help="the report to (re)write")
+    p.add_argument("--sizes", default=None, help="imitation dataset sizes in env steps, e.g. 50000,250000,1000000")
+    p.add_argument("--seeds", default=None, help="training seeds, e.g. 0,1,2")
+    p.add_argument("--models", default=None, help=f"imitation models (default {','.join(IMITATION_MODELS)})")
+    p.add_argument("--train-steps", type=int, default=None, help="optimizer steps per imitation run")
+    p.add_argument("--germ-steps", type=int, default=None, help="optimizer steps per GeRM run")
+    p.add_argument("--stages", default="imitation,germ", help="imitation,germ or one of them")
+    p.add_argument("--report-only", action="store_true", help="rebuild --docs from OUT/results.json only")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tools.results_report import write_report
+
+    if args.report_only:
+        path = Path(args.out) / "results.json"
+        if not path.exists():
+            raise FileNotFoundError(f"--report-only: no {path}; run the reproduction first")
+        write_report(json.loads(path.read_text()), Path(args.docs))
+        print(f"wrote {args.docs}")
+        return 0
+    kw: dict[str, Any] = {"out": args.out, "docs": args.docs}
+    if args.sizes:
+        kw["sizes"] = _ints(args.sizes)
+    if args.seeds:
+        kw["seeds"] = _ints(args.seeds)
+    if args.models:
+        kw["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    if args.train_steps:
+        kw["train_steps"] = args.train_steps
+    if args.germ_steps:
+        kw["germ_steps"] = args.germ_steps
+    cfg = ReproduceConfig.quick_preset(**kw) if args.quick else ReproduceConfig(**kw)
+    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+    bad = [s for s in stages if s not in ("imitation", "germ")]
+    if bad or not stages:
+        raise ValueError(f"--stages={args.stages!r}; allowed: imitation, germ (comma-separated)")
+    import sys
+    command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
+    print(f"wrote {run_reproduction(cfg, stages, command=command)}")
+    return 0
