@@ -170,3 +170,34 @@ def test_real_env_eval_is_seeded_and_writes_report(tmp_path):
     again = evaluate(EvalConfig(**{**cfg.__dict__, "out": str(tmp_path / "b")}))
     strip = lambda r: [{k: v for k, v in e.items()} for e in r["episodes"]]  # noqa: E731
     assert json.dumps(strip(result), sort_keys=True) == json.dumps(strip(again), sort_keys=True)
+
+
+# --- checkpoints -----------------------------------------------------------------------------------------
+def _tiny_checkpoint(tmp_path):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+    from imitation_data import learnable_arrays
+
+    from training.imitation import train
+    from training.presets import preset
+    cfg = preset("mlp", "cpu")
+    cfg.max_steps, cfg.batch_size, cfg.val_every, cfg.tensorboard = 2, 8, 2, False
+    return train(cfg, learnable_arrays(), tmp_path / "mlp").checkpoint
+
+
+def test_checkpoint_policy_evaluates_and_a_term_mismatch_is_a_clear_error(tmp_path):
+    from training.checkpoint import load_checkpoint, save_checkpoint
+    path = _tiny_checkpoint(tmp_path)
+    cfg = EvalConfig(policy=str(path), out=str(tmp_path / "ok"), terrain="flat", levels="0", episodes=1, num_envs=2,
+                     num_levels=2, max_episode_s=0.2, progress=False)
+    result = evaluate(cfg)
+    assert result["policy_id"].startswith("mlp:") and result["overall"]["episodes"] == 1
+    # a checkpoint that claims another width for a term the env provides
+    ckpt = load_checkpoint(path)
+    ckpt.extra["term_dims"] = {**ckpt.extra["term_dims"], "dof_pos": 13}
+    bad = save_checkpoint(tmp_path / "bad.pt", ckpt)
+    with pytest.raises(ValueError, match="dof_pos"):
+        evaluate(EvalConfig(**{**cfg.__dict__, "policy": str(bad)}))
+    assert cli_main(["eval", "--policy", str(bad), "--terrain", "flat", "--levels", "0", "--num-levels", "2",
+                     "--episodes", "1", "--num-envs", "2", "--out", str(tmp_path / "cli")]) == 2
