@@ -59,10 +59,42 @@ def imitation_section(data: Mapping[str, Any], docs_dir: Path) -> list[str]:
                                  "return", "fall", "lin err m/s", "HF action energy",
                                  f"act ms ({cfg['num_envs']} envs)", "train s"), table))
     lines.append("")
+    lines += _imitation_findings(rows)
     plot = _plot_imitation(rows, docs_dir)
     if plot:
         lines += [f"![success vs data size]({plot.name})", ""]
     return lines
+
+
+def _compare(a: Sequence[float], b: Sequence[float]) -> str:
+    """'higher' / 'lower' when the means differ by more than the larger seed std, else 'within the spread'."""
+    ma, mb = float(np.mean(a)), float(np.mean(b))
+    spread = max(float(np.std(a, ddof=1)) if len(a) > 1 else 0.0, float(np.std(b, ddof=1)) if len(b) > 1 else 0.0)
+    if abs(ma - mb) <= spread or ma == mb:
+        return "within the seed spread of"
+    return "above" if ma > mb else "below"
+
+
+def _imitation_findings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """FCNet vs Transformer per size, in words computed from the table (the question of seed 000 Fig. 4)."""
+    groups = _group(rows, ("model", "size"))
+    sizes = sorted({r["size"] for r in rows})
+    out = []
+    for size in sizes:
+        f, t = groups.get(("fcnet", size)), groups.get(("transformer", size))
+        if not f or not t:
+            continue
+        fs, ts = [g["success"] for g in f], [g["success"] for g in t]
+        fv = [g["val_loss"] for g in f if g["val_loss"] is not None]
+        tv = [g["val_loss"] for g in t if g["val_loss"] is not None]
+        best = max(((m, float(np.mean([g["success"] for g in groups[(m, s)]]))) for (m, s) in groups if s == size),
+                   key=lambda kv: kv[1])
+        out.append(f"- {size} steps: FCNet success {fmt(float(np.mean(fs)))} is {_compare(fs, ts)} the Transformer's "
+                   f"{fmt(float(np.mean(ts)))}; FCNet validation loss {fmt(float(np.mean(fv)) if fv else None)} vs "
+                   f"{fmt(float(np.mean(tv)) if tv else None)}; best success at this size: {best[0]} "
+                   f"({fmt(best[1])}).")
+    return (["Computed from the table (a difference counts only when it exceeds the larger seed std):", ""]
+            + out + [""]) if out else []
 
 
 def _plot_imitation(rows: Sequence[Mapping[str, Any]], docs_dir: Path) -> Path | None:
