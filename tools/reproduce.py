@@ -76,6 +76,9 @@ class ReproduceConfig:
         for name in ("train_steps", "batch_size", "germ_steps", "eval_episodes", "num_envs"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)}; must be >= 1")
+        from collection.evaluate import parse_levels, terrain_types
+        terrain_types(self.eval_terrain)
+        parse_levels(self.eval_levels)
         return self
 
 
@@ -299,6 +302,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default=None, help=f"imitation models (default {','.join(IMITATION_MODELS)})")
     p.add_argument("--train-steps", type=int, default=None, help="optimizer steps per imitation run")
     p.add_argument("--germ-steps", type=int, default=None, help="optimizer steps per GeRM run")
+    p.add_argument("--germ-episodes", type=int, default=None, help="GeRM data: clean episodes (and as many perturbed)")
+    p.add_argument("--eval-terrain", default=None, help="evaluation terrain types (comma list)")
+    p.add_argument("--eval-levels", default=None, help="evaluation levels, e.g. 0,3")
+    p.add_argument("--eval-episodes", type=int, default=None, help="evaluation episodes per terrain type x level")
     p.add_argument("--stages", default="imitation,germ", help="imitation,germ or one of them")
     p.add_argument("--report-only", action="store_true", help="rebuild --docs from OUT/results.json only")
 
@@ -324,6 +331,11 @@ def run(args: argparse.Namespace) -> int:
         kw["train_steps"] = args.train_steps
     if args.germ_steps:
         kw["germ_steps"] = args.germ_steps
+    if args.germ_episodes:
+        kw["germ_episodes_clean"] = kw["germ_episodes_noisy"] = args.germ_episodes
+    for name in ("eval_terrain", "eval_levels", "eval_episodes"):
+        if getattr(args, name):
+            kw[name] = getattr(args, name)
     cfg = ReproduceConfig.quick_preset(**kw) if args.quick else ReproduceConfig(**kw)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
     bad = [s for s in stages if s not in ("imitation", "germ")]
