@@ -223,7 +223,7 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
 
     rows = sorted((r for r in results if (r["num_layers"], r["hidden"]) == (4, 256)), key=lambda r: r["context"])
     ns = [r["context"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
     for name in MODELS:
         ax.plot(ns, [r[f"{name}_ms"] for r in rows], marker="o", label=name)
     ax.set_xscale("log", base=2)
@@ -232,7 +232,7 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     ax.set_ylabel("step latency, batch 1, 1 thread (ms)")
     ax.set_title("recurrent step latency vs context (matched parameters, L=4)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -67,6 +67,7 @@ class CausalSpectralConv(nn.Module):
         c = torch.polar(torch.full_like(k, 2.0 / context), 2 * math.pi * k * (context - 1) / context)
         c[0] = 1.0 / context
         self.register_buffer("u", u, persistent=False)                                     # complex128
+        self.register_buffer("u_col", u.unsqueeze(1), persistent=False)                    # (m, 1) for step
         self.register_buffer("c", c, persistent=False)
         self._readout: torch.Tensor | None = None
         self._readout_key: tuple | None = None
@@ -168,6 +169,6 @@ class CausalSpectralConv(nn.Module):
             t += 1
         else:
             f = x_t                                                   # blocks never reach x_{t-n}
-        X.add_(f.unsqueeze(1)).mul_(self.u.unsqueeze(1))
+        X.add_(f.unsqueeze(1)).mul_(self.u_col)
         # Re(sum_l V_l X_l); vecdot conjugates its first argument
         return torch.linalg.vecdot(self.cached_readout(), X, dim=1).real.to(x_t.dtype)
