@@ -123,9 +123,10 @@ def collect_steps(store: Path, min_steps: int, cfg: ReproduceConfig, log: Callab
             break
         if episodes is not None:
             target = episodes
-        else:   # ~100 steps per episode until the mean length is known
-            mean_len = steps / have if have else 100.0
-            target = have + max(8, int((min_steps - steps) / max(mean_len, 1.0) * 1.1) + 1)
+        elif have == 0:   # a first batch tells the mean episode length
+            target = 2 * cfg.num_envs
+        else:
+            target = have + max(8, int((min_steps - steps) / max(steps / have, 1.0) * 1.05) + 1)
         run_local(CollectConfig(out=str(store), episodes=target, policy="gait", terrain=cfg.data_terrain,
                                 skills="walking", num_envs=cfg.num_envs, seed=0, max_episode_s=cfg.max_episode_s,
                                 action_noise=action_noise, push=push, collector_id=collector_id, progress=False))
