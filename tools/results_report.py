@@ -117,8 +117,11 @@ def _plot_imitation(rows: Sequence[Mapping[str, Any]], docs_dir: Path) -> Path |
             vals = [[float(g[key]) for g in by_size[(s,)] if g[key] is not None] for s in sizes]
             ax.errorbar(sizes, [np.mean(v) for v in vals], yerr=[np.std(v) for v in vals], marker="o",
                         capsize=3, label=model[0])
+    all_sizes = sorted({int(r["size"]) for r in rows})
     for ax, label in zip(axes, ("closed-loop success rate", "validation loss (normalised MSE)")):
         ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(all_sizes, [f"{s / 1000:g}k" for s in all_sizes])
         ax.set_xlabel("dataset size (env steps)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
