@@ -90,20 +90,26 @@ def plot_vs_level(results: Mapping[str, Mapping[str, Any]], out: str | Path,
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     for key, ylabel in (("success", "success rate"), ("return", "mean return")):
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        for label, r in results.items():
+        colors: dict[str, Any] = {}   # one colour per terrain type, one line style per policy
+        styles = ("-", "--", ":", "-.")
+        for pi, (label, r) in enumerate(results.items()):
             series: dict[tuple[str, str], list[tuple[int, float]]] = {}
             for c in r["cells"]:
                 series.setdefault((c["terrain_type"], c["command_set"]), []).append((c["terrain_level"], c[key]))
             for (ttype, cmd), pts in sorted(series.items()):
                 pts.sort()
                 name = f"{label} {ttype}" + (f" [{cmd}]" if len({k[1] for k in series}) > 1 else "")
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+                color = colors.setdefault(ttype, f"C{len(colors) % 10}")
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, color=color,
+                        linestyle=styles[pi % len(styles)])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("terrain level")
         ax.set_ylabel(ylabel)
         if key == "success":
