@@ -36,7 +36,7 @@ def test_roundtrip_write_compact_open_load(tmp_path, small_chunks, write_episode
     assert s.group["data/actions"].chunks[0] < s.num_steps  # really spans several chunks
     # stats maintained incrementally equal a recomputation
     acts = _concat(everything, "actions").astype(np.float64)
-    np.testing.assert_allclose(s.stats["actions"]["mean"], acts.mean(0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(s.stats["actions"]["mean"], acts.mean(0), rtol=1e-6, atol=1e-7)  # float32 pairwise sums
     np.testing.assert_allclose(s.stats["actions"]["std"], acts.std(0), rtol=1e-6)
     np.testing.assert_array_equal(s.stats["actions"]["max"], acts.max(0))
     assert validate(store).ok, validate(store).text()
