@@ -176,3 +176,13 @@ def test_aliengo_trot_walks():
     falls, vel = _walk("aliengo", [[0.5, 0.0, 0.0], [0.0, 0.0, -0.5]], steps=150)
     assert falls.sum() == 0
     assert (vel[0, 0] - 0.5).abs() < 0.15 and (vel[1, 1] + 0.5).abs() < 0.2, vel
+
+
+def test_bench_sweep_runs_one_episode_per_env_and_reports_rows():
+    from tools.bench.experts import Sweep, _run
+
+    sweep = Sweep("trot", None, [("vx +0.5", [0.5, 0.0, 0.0], None), ("vx +0.0", [0.0, 0.0, 0.0], None)], 1)
+    rows = _run(sweep, "go1", episode_s=1.0, seed=0)
+    assert [r["label"] for r in rows] == ["vx +0.5", "vx +0.0"]
+    assert all(r["episodes"] == 1 and r["fall_rate"] == 0.0 for r in rows)
+    assert rows[0]["distance"] > rows[1]["distance"]   # the commanded robot moved further
