@@ -103,8 +103,10 @@ class CommandManager:
             self.commands[env_ids, 2] = self._heading_yaw(env_ids, root_quat_w)
 
     def _heading_yaw(self, env_ids, root_quat_w: torch.Tensor) -> torch.Tensor:
-        err = wrap_to_pi(self.heading[env_ids] - yaw_from_quat(root_quat_w))
-        return (self.cfg.heading_gain * err).clamp(*self._yaw_limits)
+        return self._yaw_command(self.heading[env_ids], yaw_from_quat(root_quat_w))
+
+    def _yaw_command(self, heading: torch.Tensor, yaw: torch.Tensor) -> torch.Tensor:
+        return (self.cfg.heading_gain * wrap_to_pi(heading - yaw)).clamp(*self._yaw_limits)
 
     def set_commands(self, env_ids: torch.Tensor, commands: torch.Tensor) -> None:
         """Fix these envs' commands until their episode ends (no resampling, no heading steering)."""
@@ -116,8 +118,10 @@ class CommandManager:
         self.pinned[env_ids] = True
         self.due_at[env_ids] = _NEVER
 
-    def step(self, root_quat_w: torch.Tensor) -> None:
-        """After a physics step: resample the envs that are due, steer yaw towards the heading."""
+    def step(self, root_quat_w: torch.Tensor) -> torch.Tensor | None:
+        """After a physics step: resample the envs that are due, steer yaw towards the heading. Returns
+        the (N,) base yaw computed from ``root_quat_w`` for the steering (None when there is none), so the
+        caller can reuse it while the orientations stay unchanged."""
         self._t += 1
         # A command_sampler defines what an episode is asked to do (a skill): it draws only at reset.
         if self._t >= self._min_due and self.cfg.resample and self.command_sampler is None:
@@ -126,8 +130,10 @@ class CommandManager:
                 self.resample(due)
             self._min_due = int(self.due_at.min())
         if self._uses_heading and self.command_sampler is None:
-            yaw = self._heading_yaw(slice(None), root_quat_w)
-            self.commands[:, 2] = torch.where(self.pinned, self.commands[:, 2], yaw)
+            yaw = yaw_from_quat(root_quat_w)
+            self.commands[:, 2] = torch.where(self.pinned, self.commands[:, 2], self._yaw_command(self.heading, yaw))
+            return yaw
+        return None
 
 
 def _trot_default(name: str) -> float:

@@ -236,6 +236,10 @@ class EnvConfig:
     curriculum: bool = True           # only with a terrain
     max_init_terrain_level: int = 5   # legged_gym: start levels drawn in [0, this]
     backend_name: str = "mujoco_cpu"
+    # torch intra-op threads, set process-wide when the env is built on the CPU: the env's torch math is
+    # many small batched ops that threads only slow down, and they would fight the physics thread pool
+    # for the cores. None leaves torch's setting alone (e.g. a trainer that wants threads for itself).
+    torch_threads: int | None = 1
 
     @classmethod
     def flat(cls, robot: str = "go1", num_envs: int = 16, seed: int = 0, **kw: Any) -> "EnvConfig":
@@ -285,6 +289,8 @@ class EnvConfig:
             raise _err("backend_name", self.backend_name, str(BACKENDS))
         if not self.episode_length_s >= self.dt:
             raise _err("episode_length_s", self.episode_length_s, f">= the control dt {self.dt:g} s")
+        if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
+            raise _err("torch_threads", self.torch_threads, "None or an integer >= 1")
         if self.max_init_terrain_level < 0:
             raise _err("max_init_terrain_level", self.max_init_terrain_level, ">= 0")
         if self.terrain is not None:

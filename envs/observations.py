@@ -32,6 +32,7 @@ class TaskView:
     env_params: Mapping[str, torch.Tensor]
     terrain_height: Callable[[torch.Tensor], torch.Tensor]   # (..., 2) world xy -> (...)
     flat: bool                           # a plane at z = 0: no terrain lookups needed
+    yaw: torch.Tensor | None = None      # (N,) base yaw of state.root_quat_w when already computed
 
 
 def foot_phases(gait_time: torch.Tensor, commands: torch.Tensor) -> torch.Tensor:
@@ -49,9 +50,11 @@ def scan_points_b(device: torch.device | str = "cpu") -> torch.Tensor:
     return torch.stack((gx.flatten(), gy.flatten()), dim=1)
 
 
-def scan_points_w(state: RobotState, points_b: torch.Tensor) -> torch.Tensor:
-    """(N, P, 2) world xy of the grid rotated by the base yaw (legged_gym's quat_apply_yaw)."""
-    yaw = yaw_from_quat(state.root_quat_w)
+def scan_points_w(state: RobotState, points_b: torch.Tensor, yaw: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, P, 2) world xy of the grid rotated by the base yaw (legged_gym's quat_apply_yaw); ``yaw``:
+    the yaw of ``state.root_quat_w`` when the caller has it."""
+    if yaw is None:
+        yaw = yaw_from_quat(state.root_quat_w)
     c, s = torch.cos(yaw), torch.sin(yaw)
     rot_t = torch.stack((c, s, -s, c), dim=1).view(-1, 2, 2)   # (N, 2, 2) = R(yaw)^T
     # one batched matmul over all P points: (P, 2) @ R^T -> (N, P, 2)
@@ -62,7 +65,7 @@ def _height_scan(v: TaskView, points_b: torch.Tensor) -> torch.Tensor:
     z = v.state.root_pos_w[:, 2:3]
     if v.flat:
         return z.expand(-1, points_b.shape[0]).clone()
-    return z - v.terrain_height(scan_points_w(v.state, points_b))
+    return z - v.terrain_height(scan_points_w(v.state, points_b, v.yaw))
 
 
 def _base_height(v: TaskView) -> torch.Tensor:

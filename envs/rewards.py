@@ -33,20 +33,36 @@ class RewardView:
     penalized_bodies: torch.Tensor       # indices into state.contact_forces
     feet_bodies: torch.Tensor            # indices into state.contact_forces
     max_contact_force: float
+    # Per-step quantities that the task's episode statistics and terminations compute too; the task
+    # passes them in so each is computed once per step. None: the terms compute them themselves.
+    lin_vel_err_xy: torch.Tensor | None = None       # (N, 2) v_xy - cmd_xy (body frame)
+    yaw_rate_err: torch.Tensor | None = None         # (N,) w_z - cmd_wz
+    cmd_speed: torch.Tensor | None = None            # (N,) |cmd_xy|
+    contact_force_norm: torch.Tensor | None = None   # (N, B) |contact force| per tracked body
 
 
 def _sq(x: torch.Tensor) -> torch.Tensor:
     return torch.sum(torch.square(x), dim=1)
 
 
+def _lin_vel_err_xy(v: RewardView) -> torch.Tensor:
+    if v.lin_vel_err_xy is not None:
+        return v.lin_vel_err_xy
+    return v.task.state.root_lin_vel_b[:, :2] - v.task.commands[:, :2]
+
+
+def _cmd_speed(v: RewardView) -> torch.Tensor:
+    return v.cmd_speed if v.cmd_speed is not None else torch.norm(v.task.commands[:, :2], dim=1)
+
+
 def tracking_lin_vel(v: RewardView) -> torch.Tensor:
-    err = _sq(v.task.commands[:, :2] - v.task.state.root_lin_vel_b[:, :2])
+    err = _sq(_lin_vel_err_xy(v))  # the sign of the error does not change its square
     return torch.exp(err * (-1.0 / v.tracking_sigma))
 
 
 def tracking_ang_vel(v: RewardView) -> torch.Tensor:
-    err = torch.square(v.task.commands[:, 2] - v.task.state.root_ang_vel_b[:, 2])
-    return torch.exp(err * (-1.0 / v.tracking_sigma))
+    e = v.yaw_rate_err if v.yaw_rate_err is not None else v.task.state.root_ang_vel_b[:, 2] - v.task.commands[:, 2]
+    return torch.exp(torch.square(e) * (-1.0 / v.tracking_sigma))
 
 
 def lin_vel_z(v: RewardView) -> torch.Tensor:
@@ -80,10 +96,12 @@ def base_height(v: RewardView) -> torch.Tensor:
 def feet_air_time(v: RewardView) -> torch.Tensor:
     # Reward long steps at touchdown, only while asked to move (legged_gym).
     rew = torch.sum((v.feet_air_time - v.feet_air_time_target) * v.feet_first_contact, dim=1)
-    return rew * (torch.norm(v.task.commands[:, :2], dim=1) > 0.1)
+    return rew * (_cmd_speed(v) > 0.1)
 
 
 def _force_norm(v: RewardView, idx: torch.Tensor) -> torch.Tensor:
+    if v.contact_force_norm is not None:
+        return v.contact_force_norm[:, idx]
     return torch.norm(v.task.state.contact_forces[:, idx, :], dim=-1)
 
 
@@ -105,7 +123,7 @@ def action_rate(v: RewardView) -> torch.Tensor:
 
 
 def stand_still(v: RewardView) -> torch.Tensor:
-    moving = torch.norm(v.task.commands[:, :2], dim=1) < 0.1
+    moving = _cmd_speed(v) < 0.1
     return torch.sum(torch.abs(v.task.state.joint_pos - v.task.default_joint_pos), dim=1) * moving
 
 
@@ -145,13 +163,12 @@ class FeetAirTime:
         self.last_contact = torch.zeros(num_envs, 4, dtype=torch.bool, device=device)
 
     def update(self, contact: torch.Tensor, dt: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (first_contact (N, 4) bool, air time (N, 4) s including this step)."""
+        """-> (first_contact (N, 4) bool, air time (N, 4) s including this step; the caller may keep it)."""
         filt = contact | self.last_contact
-        self.last_contact = contact.clone()
+        self.last_contact.copy_(contact)
         first = (self.air_time > 0) & filt
-        self.air_time += dt
-        air = self.air_time.clone()
-        self.air_time *= ~filt
+        air = self.air_time + dt
+        torch.mul(air, ~filt, out=self.air_time)
         return first, air
 
     def reset(self, env_ids: torch.Tensor) -> None:

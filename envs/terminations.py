@@ -31,13 +31,15 @@ class Terminations:
         self.contact_idx = contact_body_indices(body_names, cfg.contact_bodies, "terminations.contact_bodies").to(device)
 
     def compute(self, state: RobotState, base_height: torch.Tensor, non_finite: torch.Tensor,
-                time_out: torch.Tensor) -> torch.Tensor:
-        """(N,) int64 reason codes (0 = none)."""
+                time_out: torch.Tensor, contact_force_norm: torch.Tensor | None = None) -> torch.Tensor:
+        """(N,) int64 reason codes (0 = none). ``contact_force_norm`` (N, B): |contact force| of every
+        tracked body when the caller has it already (the rewards use it too)."""
         # later codes override earlier ones (priority); torch.where keeps it free of host syncs
         reason = time_out.long()  # TIME_OUT == 1
         fall = (state.projected_gravity_b[:, 2] > self.cfg.max_gravity_z) | (base_height < self.min_height)
         reason = torch.where(fall, FALL, reason)
         if self.contact_idx.numel():
-            f = torch.norm(state.contact_forces[:, self.contact_idx, :], dim=-1)
+            f = (contact_force_norm[:, self.contact_idx] if contact_force_norm is not None
+                 else torch.norm(state.contact_forces[:, self.contact_idx, :], dim=-1))
             reason = torch.where(torch.any(f > self.cfg.contact_force, dim=1), BASE_COLLISION, reason)
         return torch.where(non_finite, NON_FINITE, reason)

@@ -322,21 +322,30 @@ class Terrain:
     def height_at(self, xy: torch.Tensor) -> torch.Tensor:
         """Terrain height (m) under world points (..., 2) -> (...), on MuJoCo's triangles; points
         outside the heightfield get the height of its nearest edge."""
-        key = str(xy.device)
-        if key not in self._device_heights:
-            self._device_heights[key] = torch.as_tensor(self.heights, device=xy.device)
-        H = self._device_heights[key]
-        nx, ny = H.shape
+        H = self._flat_heights(xy.device)   # (nx * ny,) row-major: vertex (i, j) at i * ny + j
+        nx, ny = self.heights.shape
         hs = self.cfg.horizontal_scale
         u = (xy[..., 0].to(H.dtype) / hs + (nx - 1) / 2).clamp(0, nx - 1)
         v = (xy[..., 1].to(H.dtype) / hs + (ny - 1) / 2).clamp(0, ny - 1)
-        i = u.floor().long().clamp(max=nx - 2)
-        j = v.floor().long().clamp(max=ny - 2)
+        i = u.floor().clamp(max=nx - 2)     # whole numbers, exact in float
+        j = v.floor().clamp(max=ny - 2)
         fu, fv = u - i, v - j
-        h00, h10, h01, h11 = H[i, j], H[i + 1, j], H[i, j + 1], H[i + 1, j + 1]
-        lower = h00 + fu * (h10 - h00) + fv * (h11 - h10)   # triangle (00, 10, 11): fu >= fv
-        upper = h00 + fv * (h01 - h00) + fu * (h11 - h01)   # triangle (00, 01, 11): fv > fu
-        return torch.where(fu >= fv, lower, upper)
+        # The cell splits along its (00, 11) diagonal into triangles (00, 10, 11) where fu >= fv and
+        # (00, 01, 11) where fv > fu. Both read h00 + a (hm - h00) + b (h11 - hm) with a = max(fu, fv),
+        # b = min(fu, fv) and hm the middle vertex, so three flat-index gathers (one strided `take`
+        # each) replace four 2-D advanced indexings and the second triangle's arithmetic.
+        k = i.long() * ny + j.long()
+        lower = fu >= fv
+        h00 = H.take(k)
+        hm = H.take(k + torch.where(lower, ny, 1))
+        h11 = H.take(k + (ny + 1))
+        return h00 + torch.maximum(fu, fv) * (hm - h00) + torch.minimum(fu, fv) * (h11 - hm)
+
+    def _flat_heights(self, device: torch.device) -> torch.Tensor:
+        key = str(device)
+        if key not in self._device_heights:
+            self._device_heights[key] = torch.as_tensor(self.heights, device=device).reshape(-1).contiguous()
+        return self._device_heights[key]
 
     def mujoco_hfield(self, base_z: float = 1.0) -> HField:
         """The heightfield for MuJoCo, centred on the world origin (``base_z``: box depth below the

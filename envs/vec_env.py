@@ -39,6 +39,9 @@ class LeggedEnv(VecEnv):
         self.robot = get_robot(cfg.backend.robot)
         self.backend = backend if backend is not None else make_backend(cfg.backend_name, cfg.backend_config())
         self.device = self.backend.device
+        if cfg.torch_threads is not None and torch.device(self.device).type == "cpu" \
+                and torch.get_num_threads() != cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)  # process-wide; see EnvConfig.torch_threads
         self.num_envs = cfg.num_envs
         self.num_actions = NUM_JOINTS
         self.dt = self.backend.sim_dt * self.backend.decimation
@@ -60,6 +63,7 @@ class LeggedEnv(VecEnv):
         self.actions = torch.zeros(n, NUM_JOINTS, device=dev)        # a_t (policy output, clipped)
         self.last_actions = torch.zeros(n, NUM_JOINTS, device=dev)   # a_{t-1}
         self.joint_targets = self.default_joint_pos.expand(n, -1).clone()
+        self._last_joint_vel = torch.zeros(n, NUM_JOINTS, device=dev)  # q̇ before the step, for dof_acc
         self.episode_length_buf = torch.zeros(n, dtype=torch.long, device=dev)
         self.common_step_counter = 0
 
@@ -90,7 +94,7 @@ class LeggedEnv(VecEnv):
         a = actions.to(self.device, torch.float32).clamp(-self.clip_actions, self.clip_actions)
         applied = self.latency.apply(a, self.actions)
         self.joint_targets = self.default_joint_pos + self.action_scale * applied
-        last_joint_vel = self.backend.state.joint_vel.clone()
+        last_joint_vel = self._last_joint_vel.copy_(self.backend.state.joint_vel)
         non_finite = self.backend.step(self.joint_targets).to(self.device)
         self.last_actions, self.actions = self.actions, a  # clamp made a fresh tensor
         self.episode_length_buf += 1
@@ -123,9 +127,11 @@ class LeggedEnv(VecEnv):
             # the contract: joint_targets are the targets applied at this step, done envs included
             self.joint_targets[done_ids] = applied_targets
             log.update(self.terrain.log())
-        self.pushes.maybe_push(self.backend, self.common_step_counter)
+        self.pushes.maybe_push(self.backend, self.common_step_counter)  # velocities only
 
-        self._obs = self._compute_obs()
+        # Without resets the orientations are those the commands' heading steering just read: the height
+        # scan reuses that yaw.
+        self._obs = self._compute_obs(yaw=self.task.yaw if done_ids.numel() == 0 else None)
         self.extras = {"time_outs": res.time_outs, "log": log, "episode": episode}
         return self._obs, res.rewards, res.dones, self.extras
 
@@ -195,15 +201,15 @@ class LeggedEnv(VecEnv):
         self.backend.close()
 
     # --- internals ------------------------------------------------------------------------------------
-    def _new_terms(self) -> TermCache:
+    def _new_terms(self, yaw: torch.Tensor | None = None) -> TermCache:
         view = self.task.view(self.backend.state, self.actions, self.last_actions, self.backend.env_params,
-                              self.backend.terrain_height, self.terrain.flat)
+                              self.backend.terrain_height, self.terrain.flat, yaw)
         self._terms = TermCache(self._term_fns, view)
         self._terms_full = None
         return self._terms
 
-    def _compute_obs(self) -> TensorDict:
-        terms = self._new_terms()
+    def _compute_obs(self, yaw: torch.Tensor | None = None) -> TensorDict:
+        terms = self._new_terms(yaw)
         return TensorDict({"policy": self._policy_obs.build(terms, self._noise_gen),
                            "critic": self._critic_obs.build(terms)}, batch_size=[self.num_envs], device=self.device)
 

@@ -51,39 +51,46 @@ class LocomotionTask:
         self.soft_torque = torch.tensor(robot.torque_limits, device=device) * rc.soft_torque_limit
         self.base_height_target = (rc.base_height_target if rc.base_height_target is not None
                                    else robot.nominal_base_height)
-        # per-episode accumulators
-        z = lambda: torch.zeros(n, device=device)  # noqa: E731
+        # per-episode accumulators; the four per-step error sums share one (N, 4) block (one add a step)
         self.ep_steps = torch.zeros(n, dtype=torch.long, device=device)
-        self.ep_return, self.ep_cmd_dist = z(), z()
-        self.ep_lin_err, self.ep_lin_x_err, self.ep_ang_err = z(), z(), z()
+        self.ep_return = torch.zeros(n, device=device)
+        self._ep_sums = torch.zeros(n, 4, device=device)
+        self.ep_cmd_dist, self.ep_lin_err, self.ep_lin_x_err, self.ep_ang_err = self._ep_sums.unbind(1)
         self.start_xy = torch.zeros(n, 2, device=device)
+        self.yaw: torch.Tensor | None = None  # (N,) base yaw after the last step, when the commands computed it
+        # one |force| per tracked body a step serves the contact termination and the contact rewards
+        self._needs_force_norm = bool(self.terminations.contact_idx.numel()) or any(
+            t in self.rewards.scales for t in ("collision", "feet_contact_forces"))
 
-    def view(self, state: RobotState, actions, last_actions, env_params, terrain_height, flat) -> TaskView:
+    def view(self, state: RobotState, actions, last_actions, env_params, terrain_height, flat,
+             yaw: torch.Tensor | None = None) -> TaskView:
         return TaskView(state=state, default_joint_pos=self.default_joint_pos, commands=self.commands.commands,
                         actions=actions, last_actions=last_actions, gait_time=self.gait_time,
-                        env_params=env_params, terrain_height=terrain_height, flat=flat)
+                        env_params=env_params, terrain_height=terrain_height, flat=flat, yaw=yaw)
 
     def reset(self, env_ids: torch.Tensor, root_pos_w: torch.Tensor, root_quat_w: torch.Tensor) -> None:
         self.commands.reset(env_ids, root_quat_w)
         self.gait_time[env_ids] = 0.0
         self.air.reset(env_ids)
         self.ep_steps[env_ids] = 0
-        for buf in (self.ep_return, self.ep_cmd_dist, self.ep_lin_err, self.ep_lin_x_err, self.ep_ang_err):
-            buf[env_ids] = 0.0
+        self.ep_return[env_ids] = 0.0
+        self._ep_sums[env_ids] = 0.0
         self.start_xy[env_ids] = root_pos_w[:, :2]
 
     def post_step(self, view: TaskView, base_height: torch.Tensor, last_joint_vel: torch.Tensor,
                   non_finite: torch.Tensor, time_out: torch.Tensor) -> StepResult:
         s, cmd = view.state, self.commands.commands
         # The commands that were in force during this step score it; update them afterwards.
-        self.ep_steps += 1
-        self.ep_cmd_dist += cmd[:, :2].norm(dim=1) * self.dt
+        # Quantities the statistics, terminations and rewards share, computed once.
+        cmd_speed = cmd[:, :2].norm(dim=1)
         v_err = s.root_lin_vel_b[:, :2] - cmd[:, :2]
-        self.ep_lin_err += v_err.norm(dim=1)
-        self.ep_lin_x_err += v_err[:, 0].abs()
-        self.ep_ang_err += (s.root_ang_vel_b[:, 2] - cmd[:, 2]).abs()
+        w_err = s.root_ang_vel_b[:, 2] - cmd[:, 2]
+        force_norm = torch.norm(s.contact_forces, dim=-1) if self._needs_force_norm else None  # (N, B)
+        self.ep_steps += 1
+        # columns: commanded distance, |v_xy err|, |v_x err|, |w_z err| (the order of the unbind above)
+        self._ep_sums += torch.stack((cmd_speed * self.dt, v_err.norm(dim=1), v_err[:, 0].abs(), w_err.abs()), dim=1)
 
-        reason = self.terminations.compute(s, base_height, non_finite, time_out)
+        reason = self.terminations.compute(s, base_height, non_finite, time_out, force_norm)
         terminated = reason > TIME_OUT
         first, air = self.air.update(s.foot_contact, self.dt)
         rview = RewardView(
@@ -93,13 +100,14 @@ class LocomotionTask:
             base_height_target=self.base_height_target, soft_dof_pos_limits=self.soft_pos,
             soft_dof_vel_limits=self.soft_vel, soft_torque_limits=self.soft_torque,
             penalized_bodies=self.penalized, feet_bodies=self.feet_bodies,
-            max_contact_force=self.cfg.rewards.max_contact_force)
+            max_contact_force=self.cfg.rewards.max_contact_force, lin_vel_err_xy=v_err, yaw_rate_err=w_err,
+            cmd_speed=cmd_speed, contact_force_norm=force_norm)
         rew = torch.nan_to_num(self.rewards.compute(rview), nan=0.0, posinf=0.0, neginf=0.0)
         self.ep_return += rew
 
         # Advance the gait clock at the commanded frequency (walk-these-ways), then the commands.
         self.gait_time = torch.remainder(self.gait_time + self.dt * cmd[:, _FREQ], 1.0)
-        self.commands.step(s.root_quat_w)
+        self.yaw = self.commands.step(s.root_quat_w)
         return StepResult(rewards=rew, reason=reason, dones=reason != NONE, time_outs=reason == TIME_OUT)
 
     def episode_info(self, env_ids: torch.Tensor, reason: torch.Tensor, root_pos_w: torch.Tensor) -> dict[str, torch.Tensor]:
