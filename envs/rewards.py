@@ -201,7 +201,7 @@ class RewardManager:
         n = view.terminated.shape[0]
         if not self.names:
             return torch.zeros(n, device=self._sums.device)
-        scaled = torch.stack([REWARD_TERMS[name](view) for name in self.names], dim=1) * self._scale  # (N, T)
+        scaled = torch.stack([REWARD_TERMS[name](view) for name in self.names], dim=1).mul_(self._scale)  # (N, T)
         self._sums += scaled
         if self.has_termination:
             total = scaled[:, :-1].sum(dim=1)

@@ -102,7 +102,7 @@ class LocomotionTask:
             penalized_bodies=self.penalized, feet_bodies=self.feet_bodies,
             max_contact_force=self.cfg.rewards.max_contact_force, lin_vel_err_xy=v_err, yaw_rate_err=w_err,
             cmd_speed=cmd_speed, contact_force_norm=force_norm)
-        rew = torch.nan_to_num(self.rewards.compute(rview), nan=0.0, posinf=0.0, neginf=0.0)
+        rew = self.rewards.compute(rview).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # a fresh (N,) total
         self.ep_return += rew
 
         # Advance the gait clock at the commanded frequency (walk-these-ways), then the commands.

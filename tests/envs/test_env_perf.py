@@ -1,0 +1,97 @@
+"""The env layer's speed-ups keep its arithmetic: the flat-index terrain lookup, the reused yaw of the
+height scan, the air-time buffers, and the torch thread setting."""
+import pytest
+import torch
+
+from envs.config import EnvConfig, RandomizationConfig
+from envs.observations import make_term_fns, scan_points_b, TermCache
+from envs.rewards import FeetAirTime
+from envs.terrain import TerrainConfig, generate
+from envs.vec_env import LeggedEnv
+
+
+def _small_terrain():
+    return TerrainConfig.of_types(["stairs_up", "rough_slope", "gaps"], num_levels=3, num_cols=3, tile_size=4.0,
+                                  border=2.0)
+
+
+def _two_triangle_height(t, xy: torch.Tensor) -> torch.Tensor:
+    """The lookup as first written: four 2-D gathers, both triangles, pick by the diagonal."""
+    H = torch.as_tensor(t.heights)
+    nx, ny = H.shape
+    hs = t.cfg.horizontal_scale
+    u = (xy[..., 0].to(H.dtype) / hs + (nx - 1) / 2).clamp(0, nx - 1)
+    v = (xy[..., 1].to(H.dtype) / hs + (ny - 1) / 2).clamp(0, ny - 1)
+    i, j = u.floor().long().clamp(max=nx - 2), v.floor().long().clamp(max=ny - 2)
+    fu, fv = u - i, v - j
+    h00, h10, h01, h11 = H[i, j], H[i + 1, j], H[i, j + 1], H[i + 1, j + 1]
+    lower = h00 + fu * (h10 - h00) + fv * (h11 - h10)
+    upper = h00 + fv * (h01 - h00) + fu * (h11 - h01)
+    return torch.where(fu >= fv, lower, upper)
+
+
+def test_flat_index_lookup_is_bitwise_the_two_triangle_lookup():
+    t = generate(_small_terrain())
+    nx, ny = t.heights.shape
+    half = torch.tensor([nx, ny]) * t.cfg.horizontal_scale / 2
+    g = torch.Generator().manual_seed(0)
+    xy = (torch.rand(20000, 2, generator=g) * 2.4 - 1.2) * half        # inside and outside the field
+    vertices = torch.round(xy / t.cfg.horizontal_scale) * t.cfg.horizontal_scale
+    diagonal = (torch.floor(xy / t.cfg.horizontal_scale) + 0.5) * t.cfg.horizontal_scale  # fu == fv
+    for pts in (xy, vertices, diagonal, xy.view(100, 200, 2)[:, ::3]):  # strided batch too
+        got = t.height_at(pts)
+        assert got.shape == pts.shape[:-1]
+        assert torch.equal(got, _two_triangle_height(t, pts))
+
+
+def test_height_scan_with_the_reused_yaw_equals_a_fresh_scan():
+    cfg = EnvConfig.rough(num_envs=4, terrain=_small_terrain(), randomization=RandomizationConfig.off(),
+                          episode_length_s=5.0)
+    env = LeggedEnv(cfg)
+    g = torch.Generator().manual_seed(1)
+    reused = 0
+    try:
+        for _ in range(15):
+            obs, _, dones, _ = env.step(0.1 * torch.randn(4, 12, generator=g))
+            if dones.any():  # a reset moved robots: the scan recomputed the yaw itself
+                continue
+            reused += 1
+            # a view without the commands' yaw recomputes it from the quaternions
+            fresh_view = env.task.view(env.backend.state, env.actions, env.last_actions, env.backend.env_params,
+                                       env.backend.terrain_height, env.terrain.flat)
+            fresh = TermCache(make_term_fns(scan_points_b()), fresh_view)["height_scan"]
+            assert env.task.yaw is not None
+            assert torch.equal(env.terms["height_scan"], fresh)
+            assert torch.equal(obs["critic"], env._critic_obs.build(TermCache(env._term_fns, fresh_view)))
+    finally:
+        env.close()
+    assert reused >= 10
+
+
+def test_air_time_returned_is_the_callers_to_keep():
+    air = FeetAirTime(2, "cpu")
+    contact = torch.tensor([[False] * 4, [True] * 4])
+    _, a1 = air.update(contact, 0.02)
+    kept = a1.clone()
+    first, a2 = air.update(~contact, 0.02)
+    assert torch.equal(a1, kept)                                  # not overwritten by the next update
+    assert torch.allclose(a2[0], torch.full((4,), 0.04))          # env 0 was airborne two steps
+    assert first[0].all() and not first[1].any()
+
+
+def test_env_sets_torch_threads_and_validates_them():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        env = LeggedEnv(EnvConfig.flat(num_envs=2, randomization=RandomizationConfig.off()))
+        env.close()
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        env = LeggedEnv(EnvConfig.flat(num_envs=2, randomization=RandomizationConfig.off(), torch_threads=None))
+        env.close()
+        assert torch.get_num_threads() == 2                       # None leaves torch's setting alone
+    finally:
+        torch.set_num_threads(before)
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match="torch_threads"):
+            EnvConfig.flat(num_envs=2, torch_threads=bad).validate()
