@@ -94,8 +94,10 @@ class EpisodeTable:
     def row(self, i: int) -> dict[str, Any]:
         return {k: (v[i].item() if isinstance(v[i], np.generic) else v[i]) for k, v in self.data.items()}
 
-    def where(self, mask: np.ndarray) -> np.ndarray:
-        return np.flatnonzero(mask)
+    def select(self, filters: Mapping[str, Any] | None = None) -> np.ndarray:
+        """Indices of the episodes passing the sampler filters (``data.episodes.FILTER_KEYS``)."""
+        from data.episodes import filter_episodes
+        return filter_episodes(self.data, np.arange(len(self)), filters)
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> "EpisodeTable":

@@ -62,6 +62,7 @@ def test_episode_table_and_schema(tmp_path, write_episodes):
     np.testing.assert_allclose(t["return"], [f["rewards"].astype(np.float64).sum() for _, f, _ in eps])
     np.testing.assert_allclose(t["cmd_vx"], [f["commands"][:, 0].mean() for _, f, _ in eps], rtol=1e-6)
     assert t["label"][2] == {"distance_ratio": 0.2}
+    assert t.select({"success_only": True, "terrain_types": ["stairs_up", "gaps"]}).tolist() == [1]
     assert s.schema.robot == "go1" and s.schema.control_rate_hz == 50.0
     assert s.schema.features["dof_pos"].names == JOINT_NAMES and s.schema.features["dof_pos"].units.startswith("rad")
     # the sampler reads the store directly
@@ -257,6 +258,11 @@ def test_images_live_in_their_own_group(tmp_path, small_chunks):
     np.testing.assert_array_equal(s.load(["images/front"])["images/front"], np.concatenate(frames))
     assert s.schema.features["images/front"].shape == (6, 8, 3)
     assert validate(store).ok, validate(store).text()
+    from data.export import export_hdf5, import_hdf5
+    export_hdf5(store, tmp_path / "cam.h5")
+    import_hdf5(tmp_path / "cam.h5", tmp_path / "copy")
+    copy = TrajectoryStore.open(tmp_path / "copy")
+    np.testing.assert_array_equal(copy.load(["images/front"])["images/front"], np.concatenate(frames))
 
 
 def test_truncated_array_is_a_clear_error(tmp_path, write_episodes):
