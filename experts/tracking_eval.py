@@ -10,7 +10,8 @@ sooner). Commands come from the training distribution: the env defaults (joystic
 ranges) with the ``env.*`` overrides the checkpoint records (or those given on the command line);
 physics randomization is on as in training. Per terrain: the env's episode numbers ``lin_vel_error``
 (mean |v_xy - cmd_xy|, m/s), ``lin_vel_x_error``, ``ang_vel_error`` (rad/s), the fall rate (episodes ended
-by ``fall``, ``base_collision`` or ``non_finite``), mean length and distance.
+by ``fall``, ``base_collision`` or ``non_finite``; ``base_collision_rate`` is the base-contact share of it),
+mean length and distance.
 """
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ def _summary(infos: list[dict[str, Any]], dt: float) -> dict[str, float]:
     return {"episodes": len(infos), "lin_vel_error": mean("lin_vel_error"), "lin_vel_x_error": mean("lin_vel_x_error"),
             "ang_vel_error": mean("ang_vel_error"),
             "fall_rate": float(np.mean([i["termination_reason"] in FAILURES for i in infos])),
+            "base_collision_rate": float(np.mean([i["termination_reason"] == "base_collision" for i in infos])),
             "mean_length_s": mean("length") * dt, "mean_distance_m": mean("distance")}
 
 

@@ -120,3 +120,29 @@ def test_tracking_eval_scores_one_first_episode_per_env_on_every_terrain(tmp_pat
     for row in res.values():
         assert row["episodes"] == 2 and 0.0 <= row["fall_rate"] <= 1.0
         assert 0.0 < row["mean_length_s"] <= 0.2 + 1e-6 and row["lin_vel_error"] >= 0.0
+
+
+def test_shipped_checkpoint_walks_forward_on_command():
+    from pathlib import Path
+
+    from envs.vec_env import LeggedEnv
+    path = Path(__file__).resolve().parents[2] / "experts" / "checkpoints" / "go1_flat_forward_ppo.pt"
+    cfg = EnvConfig.flat(num_envs=8, seed=11)
+    cfg.backend.num_threads = 1
+    cfg.randomization.push_robots = False
+    env = LeggedEnv(cfg)
+    try:
+        policy = check_policy(load_expert(path, robot="go1", num_envs=8))
+        commands = env.commands.clone()
+        commands[:, 0], commands[:, 1:3] = 0.8, 0.0
+        env.set_commands(torch.arange(8), commands)
+        policy.reset(torch.arange(8))
+        start = env.backend.state.root_pos_w[:, 0].clone()
+        for _ in range(150):  # 3 s
+            _, _, dones, _ = env.step(policy.act(env.terms))
+            assert not dones.any(), "the shipped expert fell (or timed out) within 3 s on flat ground"
+        forward = env.backend.state.root_pos_w[:, 0] - start
+        # 0.8 m/s for 3 s is 2.4 m; a walker that tracks roughly covers well over half of it
+        assert forward.min() > 1.2, forward
+    finally:
+        env.close()
