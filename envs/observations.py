@@ -55,10 +55,16 @@ def scan_points_w(state: RobotState, points_b: torch.Tensor, yaw: torch.Tensor |
     the yaw of ``state.root_quat_w`` when the caller has it."""
     if yaw is None:
         yaw = yaw_from_quat(state.root_quat_w)
-    c, s = torch.cos(yaw), torch.sin(yaw)
-    rot_t = torch.stack((c, s, -s, c), dim=1).view(-1, 2, 2)   # (N, 2, 2) = R(yaw)^T
-    # one batched matmul over all P points: (P, 2) @ R^T -> (N, P, 2)
-    return torch.matmul(points_b, rot_t) + state.root_pos_w[:, None, :2]
+    c, s = torch.cos(yaw)[:, None], torch.sin(yaw)[:, None]     # (N, 1)
+    px, py = points_b[:, 0], points_b[:, 1]                     # (P,)
+    pos = state.root_pos_w
+    # R(yaw) p + pos written out per coordinate: the same products and sums as a batched (P, 2) @ R^T
+    # matmul at a fraction of its cost for K = 2 (tested against it), each coordinate written straight
+    # into its strided slot (stacking the two (N, P) planes would cost more than the arithmetic)
+    out = torch.empty(pos.shape[0], px.shape[0], 2, dtype=pos.dtype, device=pos.device)
+    torch.add(px * c - py * s, pos[:, 0:1], out=out[..., 0])
+    torch.add(px * s + py * c, pos[:, 1:2], out=out[..., 1])
+    return out
 
 
 def _height_scan(v: TaskView, points_b: torch.Tensor) -> torch.Tensor:

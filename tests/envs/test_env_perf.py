@@ -95,3 +95,22 @@ def test_env_sets_torch_threads_and_validates_them():
     for bad in (0, 1.5):
         with pytest.raises(ValueError, match="torch_threads"):
             EnvConfig.flat(num_envs=2, torch_threads=bad).validate()
+
+
+def test_scan_points_match_the_batched_rotation_matmul():
+    from types import SimpleNamespace
+
+    from envs.commands import yaw_from_quat
+    from envs.observations import scan_points_w
+    g = torch.Generator().manual_seed(2)
+    pb = scan_points_b()
+    for n in (1, 5, 64):
+        q = torch.nn.functional.normalize(torch.randn(n, 4, generator=g), dim=1)
+        st = SimpleNamespace(root_quat_w=q, root_pos_w=30 * torch.randn(n, 3, generator=g))
+        yaw = yaw_from_quat(q)
+        c, s = torch.cos(yaw), torch.sin(yaw)
+        expected = torch.matmul(pb, torch.stack((c, s, -s, c), dim=1).view(-1, 2, 2)) + st.root_pos_w[:, None, :2]
+        got = scan_points_w(st, pb)
+        assert got.shape == (n, pb.shape[0], 2)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)  # bitwise on this machine's kernels
+        assert torch.equal(scan_points_w(st, pb, yaw), got)
