@@ -1,6 +1,6 @@
 """Durable episode writes off the rollout's critical path.
 
-A staging write is an npz dump plus two fsyncs (file and directory): milliseconds of waiting on the
+A staging write is a raw episode file plus two fsyncs (file and directory): milliseconds of waiting on the
 disk per episode, during which the simulation could be stepping. ``BackgroundWriter`` hands episodes
 to one thread that writes them through a ``StagingWriter`` in submission order (so episode ids are
 assigned in order). The queue is bounded: when the disk falls behind, ``submit`` blocks, so memory and

@@ -14,6 +14,7 @@ pytest.importorskip("experts.gait")
 
 from data.store import TrajectoryStore  # noqa: E402
 from data.validate import validate  # noqa: E402
+from data.staging import list_staged
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = 10
@@ -53,4 +54,4 @@ def test_sigkill_then_rerun_reaches_the_target_without_losing_or_duplicating(tmp
     ids = list(store.episodes["episode_id"])
     assert len(ids) == TARGET and len(set(ids)) == TARGET     # the target, no duplicates
     assert survived <= set(ids)                               # nothing written before the kill was lost
-    assert not list((out / "staging").glob("*.npz"))         # everything compacted
+    assert not list_staged(out)                               # everything compacted
