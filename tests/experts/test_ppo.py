@@ -122,11 +122,12 @@ def test_tracking_eval_scores_one_first_episode_per_env_on_every_terrain(tmp_pat
         assert 0.0 < row["mean_length_s"] <= 0.2 + 1e-6 and row["lin_vel_error"] >= 0.0
 
 
-def test_shipped_checkpoint_walks_forward_on_command():
+@pytest.mark.parametrize("name", ["go1_flat_forward_ppo.pt", "go1_flat_forward_ppo_height.pt"])
+def test_shipped_checkpoint_walks_forward_on_command(name):
     from pathlib import Path
 
     from envs.vec_env import LeggedEnv
-    path = Path(__file__).resolve().parents[2] / "experts" / "checkpoints" / "go1_flat_forward_ppo.pt"
+    path = Path(__file__).resolve().parents[2] / "experts" / "checkpoints" / name
     cfg = EnvConfig.flat(num_envs=8, seed=11)
     cfg.backend.num_threads = 1
     cfg.randomization.push_robots = False
