@@ -94,6 +94,13 @@ class GaitGains:
     torque_weight: float = 20.0
     force_ridge: float = 1e-3
     friction: float = 0.6                 # friction-cone bound on |f_xy| / f_z (below the floor's 1.0)
+    # Shape of the swing lift (see swing_lift): 2 = raised cosine.
+    lift_sharpness: float = 2.0
+    # Stumble reflex: a swing foot lagging its path by more than stumble_lag (m; normal PD lag is
+    # 2-3 cm) is lifted by stumble_gain x the excess, at most stumble_max (m).
+    stumble_gain: float = 2.0
+    stumble_lag: float = 0.04
+    stumble_max: float = 0.08
     # Swing: the foot finishes this far (m) below the estimated ground so touchdown is never late.
     touchdown_depth: float = 0.02
     # After a reset the robot stands on all four feet for this long (s) before the gait clock starts:
@@ -141,9 +148,11 @@ def cycloid(w: torch.Tensor) -> torch.Tensor:
     return w - torch.sin(2 * math.pi * w) / (2 * math.pi)
 
 
-def swing_lift(w: torch.Tensor) -> torch.Tensor:
-    """Vertical swing profile in [0, 1]: 0 at lift-off and touchdown, 1 at mid-swing."""
-    return 0.5 * (1.0 - torch.cos(2 * math.pi * w))
+def swing_lift(w: torch.Tensor, sharpness: float = 2.0) -> torch.Tensor:
+    """Vertical swing profile ``sin(pi w)^sharpness`` in [0, 1]: 0 at lift-off and touchdown, 1 at
+    mid-swing. 2 is the raised cosine (zero vertical velocity at both ends); below 2 the foot rises
+    and drops faster and stays high longer while it moves forward."""
+    return torch.sin(math.pi * w.clamp(0.0, 1.0)).clamp(min=0.0) ** sharpness
 
 
 def tilt_from_gravity(g_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,6 +318,7 @@ class GaitController:
         self.liftoff_xy = torch.zeros(n, 4, 2, **f32)     # measured foot xy (H) at lift-off
         self.was_stance = torch.ones(n, 4, dtype=torch.bool, device=self.device)
         self.v_ref = torch.zeros(n, 3, **f32)             # filtered (vx, vy, wz) reference
+        self.stumble = torch.zeros(n, 4, **f32)           # extra swing lift from the stumble reflex (m)
         self.vel_integral = torch.zeros(n, 2, **f32)
         self.yaw_integral = torch.zeros(n, **f32)
         self.ground = torch.full((n,), -float(robot.nominal_base_height) + self.foot_radius, **f32)
@@ -321,6 +331,7 @@ class GaitController:
         self.elapsed[ids] = 0.0
         self.vel_integral[ids] = 0.0
         self.v_ref[ids] = 0.0
+        self.stumble[ids] = 0.0
         self.yaw_integral[ids] = 0.0
         self.was_stance[ids] = True
         self.ground[ids] = -float(self.robot.nominal_base_height) + self.foot_radius
@@ -395,7 +406,15 @@ class GaitController:
         self.liftoff_xy = torch.where(lifting.unsqueeze(-1), feet_h[..., :2], self.liftoff_xy)
         xy = self.liftoff_xy + (touchdown - self.liftoff_xy) * cycloid(w).unsqueeze(-1)
         # heights from the measured ground, so body sag never eats the clearance
-        z = self.ground.unsqueeze(-1) + prm.swing_height.unsqueeze(-1) * swing_lift(w) - g.touchdown_depth * w
+        z = self.ground.unsqueeze(-1) + prm.swing_height.unsqueeze(-1) * swing_lift(w, g.lift_sharpness) - g.touchdown_depth * w
+        # stumble reflex: a swing foot held back (an edge in its way) is lifted higher, by how far it lags
+        # its path beyond the normal PD tracking lag; the lift is remembered for the rest of the swing
+        if g.stumble_gain > 0:
+            lag = ((xy - feet_h[..., :2]).norm(dim=-1) - g.stumble_lag).clamp(min=0.0)
+            active = ~stance & (w > 0.1) & (w < 0.8)
+            self.stumble = torch.where(stance, torch.zeros_like(self.stumble),
+                                       torch.maximum(self.stumble, (g.stumble_gain * lag * active).clamp(max=g.stumble_max)))
+            z = z + self.stumble * swing_lift(w, 0.5)
         foot_h = torch.cat([xy, z.unsqueeze(-1)], dim=-1)                        # (N, 4, 3)
         foot_b = torch.einsum("nji,nfj->nfi", rot, foot_h)                       # R^T p
         return self.legs.inverse(foot_b)

@@ -186,3 +186,22 @@ def test_bench_sweep_runs_one_episode_per_env_and_reports_rows():
     assert [r["label"] for r in rows] == ["vx +0.5", "vx +0.0"]
     assert all(r["episodes"] == 1 and r["fall_rate"] == 0.0 for r in rows)
     assert rows[0]["distance"] > rows[1]["distance"]   # the commanded robot moved further
+
+
+def test_stumble_reflex_lifts_a_swing_foot_that_lags_its_path():
+    # the measured legs never move (dof_pos stays at the default), so swing feet fall behind their path
+    ctrl = GaitController(get_robot("go1"), 1)
+    obs = _standing_obs(1)
+    obs["commands"][:, 0] = 1.0
+    lifted = False
+    for _ in range(60):
+        ctrl.act(obs)
+        swing = ~ctrl.was_stance[0]
+        assert (ctrl.stumble[0][~swing] == 0).all()
+        assert (ctrl.stumble <= ctrl.gains.stumble_max + 1e-6).all()
+        lifted |= bool((ctrl.stumble[0][swing] > 0).any())
+    assert lifted
+    off = GaitController(get_robot("go1"), 1, gains=GaitGains(stumble_gain=0.0))
+    for _ in range(60):
+        off.act(obs)
+    assert (off.stumble == 0).all()
