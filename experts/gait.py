@@ -11,7 +11,8 @@ returns normalised joint actions. Per env and step:
 2. swing legs (position control): a cycloid from the measured lift-off point to the Raibert touchdown
    point ``p_td = p_neutral + (T_stance/2) v_i + k (v_meas_i - v_i)`` with ``v_i = v + w_z x p_i``
    (yaw via tangential foot velocities), under a raised-cosine lift of the commanded foot height above
-   the ground the stance legs measure; neutral points from the commanded stance width/length;
+   the ground the stance legs measure, plus a stumble reflex (a swing foot held back by an edge is
+   lifted higher); neutral points from the commanded stance width/length;
 3. stance legs (force control through the PD): a virtual-model wrench on the base - PI on the
    velocity and yaw-rate error, PD on body height (from stance-leg kinematics) and on pitch/roll (from
    projected gravity) towards the commanded values, plus the weight - distributed over the stance
