@@ -81,6 +81,16 @@ def _base_height(v: TaskView) -> torch.Tensor:
     return z - v.terrain_height(v.state.root_pos_w[:, None, :2])
 
 
+def ground_terms(v: TaskView, points_b: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``height_scan`` (N, P) and ``base_height`` (N, 1) from one terrain lookup (the base point
+    appended to the scan points): the same per-point arithmetic as the two terms, one call fewer."""
+    pos = v.state.root_pos_w
+    z = pos[:, 2:3]
+    pts = torch.cat((scan_points_w(v.state, points_b, v.yaw), pos[:, None, :2]), dim=1)  # (N, P + 1, 2)
+    h = v.terrain_height(pts)
+    return {"height_scan": z - h[:, :-1], "base_height": z - h[:, -1:]}
+
+
 def _param(v: TaskView, name: str) -> torch.Tensor:
     n = v.state.root_pos_w.shape[0]
     p = v.env_params.get(name)
@@ -115,8 +125,10 @@ def make_term_fns(points_b: torch.Tensor) -> dict[str, Callable[[TaskView], torc
 class TermCache(Mapping[str, torch.Tensor]):
     """A read-only mapping term -> (N, dim) that computes each term once, on first access."""
 
-    def __init__(self, fns: Mapping[str, Callable[[TaskView], torch.Tensor]], view: TaskView):
-        self._fns, self._view, self._done = fns, view, {}
+    def __init__(self, fns: Mapping[str, Callable[[TaskView], torch.Tensor]], view: TaskView,
+                 known: Mapping[str, torch.Tensor] | None = None):
+        """``known``: terms already computed for this view's state (not recomputed)."""
+        self._fns, self._view, self._done = fns, view, dict(known or {})
 
     @property
     def view(self) -> TaskView:

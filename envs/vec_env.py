@@ -18,7 +18,7 @@ from envs.backends import make_backend
 from envs.backends.base import PhysicsBackend
 from envs.config import EnvConfig
 from envs.layout import NUM_JOINTS, get_layout
-from envs.observations import CompiledLayout, TermCache, make_term_fns, scan_points_b
+from envs.observations import CompiledLayout, TermCache, ground_terms, make_term_fns, scan_points_b
 from envs.randomization import ActionLatency, Pushes
 from envs.robots import get_robot
 from envs.tasks.locomotion import LocomotionTask
@@ -73,7 +73,12 @@ class LeggedEnv(VecEnv):
         noise = dict(obs_cfg.noise) if obs_cfg.add_noise else {}
         self._policy_obs = CompiledLayout(self.policy_layout, noise, obs_cfg.noise_level, dev)
         self._critic_obs = CompiledLayout(self.critic_layout, device=dev)
-        self._term_fns = make_term_fns(scan_points_b(dev))
+        self._scan_points = scan_points_b(dev)
+        self._term_fns = make_term_fns(self._scan_points)
+        # On a terrain whose scan an observation group reads, the step's base-height lookup also takes
+        # the scan (one terrain lookup); without resets or pushes the observation reuses it.
+        self._joint_ground = not self.terrain.flat and any(
+            t.name == "height_scan" for layout in (self.policy_layout, self.critic_layout) for t in layout.terms)
         self._terms: TermCache | None = None
         self._terms_full: dict[str, torch.Tensor] | None = None
         self.extras: dict[str, Any] = {"log": {}}
@@ -102,6 +107,10 @@ class LeggedEnv(VecEnv):
 
         state = self.backend.state
         terms = self._new_terms()
+        ground = None
+        if self._joint_ground:
+            ground = ground_terms(terms.view, self._scan_points)
+            terms = self._terms = TermCache(self._term_fns, terms.view, ground)
         base_height = terms["base_height"][:, 0]
         time_out = self.episode_length_buf >= self.max_episode_length
         res = self.task.post_step(terms.view, base_height, last_joint_vel, non_finite, time_out)
@@ -127,11 +136,14 @@ class LeggedEnv(VecEnv):
             # the contract: joint_targets are the targets applied at this step, done envs included
             self.joint_targets[done_ids] = applied_targets
             log.update(self.terrain.log())
-        self.pushes.maybe_push(self.backend, self.common_step_counter)  # velocities only
+        pushed = self.pushes.maybe_push(self.backend, self.common_step_counter)
 
-        # Without resets the orientations are those the commands' heading steering just read: the height
-        # scan reuses that yaw.
-        self._obs = self._compute_obs(yaw=self.task.yaw if done_ids.numel() == 0 else None)
+        # Without resets the robots stand where the task just scored them: the observation reuses the
+        # ground terms (unless a push refreshed the state) and the yaw the heading steering computed.
+        if done_ids.numel() == 0:
+            self._obs = self._compute_obs(yaw=self.task.yaw, known=None if pushed else ground)
+        else:
+            self._obs = self._compute_obs()
         self.extras = {"time_outs": res.time_outs, "log": log, "episode": episode}
         return self._obs, res.rewards, res.dones, self.extras
 
@@ -201,15 +213,15 @@ class LeggedEnv(VecEnv):
         self.backend.close()
 
     # --- internals ------------------------------------------------------------------------------------
-    def _new_terms(self, yaw: torch.Tensor | None = None) -> TermCache:
+    def _new_terms(self, yaw: torch.Tensor | None = None, known: dict[str, torch.Tensor] | None = None) -> TermCache:
         view = self.task.view(self.backend.state, self.actions, self.last_actions, self.backend.env_params,
                               self.backend.terrain_height, self.terrain.flat, yaw)
-        self._terms = TermCache(self._term_fns, view)
+        self._terms = TermCache(self._term_fns, view, known)
         self._terms_full = None
         return self._terms
 
-    def _compute_obs(self, yaw: torch.Tensor | None = None) -> TensorDict:
-        terms = self._new_terms(yaw)
+    def _compute_obs(self, yaw: torch.Tensor | None = None, known: dict[str, torch.Tensor] | None = None) -> TensorDict:
+        terms = self._new_terms(yaw, known)
         return TensorDict({"policy": self._policy_obs.build(terms, self._noise_gen),
                            "critic": self._critic_obs.build(terms)}, batch_size=[self.num_envs], device=self.device)
 

@@ -10,6 +10,7 @@ BENCHMARKS = {
     "store": "tools.bench.store",
     "models": "tools.bench.models",
     "germ": "tools.bench.germ",
+    "env_step": "tools.bench.env_step",
 }
 
 

@@ -1,0 +1,112 @@
+"""`quadforge bench env_step`: where one `LeggedEnv.step` spends its time, beside raw MuJoCo.
+
+The same scenes, robots and thread counts as `bench sim` (its env and raw rollout are reused), timed
+interleaved (raw, env, raw, ...). Each env step is split by wrapping its parts with timers:
+
+- backend: `MujocoCpuBackend.step` (physics on the thread pool + readout), CPU time of the process
+  (all its threads);
+- task: `LocomotionTask.post_step` (statistics, terminations, rewards, gait clock, commands);
+- obs: the observation build after the resets (policy and critic groups, height scan);
+- rest: everything else in `step` (action clamp, targets, episode extras, resets, pushes).
+
+Task, obs and rest are torch math on the caller's thread (one torch thread): they are reported in
+that thread's CPU time, which time spent descheduled by other users of the machine does not inflate.
+Also reported: raw and env wall time per step and their ratio (the env/raw of `bench sim`), and
+torch calls per step (every torch function, operator and tensor method the env calls from Python:
+the dispatch count that sets the per-step cost at small N).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from typing import Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+# the env and the raw-rollout layer exactly as `bench sim` builds them (team backend's module)
+from tools.bench.sim import _make_env, _Raw, _terrain_config
+from tools.bench.common import Table, report
+
+
+class _CountTorchCalls(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _wrap(obj, name: str, acc: dict[str, float], label: str, clock: Callable[[], float]) -> None:
+    fn = getattr(obj, name)
+
+    def timed(*args, **kwargs):
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[label] += clock() - t0
+    setattr(obj, name, timed)
+
+
+def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dict[str, float]:
+    env = _make_env(n, threads, _terrain_config(terrain))
+    zeros = torch.zeros(n, env.num_actions)
+    for _ in range(20):  # settle from the drop, as bench sim does
+        env.step(zeros)
+    raw = _Raw(env.backend, threads, steps)
+    acc: dict[str, float] = defaultdict(float)
+    _wrap(env.backend, "step", acc, "backend", time.process_time)
+    _wrap(env.backend, "step", acc, "backend_thread", time.thread_time)  # the caller's share of it
+    _wrap(env.task, "post_step", acc, "task", time.thread_time)
+    _wrap(env, "_compute_obs", acc, "obs", time.thread_time)
+
+    def run_env() -> None:
+        for _ in range(steps):
+            env.step(zeros)
+    samples: dict[str, list[float]] = defaultdict(list)
+    run_env()
+    raw()
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        raw()
+        samples["raw"].append(time.perf_counter() - t0)
+        acc.clear()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        run_env()
+        samples["env"].append(time.perf_counter() - t0)
+        samples["env_thread"].append(time.thread_time() - c0)
+        for k, v in acc.items():
+            samples[k].append(v)
+    counter = _CountTorchCalls()
+    with counter:
+        for _ in range(10):
+            env.step(zeros)
+    raw.close()
+    env.close()
+    ms = {k: 1e3 * statistics.median(v) / steps for k, v in samples.items()}
+    # the caller thread's CPU time in step, less its share of the backend and the timed parts
+    ms["rest"] = ms["env_thread"] - ms["backend_thread"] - ms["task"] - ms["obs"]
+    ms["env/raw"] = statistics.median(r / e for r, e in zip(samples["raw"], samples["env"]))
+    ms["calls"] = counter.calls / 10
+    return ms
+
+
+def main(quick: bool = False, json_path: str | None = None) -> int:
+    torch.set_num_threads(1)
+    work = 512 if quick else 2048
+    rounds = 3 if quick else 5
+    table = Table("env_step: ms per env step (median over rounds), decimation 4; raw and env wall time, "
+                  "backend process CPU, task/obs/rest caller-thread CPU",
+                  ["terrain", "envs", "threads", "raw", "env", "backend", "task", "obs", "rest",
+                   "task+obs+rest", "torch calls/step", "env/raw"])
+    for terrain in ("flat", "mixed"):
+        for n in ((64,) if quick else (16, 64, 256)):
+            r = _measure(terrain, n, 2, max(4, work // n), rounds)
+            table.add(terrain, n, 2, r["raw"], r["env"], r["backend"], r["task"], r["obs"], r["rest"],
+                      r["task"] + r["obs"] + r["rest"], r["calls"], r["env/raw"])
+    report("env_step", [table], json_path, extra={"quick": quick})
+    return 0
