@@ -110,7 +110,7 @@ def main(quick: bool = False, json_path: str | None = None, robot: str = "go1", 
     title = f"gait controller on LeggedEnv ({robot}, {episode_s:g} s episodes" + \
         (", --quick: fewer envs, shorter episodes)" if quick else ")")
     table = Table(title, ["gait", "terrain", "command / level", "episodes", "fall rate",
-                          "mean |vx err| m/s", "mean |yaw err| rad/s", "mean distance m"])
+                          "mean abs vx err m/s", "mean abs yaw err rad/s", "mean distance m"])
     records = []
     t0 = time.perf_counter()
     for sweep in sweeps(quick):
@@ -123,7 +123,7 @@ def main(quick: bool = False, json_path: str | None = None, robot: str = "go1", 
     falls_flat = max(r["fall_rate"] for r in flat)
     worst_vx = max(r["vx_err"] for r in flat)
     summary.add("flat trot: worst fall rate", falls_flat, "0", falls_flat == 0)
-    summary.add("flat trot: worst mean |vx err|", worst_vx, "<= 0.15", worst_vx <= 0.15)
+    summary.add("flat trot: worst mean abs vx err", worst_vx, "<= 0.15", worst_vx <= 0.15)
     for terrain in TERRAINS:
         rows = [r for r in records if r["terrain"] == terrain]
         no_fall = 1.0 - sum(r["fall_rate"] * r["episodes"] for r in rows) / sum(r["episodes"] for r in rows)
