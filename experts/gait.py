@@ -102,6 +102,7 @@ class GaitGains:
     stumble_gain: float = 2.0
     stumble_lag: float = 0.04
     stumble_max: float = 0.08
+    stumble_lag_per_speed: float = 0.03   # s: extra lag allowed per m/s of commanded speed
     # Swing: the foot finishes this far (m) below the estimated ground so touchdown is never late.
     touchdown_depth: float = 0.02
     # After a reset the robot stands on all four feet for this long (s) before the gait clock starts:
@@ -411,7 +412,9 @@ class GaitController:
         # stumble reflex: a swing foot held back (an edge in its way) is lifted higher, by how far it lags
         # its path beyond the normal PD tracking lag; the lift is remembered for the rest of the swing
         if g.stumble_gain > 0:
-            lag = ((xy - feet_h[..., :2]).norm(dim=-1) - g.stumble_lag).clamp(min=0.0)
+            # the normal PD lag grows with the swing speed, so does the threshold
+            speed = torch.stack([prm.vx, prm.vy], -1).norm(dim=-1, keepdim=True)
+            lag = ((xy - feet_h[..., :2]).norm(dim=-1) - g.stumble_lag - g.stumble_lag_per_speed * speed).clamp(min=0.0)
             active = ~stance & (w > 0.1) & (w < 0.8)
             self.stumble = torch.where(stance, torch.zeros_like(self.stumble),
                                        torch.maximum(self.stumble, (g.stumble_gain * lag * active).clamp(max=g.stumble_max)))
