@@ -118,7 +118,9 @@ def main(quick: bool = False, json_path: str | None = None, robot: str = "go1", 
             records.append(rec)
             table.add(rec["gait"], rec["terrain"], rec["label"], rec["episodes"], rec["fall_rate"],
                       rec["vx_err"], rec["yaw_err"], rec["distance"])
-    summary = Table("targets (issue 3)", ["check", "value", "target", "met"])
+    summary = Table("targets (issue 3)" + (" - judged on the full run: 5 s quick episodes are dominated by "
+                                           "settling and ramp-up" if quick else ""),
+                    ["check", "value", "target", "met"])
     flat = [r for r in records if r["gait"] == "trot" and r["terrain"] == "flat"]
     falls_flat = max(r["fall_rate"] for r in flat)
     worst_vx = max(r["vx_err"] for r in flat)
