@@ -19,8 +19,8 @@ noise-free, plus the 187-point height scan). Every checkpoint is rsl_rl 5's own 
 """
 from __future__ import annotations
 
+
 import argparse
-import ast
 import dataclasses
 import glob
 import os
@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from tools.overrides import parse_overrides  # noqa: F401  (re-exported for callers)
 
 PRESETS_HELP = "legged_gym (the paper's PPO settings, 4096 envs) or cpu (scaled to a 2-core machine)"
 CHECKPOINT_PREFIX = "model_"
@@ -118,21 +119,6 @@ def rsl_rl_train_cfg(p: PPOPreset) -> dict[str, Any]:
 
 
 # --- key=value overrides ------------------------------------------------------------------------------
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["learning_rate=3e-4", "env.commands.ranges.lin_vel_x=(0.0, 1.0)"]`` -> {key: python value}."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"override {item!r} is invalid; allowed: key=value (a preset field or env.<path>)")
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw  # a bare word, e.g. activation=relu
-        out[key.strip()] = value
-    return out
-
-
 def apply_preset_overrides(preset: PPOPreset, overrides: dict[str, Any]) -> PPOPreset:
     names = {f.name: f for f in fields(PPOPreset)}
     changes: dict[str, Any] = {}

@@ -10,11 +10,13 @@
 """
 from __future__ import annotations
 
+
 import argparse
 import ast
 import dataclasses
 import importlib
 from typing import Any
+from tools.overrides import parse_overrides  # noqa: F401  (re-exported for callers)
 
 IMITATION_MODELS = ("fcnet", "transformer", "convformer", "starformer", "mlp")
 
@@ -47,20 +49,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 # --- key=value overrides, shared by every trainer ------------------------------------------------------
-
-def parse_overrides(items: list[str] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"override {item!r} is not key=value")
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        out[key.strip()] = value
-    return out
-
 
 def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
     """Set (dotted) fields of a dataclass config in place; a nested dict field takes any key.
