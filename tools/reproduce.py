@@ -101,6 +101,18 @@ class Results:
         self.put(key, self.data.get(key, []) + [value])
 
 
+def git_state() -> dict[str, Any]:
+    """The commit the run used and which tracked files differed from it (others' work in progress)."""
+    import subprocess
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout.split("\n")
+        return {"head": head, "modified": [line[3:] for line in dirty if line.strip()]}
+    except (OSError, subprocess.CalledProcessError):
+        return {"head": None, "modified": []}
+
+
 def machine() -> dict[str, Any]:
     import torch
     return {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
@@ -251,11 +263,12 @@ def stage_germ(cfg: ReproduceConfig, res: Results, log: Callable[[str], None]) -
             train_s = time.perf_counter() - t0
             ev = eval_policy(str(summary["checkpoint"]), run_dir / "eval", cfg, seed)
             m = summary.get("model")
+            val = summary.get("val") or [{}]
             row = {"model": model, "seed": seed, "train_steps": g.max_steps, "batch_size": g.batch_size,
                    "context": g.model.context, "d_model": g.model.d_model, "layers": g.model.num_layers,
                    "params": sum(p.numel() for p in m.parameters()) if m is not None else None,
                    "objective": g.objective, "success_only": g.success_only, "success_ratio": g.success_ratio,
-                   "train_s": train_s, **ev}
+                   "val_greedy_agreement": val[-1].get("greedy_agreement"), "train_s": train_s, **ev}
             res.append("germ", row)
             log(f"[germ] {model} seed {seed}: success {ev['success']:.2f} return {ev['return']:.3g} "
                 f"({train_s:.0f}s train, {ev['eval_s']:.0f}s eval)")
@@ -272,8 +285,9 @@ def run_reproduction(cfg: ReproduceConfig, stages: tuple[str, ...] = ("imitation
     out = Path(cfg.out)
     res = Results(out / "results.json")
     res.put("config", asdict(cfg))
-    if command:
-        res.put("command", command)
+    if command:   # every invocation that added to this run directory
+        res.put("commands", res.data.get("commands", []) + [command])
+    res.put("git", git_state())
     res.put("machine", machine())
     res.put("started_utc", res.data.get("started_utc") or time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
     t0 = time.perf_counter()
