@@ -198,7 +198,7 @@ def write_report(data: Mapping[str, Any], path: Path) -> Path:
              f"{m.get('cpus')} CPUs shared with other engineers (load average {fmt(m.get('load_avg_1m'))} at "
              f"the start), torch {m.get('torch')} with 1 thread, no GPU. Wall time (summed over the invocations): imitation "
              f"{fmt(data.get('imitation_wall_s'))} s, GeRM {fmt(data.get('germ_wall_s'))} s."
-             + (f" Code: commit `{git['head'][:10]}`" + (f" with uncommitted changes in {', '.join(git['modified'])} "
+             + (f" Code at the last invocation: commit `{git['head'][:10]}`" + (f" with uncommitted changes in {', '.join(git['modified'])} "
                 "(the tree is shared with other teams)" if git.get("modified") else "") + "." if git.get("head") else ""),
              ""]
     if cfg.get("quick"):
@@ -223,12 +223,12 @@ def write_report(data: Mapping[str, Any], path: Path) -> Path:
               "- The learned policies imitate the gait expert's actions (every episode, failures included), so "
               "the expert's own success on the same sweep (the reference line of section 1) is their ceiling.",
               "- Validation losses are on each dataset's own held-out episodes (10 %), so they compare models "
-              "at one size, not sizes with each other (the smallest sets hold out one or two episodes).",
+              "at one size, not sizes with each other (the smallest sets hold out only a few episodes).",
               "- Parameters are not matched across the imitation models: each runs its `cpu` preset "
               "(`training/presets.py`, see the params column), so the comparison is of those presets at this "
               "training length, not of the architectures at their best.",
-              "- GeRM's 'val greedy = data bin' is the share of held-out steps where its greedy action bin equals "
-              "the dataset's (12 dimensions × 256 bins; chance ≈ 0.4 %): how far its Q-function got in the "
+              "- GeRM's 'val greedy = data bin' is the share of held-out (step, action dimension) pairs where its "
+              "greedy bin equals the dataset's (256 bins per dimension; chance ≈ 0.4 %): how far its Q-function got in the "
               "steps it was given.",
               "- Per-run outputs (checkpoints, eval reports with per-cell tables and plots) are under the run "
               "directory; every number here is in its `results.json`.", ""]
