@@ -31,6 +31,20 @@ _EPISODE_FLOAT = ("return", "distance", "commanded_distance", "lin_vel_error", "
 EPISODE_KEYS = _EPISODE_LONG + _EPISODE_FLOAT
 
 
+def spawn_footprint(robot, device) -> torch.Tensor:
+    """(P, 2) xy offsets from the base (spawn yaw is zero) where a foot may stand at reset.
+
+    A 0.05 m grid (half a heightfield cell: a vertex peak between samples is missed by millimetres)
+    over the hips' rectangle widened by a calf length, since the random initial joint poses
+    (``init.joint_pos_scale``) swing feet well away from under the hips."""
+    hips = torch.as_tensor(robot.hip_offsets, dtype=torch.float32)[:, :2]         # (4, 2)
+    reach = float(robot.calf_length)
+    lo, hi = hips.amin(0) - reach, hips.amax(0) + reach
+    xs = torch.arange(float(lo[0]), float(hi[0]) + 1e-6, 0.05)
+    ys = torch.arange(float(lo[1]), float(hi[1]) + 1e-6, 0.05)
+    return torch.stack(torch.meshgrid(xs, ys, indexing="ij"), -1).reshape(-1, 2).to(device)
+
+
 class LeggedEnv(VecEnv):
     """The locomotion env; ``backend`` overrides the one ``cfg.backend_name`` would build."""
 
@@ -74,6 +88,7 @@ class LeggedEnv(VecEnv):
         self._policy_obs = CompiledLayout(self.policy_layout, noise, obs_cfg.noise_level, dev)
         self._critic_obs = CompiledLayout(self.critic_layout, device=dev)
         self._scan_points = scan_points_b(dev)
+        self._spawn_footprint = spawn_footprint(self.robot, dev)
         self._term_fns = make_term_fns(self._scan_points)
         # On a terrain whose scan an observation group reads, the step's base-height lookup also takes
         # the scan (one terrain lookup); without resets or pushes the observation reuses it.
@@ -192,7 +207,10 @@ class LeggedEnv(VecEnv):
         if self.terrain.terrain is not None:  # legged_gym: anywhere on the tile's central platform
             pos[:, :2] += (2 * u(k, 2) - 1) * ic.spawn_xy
         if not self.terrain.flat:
-            pos[:, 2] = self.backend.terrain_height(pos[:, :2])
+            # over the highest ground under the feet, not under the base point: on rough terrain a bump
+            # under a foot would otherwise spawn it inside the heightfield, pinched for the whole episode
+            pts = pos[:, None, :2] + self._spawn_footprint                       # (k, P, 2)
+            pos[:, 2] = self.backend.terrain_height(pts).amax(dim=-1)
         pos[:, 2] += self.robot.nominal_base_height + ic.spawn_height
         quat = torch.zeros(k, 4, device=dev)
         quat[:, 0] = 1.0
