@@ -12,7 +12,9 @@ returns normalised joint actions. Per env and step:
    point ``p_td = p_neutral + (T_stance/2) v_i + k (v_meas_i - v_i)`` with ``v_i = v + w_z x p_i``
    (yaw via tangential foot velocities), under a raised-cosine lift of the commanded foot height above
    the ground the stance legs measure, plus a stumble reflex (a swing foot held back by an edge is
-   lifted higher); neutral points from the commanded stance width/length;
+   lifted higher); neutral points from the commanded stance width/length. When the observation has
+   the privileged ``height_scan`` the swing apex also clears the highest terrain the scan shows along
+   the foot's path (``terrain_below``); without it (or on flat ground) the controller is blind;
 3. stance legs (force control through the PD): a virtual-model wrench on the base - PI on the
    velocity and yaw-rate error, PD on body height (from stance-leg kinematics) and on pitch/roll (from
    projected gravity) towards the commanded values, plus the weight - distributed over the stance
@@ -33,7 +35,7 @@ from typing import Mapping
 import torch
 
 from envs.kinematics import LegKinematics
-from envs.layout import COMMAND_NAMES, LEGS, NUM_JOINTS
+from envs.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, LEGS, NUM_JOINTS
 
 # (phase, offset, bound) of walk-these-ways' four named gaits.
 GAITS: dict[str, tuple[float, float, float]] = {
@@ -103,6 +105,16 @@ class GaitGains:
     stumble_lag: float = 0.04
     stumble_max: float = 0.08
     stumble_lag_per_speed: float = 0.03   # s: extra lag allowed per m/s of commanded speed
+    # Height-scan swing planning (privileged ``height_scan``, used when the observation has it): the
+    # swing apex clears the highest terrain the scan shows along the foot's path (lift-off to
+    # touchdown, the 2x2 grid cells around each sample) by scan_clearance (m) over the foot radius,
+    # raising the commanded swing height by at most scan_max_extra (m). 0 extra turns it off.
+    scan_clearance: float = 0.04
+    scan_max_extra: float = 0.15
+    scan_samples: int = 6
+    # With an obstacle on the path the foot first rises, then moves: horizontal progress waits for this
+    # fraction of the swing (retract before protract), so the toe does not hit the edge it is clearing.
+    scan_delay: float = 0.0
     # Swing: the foot finishes this far (m) below the estimated ground so touchdown is never late.
     touchdown_depth: float = 0.02
     # After a reset the robot stands on all four feet for this long (s) before the gait clock starts:
@@ -226,6 +238,30 @@ def resolve_params(commands: torch.Tensor, defaults: GaitDefaults, gait: str, no
 
 
 
+def terrain_below(scan: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
+    """Highest terrain near points, from the privileged height scan.
+
+    scan (N, 187): ``height_scan`` (base z - terrain z on legged_gym's 17 x 11 grid, x-major, in the
+    yaw frame), xy (N, ..., 2) points in the yaw frame relative to the base. Returns (N, ...) terrain z
+    relative to the base: the highest of the four grid samples around each point (conservative: the
+    MuJoCo heightfield is piecewise linear between 0.1 m vertices, so an edge between two samples
+    belongs to the higher one). Points off the grid take its border."""
+    nx, ny = len(HEIGHT_SCAN_X), len(HEIGHT_SCAN_Y)
+    x0, y0 = HEIGHT_SCAN_X[0], HEIGHT_SCAN_Y[0]
+    step = HEIGHT_SCAN_X[1] - HEIGHT_SCAN_X[0]
+    top = -scan.view(scan.shape[0], nx, ny)                                     # (N, 17, 11) terrain z
+    flat = xy.reshape(xy.shape[0], -1, 2)                                       # (N, P, 2)
+    ix = ((flat[..., 0] - x0) / step).floor().long()
+    iy = ((flat[..., 1] - y0) / step).floor().long()
+    rows = torch.arange(scan.shape[0], device=scan.device).unsqueeze(-1)
+    best = None
+    for dx in (0, 1):
+        for dy in (0, 1):
+            h = top[rows, (ix + dx).clamp(0, nx - 1), (iy + dy).clamp(0, ny - 1)]
+            best = h if best is None else torch.maximum(best, h)
+    return best.view(xy.shape[:-1])
+
+
 def skew(r: torch.Tensor) -> torch.Tensor:
     """(..., 3) -> (..., 3, 3) matrix of the cross product r x ."""
     x, y, z = r.unbind(-1)
@@ -277,7 +313,10 @@ def robot_inertia(robot) -> tuple[float, float, float]:
 class GaitController:
     """Model-based gait controller; meets ``experts.policy.Policy`` with action_space "joint"."""
 
-    obs_terms = ("commands", "base_lin_vel", "base_ang_vel", "projected_gravity", "dof_pos", "dof_vel")
+    # height_scan is privileged and optional: read when the observation has it (swing planning over
+    # obstacles), blind without it
+    required_terms = ("commands", "base_lin_vel", "base_ang_vel", "projected_gravity", "dof_pos", "dof_vel")
+    obs_terms = required_terms + ("height_scan",)
     action_space = "joint"
     action_dim = NUM_JOINTS
 
@@ -340,10 +379,10 @@ class GaitController:
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        missing = [k for k in self.obs_terms if k not in obs]
+        missing = [k for k in self.required_terms if k not in obs]
         if missing:
             raise KeyError(f"GaitController needs observation terms {missing}; got {sorted(obs)}")
-        term = {k: obs[k].to(self.device, torch.float32) for k in self.obs_terms}
+        term = {k: obs[k].to(self.device, torch.float32) for k in self.obs_terms if k in obs}
         if term["commands"].shape != (self.num_envs, len(COMMAND_NAMES)):
             raise ValueError(f"commands must be ({self.num_envs}, {len(COMMAND_NAMES)}), "
                              f"got {tuple(term['commands'].shape)}")
@@ -382,7 +421,7 @@ class GaitController:
         self.ground = torch.where(n_was > 0, measured_ground, self.ground)
         height = self.foot_radius - self.ground                                   # base over ground
 
-        q_swing = self._swing_targets(prm, stance, swing_w, feet_h, vel, omega, rot, running)
+        q_swing = self._swing_targets(prm, stance, swing_w, feet_h, vel, omega, rot, term.get("height_scan"))
         q_stance = self._stance_targets(prm, stance, feet_h, feet_b, q_meas, vel, omega, roll, pitch,
                                         height, rot)
         self.was_stance = stance
@@ -391,7 +430,7 @@ class GaitController:
         return (q - self.default_q) / self.action_scale
 
     # -- swing: cycloid from lift-off to the Raibert touchdown point ---------------------------------
-    def _swing_targets(self, prm: GaitParams, stance, w, feet_h, vel, omega, rot, running) -> torch.Tensor:
+    def _swing_targets(self, prm: GaitParams, stance, w, feet_h, vel, omega, rot, scan) -> torch.Tensor:
         g = self.gains
         neutral = torch.stack([
             self.hip_x_centre + self.side_x * prm.stance_length.unsqueeze(-1) / 2,
@@ -406,9 +445,16 @@ class GaitController:
         touchdown = neutral + shift.clamp(-self.max_step, self.max_step)
         lifting = ~stance & self.was_stance
         self.liftoff_xy = torch.where(lifting.unsqueeze(-1), feet_h[..., :2], self.liftoff_xy)
-        xy = self.liftoff_xy + (touchdown - self.liftoff_xy) * cycloid(w).unsqueeze(-1)
+        ground = self.ground.unsqueeze(-1)                                       # (N, 1) foot-centre z
+        extra = self._scan_lift(scan, touchdown, ground + prm.swing_height.unsqueeze(-1))
+        progress = w
+        if g.scan_delay > 0:   # over an obstacle: lift first, then move forward
+            delayed = ((w - g.scan_delay) / (1 - g.scan_delay)).clamp(0.0, 1.0)
+            progress = torch.where(extra > 0, delayed, w)
+        xy = self.liftoff_xy + (touchdown - self.liftoff_xy) * cycloid(progress).unsqueeze(-1)
         # heights from the measured ground, so body sag never eats the clearance
-        z = self.ground.unsqueeze(-1) + prm.swing_height.unsqueeze(-1) * swing_lift(w, g.lift_sharpness) - g.touchdown_depth * w
+        z = ground + prm.swing_height.unsqueeze(-1) * swing_lift(w, g.lift_sharpness) \
+            - g.touchdown_depth * w + extra * swing_lift(w, 0.5)
         # stumble reflex: a swing foot held back (an edge in its way) is lifted higher, by how far it lags
         # its path beyond the normal PD tracking lag; the lift is remembered for the rest of the swing
         if g.stumble_gain > 0:
@@ -422,6 +468,19 @@ class GaitController:
         foot_h = torch.cat([xy, z.unsqueeze(-1)], dim=-1)                        # (N, 4, 3)
         foot_b = torch.einsum("nji,nfj->nfi", rot, foot_h)                       # R^T p
         return self.legs.inverse(foot_b)
+
+    def _scan_lift(self, scan, touchdown, apex) -> torch.Tensor:
+        """Extra swing lift (N, 4) that clears the terrain the height scan shows between lift-off and
+        touchdown; ``apex`` (N, 1 or 4): the foot-centre height the swing reaches without it. Zeros
+        without a scan. (Raising the touchdown end to a higher landing spot too was tried and made
+        both terrains worse: the foot then lands late on the max-of-4-cells estimate.)"""
+        g = self.gains
+        if scan is None or g.scan_max_extra <= 0:
+            return torch.zeros_like(touchdown[..., 0])
+        s = torch.linspace(0.0, 1.0, g.scan_samples, device=self.device).view(1, 1, -1, 1)
+        path = self.liftoff_xy.unsqueeze(2) + (touchdown - self.liftoff_xy).unsqueeze(2) * s   # (N, 4, S, 2)
+        top = terrain_below(scan, path).amax(-1)                                  # (N, 4) terrain z
+        return (top + self.foot_radius + g.scan_clearance - apex).clamp(0.0, g.scan_max_extra)
 
     # -- stance: a virtual-model wrench, distributed over the stance feet, as joint torques ----------
     def _stance_targets(self, prm: GaitParams, stance, feet_h, feet_b, q_meas, vel, omega, roll, pitch,

@@ -205,3 +205,46 @@ def test_stumble_reflex_lifts_a_swing_foot_that_lags_its_path():
     for _ in range(60):
         off.act(obs)
     assert (off.stumble == 0).all()
+
+
+def test_terrain_below_takes_the_highest_of_the_surrounding_scan_cells():
+    from envs.observations import scan_points_b
+    from experts.gait import terrain_below
+    pts = scan_points_b()
+    terrain = torch.where((pts[:, 0] > 0.25) & (pts[:, 0] < 0.55), 0.1, 0.0) - 0.3   # a box at x 0.3..0.5
+    scan = (-terrain).unsqueeze(0)                                                  # base z - terrain z
+    xy = torch.tensor([[[0.0, 0.0], [0.22, 0.0], [0.35, 0.1], [0.6, 0.0], [2.0, 0.0]]])
+    got = terrain_below(scan, xy)
+    assert torch.allclose(got, torch.tensor([[-0.3, -0.2, -0.2, -0.3, -0.3]]))
+
+
+def test_height_scan_lifts_swing_feet_over_an_obstacle_and_changes_nothing_on_flat_ground():
+    from envs.observations import scan_points_b
+    robot = get_robot("go1")
+    gains = GaitGains(stumble_gain=0.0)
+    pts = scan_points_b()
+    base_h = robot.nominal_base_height
+    flat_scan = torch.full((1, pts.shape[0]), base_h)
+    box_scan = flat_scan - torch.where((pts[:, 0] > 0.1) & (pts[:, 0] < 0.7), 0.12, 0.0)  # 12 cm box ahead
+    blind, flat, box = (GaitController(robot, 1, gains=gains) for _ in range(3))
+    higher = False
+    for _ in range(40):
+        obs = _standing_obs(1)
+        a_blind = blind.act(obs)
+        a_flat = flat.act({**obs, "height_scan": flat_scan})
+        a_box = box.act({**obs, "height_scan": box_scan})
+        assert torch.equal(a_blind, a_flat)     # flat ground: the scan changes nothing
+        feet = lambda a: robot_feet(robot, a)   # noqa: E731
+        swing = ~box.was_stance[0]
+        dz = feet(a_box)[0, :, 2] - feet(a_blind)[0, :, 2]
+        assert (dz[~swing].abs() < 1e-5).all()  # stance legs are untouched
+        assert (dz[swing] >= -1e-5).all()
+        higher |= bool((dz[swing] > 0.03).any())
+    assert higher
+    assert "height_scan" in GaitController.obs_terms   # declared (privileged, optional)
+
+
+def robot_feet(robot, actions: torch.Tensor) -> torch.Tensor:
+    from envs.kinematics import LegKinematics
+    q = torch.as_tensor(robot.default_joint_pos, dtype=torch.float32) + actions * robot.action_scale
+    return LegKinematics(robot).forward(q)
