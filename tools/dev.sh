@@ -10,11 +10,14 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 venv="${QUADFORGE_VENV:-$root/.venv}"
 py="${PYTHON:-python3}"
+# Set-up runs under a lock so two first runs at once (a demo and the tests) don't race pip.
+exec 9>"$venv.lock"
+flock 9
 if [ ! -x "$venv/bin/python" ]; then
     echo "[quadforge] creating virtual environment in $venv" >&2
     "$py" -m venv "$venv"
 fi
-stamp="$venv/.stamp-quadforge-$(cat pyproject.toml | sha1sum | cut -c1-12)"
+stamp="$venv/.stamp-quadforge-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
     echo "[quadforge] installing torch==2.13.0 (CPU) and quadforge[test]" >&2
     "$venv/bin/python" -m pip install -q --upgrade pip
@@ -22,6 +25,7 @@ if [ ! -f "$stamp" ]; then
     "$venv/bin/python" -m pip install -q -e ".[test]"
     touch "$stamp"
 fi
+flock -u 9
 cmd="${1:-demo}"; shift || true
 case "$cmd" in
     test) exec "$venv/bin/python" -m pytest "$@" ;;
