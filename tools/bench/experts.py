@@ -4,6 +4,7 @@ Each sweep is one batch of envs on ``LeggedEnv`` with fixed commands per env (``
 the curriculum off and terrain levels pinned (``env.set_terrain_levels``); every env runs exactly one
 episode (20 s, or 5 s with ``--quick``). Physics randomization (friction, added mass, motor strength,
 action latency) stays at the env defaults; pushes are off (they are a separate robustness question).
+The controller gets ``env.terms``, so it plans swings with the privileged height scan.
 
 Rows: episodes, fall rate (any termination that is not a time-out), mean |vx error| and mean
 |yaw-rate error| over the episode (the env's own episode statistics, settling and acceleration
