@@ -26,14 +26,14 @@ DEMO_TERRAIN = "flat,slope_up,rough_slope,stairs_up"
 class DemoConfig:
     out: str = "runs/demo"
     seed: int = 0
-    episodes: int = 160            # collected (~4 s each at most: tens of thousands of steps)
+    episodes: int = 320            # collected (~8 s each at most: about 100k steps)
     num_envs: int = 16
-    train_steps: int = 300
-    batch_size: int = 64
+    train_steps: int = 4000
+    batch_size: int = 128
     eval_terrain: str = "flat,slope_up,rough_slope"
     eval_levels: str = "0-1"
-    eval_episodes: int = 6         # per terrain type x level, per policy
-    max_episode_s: float = 4.0
+    eval_episodes: int = 8         # per terrain type x level, per policy
+    max_episode_s: float = 8.0
 
     @classmethod
     def tiny(cls, out: str, seed: int = 0) -> "DemoConfig":
