@@ -343,6 +343,15 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
         from torch.utils.tensorboard import SummaryWriter
         writer = SummaryWriter(str(out / "tb"))
 
+    def log_row(group: str, head: str, row: dict[str, float], step: int) -> None:
+        """Print a progress line and write the same scalars to TensorBoard under ``group/``."""
+        print(f"[{cfg.model_name}] {head} " + " ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "step"),
+              flush=True)
+        if writer is not None:
+            for k, v in row.items():
+                if k != "step":
+                    writer.add_scalar(f"{group}/{k}", v, step)
+
     def save(step: int) -> None:
         rngs = [_rng_state(sampler, info.device)]
         if info.enabled:
@@ -393,23 +402,13 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
             history.append(row)
             t0, seen = time.perf_counter(), 0
             if info.is_main:
-                print(f"[{cfg.model_name}] step {done}/{cfg.max_steps} " +
-                      " ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "step"), flush=True)
-                if writer is not None:
-                    for k, v in row.items():
-                        if k != "step":
-                            writer.add_scalar(f"train/{k}", v, done)
+                log_row("train", f"step {done}/{cfg.max_steps}", row, done)
         if done % cfg.val_every == 0 or done == cfg.max_steps:
             if val_sampler is not None and info.is_main:
                 v = validate(model, target, val_sampler, binner, cfg, info.device)
                 v["step"] = done
                 val_history.append(v)
-                print(f"[{cfg.model_name}] val step {done} " +
-                      " ".join(f"{k}={x:.4g}" for k, x in v.items() if k != "step"), flush=True)
-                if writer is not None:
-                    for k, x in v.items():
-                        if k != "step":
-                            writer.add_scalar(f"val/{k}", x, done)
+                log_row("val", f"val step {done}", v, done)
             save(done)
             barrier(info)
     if start >= cfg.max_steps:
