@@ -120,36 +120,24 @@ def build_env(cfg: CollectConfig, seed: int) -> Any:
 
 
 def build_policy(cfg: CollectConfig, env: Any) -> Any:
-    """The gait expert, or a checkpoint: outside/PPO experts through ``experts.loaders``, models trained
-    here through ``training.deploy``; a policy emitting high-level commands runs over the gait expert."""
+    return make_policy(cfg.policy, env, cfg.robot)
+
+
+def make_policy(spec: str, env: Any, robot: str | None = None) -> Any:
+    """The gait expert (``spec == "gait"``), or a checkpoint through ``training.deploy.load_policy``
+    (outside/PPO experts and models trained here alike); a policy emitting high-level commands runs
+    over the gait expert."""
     from experts.gait import GaitController
-    if cfg.policy == "gait":
+    from experts.hierarchical import HierarchicalPolicy
+    from training.deploy import load_policy
+
+    def gait() -> GaitController:
         return GaitController(env.robot, env.num_envs, env.dt, device=str(env.device))
-    policy = load_checkpoint_policy(cfg.policy, cfg.robot, env.num_envs, str(env.device))
-    if policy.action_space == "command":
-        try:
-            from experts.hierarchical import HierarchicalPolicy
-        except ImportError:
-            raise NotImplementedError(f"--policy {cfg.policy!r} emits high-level commands; running it needs "
-                                      "experts.hierarchical.HierarchicalPolicy (team gait), which does not "
-                                      "exist yet") from None
-        policy = HierarchicalPolicy(policy, GaitController(env.robot, env.num_envs, env.dt, device=str(env.device)))
-    return policy
 
-
-def load_checkpoint_policy(path: str, robot: str, num_envs: int, device: str) -> Any:
-    try:
-        from experts.loaders import detect_kind, load_expert
-    except ImportError:
-        detect_kind = load_expert = None
-    if detect_kind is not None and detect_kind(Path(path)) != "quadforge":
-        return load_expert(path, robot=robot, num_envs=num_envs, device=device)
-    try:
-        from training.deploy import load_policy
-    except ImportError:
-        raise NotImplementedError(f"--policy {path!r}: loading checkpoints needs training.deploy or "
-                                  "experts.loaders, and neither exists yet; use --policy gait") from None
-    return load_policy(path, num_envs, device)
+    if spec == "gait":
+        return gait()
+    policy = load_policy(spec, env.num_envs, str(env.device), robot=robot)
+    return HierarchicalPolicy(policy, gait()) if policy.action_space == "command" else policy
 
 
 def store_count(out: str) -> int:

@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from envs.layout import LAYOUTS, LEGS, NUM_JOINTS, WTW_70, LayoutTerm, ObsLayout, get_layout
+from envs.layout import LAYOUTS, LEGS, NUM_JOINTS, WTW_70, ObsLayout, get_layout
 from experts.actor_policy import ISAAC_GYM_LEGS, ActorPolicy, FrameObs, HistoryObs, JointOrder
 
 KINDS = ("auto", "rsl_rl", "torchscript", "wtw")
@@ -376,10 +376,7 @@ def load_expert(path: str | Path, kind: str = "auto", layout: str | ObsLayout | 
 
 
 def load_policy(path: str | Path, num_envs: int, device: str = "cpu"):
-    """The entry point collection/evaluation call for any checkpoint: experts here, trained models
-    (``quadforge train``) through ``training.deploy.load_policy``."""
-    p = Path(path)
-    if p.exists() and detect_kind(p) == "quadforge":
-        from training.deploy import load_policy as load_trained
-        return load_trained(p, num_envs, device)
-    return load_expert(p, num_envs=num_envs, device=device)
+    """The entry point for any checkpoint; ``training.deploy.load_policy`` does the routing (experts
+    here, models trained by ``quadforge train`` there) so there is one place that decides."""
+    from training.deploy import load_policy as load_any
+    return load_any(path, num_envs, device)

@@ -31,11 +31,8 @@ FAILURES = ("fall", "base_collision", "non_finite")
 
 
 def _policy(spec: str, env: Any):
-    if spec == "gait":
-        from experts.gait import GaitController
-        return GaitController(env.robot, env.num_envs, env.dt, device=str(env.device))
-    from experts.loaders import load_policy
-    return load_policy(spec, num_envs=env.num_envs, device=str(env.device))
+    from collection.collect import make_policy
+    return make_policy(spec, env)
 
 
 def training_overrides(policy_spec: str) -> dict[str, Any]:

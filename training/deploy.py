@@ -80,8 +80,10 @@ def _policy_id(path: Path, ckpt: Checkpoint) -> str:
     return f"{ckpt.model_name}:{digest}"
 
 
-def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "cpu"):
-    """A Policy for any trained checkpoint file (or run directory: its last.pt)."""
+def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "cpu", robot: str | None = None):
+    """A Policy for any checkpoint file (or run directory): models trained by ``quadforge train`` here,
+    expert checkpoints (rsl_rl PPO, TorchScript, walk-these-ways) through ``experts.loaders.load_expert``
+    (``robot`` names the robot an outside checkpoint drives; None lets the loader decide)."""
     path = Path(path)
     # Expert checkpoints (rsl_rl PPO, TorchScript, walk-these-ways) load through experts.loaders.
     from experts.loaders import detect_kind, load_expert
@@ -90,7 +92,8 @@ def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "c
     except (ValueError, FileNotFoundError):
         kind = "quadforge"  # load_checkpoint below reports what is wrong with it
     if kind != "quadforge":
-        return load_expert(path, num_envs=num_envs, device=str(device))
+        return load_expert(path, num_envs=num_envs, device=str(device),
+                           **({"robot": robot} if robot is not None else {}))
     if path.is_dir():
         path = latest_checkpoint(path)
     ckpt = load_checkpoint(path)
