@@ -1,7 +1,9 @@
 """``mujoco_cpu``: native MuJoCo, one ``MjData`` per env, stepped on a thread pool.
 
-Each thread owns a contiguous slice of envs; MuJoCo releases the GIL inside its step functions, so the
-threads run the physics in parallel and only the few Python statements per env are serialised.
+The caller's thread and ``num_threads - 1`` persistent workers (``envs.backends.env_pool``) pull envs one
+at a time from a shared counter, so the threads stay balanced when some envs are contact-heavy or a
+thread starts late; MuJoCo releases the GIL inside its step functions, so the threads run the physics
+in parallel and only the few Python statements per env are serialised.
 A policy step is split so that the state the caller reads is current without an extra ``mj_forward``:
 
     mj_step2 (finish the substep begun by the last mj_step1, with the new ctrl)
@@ -20,13 +22,14 @@ Consumers must ``clone()`` a field they want to keep across steps.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
 
 import mujoco
 import numpy as np
 import torch
 
 from envs.backends.base import BackendConfig, RobotState
+from envs.backends.env_pool import EnvPool
 from envs.layout import NUM_FEET, NUM_JOINTS
 from envs.scene import TRACKED, Scene, build_scene, make_variants
 from tools.seeding import numpy_rng
@@ -99,10 +102,8 @@ class MujocoCpuBackend:
         self._targets = np.zeros((n, NUM_JOINTS))      # (N, 12) ctrl for the next step
         self._reset_qpos = np.zeros((n, self.models[0].nq))  # each env's last reset state, to restore
         self._reset_qvel = np.zeros((n, self.models[0].nv))
-        bounds = np.linspace(0, n, self.num_threads + 1).astype(int)
-        self._slices = [(int(bounds[k]), int(bounds[k + 1])) for k in range(self.num_threads)]
-        # the caller runs the last slice itself, so a 1-thread backend never touches the pool
-        self._pool = ThreadPoolExecutor(self.num_threads - 1) if self.num_threads > 1 else None
+        # the caller's thread steps envs too: a 1-thread backend starts no worker
+        self._pool: EnvPool | None = EnvPool(self.num_threads, "mujoco-cpu")
 
         self._state = self._allocate_state()
         self._copies = tuple(self.scene.sensors.fields().items())
@@ -165,10 +166,10 @@ class MujocoCpuBackend:
             raise ValueError(f"step: joint_targets must have shape ({self.num_envs}, {NUM_JOINTS}), "
                              f"got {tuple(joint_targets.shape)}")
         self._targets[:] = joint_targets.detach().cpu().numpy()
-        futures = [self._pool.submit(self._step_slice, lo, hi) for lo, hi in self._slices[:-1]] if self._pool else []
-        self._step_slice(*self._slices[-1])
-        for f in futures:
-            f.result()
+        if self._pool is not None:
+            self._pool.run(self._step_envs, self.num_envs)
+        else:  # closed: the caller's thread alone
+            self._step_envs(iter(range(self.num_envs)))
         bad = self._diverged()
         if bad.any():
             ids = np.flatnonzero(bad)
@@ -200,7 +201,7 @@ class MujocoCpuBackend:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.close()
             self._pool = None
 
     def __del__(self):  # the pool's threads would otherwise outlive a forgotten backend
@@ -224,12 +225,13 @@ class MujocoCpuBackend:
             raise ValueError(f"env_ids must lie in [0, {self.num_envs}), got min {ids.min()} max {ids.max()}")
         return ids
 
-    def _step_slice(self, lo: int, hi: int) -> None:
+    def _step_envs(self, envs: Iterator[int]) -> None:
+        """Step every env drawn from ``envs`` (shared with the other threads) and copy out its readout."""
         models, datas, ctrl, sens, targets = self.models, self.datas, self._ctrl_views, self._sens_views, self._targets
         extra = self.decimation - 1
         step1, step2, step = mujoco.mj_step1, mujoco.mj_step2, mujoco.mj_step
         out = self._sens
-        for i in range(lo, hi):
+        for i in envs:
             m, d = models[i], datas[i]
             ctrl[i][:] = targets[i]
             step2(m, d)
