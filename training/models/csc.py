@@ -23,8 +23,11 @@ Three equivalent evaluations, tested against each other:
 
 Recurrent (Eq. 13, sliding DFT): X <- u * (X + x_t - x_{t-n}), y = Re(sum_l V_l X_l), O(m d) per step.
 The state is complex128 so its random-walk rounding drift stays ~1e-13 (float32 drifts to ~1e-4 over
-3e5 steps); V is cached and rebuilt automatically whenever W changes (keyed on the parameter's
-storage and in-place version counter), so a stale readout can never be used silently.
+3e5 steps). It is laid out (B, d, m) so that its real view is (B, d, 2m) with every channel's modes
+contiguous: the read-out Re(V_l X_l) = Re V_l Re X_l - Im V_l Im X_l is then one real dot product per
+channel against R = view_as_real(conj V) (d, 2m) - no complex product, no strided reduction. R is
+cached and rebuilt automatically whenever W changes (keyed on the parameter's storage and in-place
+version counter), so a stale readout can never be used silently.
 """
 from __future__ import annotations
 
@@ -67,9 +70,8 @@ class CausalSpectralConv(nn.Module):
         c = torch.polar(torch.full_like(k, 2.0 / context), 2 * math.pi * k * (context - 1) / context)
         c[0] = 1.0 / context
         self.register_buffer("u", u, persistent=False)                                     # complex128
-        self.register_buffer("u_col", u.unsqueeze(1), persistent=False)                    # (m, 1) for step
         self.register_buffer("c", c, persistent=False)
-        self._readout: torch.Tensor | None = None
+        self._readout: tuple[torch.Tensor, torch.Tensor] | None = None
         self._readout_key: tuple | None = None
 
     # --- shared pieces ------------------------------------------------------------------------------
@@ -139,36 +141,45 @@ class CausalSpectralConv(nn.Module):
     # --- recurrent ----------------------------------------------------------------------------------
     def init_state(self, batch_size: int, device: torch.device, sliding: bool = False,
                    prefix: str = "") -> dict[str, torch.Tensor]:
-        """Complex state X (B, m, d); with ``sliding`` also the ring buffer of the last n inputs and a
+        """Complex state X (B, d, m); with ``sliding`` also the ring buffer of the last n inputs and a
         per-row write index (block deployment never reaches x_{t-n}, so it needs neither)."""
-        state = {f"{prefix}X": torch.zeros(batch_size, self.modes, self.dim, dtype=torch.cdouble, device=device)}
+        state = {f"{prefix}X": torch.zeros(batch_size, self.dim, self.modes, dtype=torch.cdouble, device=device)}
         if sliding:
             state[f"{prefix}buf"] = torch.zeros(batch_size, self.context, self.dim, dtype=torch.float64, device=device)
             state[f"{prefix}t"] = torch.zeros(batch_size, dtype=torch.long, device=device)
         return state
 
-    def cached_readout(self) -> torch.Tensor:
-        """conj(V) in complex128, (m, d), rebuilt whenever the weight changed (storage or version)."""
-        key = (self.weight.data_ptr(), self.weight._version, self.weight.device)
+    def cached_readout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(R, u): R = view_as_real(conj V) as (d, 2m) float64 and the mode rotations u (m,), rebuilt
+        whenever the weight changed (storage, version or device): sum_k R[:, k] view_as_real(X)[:, k]
+        = Re(sum_l V_l X_l)."""
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.device)
         if self._readout is None or self._readout_key != key:
             with torch.no_grad():
-                self._readout = self.readout(torch.cdouble).conj().resolve_conj()
-            self._readout_key = key
+                v = self.readout(torch.cdouble).conj().resolve_conj()                       # (m, d)
+                r = torch.view_as_real(v).transpose(0, 1).reshape(self.dim, 2 * self.modes)
+            self._readout, self._readout_key = (r, self.u), key
         return self._readout
+
+    def advance(self, f: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """Eq. 13 in place on the state X (B, d, m) for the input difference f (B, d); returns y_t (B, d)
+        in f's dtype (float32 in, float32 out: only the state needs float64, to stop drift)."""
+        r, u = self.cached_readout()
+        X.add_(f.unsqueeze(-1)).mul_(u)
+        re_im = torch.view_as_real(X).flatten(-2)                     # (B, d, 2m): Re X_0, Im X_0, ...
+        return torch.linalg.vecdot(r, re_im).to(f.dtype)
 
     def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor], prefix: str = "") -> torch.Tensor:
         """Eq. 13: x_t (B, d) -> y_t (B, d), O(m d)."""
-        X = state[f"{prefix}X"]
+        X = state[f"{prefix}X"]                                       # (B, d, m) complex128
         buf = state.get(f"{prefix}buf")
-        if buf is not None:
-            t = state[f"{prefix}t"]
-            slot = t % self.context
-            rows = torch.arange(x_t.shape[0], device=x_t.device)
-            f = x_t.double() - buf[rows, slot]                        # x_t - x_{t-n}
-            buf[rows, slot] = x_t.double()
-            t += 1
-        else:
-            f = x_t                                                   # blocks never reach x_{t-n}
-        X.add_(f.unsqueeze(1)).mul_(self.u_col)
-        # Re(sum_l V_l X_l); vecdot conjugates its first argument
-        return torch.linalg.vecdot(self.cached_readout(), X, dim=1).real.to(x_t.dtype)
+        if buf is None:                                               # blocks never reach x_{t-n}
+            return self.advance(x_t, X)
+        t = state[f"{prefix}t"]
+        slot = t % self.context
+        rows = torch.arange(x_t.shape[0], device=x_t.device)
+        f = x_t.double() - buf[rows, slot]                            # x_t - x_{t-n}
+        buf[rows, slot] = x_t.double()
+        t += 1
+        return self.advance(f, X).to(x_t.dtype)

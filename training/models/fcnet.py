@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.models.base import Cache, Decoder, FeedForward, SequenceModel
+from training.models.base import Cache, Decoder, FeedForward, SequenceModel, live_params
 from training.models.csc import CausalSpectralConv
 
 
@@ -33,14 +33,21 @@ class FourierLayer(nn.Module):
         y = self.act(self.csc(self.norm1(x) * mask.unsqueeze(-1))) + x
         return self.ffn(self.norm2(y)) + y
 
-    def step(self, x: torch.Tensor, state: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
-        # x (B, d). Functional calls: at batch 1 the per-module call overhead is a visible share of
-        # the latency budget (seed 000 C.4), the maths is the same as forward.
+    def step_plan(self) -> tuple:
+        """What one recurrent step reads, held live (see base.live_params)."""
         n1, n2, (f1, _, f2) = self.norm1, self.norm2, self.ffn
-        y = F.gelu(self.csc.step(F.layer_norm(x, n1.normalized_shape, n1.weight, n1.bias, n1.eps), state, prefix))
-        y = y + x
-        h = F.layer_norm(y, n2.normalized_shape, n2.weight, n2.bias, n2.eps)
-        return torch.addmm(y, F.gelu(F.linear(h, f1.weight, f1.bias)), f2.weight.t()).add_(f2.bias)
+        return (n1.normalized_shape, n1.eps, live_params(n1), n2.eps, live_params(n2), self.csc,
+                live_params(f1), live_params(f2))
+
+
+def fourier_step(x: torch.Tensor, plan: tuple, X: torch.Tensor) -> torch.Tensor:
+    """``FourierLayer.forward`` at one position, x (B, d) -> (B, d), CSC state X updated in place.
+    Functional calls on a precomputed plan: at batch 1 Python attribute and module-call overhead is a
+    third of the step (seed 000 C.4 latency); the maths is forward's."""
+    shape, eps1, n1, eps2, n2, csc, f1, f2 = plan
+    y = F.gelu(csc.advance(F.layer_norm(x, shape, n1["weight"], n1["bias"], eps1), X)).add_(x)   # Y^l
+    h = F.layer_norm(y, shape, n2["weight"], n2["bias"], eps2)
+    return torch.addmm(f2["bias"], F.gelu(F.linear(h, f1["weight"], f1["bias"])), f2["weight"].t()).add_(y)
 
 
 class FCNet(SequenceModel):
@@ -58,6 +65,7 @@ class FCNet(SequenceModel):
         self.encoder = nn.Linear(obs_dim + int(use_rtg), hidden)
         self.layers = nn.ModuleList(FourierLayer(hidden, context, modes, csc_impl) for _ in range(num_layers))
         self.decoder = Decoder(hidden, decoder_hidden, action_dim)
+        self._plan: tuple | None = None   # built by the first step; holds live references only
 
     @property
     def config(self) -> dict:
@@ -84,8 +92,12 @@ class FCNet(SequenceModel):
 
     def _step(self, obs_t: torch.Tensor, cache: Cache, action_prev: torch.Tensor,
               rtg_t: torch.Tensor | None) -> torch.Tensor:
-        x = F.linear(self._input(obs_t, rtg_t), self.encoder.weight, self.encoder.bias)   # (B, d)
-        for i, layer in enumerate(self.layers):
-            x = layer.step(x, cache.state, f"l{i}.")
-        q1, _, q2 = self.decoder
-        return F.linear(F.gelu(F.linear(x, q1.weight, q1.bias)), q2.weight, q2.bias)     # (B, A)
+        if self._plan is None:
+            q1, _, q2 = self.decoder
+            self._plan = (live_params(self.encoder), [layer.step_plan() for layer in self.layers],
+                          [f"l{i}.X" for i in range(self.num_layers)], live_params(q1), live_params(q2))
+        p, layers, keys, q1, q2 = self._plan
+        x = F.linear(self._input(obs_t, rtg_t), p["weight"], p["bias"])                    # (B, d)
+        for plan, key in zip(layers, keys):
+            x = fourier_step(x, plan, cache.state[key])
+        return F.linear(F.gelu(F.linear(x, q1["weight"], q1["bias"])), q2["weight"], q2["bias"])   # (B, A)

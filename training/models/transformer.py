@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.models.base import Cache, Decoder, FeedForward, SequenceModel
+from training.models.base import Cache, Decoder, FeedForward, SequenceModel, live_params
 from training.models.tokens import StepTokens
 
 
@@ -47,15 +47,24 @@ class SelfAttention(nn.Module):
 
     def step(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
              allowed: torch.Tensor) -> torch.Tensor:
-        # x (B, c, d); keys/values (B, S+1, H, dh) written in place at slots (B, c)
-        b, c, d = x.shape
-        q, k, v = self._split(x)
-        rows = torch.arange(b, device=x.device).unsqueeze(1)
-        keys[rows, slots] = k
-        values[rows, slots] = v
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                           attn_mask=allowed)
-        return self.proj(y.transpose(1, 2).reshape(b, c, d))
+        rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1)
+        return attention_step(x, (self.heads, live_params(self.qkv), live_params(self.proj)), keys, values,
+                              rows, slots, allowed)
+
+
+def attention_step(x: torch.Tensor, plan: tuple, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
+                   slots: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``SelfAttention`` for one step's c new tokens against the KV cache, functional (see fourier_step
+    in fcnet.py: the same treatment for every model's step). x (B, c, d); keys/values (B, S+1, H, dh)
+    written in place at slots (B, c), rows (B, 1) their batch index."""
+    heads, qkv, proj = plan
+    b, c, d = x.shape
+    q, k, v = F.linear(x, qkv["weight"], qkv["bias"]).view(b, c, 3, heads, d // heads).unbind(2)
+    keys[rows, slots] = k
+    values[rows, slots] = v
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                       attn_mask=allowed)                            # (B, H, c, dh)
+    return F.linear(y.transpose(1, 2).reshape(b, c, d), proj["weight"], proj["bias"])
 
 
 class Block(nn.Module):
@@ -69,9 +78,25 @@ class Block(nn.Module):
         x = x + self.attn(self.norm1(x), allowed)
         return x + self.mlp(self.norm2(x))
 
+    def step_plan(self) -> tuple:
+        """What one recurrent step reads, held live (see base.live_params)."""
+        n1, n2, (f1, _, f2), attn = self.norm1, self.norm2, self.mlp, self.attn
+        return (n1.normalized_shape, n1.eps, live_params(n1), (attn.heads, live_params(attn.qkv), live_params(attn.proj)),
+                n2.eps, live_params(n2), live_params(f1), live_params(f2))
+
     def step(self, x, keys, values, slots, allowed) -> torch.Tensor:
-        x = x + self.attn.step(self.norm1(x), keys, values, slots, allowed)
-        return x + self.mlp(self.norm2(x))
+        rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1)
+        return block_step(x, self.step_plan(), keys, values, rows, slots, allowed)
+
+
+def block_step(x: torch.Tensor, plan: tuple, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
+               slots: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``Block.forward`` for one step's tokens x (B, c, d) against the KV cache."""
+    shape, eps1, n1, attn, eps2, n2, f1, f2 = plan
+    x = attention_step(F.layer_norm(x, shape, n1["weight"], n1["bias"], eps1), attn, keys, values, rows, slots,
+                       allowed).add_(x)
+    h = F.layer_norm(x, shape, n2["weight"], n2["bias"], eps2)
+    return F.linear(F.gelu(F.linear(h, f1["weight"], f1["bias"])), f2["weight"], f2["bias"]).add_(x)
 
 
 class Transformer(SequenceModel):
@@ -88,6 +113,7 @@ class Transformer(SequenceModel):
         self.blocks = nn.ModuleList(Block(hidden, num_heads, ffn_mult) for _ in range(num_layers))
         self.norm = nn.LayerNorm(hidden)
         self.decoder = Decoder(hidden, decoder_hidden, action_dim)
+        self._plan: tuple | None = None   # built by the first step; holds live references only
 
     @property
     def config(self) -> dict:
@@ -118,15 +144,23 @@ class Transformer(SequenceModel):
         return state
 
     def _step(self, obs_t, cache: Cache, action_prev, rtg_t) -> torch.Tensor:
-        pos = cache.pos
-        x, valid, slots, types = self.tokens.chunk(obs_t, action_prev, rtg_t, pos)   # (B, c, d)
-        scratch = self.context * self.tokens.k
-        slots = torch.where(valid, slots, torch.full_like(slots, scratch))
-        step_of_token = slots.clamp_max(scratch - 1) // self.tokens.k
-        x = x + self.pos_embed(step_of_token)
+        if self._plan is None or self._plan[-2].device != obs_t.device:
+            q1, _, q2 = self.decoder
+            scratch = self.context * self.tokens.k
+            self._plan = ([b.step_plan() for b in self.blocks],
+                          [(f"k{i}", f"v{i}") for i in range(self.num_layers)],
+                          (self.norm.normalized_shape, self.norm.eps, live_params(self.norm)),
+                          live_params(q1), live_params(q2), live_params(self.pos_embed),
+                          torch.arange(scratch + 1, device=obs_t.device), scratch)
+        blocks, names, (shape, eps, norm), q1, q2, pos_embed, slot_ids, scratch = self._plan
+        x, valid, slots, types = self.tokens.chunk(obs_t, action_prev, rtg_t, cache.pos)  # (B, c, d)
+        slots = torch.where(valid, slots, scratch)      # absent tokens write to the scratch slot
+        x = x + F.embedding(slots.clamp_max(scratch - 1) // self.tokens.k, pos_embed["weight"])
+        rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1)
         key_valid = cache.state["valid"]
-        key_valid[torch.arange(x.shape[0], device=x.device).unsqueeze(1), slots] = valid
-        allowed = allowed_keys(key_valid, torch.arange(scratch + 1, device=x.device), slots)
-        for i, block in enumerate(self.blocks):
-            x = block.step(x, cache.state[f"k{i}"], cache.state[f"v{i}"], slots, allowed)
-        return self.decoder(self.norm(x[:, -1]))                                      # state token is last
+        key_valid[rows, slots] = valid
+        allowed = allowed_keys(key_valid, slot_ids, slots)
+        for plan, (k, v) in zip(blocks, names):
+            x = block_step(x, plan, cache.state[k], cache.state[v], rows, slots, allowed)
+        h = F.layer_norm(x[:, -1], shape, norm["weight"], norm["bias"], eps)            # state token is last
+        return F.linear(F.gelu(F.linear(h, q1["weight"], q1["bias"])), q2["weight"], q2["bias"])
