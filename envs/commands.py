@@ -57,6 +57,8 @@ class CommandManager:
         self._gaits = torch.tensor([GAITS[g] for g in cfg.gaits] or [GAITS["trot"]], device=self.device)
         self._uses_heading = cfg.mode == "joystick" and cfg.heading_command
         self._yaw_limits = cfg.range("ang_vel_yaw")
+        self._yaw_col = self.commands[:, 2]          # a view: the steering writes the yaw command in place
+        self._steer = torch.zeros(num_envs, device=self.device)
 
     # --- drawing -------------------------------------------------------------------------------------
     def _uniform(self, k: int, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -131,7 +133,10 @@ class CommandManager:
             self._min_due = int(self.due_at.min())
         if self._uses_heading and self.command_sampler is None:
             yaw = yaw_from_quat(root_quat_w)
-            self.commands[:, 2] = torch.where(self.pinned, self.commands[:, 2], self._yaw_command(self.heading, yaw))
+            # _yaw_command's arithmetic, in place in a reused buffer; pinned envs keep their command
+            e = torch.sub(self.heading, yaw, out=self._steer).add_(math.pi)
+            torch.remainder(e, 2 * math.pi, out=e).sub_(math.pi).mul_(self.cfg.heading_gain).clamp_(*self._yaw_limits)
+            torch.where(self.pinned, self._yaw_col, e, out=self._yaw_col)
             return yaw
         return None
 

@@ -4,6 +4,13 @@ Each term maps a ``RewardView`` to an (N,) tensor *before* scaling; the manager 
 ``scale * dt`` (legged_gym), clips the total at zero when ``only_positive_rewards`` and adds the
 termination term after the clip (as legged_gym does). Zero-scale terms are accepted and skipped; an
 unknown term is a construction error listing the known ones.
+
+The manager does not call every registry function: the terms that are sums of squares of a few state
+quantities (``SQUARE_PIECES``: the velocity tracking kernels, the body-rate, torque, joint-velocity,
+-acceleration and action-rate penalties, ...) are computed together, one square and one matmul over
+their concatenated inputs, because a step's cost at small N is the number of torch calls. The matmul
+sums in a different order than ``torch.sum``: those terms agree with the registry functions to float32
+rounding (a few ulp, tested), not bit for bit; every other term is its registry function.
 """
 from __future__ import annotations
 
@@ -51,6 +58,12 @@ def _lin_vel_err_xy(v: RewardView) -> torch.Tensor:
     return v.task.state.root_lin_vel_b[:, :2] - v.task.commands[:, :2]
 
 
+def _yaw_rate_err(v: RewardView) -> torch.Tensor:
+    if v.yaw_rate_err is not None:
+        return v.yaw_rate_err
+    return v.task.state.root_ang_vel_b[:, 2] - v.task.commands[:, 2]
+
+
 def _cmd_speed(v: RewardView) -> torch.Tensor:
     return v.cmd_speed if v.cmd_speed is not None else torch.norm(v.task.commands[:, :2], dim=1)
 
@@ -61,8 +74,7 @@ def tracking_lin_vel(v: RewardView) -> torch.Tensor:
 
 
 def tracking_ang_vel(v: RewardView) -> torch.Tensor:
-    e = v.yaw_rate_err if v.yaw_rate_err is not None else v.task.state.root_ang_vel_b[:, 2] - v.task.commands[:, 2]
-    return torch.exp(torch.square(e) * (-1.0 / v.tracking_sigma))
+    return torch.exp(torch.square(_yaw_rate_err(v)) * (-1.0 / v.tracking_sigma))
 
 
 def lin_vel_z(v: RewardView) -> torch.Tensor:
@@ -106,7 +118,7 @@ def _force_norm(v: RewardView, idx: torch.Tensor) -> torch.Tensor:
 
 
 def collision(v: RewardView) -> torch.Tensor:
-    return torch.sum((_force_norm(v, v.penalized_bodies) > 0.1).to(torch.float32), dim=1)
+    return torch.sum(_force_norm(v, v.penalized_bodies) > 0.1, dim=1, dtype=torch.float32)  # a count: exact
 
 
 def feet_stumble(v: RewardView) -> torch.Tensor:
@@ -147,11 +159,62 @@ def termination(v: RewardView) -> torch.Tensor:
     return v.terminated.to(torch.float32)
 
 
+
 REWARD_TERMS: dict[str, Callable[[RewardView], torch.Tensor]] = {f.__name__: f for f in (
     tracking_lin_vel, tracking_ang_vel, lin_vel_z, ang_vel_xy, orientation, torques, dof_vel, dof_acc,
     base_height, feet_air_time, collision, feet_stumble, feet_contact_forces, action_rate, stand_still,
     dof_pos_limits, dof_vel_limits, torque_limits, termination,
 )}
+
+
+# Sum-of-squares terms: term = sum over the columns of its (N, k) inputs of x^2, the tracking kernels
+# exp(-that / tracking_sigma). ``SquareTerms`` computes any subset of them together.
+SQUARE_PIECES: dict[str, Callable[[RewardView], torch.Tensor]] = {
+    "tracking_lin_vel": _lin_vel_err_xy,
+    "tracking_ang_vel": lambda v: _yaw_rate_err(v)[:, None],
+    "lin_vel_z": lambda v: v.task.state.root_lin_vel_b[:, 2:3],
+    "ang_vel_xy": lambda v: v.task.state.root_ang_vel_b[:, :2],
+    "orientation": lambda v: v.task.state.projected_gravity_b[:, :2],
+    "torques": lambda v: v.task.state.joint_torque,
+    "dof_vel": lambda v: v.task.state.joint_vel,
+    "dof_acc": lambda v: (v.last_joint_vel - v.task.state.joint_vel) / v.dt,
+    "base_height": lambda v: (v.base_height - v.base_height_target)[:, None],
+    "action_rate": lambda v: v.task.last_actions - v.task.actions,
+}
+_EXP_TERMS = ("tracking_lin_vel", "tracking_ang_vel")  # exp(-sum / sigma) kernels, first in the output
+
+
+class SquareTerms:
+    """The given ``SQUARE_PIECES`` terms as one (N, T) block, tracking kernels first (``names``):
+    concatenate their inputs (N, K), square in place, one (K, T) matmul whose entries are 1 (or
+    -1/tracking_sigma for the kernels) sums each term's columns, one exp for the kernels."""
+
+    def __init__(self, names: list[str]):
+        self.names = [n for n in _EXP_TERMS if n in names] + [n for n in names if n not in _EXP_TERMS]
+        self.num_exp = sum(n in _EXP_TERMS for n in self.names)
+        self._pieces = [SQUARE_PIECES[n] for n in self.names]
+        self._weights: torch.Tensor | None = None
+        self._weights_key: tuple | None = None
+
+    def _weight_matrix(self, widths: list[int], sigma: float, like: torch.Tensor) -> torch.Tensor:
+        key = (tuple(widths), sigma, like.device, like.dtype)
+        if key != self._weights_key:
+            w = torch.zeros(sum(widths), len(widths), dtype=like.dtype)
+            row = 0
+            for t, k in enumerate(widths):
+                w[row:row + k, t] = -1.0 / sigma if t < self.num_exp else 1.0
+                row += k
+            self._weights, self._weights_key = w.to(like.device), key
+        return self._weights
+
+    def compute(self, v: RewardView) -> torch.Tensor:
+        """(N, T) unscaled term values in ``names`` order."""
+        xs = [fn(v) for fn in self._pieces]
+        x = torch.cat(xs, dim=1).square_()                                          # (N, K)
+        y = x @ self._weight_matrix([a.shape[1] for a in xs], v.tracking_sigma, x)  # (N, T)
+        if self.num_exp:
+            y[:, :self.num_exp].exp_()
+        return y
 
 
 class FeetAirTime:
@@ -161,6 +224,7 @@ class FeetAirTime:
     def __init__(self, num_envs: int, device: torch.device | str):
         self.air_time = torch.zeros(num_envs, 4, device=device)
         self.last_contact = torch.zeros(num_envs, 4, dtype=torch.bool, device=device)
+        self._zero = torch.zeros((), device=device)
 
     def update(self, contact: torch.Tensor, dt: float) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (first_contact (N, 4) bool, air time (N, 4) s including this step; the caller may keep it)."""
@@ -168,7 +232,7 @@ class FeetAirTime:
         self.last_contact.copy_(contact)
         first = (self.air_time > 0) & filt
         air = self.air_time + dt
-        torch.mul(air, ~filt, out=self.air_time)
+        torch.where(filt, self._zero, air, out=self.air_time)  # the clock restarts on (filtered) contact
         return first, air
 
     def reset(self, env_ids: torch.Tensor) -> None:
@@ -185,11 +249,15 @@ class RewardManager:
         # Scales are per second in the config; per step they are multiplied by dt (legged_gym).
         self.scales = {n: float(s) * dt for n, s in scales.items() if s != 0}
         self.only_positive = only_positive
-        # termination last: it is added after the only-positive clip
-        self.names = [n for n in self.scales if n != "termination"]
+        # column order: the sum-of-squares block, the other terms, termination last (it is added after
+        # the only-positive clip)
+        self._squares = SquareTerms([n for n in self.scales if n in SQUARE_PIECES])
+        self._others = [n for n in self.scales if n not in SQUARE_PIECES and n != "termination"]
+        self.names = self._squares.names + self._others
         self.has_termination = "termination" in self.scales
         if self.has_termination:
             self.names.append("termination")
+        self._other_fns = [REWARD_TERMS[n] for n in self.names[len(self._squares.names):]]
         self._scale = torch.tensor([self.scales[n] for n in self.names], device=device)
         self._sums = torch.zeros(num_envs, len(self.names), device=device)  # (N, T) per-episode sums
 
@@ -201,7 +269,10 @@ class RewardManager:
         n = view.terminated.shape[0]
         if not self.names:
             return torch.zeros(n, device=self._sums.device)
-        scaled = torch.stack([REWARD_TERMS[name](view) for name in self.names], dim=1).mul_(self._scale)  # (N, T)
+        parts = [self._squares.compute(view)] if self._squares.names else []
+        if self._other_fns:
+            parts.append(torch.stack([fn(view) for fn in self._other_fns], dim=1))
+        scaled = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).mul_(self._scale)  # (N, T)
         self._sums += scaled
         if self.has_termination:
             total = scaled[:, :-1].sum(dim=1)

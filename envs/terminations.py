@@ -29,6 +29,9 @@ class Terminations:
         self.cfg = cfg
         self.min_height = cfg.min_base_height * nominal_base_height
         self.contact_idx = contact_body_indices(body_names, cfg.contact_bodies, "terminations.contact_bodies").to(device)
+        # one body (the base, by default): a column view, no gather and no any() over one column
+        self._one_body = int(self.contact_idx[0]) if self.contact_idx.numel() == 1 else None
+        self._gravity_z: tuple[torch.Tensor, torch.Tensor] | None = None  # (buffer, its z column view)
 
     def compute(self, state: RobotState, base_height: torch.Tensor, non_finite: torch.Tensor,
                 time_out: torch.Tensor, contact_force_norm: torch.Tensor | None = None) -> torch.Tensor:
@@ -36,10 +39,20 @@ class Terminations:
         tracked body when the caller has it already (the rewards use it too)."""
         # later codes override earlier ones (priority); torch.where keeps it free of host syncs
         reason = time_out.long()  # TIME_OUT == 1
-        fall = (state.projected_gravity_b[:, 2] > self.cfg.max_gravity_z) | (base_height < self.min_height)
+        fall = (self._gz(state.projected_gravity_b) > self.cfg.max_gravity_z) | (base_height < self.min_height)
         reason = torch.where(fall, FALL, reason)
         if self.contact_idx.numel():
-            f = (contact_force_norm[:, self.contact_idx] if contact_force_norm is not None
-                 else torch.norm(state.contact_forces[:, self.contact_idx, :], dim=-1))
-            reason = torch.where(torch.any(f > self.cfg.contact_force, dim=1), BASE_COLLISION, reason)
+            if contact_force_norm is None:
+                contact_force_norm = torch.norm(state.contact_forces, dim=-1)
+            if self._one_body is not None:
+                hit = contact_force_norm[:, self._one_body] > self.cfg.contact_force
+            else:
+                hit = torch.any(contact_force_norm[:, self.contact_idx] > self.cfg.contact_force, dim=1)
+            reason = torch.where(hit, BASE_COLLISION, reason)
         return torch.where(non_finite, NON_FINITE, reason)
+
+    def _gz(self, gravity: torch.Tensor) -> torch.Tensor:
+        """The z column of the projected gravity; a persistent (backend) buffer keeps its view."""
+        if self._gravity_z is None or self._gravity_z[0] is not gravity:
+            self._gravity_z = (gravity, gravity[:, 2])
+        return self._gravity_z[1]

@@ -19,6 +19,19 @@ from envs.terminations import NONE, TIME_OUT, Terminations, contact_body_indices
 _FREQ = COMMAND_NAMES.index("gait_frequency")
 
 
+class _Views:
+    """Column views the task reads every step: slicing costs a torch call each, so they are made once
+    for the backend's state buffers (refreshed in place) and the command buffer."""
+
+    def __init__(self, state: RobotState, commands: torch.Tensor, vel_err: torch.Tensor):
+        self.state, self.commands = state, commands
+        self.cmd_xy, self.cmd_yaw_rate = commands[:, :2], commands[:, 2]
+        self.gait_frequency = commands[:, _FREQ]
+        self.lin_vel_xy, self.yaw_rate = state.root_lin_vel_b[:, :2], state.root_ang_vel_b[:, 2]
+        self.v_err, self.w_err = vel_err[:, :2], vel_err[:, 2]   # into the task's (N, 3) error buffer
+        self.vx_and_w_err = vel_err[:, 0::2]
+
+
 @dataclass
 class StepResult:
     rewards: torch.Tensor        # (N,)
@@ -61,6 +74,11 @@ class LocomotionTask:
         # one |force| per tracked body a step serves the contact termination and the contact rewards
         self._needs_force_norm = bool(self.terminations.contact_idx.numel()) or any(
             t in self.rewards.scales for t in ("collision", "feet_contact_forces"))
+        # per-step scratch: velocity errors (v_x, v_y, w_z) - commands, |cmd_xy|, the four statistics
+        self._vel_err = torch.zeros(n, 3, device=device)
+        self._cmd_speed = torch.zeros(n, device=device)
+        self._stats = torch.zeros(n, 4, device=device)
+        self._views: _Views | None = None
 
     def view(self, state: RobotState, actions, last_actions, env_params, terrain_height, flat,
              yaw: torch.Tensor | None = None) -> TaskView:
@@ -77,18 +95,30 @@ class LocomotionTask:
         self._ep_sums[env_ids] = 0.0
         self.start_xy[env_ids] = root_pos_w[:, :2]
 
+    def _views_of(self, state: RobotState) -> "_Views":
+        """Column views of the (persistent) state and command buffers, made once rather than per step."""
+        cmd = self.commands.commands
+        if self._views is None or self._views.state is not state or self._views.commands is not cmd:
+            self._views = _Views(state, cmd, self._vel_err)
+        return self._views
+
     def post_step(self, view: TaskView, base_height: torch.Tensor, last_joint_vel: torch.Tensor,
                   non_finite: torch.Tensor, time_out: torch.Tensor) -> StepResult:
-        s, cmd = view.state, self.commands.commands
+        s, cmd, c = view.state, self.commands.commands, self._views_of(view.state)
         # The commands that were in force during this step score it; update them afterwards.
-        # Quantities the statistics, terminations and rewards share, computed once.
-        cmd_speed = cmd[:, :2].norm(dim=1)
-        v_err = s.root_lin_vel_b[:, :2] - cmd[:, :2]
-        w_err = s.root_ang_vel_b[:, 2] - cmd[:, 2]
+        # Quantities the statistics, terminations and rewards share, computed once, into reused buffers.
+        cmd_speed = torch.linalg.vector_norm(c.cmd_xy, dim=1, out=self._cmd_speed)
+        torch.sub(c.lin_vel_xy, c.cmd_xy, out=c.v_err)
+        torch.sub(c.yaw_rate, c.cmd_yaw_rate, out=c.w_err)
         force_norm = torch.norm(s.contact_forces, dim=-1) if self._needs_force_norm else None  # (N, B)
         self.ep_steps += 1
         # columns: commanded distance, |v_xy err|, |v_x err|, |w_z err| (the order of the unbind above)
-        self._ep_sums += torch.stack((cmd_speed * self.dt, v_err.norm(dim=1), v_err[:, 0].abs(), w_err.abs()), dim=1)
+        st = self._stats
+        torch.mul(cmd_speed, self.dt, out=st[:, 0])
+        torch.linalg.vector_norm(c.v_err, dim=1, out=st[:, 1])
+        torch.abs(c.vx_and_w_err, out=st[:, 2:4])
+        self._ep_sums += st
+        v_err, w_err = c.v_err, c.w_err
 
         reason = self.terminations.compute(s, base_height, non_finite, time_out, force_norm)
         terminated = reason > TIME_OUT
@@ -106,7 +136,7 @@ class LocomotionTask:
         self.ep_return += rew
 
         # Advance the gait clock at the commanded frequency (walk-these-ways), then the commands.
-        self.gait_time = torch.remainder(self.gait_time + self.dt * cmd[:, _FREQ], 1.0)
+        self.gait_time = torch.remainder(self.gait_time + c.gait_frequency * self.dt, 1.0)
         self.yaw = self.commands.step(s.root_quat_w)
         return StepResult(rewards=rew, reason=reason, dones=reason != NONE, time_outs=reason == TIME_OUT)
 

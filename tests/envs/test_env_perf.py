@@ -114,3 +114,23 @@ def test_scan_points_match_the_batched_rotation_matmul():
         assert got.shape == (n, pb.shape[0], 2)
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)  # bitwise on this machine's kernels
         assert torch.equal(scan_points_w(st, pb, yaw), got)
+
+
+def test_in_place_heading_steering_is_the_yaw_command_formula():
+    from envs.commands import CommandManager, wrap_to_pi, yaw_from_quat
+    from envs.config import CommandsConfig
+    cfg = CommandsConfig()
+    g = torch.Generator().manual_seed(4)
+    cm = CommandManager(cfg, 64, 0.02, g)
+    cm.reset(torch.arange(64))
+    cm.set_commands(torch.arange(5), torch.ones(5, 15))           # pinned envs keep their yaw command
+    for _ in range(3):
+        q = torch.nn.functional.normalize(torch.randn(64, 4, generator=g), dim=1)
+        before = cm.commands.clone()
+        yaw = cm.step(q)
+        assert torch.equal(yaw, yaw_from_quat(q))
+        lo, hi = cfg.range("ang_vel_yaw")
+        steer = (cfg.heading_gain * wrap_to_pi(cm.heading - yaw)).clamp(lo, hi)
+        expected = torch.where(cm.pinned, before[:, 2], steer)
+        assert torch.equal(cm.commands[:, 2], expected)
+        assert torch.equal(cm.commands[:, 2][:5], torch.ones(5))

@@ -126,3 +126,50 @@ def test_feet_air_time_rewards_touchdown_after_long_swing():
         assert REWARD_TERMS["feet_air_time"](v).item() == 0.0
     finally:
         N = old
+
+
+def _random_view(n: int, seed: int) -> RewardView:
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    global N
+    old, N = N, n
+    try:
+        st = _state(root_lin_vel_b=r(n, 3), root_ang_vel_b=r(n, 3), projected_gravity_b=r(n, 3),
+                    joint_pos=r(n, 12), joint_vel=10 * r(n, 12), joint_torque=20 * r(n, 12),
+                    contact_forces=30 * r(n, 13, 3), foot_contact=r(n, 4) > 0)
+        return _view(st, commands=r(n, 15), actions=r(n, 12), last_actions=r(n, 12), last_joint_vel=10 * r(n, 12),
+                     terminated=r(n) > 1, base_height=0.3 + 0.1 * r(n), feet_first_contact=r(n, 4) > 0,
+                     feet_air_time=r(n, 4).abs())
+    finally:
+        N = old
+
+
+def test_square_terms_match_the_registry_functions():
+    from envs.rewards import SQUARE_PIECES, SquareTerms
+    names = list(SQUARE_PIECES)
+    for seed, n in ((0, 64), (1, 5)):
+        v = _random_view(n, seed)
+        block = SquareTerms(names[::-1]).compute(v)                      # any order in, kernels first out
+        sq = SquareTerms(names[::-1])
+        assert sq.names[:2] == ["tracking_lin_vel", "tracking_ang_vel"] and set(sq.names) == set(names)
+        for t, name in enumerate(sq.names):
+            # one matmul sums in another order than torch.sum: float32 rounding, not bit for bit
+            torch.testing.assert_close(block[:, t], REWARD_TERMS[name](v), rtol=2e-6, atol=1e-6)
+
+
+def test_manager_total_matches_the_registry_sum():
+    scales = {name: -0.1 * (i + 1) for i, name in enumerate(REWARD_TERMS)}
+    scales["tracking_lin_vel"], scales["tracking_ang_vel"] = 1.0, 0.5
+    for only_positive in (True, False):
+        m = RewardManager(scales, dt=0.02, num_envs=64, only_positive=only_positive)
+        assert set(m.names) == set(REWARD_TERMS) and m.names[-1] == "termination"
+        v = _random_view(64, 3)
+        got = m.compute(v)
+        per_term = {name: REWARD_TERMS[name](v) * (s * 0.02) for name, s in scales.items()}
+        total = sum(t for name, t in per_term.items() if name != "termination")
+        if only_positive:
+            total = total.clamp(min=0.0)
+        total = total + per_term["termination"]
+        torch.testing.assert_close(got, total, rtol=1e-5, atol=1e-5)
+        for name in scales:
+            torch.testing.assert_close(m.episode_sums[name], per_term[name], rtol=1e-5, atol=1e-6)
