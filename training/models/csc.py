@@ -153,7 +153,7 @@ class CausalSpectralConv(nn.Module):
         """(R, u): R = view_as_real(conj V) as (d, 2m) float64 and the mode rotations u (m,), rebuilt
         whenever the weight changed (storage, version or device): sum_k R[:, k] view_as_real(X)[:, k]
         = Re(sum_l V_l X_l)."""
-        w = self.weight
+        w = self._parameters["weight"]   # cheaper than self.weight on this per-step path
         key = (w.data_ptr(), w._version, w.device)
         if self._readout is None or self._readout_key != key:
             with torch.no_grad():
