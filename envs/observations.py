@@ -147,6 +147,16 @@ class TermCache(Mapping[str, torch.Tensor]):
     def __len__(self) -> int:
         return len(self._fns)
 
+    def columns(self, name: str, index: slice | list[int]) -> torch.Tensor:
+        """Some columns of a term as a contiguous (N, k) tensor, made once: ``torch.cat`` copies
+        contiguous inputs row by row but falls back to a much slower per-input path for any strided
+        one, and two layouts (policy and critic) may ask for the same columns."""
+        key = (name, (index.start, index.stop, index.step) if isinstance(index, slice) else tuple(index))
+        got = self._done.get(key)
+        if got is None:
+            got = self._done[key] = self[name][:, index].contiguous()
+        return got
+
     def materialize(self) -> dict[str, torch.Tensor]:
         """Every term, as a plain dict of tensors the caller may keep (clones)."""
         return {k: self[k].clone() for k in self._fns}
@@ -184,7 +194,8 @@ class CompiledLayout:
         self.has_clip = bool(torch.isfinite(self.lo).any() or torch.isfinite(self.hi).any())
 
     def build(self, terms: Mapping[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
-        x = torch.cat([terms[n] if idx is None else terms[n][:, idx] for n, idx in self.parts], dim=1)
+        cols = getattr(terms, "columns", None) or (lambda n, idx: terms[n][:, idx])
+        x = torch.cat([terms[n] if idx is None else cols(n, idx) for n, idx in self.parts], dim=1)
         # ((x + offset) + U(-a, a)) * scale, written to touch the (N, D) block as few times as possible
         y = (x + self.offset) * self.scale if self.has_offset else x * self.scale
         if self.has_noise and generator is not None:

@@ -78,6 +78,7 @@ class LocomotionTask:
         self._vel_err = torch.zeros(n, 3, device=device)
         self._cmd_speed = torch.zeros(n, device=device)
         self._stats = torch.zeros(n, 4, device=device)
+        self._stat_cols = (self._stats[:, 0], self._stats[:, 1], self._stats[:, 2:4])
         self._views: _Views | None = None
 
     def view(self, state: RobotState, actions, last_actions, env_params, terrain_height, flat,
@@ -110,14 +111,14 @@ class LocomotionTask:
         cmd_speed = torch.linalg.vector_norm(c.cmd_xy, dim=1, out=self._cmd_speed)
         torch.sub(c.lin_vel_xy, c.cmd_xy, out=c.v_err)
         torch.sub(c.yaw_rate, c.cmd_yaw_rate, out=c.w_err)
-        force_norm = torch.norm(s.contact_forces, dim=-1) if self._needs_force_norm else None  # (N, B)
+        force_norm = torch.linalg.vector_norm(s.contact_forces, dim=-1) if self._needs_force_norm else None  # (N, B)
         self.ep_steps += 1
         # columns: commanded distance, |v_xy err|, |v_x err|, |w_z err| (the order of the unbind above)
-        st = self._stats
-        torch.mul(cmd_speed, self.dt, out=st[:, 0])
-        torch.linalg.vector_norm(c.v_err, dim=1, out=st[:, 1])
-        torch.abs(c.vx_and_w_err, out=st[:, 2:4])
-        self._ep_sums += st
+        dist, v_norm, abs_err = self._stat_cols
+        torch.mul(cmd_speed, self.dt, out=dist)
+        torch.linalg.vector_norm(c.v_err, dim=1, out=v_norm)
+        torch.abs(c.vx_and_w_err, out=abs_err)
+        self._ep_sums += self._stats
         v_err, w_err = c.v_err, c.w_err
 
         reason = self.terminations.compute(s, base_height, non_finite, time_out, force_norm)
@@ -131,6 +132,7 @@ class LocomotionTask:
             soft_dof_vel_limits=self.soft_vel, soft_torque_limits=self.soft_torque,
             penalized_bodies=self.penalized, feet_bodies=self.feet_bodies,
             max_contact_force=self.cfg.rewards.max_contact_force, lin_vel_err_xy=v_err, yaw_rate_err=w_err,
+            vel_err=self._vel_err,
             cmd_speed=cmd_speed, contact_force_norm=force_norm)
         rew = self.rewards.compute(rview).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # a fresh (N,) total
         self.ep_return += rew

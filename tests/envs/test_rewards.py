@@ -145,8 +145,8 @@ def _random_view(n: int, seed: int) -> RewardView:
 
 
 def test_square_terms_match_the_registry_functions():
-    from envs.rewards import SQUARE_PIECES, SquareTerms
-    names = list(SQUARE_PIECES)
+    from envs.rewards import SQUARE_TERMS, SquareTerms
+    names = sorted(SQUARE_TERMS)
     for seed, n in ((0, 64), (1, 5)):
         v = _random_view(n, seed)
         block = SquareTerms(names[::-1]).compute(v)                      # any order in, kernels first out
@@ -155,6 +155,12 @@ def test_square_terms_match_the_registry_functions():
         for t, name in enumerate(sq.names):
             # one matmul sums in another order than torch.sum: float32 rounding, not bit for bit
             torch.testing.assert_close(block[:, t], REWARD_TERMS[name](v), rtol=2e-6, atol=1e-6)
+        # the task's (N, 3) velocity-error block gives the same kernels
+        v.vel_err = torch.cat((v.task.state.root_lin_vel_b[:, :2] - v.task.commands[:, :2],
+                               (v.task.state.root_ang_vel_b[:, 2] - v.task.commands[:, 2])[:, None]), dim=1)
+        torch.testing.assert_close(SquareTerms(names).compute(v)[:, :2], block[:, :2], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="not sum-of-squares terms"):
+        SquareTerms(["collision"])
 
 
 def test_manager_total_matches_the_registry_sum():
