@@ -37,8 +37,8 @@ class RewardView:
     soft_dof_pos_limits: torch.Tensor    # (12, 2)
     soft_dof_vel_limits: torch.Tensor    # (12,)
     soft_torque_limits: torch.Tensor     # (12,)
-    penalized_bodies: torch.Tensor       # indices into state.contact_forces
-    feet_bodies: torch.Tensor            # indices into state.contact_forces
+    penalized_bodies: torch.Tensor | slice  # indices into state.contact_forces (a slice when consecutive)
+    feet_bodies: torch.Tensor | slice       # indices into state.contact_forces
     max_contact_force: float
     # Per-step quantities that the task's episode statistics and terminations compute too; the task
     # passes them in so each is computed once per step. None: the terms compute them themselves.

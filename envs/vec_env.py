@@ -52,7 +52,7 @@ class LeggedEnv(VecEnv):
         self.cfg = cfg.validate()
         self.robot = get_robot(cfg.backend.robot)
         self.backend = backend if backend is not None else make_backend(cfg.backend_name, cfg.backend_config())
-        self.device = self.backend.device
+        self.device = torch.device(self.backend.device)
         if cfg.torch_threads is not None and torch.device(self.device).type == "cpu" \
                 and torch.get_num_threads() != cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)  # process-wide; see EnvConfig.torch_threads
@@ -111,11 +111,15 @@ class LeggedEnv(VecEnv):
         return self._obs, self.extras
 
     def step(self, actions: torch.Tensor) -> tuple[TensorDict, torch.Tensor, torch.Tensor, dict]:
-        a = actions.to(self.device, torch.float32).clamp(-self.clip_actions, self.clip_actions)
+        if actions.dtype != torch.float32 or actions.device != self.device:
+            actions = actions.to(self.device, torch.float32)
+        a = actions.clamp(-self.clip_actions, self.clip_actions)
         applied = self.latency.apply(a, self.actions)
         self.joint_targets = self.default_joint_pos + self.action_scale * applied
         last_joint_vel = self._last_joint_vel.copy_(self.backend.state.joint_vel)
-        non_finite = self.backend.step(self.joint_targets).to(self.device)
+        non_finite = self.backend.step(self.joint_targets)
+        if non_finite.device != self.device:
+            non_finite = non_finite.to(self.device)
         self.last_actions, self.actions = self.actions, a  # clamp made a fresh tensor
         self.episode_length_buf += 1
         self.common_step_counter += 1
@@ -136,7 +140,7 @@ class LeggedEnv(VecEnv):
                                                        device=self.device).unbind(0)))
         episode.update(zip(_EPISODE_FLOAT, torch.zeros(len(_EPISODE_FLOAT), n, device=self.device).unbind(0)))
         log: dict[str, float] = {}
-        done_ids = res.dones.nonzero(as_tuple=False).flatten()
+        done_ids = torch.nonzero(res.dones, as_tuple=True)[0]
         if done_ids.numel():
             info = self.task.episode_info(done_ids, res.reason, state.root_pos_w)
             info["terrain_type"] = self.terrain.type_idx[done_ids].clone()

@@ -100,6 +100,7 @@ class MujocoCpuBackend:
         n, s = self.num_envs, self.scene.sensors.size
         self._sens = np.zeros((n, s))                  # (N, S) readout, float64 as MuJoCo computes it
         self._targets = np.zeros((n, NUM_JOINTS))      # (N, 12) ctrl for the next step
+        self._targets_t = torch.from_numpy(self._targets)
         self._reset_qpos = np.zeros((n, self.models[0].nq))  # each env's last reset state, to restore
         self._reset_qvel = np.zeros((n, self.models[0].nv))
         # the caller's thread steps envs too: a 1-thread backend starts no worker
@@ -165,7 +166,7 @@ class MujocoCpuBackend:
         if tuple(joint_targets.shape) != (self.num_envs, NUM_JOINTS):
             raise ValueError(f"step: joint_targets must have shape ({self.num_envs}, {NUM_JOINTS}), "
                              f"got {tuple(joint_targets.shape)}")
-        self._targets[:] = joint_targets.detach().cpu().numpy()
+        self._targets_t.copy_(joint_targets.detach())  # float32 -> float64, any device
         if self._pool is not None:
             self._pool.run(self._step_envs, self.num_envs)
         else:  # closed: the caller's thread alone

@@ -19,6 +19,12 @@ from envs.terminations import NONE, TIME_OUT, Terminations, contact_body_indices
 _FREQ = COMMAND_NAMES.index("gait_frequency")
 
 
+def _as_slice(idx: torch.Tensor) -> torch.Tensor | slice:
+    """Body indices as a slice when they are a non-empty consecutive run (a view, not a gather)."""
+    i = idx.tolist()
+    return slice(i[0], i[-1] + 1) if i and i == list(range(i[0], i[-1] + 1)) else idx
+
+
 class _Views:
     """Column views the task reads every step: slicing costs a torch call each, so they are made once
     for the backend's state buffers (refreshed in place) and the command buffer."""
@@ -51,11 +57,11 @@ class LocomotionTask:
         rc = cfg.rewards
         self.rewards = RewardManager(rc.scales, dt, n, rc.only_positive_rewards, device)
         self.terminations = Terminations(cfg.terminations, robot.nominal_base_height, body_names, device)
-        self.penalized = contact_body_indices(body_names, rc.penalized_contact_bodies,
-                                              "rewards.penalized_contact_bodies").to(device)
+        self.penalized = _as_slice(contact_body_indices(body_names, rc.penalized_contact_bodies,
+                                                        "rewards.penalized_contact_bodies").to(device))
         feet = [i for i, b in enumerate(body_names) if b.endswith("_foot")]
-        self.feet_bodies = (torch.tensor(feet, dtype=torch.long) if feet else
-                            contact_body_indices(body_names, ("calf",), "feet bodies")).to(device)
+        self.feet_bodies = _as_slice((torch.tensor(feet, dtype=torch.long) if feet else
+                                      contact_body_indices(body_names, ("calf",), "feet bodies")).to(device))
         self.default_joint_pos = torch.tensor(robot.default_joint_pos, device=device)
         rng = torch.tensor(robot.joint_ranges, device=device)
         mid, half = rng.mean(dim=1), (rng[:, 1] - rng[:, 0]) / 2 * rc.soft_dof_pos_limit
