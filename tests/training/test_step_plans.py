@@ -93,8 +93,9 @@ def test_step_plan_follows_every_kind_of_parameter_change(name):
         assert _agree(model, obs, torch.float64)
 
 
-def test_real_readout_is_the_complex_readout():
-    """y = R . view_as_real(X) with R = view_as_real(conj V) is Re(sum_l V_l X_l), float64 exact."""
+def test_split_real_readout_is_the_complex_readout():
+    """y_t = R . view_as_real(X(t-1)) + rho f_t (R = view_as_real(conj(V u)), rho = Re sum V u) is
+    Re(sum_l V_l X_l(t)) of the updated state, to float64 rounding."""
     torch.manual_seed(3)
     csc = CausalSpectralConv(dim=12, context=32, modes=7)
     state = csc.init_state(4, torch.device("cpu"))

@@ -24,10 +24,12 @@ Three equivalent evaluations, tested against each other:
 Recurrent (Eq. 13, sliding DFT): X <- u * (X + x_t - x_{t-n}), y = Re(sum_l V_l X_l), O(m d) per step.
 The state is complex128 so its random-walk rounding drift stays ~1e-13 (float32 drifts to ~1e-4 over
 3e5 steps). It is laid out (B, d, m) so that its real view is (B, d, 2m) with every channel's modes
-contiguous: the read-out Re(V_l X_l) = Re V_l Re X_l - Im V_l Im X_l is then one real dot product per
-channel against R = view_as_real(conj V) (d, 2m) - no complex product, no strided reduction. R is
-cached and rebuilt automatically whenever W changes (keyed on the parameter's storage and in-place
-version counter), so a stale readout can never be used silently.
+contiguous. The read-out is split (``step_readout``): y_t = Re(sum_l V_l u_l X_l(t-1)) + rho f_t, the
+first term one real dot product per channel of the previous state's real view against
+R = view_as_real(conj(V u)) (d, 2m) - no complex product, no strided reduction, and it does not wait
+for x_t (FCNet evaluates it for all layers in one op). R and rho are cached and rebuilt automatically
+whenever W changes (keyed on the parameter's storage and in-place version counter), so a stale
+readout can never be used silently.
 """
 from __future__ import annotations
 
@@ -149,37 +151,42 @@ class CausalSpectralConv(nn.Module):
             state[f"{prefix}t"] = torch.zeros(batch_size, dtype=torch.long, device=device)
         return state
 
+    def step_readout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(R, rho) of the split read-out of Eq. 13. With X(t) = u (X(t-1) + f_t):
+
+            y_t = Re(sum_l V_l X_l(t)) = Re(sum_l V_l u_l X_l(t-1)) + rho f_t,   rho = Re(sum_l V_l u_l)
+
+        the first term reads only the state before this step; as a real dot product over the state's
+        real view, R = view_as_real(conj(V u)) (d, 2m), float64. Uncached (see cached_readout)."""
+        vu = self.readout(torch.cdouble) * self.u.unsqueeze(1)                            # (m, d)
+        r = torch.view_as_real(vu.conj().resolve_conj()).transpose(0, 1).reshape(self.dim, 2 * self.modes)
+        return r, vu.real.sum(0)
+
     def cached_readout(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(R, u): R = view_as_real(conj V) as (d, 2m) float64 and the mode rotations u (m,), rebuilt
-        whenever the weight changed (storage, version or device): sum_k R[:, k] view_as_real(X)[:, k]
-        = Re(sum_l V_l X_l)."""
+        """step_readout(), rebuilt whenever the weight changed (storage, version or device)."""
         w = self._parameters["weight"]   # cheaper than self.weight on this per-step path
         key = (w.data_ptr(), w._version, w.device)
         if self._readout is None or self._readout_key != key:
             with torch.no_grad():
-                v = self.readout(torch.cdouble).conj().resolve_conj()                       # (m, d)
-                r = torch.view_as_real(v).transpose(0, 1).reshape(self.dim, 2 * self.modes)
-            self._readout, self._readout_key = (r, self.u), key
+                self._readout = self.step_readout()
+            self._readout_key = key
         return self._readout
 
-    def advance(self, f: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        """Eq. 13 in place on the state X (B, d, m) for the input difference f (B, d); returns y_t (B, d)
-        in f's dtype (float32 in, float32 out: only the state needs float64, to stop drift)."""
-        r, u = self.cached_readout()
-        X.add_(f.unsqueeze(-1)).mul_(u)
-        re_im = torch.view_as_real(X).flatten(-2)                     # (B, d, 2m): Re X_0, Im X_0, ...
-        return torch.linalg.vecdot(r, re_im).to(f.dtype)
-
     def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor], prefix: str = "") -> torch.Tensor:
-        """Eq. 13: x_t (B, d) -> y_t (B, d), O(m d)."""
+        """Eq. 13: x_t (B, d) -> y_t (B, d), O(m d); the state X (B, d, m) is updated in place."""
         X = state[f"{prefix}X"]                                       # (B, d, m) complex128
         buf = state.get(f"{prefix}buf")
-        if buf is None:                                               # blocks never reach x_{t-n}
-            return self.advance(x_t, X)
-        t = state[f"{prefix}t"]
-        slot = t % self.context
-        rows = torch.arange(x_t.shape[0], device=x_t.device)
-        f = x_t.double() - buf[rows, slot]                            # x_t - x_{t-n}
-        buf[rows, slot] = x_t.double()
-        t += 1
-        return self.advance(f, X).to(x_t.dtype)
+        if buf is None:
+            f = x_t                                                   # blocks never reach x_{t-n}
+        else:
+            t = state[f"{prefix}t"]
+            slot = t % self.context
+            rows = torch.arange(x_t.shape[0], device=x_t.device)
+            f = x_t.double() - buf[rows, slot]                        # x_t - x_{t-n}
+            buf[rows, slot] = x_t.double()
+            t += 1
+        r, rho = self.cached_readout()
+        history = torch.linalg.vecdot(r, torch.view_as_real(X).flatten(-2))              # (B, d) float64
+        y = torch.addcmul(history, rho, f)
+        X.add_(f.unsqueeze(-1)).mul_(self.u)
+        return y.to(x_t.dtype)

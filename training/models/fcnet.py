@@ -36,18 +36,22 @@ class FourierLayer(nn.Module):
     def step_plan(self) -> tuple:
         """What one recurrent step reads, held live (see base.live_params)."""
         n1, n2, (f1, _, f2) = self.norm1, self.norm2, self.ffn
-        return (n1.normalized_shape, n1.eps, live_params(n1), n2.eps, live_params(n2), self.csc,
-                live_params(f1), live_params(f2))
+        return (n1.normalized_shape, n1.eps, live_params(n1), n2.eps, live_params(n2), live_params(f1),
+                live_params(f2))
 
 
-def fourier_step(x: torch.Tensor, plan: tuple, X: torch.Tensor) -> torch.Tensor:
-    """``FourierLayer.forward`` at one position, x (B, d) -> (B, d), CSC state X updated in place.
-    Functional calls on a precomputed plan: at batch 1 Python attribute and module-call overhead is a
-    third of the step (seed 000 C.4 latency); the maths is forward's."""
-    shape, eps1, n1, eps2, n2, csc, f1, f2 = plan
-    y = F.gelu(csc.advance(F.layer_norm(x, shape, n1["weight"], n1["bias"], eps1), X)).add_(x)   # Y^l
+def fourier_step(x: torch.Tensor, plan: tuple, history: torch.Tensor,
+                 rho: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``FourierLayer.forward`` at one position: x (B, d) -> (X^{l+1}, the CSC input f), both (B, d).
+    ``history`` (B, d) is the CSC read-out of the state before this step and rho (d,) the gain of
+    the new input (csc.step_readout), so CSC(f)_t = history + rho f_t. Functional calls on a
+    precomputed plan: at batch 1 Python attribute and module-call overhead would be a third of the
+    step (seed 000 C.4 latency); the maths is forward's."""
+    shape, eps1, n1, eps2, n2, f1, f2 = plan
+    f = F.layer_norm(x, shape, n1["weight"], n1["bias"], eps1)
+    y = F.gelu(torch.addcmul(history, rho, f)).add_(x)                                    # Y^l
     h = F.layer_norm(y, shape, n2["weight"], n2["bias"], eps2)
-    return torch.addmm(f2["bias"], F.gelu(F.linear(h, f1["weight"], f1["bias"])), f2["weight"].t()).add_(y)
+    return torch.addmm(f2["bias"], F.gelu(F.linear(h, f1["weight"], f1["bias"])), f2["weight"].t()).add_(y), f
 
 
 class FCNet(SequenceModel):
@@ -66,6 +70,8 @@ class FCNet(SequenceModel):
         self.layers = nn.ModuleList(FourierLayer(hidden, context, modes, csc_impl) for _ in range(num_layers))
         self.decoder = Decoder(hidden, decoder_hidden, action_dim)
         self._plan: tuple | None = None   # built by the first step; holds live references only
+        self._readout: tuple | None = None
+        self._readout_key: tuple | None = None
 
     @property
     def config(self) -> dict:
@@ -85,19 +91,37 @@ class FCNet(SequenceModel):
         return self.decoder(x)                                    # (B, T, A)
 
     def _init_state(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-        state: dict[str, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            state.update(layer.csc.init_state(batch_size, device, prefix=f"l{i}."))
-        return state
+        # every layer's CSC state in one tensor (B, L, d, m): the read-out of the history and the
+        # Eq. 13 update then run for all layers in one op each
+        shape = (batch_size, self.num_layers, self.hidden, self.modes)
+        return {"X": torch.zeros(shape, dtype=torch.cdouble, device=device)}
+
+    def _csc_readout(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(R (L, d, 2m) float64, rho (L, d) in the model's dtype, u (m,)) of every layer's CSC
+        (csc.step_readout), rebuilt whenever any W changed (storage, version or device) or the dtype."""
+        key = tuple((w.data_ptr(), w._version, w.device) for w in (p["weight"] for p in self._plan[1])) + (dtype,)
+        if self._readout_key != key:
+            with torch.no_grad():
+                parts = [layer.csc.step_readout() for layer in self.layers]
+                self._readout = (torch.stack([r for r, _ in parts]), torch.stack([rho for _, rho in parts]).to(dtype),
+                                 self.layers[0].csc.u)
+            self._readout_key = key
+        return self._readout
 
     def _step(self, obs_t: torch.Tensor, cache: Cache, action_prev: torch.Tensor,
               rtg_t: torch.Tensor | None) -> torch.Tensor:
         if self._plan is None:
             q1, _, q2 = self.decoder
-            self._plan = (live_params(self.encoder), [layer.step_plan() for layer in self.layers],
-                          [f"l{i}.X" for i in range(self.num_layers)], live_params(q1), live_params(q2))
-        p, layers, keys, q1, q2 = self._plan
-        x = F.linear(self._input(obs_t, rtg_t), p["weight"], p["bias"])                    # (B, d)
-        for plan, key in zip(layers, keys):
-            x = fourier_step(x, plan, cache.state[key])
+            self._plan = (live_params(self.encoder), [live_params(layer.csc) for layer in self.layers],
+                          [layer.step_plan() for layer in self.layers], live_params(q1), live_params(q2))
+        p, _, layers, q1, q2 = self._plan
+        R, rho, u = self._csc_readout(p["weight"].dtype)
+        X = cache.state["X"]                                                                 # (B, L, d, m)
+        history = torch.linalg.vecdot(R, torch.view_as_real(X).flatten(-2)).to(obs_t.dtype)  # (B, L, d)
+        x = F.linear(self._input(obs_t, rtg_t), p["weight"], p["bias"])                      # (B, d)
+        inputs = []
+        for plan, h, r in zip(layers, history.unbind(1), rho):
+            x, f = fourier_step(x, plan, h, r)
+            inputs.append(f)
+        X.add_(torch.stack(inputs, 1).unsqueeze(-1)).mul_(u)     # Eq. 13 for every layer at once
         return F.linear(F.gelu(F.linear(x, q1["weight"], q1["bias"])), q2["weight"], q2["bias"])   # (B, A)
