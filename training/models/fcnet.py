@@ -97,14 +97,16 @@ class FCNet(SequenceModel):
         return {"X": torch.zeros(shape, dtype=torch.cdouble, device=device)}
 
     def _csc_readout(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(R (L, d, 2m) float64, rho (L, d) in the model's dtype, u (m,)) of every layer's CSC
+        """(R (L, d, 2m) float64, rho (L, d) in the model's dtype, u as (d, m)) of every layer's CSC
         (csc.step_readout), rebuilt whenever any W changed (storage, version or device) or the dtype."""
         key = tuple((w.data_ptr(), w._version, w.device) for w in (p["weight"] for p in self._plan[1])) + (dtype,)
         if self._readout_key != key:
             with torch.no_grad():
                 parts = [layer.csc.step_readout() for layer in self.layers]
+                u = self.layers[0].csc.u               # every layer has the same n and m
+                # u spelled out per channel: the update's inner loop then runs over d*m, not over m
                 self._readout = (torch.stack([r for r, _ in parts]), torch.stack([rho for _, rho in parts]).to(dtype),
-                                 self.layers[0].csc.u)
+                                 u.expand(self.hidden, self.modes).contiguous())
             self._readout_key = key
         return self._readout
 
