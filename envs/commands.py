@@ -120,10 +120,11 @@ class CommandManager:
         self.pinned[env_ids] = True
         self.due_at[env_ids] = _NEVER
 
-    def step(self, root_quat_w: torch.Tensor) -> torch.Tensor | None:
-        """After a physics step: resample the envs that are due, steer yaw towards the heading. Returns
-        the (N,) base yaw computed from ``root_quat_w`` for the steering (None when there is none), so the
-        caller can reuse it while the orientations stay unchanged."""
+    def step(self, root_quat_w: torch.Tensor, yaw: torch.Tensor | None = None) -> torch.Tensor | None:
+        """After a physics step: resample the envs that are due, steer yaw towards the heading. ``yaw``:
+        the (N,) base yaw of ``root_quat_w`` when the caller has it. Returns that yaw, or the one computed
+        for the steering (None when neither exists), so the caller can reuse it while the orientations
+        stay unchanged."""
         self._t += 1
         # A command_sampler defines what an episode is asked to do (a skill): it draws only at reset.
         if self._t >= self._min_due and self.cfg.resample and self.command_sampler is None:
@@ -132,13 +133,13 @@ class CommandManager:
                 self.resample(due)
             self._min_due = int(self.due_at.min())
         if self._uses_heading and self.command_sampler is None:
-            yaw = yaw_from_quat(root_quat_w)
+            if yaw is None:
+                yaw = yaw_from_quat(root_quat_w)
             # _yaw_command's arithmetic, in place in a reused buffer; pinned envs keep their command
             e = torch.sub(self.heading, yaw, out=self._steer).add_(math.pi)
             torch.remainder(e, 2 * math.pi, out=e).sub_(math.pi).mul_(self.cfg.heading_gain).clamp_(*self._yaw_limits)
             torch.where(self.pinned, self._yaw_col, e, out=self._yaw_col)
-            return yaw
-        return None
+        return yaw
 
 
 def _trot_default(name: str) -> float:

@@ -56,7 +56,7 @@ def scan_points_w(state: RobotState, points_b: torch.Tensor, yaw: torch.Tensor |
     if yaw is None:
         yaw = yaw_from_quat(state.root_quat_w)
     c, s = torch.cos(yaw)[:, None], torch.sin(yaw)[:, None]     # (N, 1)
-    px, py = points_b[:, 0], points_b[:, 1]                     # (P,)
+    px, py = _columns(points_b)                                 # (P,) each
     pos = state.root_pos_w
     # R(yaw) p + pos written out per coordinate: the same products and sums as a batched (P, 2) @ R^T
     # matmul at a fraction of its cost for K = 2 (tested against it), each coordinate written straight
@@ -65,6 +65,15 @@ def scan_points_w(state: RobotState, points_b: torch.Tensor, yaw: torch.Tensor |
     torch.add(px * c - py * s, pos[:, 0:1], out=out[..., 0])
     torch.add(px * s + py * c, pos[:, 1:2], out=out[..., 1])
     return out
+
+
+_POINT_COLUMNS: list = [None, None]  # (points tensor, its two column views): the grid is a constant
+
+
+def _columns(points_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if _POINT_COLUMNS[0] is not points_b:
+        _POINT_COLUMNS[:] = [points_b, (points_b[:, 0], points_b[:, 1])]
+    return _POINT_COLUMNS[1]
 
 
 def _height_scan(v: TaskView, points_b: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from tensordict import TensorDict
 
 from envs.backends import make_backend
 from envs.backends.base import PhysicsBackend
+from envs.commands import yaw_from_quat
 from envs.config import EnvConfig
 from envs.layout import NUM_JOINTS, get_layout
 from envs.observations import CompiledLayout, TermCache, ground_terms, make_term_fns, scan_points_b
@@ -125,11 +126,14 @@ class LeggedEnv(VecEnv):
         self.common_step_counter += 1
 
         state = self.backend.state
-        terms = self._new_terms()
         ground = None
         if self._joint_ground:
+            # the scan needs the base yaw; the heading steering in post_step reuses it
+            terms = self._new_terms(yaw=yaw_from_quat(state.root_quat_w))
             ground = ground_terms(terms.view, self._scan_points)
             terms = self._terms = TermCache(self._term_fns, terms.view, ground)
+        else:
+            terms = self._new_terms()
         base_height = terms["base_height"][:, 0]
         time_out = self.episode_length_buf >= self.max_episode_length
         res = self.task.post_step(terms.view, base_height, last_joint_vel, non_finite, time_out)

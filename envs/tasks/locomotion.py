@@ -145,7 +145,7 @@ class LocomotionTask:
 
         # Advance the gait clock at the commanded frequency (walk-these-ways), then the commands.
         self.gait_time = torch.remainder(self.gait_time + c.gait_frequency * self.dt, 1.0)
-        self.yaw = self.commands.step(s.root_quat_w)
+        self.yaw = self.commands.step(s.root_quat_w, view.yaw)
         return StepResult(rewards=rew, reason=reason, dones=reason != NONE, time_outs=reason == TIME_OUT)
 
     def episode_info(self, env_ids: torch.Tensor, reason: torch.Tensor, root_pos_w: torch.Tensor) -> dict[str, torch.Tensor]:
