@@ -51,7 +51,7 @@ def fourier_step(x: torch.Tensor, plan: tuple, history: torch.Tensor,
     f = F.layer_norm(x, shape, n1["weight"], n1["bias"], eps1)
     y = F.gelu(torch.addcmul(history, rho, f)).add_(x)                                    # Y^l
     h = F.layer_norm(y, shape, n2["weight"], n2["bias"], eps2)
-    return torch.addmm(f2["bias"], F.gelu(F.linear(h, f1["weight"], f1["bias"])), f2["weight"].t()).add_(y), f
+    return F.linear(F.gelu(F.linear(h, f1["weight"], f1["bias"])), f2["weight"], f2["bias"]).add_(y), f
 
 
 class FCNet(SequenceModel):
