@@ -202,13 +202,22 @@ class CompiledLayout:
         self.noise2 = 2 * self.noise
         self.has_clip = bool(torch.isfinite(self.lo).any() or torch.isfinite(self.hi).any())
 
-    def build(self, terms: Mapping[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
+    def draw_noise(self, n: int, generator: torch.Generator | None) -> torch.Tensor | None:
+        """The U(0, 1) draw ``build`` would make for n rows (None when it makes none), to pass back in."""
+        if not self.has_noise or generator is None:
+            return None
+        return torch.rand((n, self.offset.numel()), generator=generator, device=self.offset.device)
+
+    def build(self, terms: Mapping[str, torch.Tensor], generator: torch.Generator | None = None,
+              noise: torch.Tensor | None = None) -> torch.Tensor:
+        """``noise``: a draw from ``draw_noise`` made earlier from the same generator (then ``build``
+        draws nothing)."""
         cols = getattr(terms, "columns", None) or (lambda n, idx: terms[n][:, idx])
         x = torch.cat([terms[n] if idx is None else cols(n, idx) for n, idx in self.parts], dim=1)
         # ((x + offset) + U(-a, a)) * scale, written to touch the (N, D) block as few times as possible
         y = (x + self.offset) * self.scale if self.has_offset else x * self.scale
         if self.has_noise and generator is not None:
-            u = torch.rand(y.shape, generator=generator, device=y.device)
+            u = noise if noise is not None else torch.rand(y.shape, generator=generator, device=y.device)
             y = torch.addcmul(y - self.noise, u, self.noise2)
         return torch.clamp(y, self.lo, self.hi) if self.has_clip else y
 

@@ -79,6 +79,10 @@ class LeggedEnv(VecEnv):
         self.last_actions = torch.zeros(n, NUM_JOINTS, device=dev)   # a_{t-1}
         self.joint_targets = self.default_joint_pos.expand(n, -1).clone()
         self._last_joint_vel = torch.zeros(n, NUM_JOINTS, device=dev)  # q̇ before the step, for dof_acc
+        # made by _during_physics while the backend simulates, read after it in step()
+        self._time_out = torch.zeros(n, dtype=torch.bool, device=dev)
+        self._episode: dict[str, torch.Tensor] = {}
+        self._noise: torch.Tensor | None = None
         self.episode_length_buf = torch.zeros(n, dtype=torch.long, device=dev)
         self.common_step_counter = 0
 
@@ -117,13 +121,11 @@ class LeggedEnv(VecEnv):
         a = actions.clamp(-self.clip_actions, self.clip_actions)
         applied = self.latency.apply(a, self.actions)
         self.joint_targets = self.default_joint_pos + self.action_scale * applied
-        last_joint_vel = self._last_joint_vel.copy_(self.backend.state.joint_vel)
-        non_finite = self.backend.step(self.joint_targets)
+        self._noise = None
+        non_finite = self.backend.step(self.joint_targets, during=self._during_physics)
         if non_finite.device != self.device:
             non_finite = non_finite.to(self.device)
         self.last_actions, self.actions = self.actions, a  # clamp made a fresh tensor
-        self.episode_length_buf += 1
-        self.common_step_counter += 1
 
         state = self.backend.state
         ground = None
@@ -135,14 +137,8 @@ class LeggedEnv(VecEnv):
         else:
             terms = self._new_terms()
         base_height = terms["base_height"][:, 0]
-        time_out = self.episode_length_buf >= self.max_episode_length
-        res = self.task.post_step(terms.view, base_height, last_joint_vel, non_finite, time_out)
-
-        # fresh (N,) columns every step: a consumer may keep last step's extras
-        n = self.num_envs
-        episode = dict(zip(_EPISODE_LONG, torch.zeros(len(_EPISODE_LONG), n, dtype=torch.long,
-                                                       device=self.device).unbind(0)))
-        episode.update(zip(_EPISODE_FLOAT, torch.zeros(len(_EPISODE_FLOAT), n, device=self.device).unbind(0)))
+        res = self.task.post_step(terms.view, base_height, self._last_joint_vel, non_finite, self._time_out)
+        episode = self._episode
         log: dict[str, float] = {}
         done_ids = torch.nonzero(res.dones, as_tuple=True)[0]
         if done_ids.numel():
@@ -164,9 +160,9 @@ class LeggedEnv(VecEnv):
         # Without resets the robots stand where the task just scored them: the observation reuses the
         # ground terms (unless a push refreshed the state) and the yaw the heading steering computed.
         if done_ids.numel() == 0:
-            self._obs = self._compute_obs(yaw=self.task.yaw, known=None if pushed else ground)
+            self._obs = self._compute_obs(yaw=self.task.yaw, known=None if pushed else ground, noise=self._noise)
         else:
-            self._obs = self._compute_obs()
+            self._obs = self._compute_obs(noise=self._noise)
         self.extras = {"time_outs": res.time_outs, "log": log, "episode": episode}
         return self._obs, res.rewards, res.dones, self.extras
 
@@ -246,9 +242,27 @@ class LeggedEnv(VecEnv):
         self._terms_full = None
         return self._terms
 
-    def _compute_obs(self, yaw: torch.Tensor | None = None, known: dict[str, torch.Tensor] | None = None) -> TensorDict:
+    def _during_physics(self) -> None:
+        """The step's work that needs no physics result, done while the backend simulates (on two
+        threads its cost is shared with the physics instead of added to it). Same order of random draws
+        as doing it afterwards: the observation noise is this step's only draw from its generator."""
+        self._last_joint_vel.copy_(self.backend.state.joint_vel)  # still q̇ before the step
+        self.episode_length_buf += 1
+        self.common_step_counter += 1
+        self._time_out = self.episode_length_buf >= self.max_episode_length
+        self.task.before_physics()
+        # fresh (N,) columns every step: a consumer may keep last step's extras
+        n = self.num_envs
+        episode = dict(zip(_EPISODE_LONG, torch.zeros(len(_EPISODE_LONG), n, dtype=torch.long,
+                                                       device=self.device).unbind(0)))
+        episode.update(zip(_EPISODE_FLOAT, torch.zeros(len(_EPISODE_FLOAT), n, device=self.device).unbind(0)))
+        self._episode = episode
+        self._noise = self._policy_obs.draw_noise(n, self._noise_gen)
+
+    def _compute_obs(self, yaw: torch.Tensor | None = None, known: dict[str, torch.Tensor] | None = None,
+                     noise: torch.Tensor | None = None) -> TensorDict:
         terms = self._new_terms(yaw, known)
-        return TensorDict({"policy": self._policy_obs.build(terms, self._noise_gen),
+        return TensorDict({"policy": self._policy_obs.build(terms, self._noise_gen, noise),
                            "critic": self._critic_obs.build(terms)}, batch_size=[self.num_envs], device=self.device)
 
     def _episode_log(self, done_ids: torch.Tensor, info: dict[str, torch.Tensor]) -> dict[str, float]:

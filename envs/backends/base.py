@@ -12,7 +12,7 @@ order is ``envs.layout.JOINT_NAMES``; foot order is ``envs.layout.LEGS``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
@@ -80,12 +80,17 @@ class PhysicsBackend(Protocol):
               joint_pos: torch.Tensor, joint_vel: torch.Tensor) -> None:
         """Put the given envs into the given states (k rows each) and refresh ``state``."""
 
-    def step(self, joint_targets: torch.Tensor) -> torch.Tensor:
+    def step(self, joint_targets: torch.Tensor, during: Callable[[], None] | None = None) -> torch.Tensor:
         """Advance every env by ``decimation`` substeps towards (N, 12) targets.
 
         Returns an (N,) bool mask of envs whose physics went non-finite during this step; those envs
         have already been restored to a finite state (their last reset state) and must be terminated by
-        the caller. Never propagates NaN into ``state``."""
+        the caller. Never propagates NaN into ``state``.
+
+        ``during`` (optional): the caller's work that does not depend on this step's physics. It runs on
+        the caller's thread exactly once before ``step`` returns - a threaded backend runs it while its
+        workers already simulate - and may read ``state``, which still describes the state before the
+        step; it must not call the backend."""
 
     def push(self, env_ids: torch.Tensor, delta_lin_vel_w: torch.Tensor) -> None:
         """Add a velocity impulse to the base of the given envs (domain randomization pushes)."""

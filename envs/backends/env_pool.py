@@ -62,7 +62,9 @@ class EnvPool:
         for t in self._threads:
             t.start()
 
-    def run(self, job: Job, n: int) -> None:
+    def run(self, job: Job, n: int, before: Callable[[], None] | None = None) -> None:
+        """``before``: work for the caller's thread alone, done after the workers are released and
+        before it joins them on the envs (the workers meanwhile take more envs)."""
         sh = self._shared
         if sh.closing:
             raise RuntimeError("EnvPool.run after close()")
@@ -72,6 +74,8 @@ class EnvPool:
         for go in sh.go:
             go.release()
         try:
+            if before is not None:
+                before()
             job(envs)
         finally:
             for done in sh.done:   # every worker has stopped touching the envs before we return

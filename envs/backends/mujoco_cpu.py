@@ -22,7 +22,7 @@ Consumers must ``clone()`` a field they want to keep across steps.
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
 import mujoco
 import numpy as np
@@ -162,14 +162,18 @@ class MujocoCpuBackend:
             self._restore(int(i))
         self._refresh()
 
-    def step(self, joint_targets: torch.Tensor) -> torch.Tensor:
+    def step(self, joint_targets: torch.Tensor, during: Callable[[], None] | None = None) -> torch.Tensor:
         if tuple(joint_targets.shape) != (self.num_envs, NUM_JOINTS):
             raise ValueError(f"step: joint_targets must have shape ({self.num_envs}, {NUM_JOINTS}), "
                              f"got {tuple(joint_targets.shape)}")
         self._targets_t.copy_(joint_targets.detach())  # float32 -> float64, any device
+        # ``during`` may read the state tensors: the workers write only MjData and the float64 readout,
+        # which _refresh copies into the state after the run
         if self._pool is not None:
-            self._pool.run(self._step_envs, self.num_envs)
+            self._pool.run(self._step_envs, self.num_envs, before=during)
         else:  # closed: the caller's thread alone
+            if during is not None:
+                during()
             self._step_envs(iter(range(self.num_envs)))
         bad = self._diverged()
         if bad.any():

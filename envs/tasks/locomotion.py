@@ -86,6 +86,8 @@ class LocomotionTask:
         self._stats = torch.zeros(n, 4, device=device)
         self._stat_cols = (self._stats[:, 0], self._stats[:, 1], self._stats[:, 2:4])
         self._views: _Views | None = None
+        self._cmd_xy = self.commands.commands[:, :2]   # the command buffer is updated in place, never replaced
+        self._before_done = False
 
     def view(self, state: RobotState, actions, last_actions, env_params, terrain_height, flat,
              yaw: torch.Tensor | None = None) -> TaskView:
@@ -109,19 +111,28 @@ class LocomotionTask:
             self._views = _Views(state, cmd, self._vel_err)
         return self._views
 
+    def before_physics(self) -> None:
+        """What ``post_step`` needs that only the commands decide (they change only in ``post_step`` and
+        at resets): the LeggedEnv calls it while the backend simulates, before each ``post_step``."""
+        cmd_speed = torch.linalg.vector_norm(self._cmd_xy, dim=1, out=self._cmd_speed)
+        torch.mul(cmd_speed, self.dt, out=self._stat_cols[0])
+        self.ep_steps += 1
+        self._before_done = True
+
     def post_step(self, view: TaskView, base_height: torch.Tensor, last_joint_vel: torch.Tensor,
                   non_finite: torch.Tensor, time_out: torch.Tensor) -> StepResult:
         s, cmd, c = view.state, self.commands.commands, self._views_of(view.state)
+        if not self._before_done:  # a caller that does not overlap it with the physics
+            self.before_physics()
+        self._before_done = False
         # The commands that were in force during this step score it; update them afterwards.
         # Quantities the statistics, terminations and rewards share, computed once, into reused buffers.
-        cmd_speed = torch.linalg.vector_norm(c.cmd_xy, dim=1, out=self._cmd_speed)
+        cmd_speed = self._cmd_speed
         torch.sub(c.lin_vel_xy, c.cmd_xy, out=c.v_err)
         torch.sub(c.yaw_rate, c.cmd_yaw_rate, out=c.w_err)
         force_norm = torch.linalg.vector_norm(s.contact_forces, dim=-1) if self._needs_force_norm else None  # (N, B)
-        self.ep_steps += 1
-        # columns: commanded distance, |v_xy err|, |v_x err|, |w_z err| (the order of the unbind above)
-        dist, v_norm, abs_err = self._stat_cols
-        torch.mul(cmd_speed, self.dt, out=dist)
+        # columns: commanded distance (before_physics), |v_xy err|, |v_x err|, |w_z err|
+        _, v_norm, abs_err = self._stat_cols
         torch.linalg.vector_norm(c.v_err, dim=1, out=v_norm)
         torch.abs(c.vx_and_w_err, out=abs_err)
         self._ep_sums += self._stats

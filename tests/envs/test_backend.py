@@ -127,6 +127,22 @@ def test_same_state_bit_for_bit_with_1_and_2_threads():
     _assert_rows_equal(runs[0], runs[1], slice(None))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_during_runs_once_and_sees_the_state_before_the_step(threads):
+    b = _backend(num_envs=6, num_threads=threads)
+    ref = _backend(num_envs=6, num_threads=threads)
+    seen = []
+    for tgt in _wobble_targets(b, 3):
+        before = _snapshot(b.state)
+        b.step(tgt, during=lambda: seen.append(_snapshot(b.state)))
+        ref.step(tgt)
+        _assert_rows_equal(seen[-1], before, slice(None))       # not yet refreshed while it runs
+        _assert_rows_equal(_snapshot(b.state), _snapshot(ref.state), slice(None))  # physics unchanged
+    assert len(seen) == 3
+    b.close()
+    ref.close()
+
+
 @pytest.mark.parametrize("poison", [float("nan"), 1e12])
 def test_non_finite_env_is_restored_and_others_untouched(poison, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MuJoCo logs its instability warnings to ./MUJOCO_LOG.TXT

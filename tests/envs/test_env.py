@@ -265,8 +265,8 @@ def test_non_finite_physics_terminates_with_reason():
     env = _env(n=3)
     step = env.backend.step
 
-    def flag_env_1(targets):
-        bad = step(targets)
+    def flag_env_1(targets, during=None):
+        bad = step(targets, during)
         bad[1] = True   # as if env 1 diverged (the backend restores it and reports it)
         return bad
 

@@ -134,3 +134,30 @@ def test_in_place_heading_steering_is_the_yaw_command_formula():
         expected = torch.where(cm.pinned, before[:, 2], steer)
         assert torch.equal(cm.commands[:, 2], expected)
         assert torch.equal(cm.commands[:, 2][:5], torch.ones(5))
+
+
+def test_work_overlapped_with_the_physics_changes_nothing():
+    """LeggedEnv hands its physics-independent work (noise draw, counters, extras) to the backend to run
+    while the workers simulate; doing it serially before the physics gives the same step, bit for bit."""
+    def make():
+        return LeggedEnv(EnvConfig.rough(num_envs=6, terrain=_small_terrain(), episode_length_s=0.5))
+    overlapped, serial = make(), make()
+    step = serial.backend.step
+
+    def serial_step(targets, during=None):
+        if during is not None:
+            during()
+        return step(targets)
+    serial.backend.step = serial_step
+    g = torch.Generator().manual_seed(5)
+    try:
+        for _ in range(40):  # episodes of 25 steps: time-outs and resets included
+            a = 0.5 * torch.randn(6, 12, generator=g)
+            o1, r1, d1, e1 = overlapped.step(a)
+            o2, r2, d2, e2 = serial.step(a)
+            assert torch.equal(o1["policy"], o2["policy"]) and torch.equal(o1["critic"], o2["critic"])
+            assert torch.equal(r1, r2) and torch.equal(d1, d2) and torch.equal(e1["time_outs"], e2["time_outs"])
+            assert all(torch.equal(e1["episode"][k], e2["episode"][k]) for k in e1["episode"])
+    finally:
+        overlapped.close()
+        serial.close()

@@ -75,3 +75,26 @@ def test_close_joins_workers_and_run_after_close_is_an_error():
         pool.run(lambda envs: None, 1)
     with pytest.raises(ValueError, match="num_threads"):
         EnvPool(0)
+
+
+def test_before_runs_once_on_the_caller_while_workers_take_envs():
+    pool = EnvPool(2)
+    try:
+        seen, threads, calls = [], set(), []
+
+        def before():
+            calls.append(threading.get_ident())
+            time.sleep(0.02)  # the worker steps envs meanwhile
+
+        pool.run(_recording_job(seen, threads, delay=0.001), 10, before=before)
+        assert calls == [threading.get_ident()] and sorted(seen) == list(range(10))
+
+        def failing():
+            raise ValueError("before failed")
+        with pytest.raises(ValueError, match="before failed"):
+            pool.run(_recording_job([], set()), 5, before=failing)
+        seen = []
+        pool.run(_recording_job(seen, set()), 4)                       # still usable
+        assert sorted(seen) == list(range(4))
+    finally:
+        pool.close()

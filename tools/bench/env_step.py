@@ -7,7 +7,10 @@ interleaved (raw, env, raw, ...). Each env step is split by wrapping its parts w
   (all its threads);
 - task: `LocomotionTask.post_step` (statistics, terminations, rewards, gait clock, commands);
 - obs: the observation build after the resets (policy and critic groups, height scan);
-- rest: everything else in `step` (action clamp, targets, episode extras, resets, pushes).
+- during: the env's physics-independent work (noise draw, counters, fresh extras, previous joint
+  velocities) that the backend runs on the caller's thread while its workers simulate; part of
+  backend, where on two threads its cost is shared with the physics;
+- rest: everything else in `step` (action clamp, targets, resets, pushes, episode bookkeeping).
 
 Task, obs and rest are torch math on the caller's thread (one torch thread): they are reported in
 that thread's CPU time, which time spent descheduled by other users of the machine does not inflate.
@@ -63,6 +66,7 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dic
     _wrap(env.backend, "step", acc, "backend_thread", time.thread_time)  # the caller's share of it
     _wrap(env.task, "post_step", acc, "task", time.thread_time)
     _wrap(env, "_compute_obs", acc, "obs", time.thread_time)
+    _wrap(env, "_during_physics", acc, "during", time.thread_time)
 
     def run_env() -> None:
         for _ in range(steps):
@@ -90,6 +94,7 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dic
     ms = {k: 1e3 * statistics.median(v) / steps for k, v in samples.items()}
     # the caller thread's CPU time in step, less its share of the backend and the timed parts
     ms["rest"] = ms["env_thread"] - ms["backend_thread"] - ms["task"] - ms["obs"]
+    ms.setdefault("during", 0.0)
     ms["env/raw"] = statistics.median(r / e for r, e in zip(samples["raw"], samples["env"]))
     ms["calls"] = counter.calls / 10
     return ms
@@ -100,13 +105,13 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
     work = 512 if quick else 2048
     rounds = 3 if quick else 5
     table = Table("env_step: ms per env step (median over rounds), decimation 4; raw and env wall time, "
-                  "backend process CPU, task/obs/rest caller-thread CPU",
-                  ["terrain", "envs", "threads", "raw", "env", "backend", "task", "obs", "rest",
+                  "backend process CPU, during/task/obs/rest caller-thread CPU",
+                  ["terrain", "envs", "threads", "raw", "env", "backend", "during", "task", "obs", "rest",
                    "task+obs+rest", "torch calls/step", "env/raw"])
     for terrain in ("flat", "mixed"):
         for n in ((64,) if quick else (16, 64, 256)):
             r = _measure(terrain, n, 2, max(4, work // n), rounds)
-            table.add(terrain, n, 2, r["raw"], r["env"], r["backend"], r["task"], r["obs"], r["rest"],
+            table.add(terrain, n, 2, r["raw"], r["env"], r["backend"], r["during"], r["task"], r["obs"], r["rest"],
                       r["task"] + r["obs"] + r["rest"], r["calls"], r["env/raw"])
     report("env_step", [table], json_path, extra={"quick": quick})
     return 0
