@@ -89,7 +89,7 @@ class PhysicsBackend(Protocol):
 
         ``during`` (optional): the caller's work that does not depend on this step's physics. It runs on
         the caller's thread exactly once before ``step`` returns - a threaded backend runs it while its
-        workers already simulate - and may read ``state``, which still describes the state before the
+        workers still simulate - and may read ``state``, which still describes the state before the
         step; it must not call the backend."""
 
     def push(self, env_ids: torch.Tensor, delta_lin_vel_w: torch.Tensor) -> None:

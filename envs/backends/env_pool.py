@@ -62,9 +62,11 @@ class EnvPool:
         for t in self._threads:
             t.start()
 
-    def run(self, job: Job, n: int, before: Callable[[], None] | None = None) -> None:
-        """``before``: work for the caller's thread alone, done after the workers are released and
-        before it joins them on the envs (the workers meanwhile take more envs)."""
+    def run(self, job: Job, n: int, tail: Callable[[], None] | None = None) -> None:
+        """``tail``: work for the caller's thread alone, done once it finds no env left while the workers
+        may still finish their last ones. Not before its share of envs: Python work on the caller makes
+        the workers wait for the GIL between envs, and each hand-over costs a thread wake-up; in the
+        tail they are inside MuJoCo (no GIL) and the caller would only wait."""
         sh = self._shared
         if sh.closing:
             raise RuntimeError("EnvPool.run after close()")
@@ -74,9 +76,9 @@ class EnvPool:
         for go in sh.go:
             go.release()
         try:
-            if before is not None:
-                before()
             job(envs)
+            if tail is not None:
+                tail()
         finally:
             for done in sh.done:   # every worker has stopped touching the envs before we return
                 done.acquire()

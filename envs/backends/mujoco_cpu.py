@@ -167,10 +167,11 @@ class MujocoCpuBackend:
             raise ValueError(f"step: joint_targets must have shape ({self.num_envs}, {NUM_JOINTS}), "
                              f"got {tuple(joint_targets.shape)}")
         self._targets_t.copy_(joint_targets.detach())  # float32 -> float64, any device
-        # ``during`` may read the state tensors: the workers write only MjData and the float64 readout,
+        # ``during`` runs once the caller's thread finds no env left to step, while the workers finish
+        # theirs; it may read the state tensors: the workers write only MjData and the float64 readout,
         # which _refresh copies into the state after the run
         if self._pool is not None:
-            self._pool.run(self._step_envs, self.num_envs, before=during)
+            self._pool.run(self._step_envs, self.num_envs, tail=during)
         else:  # closed: the caller's thread alone
             if during is not None:
                 during()

@@ -77,22 +77,23 @@ def test_close_joins_workers_and_run_after_close_is_an_error():
         EnvPool(0)
 
 
-def test_before_runs_once_on_the_caller_while_workers_take_envs():
+def test_tail_runs_once_on_the_caller_after_its_envs():
     pool = EnvPool(2)
     try:
         seen, threads, calls = [], set(), []
 
-        def before():
-            calls.append(threading.get_ident())
-            time.sleep(0.02)  # the worker steps envs meanwhile
+        def tail():
+            calls.append((threading.get_ident(), len(seen)))
 
-        pool.run(_recording_job(seen, threads, delay=0.001), 10, before=before)
-        assert calls == [threading.get_ident()] and sorted(seen) == list(range(10))
+        pool.run(_recording_job(seen, threads, delay=0.001), 10, tail=tail)
+        assert sorted(seen) == list(range(10))
+        assert len(calls) == 1 and calls[0][0] == threading.get_ident()
+        assert calls[0][1] >= 9              # every env was handed out before it ran
 
         def failing():
-            raise ValueError("before failed")
-        with pytest.raises(ValueError, match="before failed"):
-            pool.run(_recording_job([], set()), 5, before=failing)
+            raise ValueError("tail failed")
+        with pytest.raises(ValueError, match="tail failed"):
+            pool.run(_recording_job([], set()), 5, tail=failing)
         seen = []
         pool.run(_recording_job(seen, set()), 4)                       # still usable
         assert sorted(seen) == list(range(4))
