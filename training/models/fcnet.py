@@ -5,6 +5,9 @@
     X^{l+1} = FFN(LN(Y^l)) + Y^l                       FFN inner width = hidden, not shared
     actions = Q(X^{L+1})                               Q: Linear -> GELU -> Linear (decoder_hidden)
 
+``step`` runs the same layers at one position (``fourier_step``) with the CSC's sliding DFT (Eq. 13,
+csc.py), every layer's state in one (B, L, d, m) tensor.
+
 No positional embedding, no dropout, no final norm (the official implementation). Masked (padding)
 steps are zeroed at every CSC input, so left padding equals zero history. With hidden 256, m 10, L 4,
 decoder 128 and a 70-D state this is the paper's 787,852 parameters (complex weights counted twice).
@@ -119,7 +122,7 @@ class FCNet(SequenceModel):
         p, _, layers, q1, q2 = self._plan
         R, rho, u = self._csc_readout(p["weight"].dtype)
         X = cache.state["X"]                                                                 # (B, L, d, m)
-        history = torch.linalg.vecdot(R, torch.view_as_real(X).flatten(-2)).to(obs_t.dtype)  # (B, L, d)
+        history = torch.linalg.vecdot(R, torch.view_as_real(X).flatten(-2)).to(rho.dtype)    # (B, L, d)
         x = F.linear(self._input(obs_t, rtg_t), p["weight"], p["bias"])                      # (B, d)
         inputs = []
         for plan, h, r in zip(layers, history.unbind(1), rho):

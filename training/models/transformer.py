@@ -81,7 +81,8 @@ class Block(nn.Module):
     def step_plan(self) -> tuple:
         """What one recurrent step reads, held live (see base.live_params)."""
         n1, n2, (f1, _, f2), attn = self.norm1, self.norm2, self.mlp, self.attn
-        return (n1.normalized_shape, n1.eps, live_params(n1), (attn.heads, live_params(attn.qkv), live_params(attn.proj)),
+        return (n1.normalized_shape, n1.eps, live_params(n1),
+                (attn.heads, live_params(attn.qkv), live_params(attn.proj)),
                 n2.eps, live_params(n2), live_params(f1), live_params(f2))
 
     def step(self, x, keys, values, slots, allowed) -> torch.Tensor:
