@@ -83,6 +83,7 @@ class LeggedEnv(VecEnv):
         self._time_out = torch.zeros(n, dtype=torch.bool, device=dev)
         self._episode: dict[str, torch.Tensor] = {}
         self._noise: torch.Tensor | None = None
+        self._base_z: tuple[torch.Tensor, torch.Tensor] | None = None
         self.episode_length_buf = torch.zeros(n, dtype=torch.long, device=dev)
         self.common_step_counter = 0
 
@@ -136,7 +137,7 @@ class LeggedEnv(VecEnv):
             terms = self._terms = TermCache(self._term_fns, terms.view, ground)
         else:
             terms = self._new_terms()
-        base_height = terms["base_height"][:, 0]
+        base_height = self._plane_base_height(state) if self.terrain.flat else terms["base_height"][:, 0]
         res = self.task.post_step(terms.view, base_height, self._last_joint_vel, non_finite, self._time_out)
         episode = self._episode
         log: dict[str, float] = {}
@@ -241,6 +242,13 @@ class LeggedEnv(VecEnv):
         self._terms = TermCache(self._term_fns, view, known)
         self._terms_full = None
         return self._terms
+
+    def _plane_base_height(self, state) -> torch.Tensor:
+        """(N,) base height over a plane at z = 0: a view of the base z (kept while the backend's state
+        buffer is the same tensor), the values of the ``base_height`` term without computing it."""
+        if self._base_z is None or self._base_z[0] is not state.root_pos_w:
+            self._base_z = (state.root_pos_w, state.root_pos_w[:, 2])
+        return self._base_z[1]
 
     def _during_physics(self) -> None:
         """The step's work that needs no physics result, done while the backend simulates (on two
