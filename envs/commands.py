@@ -27,7 +27,15 @@ def wrap_to_pi(x: torch.Tensor) -> torch.Tensor:
 
 
 def yaw_from_quat(q: torch.Tensor) -> torch.Tensor:
-    """Heading of the base's x axis, from (N, 4) wxyz quaternions."""
+    """Heading of the base's x axis, from (..., 4) wxyz quaternions: atan2(2(wz + xy), 1 - 2(yy + zz)).
+
+    On the CPU the two atan2 arguments are computed with numpy on the tensor's memory: the same
+    IEEE-rounded float products and sums as torch's (bit for bit, tested) at a fraction of the cost of
+    ten small torch calls; atan2 itself stays torch's, on contiguous inputs as before."""
+    if q.device.type == "cpu" and not q.requires_grad:
+        a = q.numpy()
+        w, x, y, z = a[..., 0], a[..., 1], a[..., 2], a[..., 3]
+        return torch.atan2(torch.from_numpy(2 * (w * z + x * y)), torch.from_numpy(1 - 2 * (y * y + z * z)))
     w, x, y, z = q.unbind(-1)
     return torch.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
 

@@ -161,3 +161,21 @@ def test_work_overlapped_with_the_physics_changes_nothing():
     finally:
         overlapped.close()
         serial.close()
+
+
+def test_yaw_cpu_fast_path_is_bitwise_the_torch_formula():
+    from envs.commands import yaw_from_quat
+    g = torch.Generator().manual_seed(6)
+    q = torch.nn.functional.normalize(torch.randn(20000, 4, generator=g), dim=1)
+    q[:100, 1:3] = 0.0                                             # exact zeros and signs too
+    q = torch.cat([q, -q, torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, -1], [-0.0, 0, 0, 1]])])
+
+    def torch_formula(x):
+        w, x_, y, z = x.unbind(-1)
+        return torch.atan2(2 * (w * z + x_ * y), 1 - 2 * (y * y + z * z))
+    for batch in (q, q.view(-1, 4, 4)[:, ::2], q[:, :].t().contiguous().t()):  # strided and batched
+        got = yaw_from_quat(batch)
+        assert got.dtype == torch.float32 and got.shape == batch.shape[:-1]
+        assert torch.equal(got, torch_formula(batch))
+    leaf = q[:5].clone().requires_grad_(True)                      # autograd keeps the torch path
+    assert torch.equal(yaw_from_quat(leaf).detach(), torch_formula(q[:5]))
