@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from envs.observations import TaskView
@@ -245,12 +246,25 @@ class FeetAirTime:
 
     def update(self, contact: torch.Tensor, dt: float) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (first_contact (N, 4) bool, air time (N, 4) s including this step; the caller may keep it)."""
+        if contact.device.type == "cpu" and self.air_time.device.type == "cpu":
+            return self._update_numpy(contact.numpy(), dt)
         filt = contact | self.last_contact
         self.last_contact.copy_(contact)
         first = (self.air_time > 0) & filt
         air = self.air_time + dt
         torch.where(filt, self._zero, air, out=self.air_time)  # the clock restarts on (filtered) contact
         return first, air
+
+    def _update_numpy(self, contact: np.ndarray, dt: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``update``'s arithmetic with numpy on the buffers' memory (one float add, bool logic: the
+        same bits as torch's, tested) at a fraction of torch's per-call cost on (N, 4) arrays."""
+        air_time, last = self.air_time.numpy(), self.last_contact.numpy()
+        filt = contact | last
+        np.copyto(last, contact)
+        first = (air_time > 0) & filt
+        air = air_time + np.float32(dt)
+        np.multiply(air, ~filt, out=air_time)  # the clock restarts on (filtered) contact
+        return torch.from_numpy(first), torch.from_numpy(air)
 
     def reset(self, env_ids: torch.Tensor) -> None:
         self.air_time[env_ids] = 0.0

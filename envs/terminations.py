@@ -5,6 +5,9 @@ terminal state (rsl_rl bootstraps through it via ``extras["time_outs"]``); the o
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
 import torch
 
 from envs.backends.base import RobotState
@@ -13,6 +16,13 @@ from envs.config import TerminationsConfig
 TERMINATION_REASONS = ("none", "time_out", "fall", "base_collision", "non_finite")
 REASON_CODE = {name: i for i, name in enumerate(TERMINATION_REASONS)}
 NONE, TIME_OUT, FALL, BASE_COLLISION, NON_FINITE = range(len(TERMINATION_REASONS))
+
+
+class Outcome(NamedTuple):
+    reason: torch.Tensor       # (N,) int64 code into TERMINATION_REASONS
+    terminated: torch.Tensor   # (N,) bool: a terminal state (not a time-out)
+    dones: torch.Tensor        # (N,) bool: the episode ended (any reason)
+    time_outs: torch.Tensor    # (N,) bool: ended by the time limit alone
 
 
 def contact_body_indices(body_names: tuple[str, ...], names: tuple[str, ...], what: str) -> torch.Tensor:
@@ -32,24 +42,44 @@ class Terminations:
         # one body (the base, by default): a column view, no gather and no any() over one column
         self._one_body = int(self.contact_idx[0]) if self.contact_idx.numel() == 1 else None
         self._gravity_z: tuple[torch.Tensor, torch.Tensor] | None = None  # (buffer, its z column view)
+        self._contact_idx_np = self.contact_idx.cpu().numpy()
 
     def compute(self, state: RobotState, base_height: torch.Tensor, non_finite: torch.Tensor,
                 time_out: torch.Tensor, contact_force_norm: torch.Tensor | None = None) -> torch.Tensor:
         """(N,) int64 reason codes (0 = none). ``contact_force_norm`` (N, B): |contact force| of every
         tracked body when the caller has it already (the rewards use it too)."""
-        # later codes override earlier ones (priority); torch.where keeps it free of host syncs
-        reason = time_out.long()  # TIME_OUT == 1
-        fall = (self._gz(state.projected_gravity_b) > self.cfg.max_gravity_z) | (base_height < self.min_height)
-        reason = torch.where(fall, FALL, reason)
+        return self.outcome(state, base_height, non_finite, time_out, contact_force_norm).reason
+
+    def outcome(self, state: RobotState, base_height: torch.Tensor, non_finite: torch.Tensor,
+                time_out: torch.Tensor, contact_force_norm: torch.Tensor | None = None) -> "Outcome":
+        """The reason codes and the (N,) bool masks the step returns, from the same inputs as ``compute``."""
+        force = None
         if self.contact_idx.numel():
-            if contact_force_norm is None:
-                contact_force_norm = torch.norm(state.contact_forces, dim=-1)
+            force = (contact_force_norm if contact_force_norm is not None
+                     else torch.linalg.vector_norm(state.contact_forces, dim=-1))
+        gz = self._gz(state.projected_gravity_b)
+        args = (gz, base_height, non_finite, time_out, force)
+        if all(t is None or (t.device.type == "cpu" and not t.requires_grad) for t in args):
+            # comparisons and selections give the same result in any library; on (N,) vectors numpy's
+            # per-call cost is a fraction of torch's, and the arrays share the tensors' memory
+            out = self._outcome(np, *(None if t is None else t.numpy() for t in args))
+            return Outcome(*(torch.from_numpy(a) for a in out))
+        return Outcome(*self._outcome(torch, *args))
+
+    def _outcome(self, xp, gz, base_height, non_finite, time_out, force) -> tuple:
+        """``xp`` is numpy or torch: the same expressions serve both."""
+        # later codes override earlier ones (priority); where() keeps it free of host syncs
+        reason = xp.where(time_out, TIME_OUT, NONE)
+        reason = xp.where((gz > self.cfg.max_gravity_z) | (base_height < self.min_height), FALL, reason)
+        if force is not None:
             if self._one_body is not None:
-                hit = contact_force_norm[:, self._one_body] > self.cfg.contact_force
+                hit = force[:, self._one_body] > self.cfg.contact_force
             else:
-                hit = torch.any(contact_force_norm[:, self.contact_idx] > self.cfg.contact_force, dim=1)
-            reason = torch.where(hit, BASE_COLLISION, reason)
-        return torch.where(non_finite, NON_FINITE, reason)
+                idx = self.contact_idx if xp is torch else self._contact_idx_np
+                hit = (force[:, idx] > self.cfg.contact_force).any(1)
+            reason = xp.where(hit, BASE_COLLISION, reason)
+        reason = xp.where(non_finite, NON_FINITE, reason)
+        return reason, reason > TIME_OUT, reason != NONE, reason == TIME_OUT
 
     def _gz(self, gravity: torch.Tensor) -> torch.Tensor:
         """The z column of the projected gravity; a persistent (backend) buffer keeps its view."""

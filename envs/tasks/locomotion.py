@@ -14,7 +14,7 @@ from envs.config import EnvConfig
 from envs.layout import COMMAND_NAMES
 from envs.observations import TaskView
 from envs.rewards import FeetAirTime, RewardManager, RewardView
-from envs.terminations import NONE, TIME_OUT, Terminations, contact_body_indices
+from envs.terminations import Terminations, contact_body_indices
 
 _FREQ = COMMAND_NAMES.index("gait_frequency")
 
@@ -138,8 +138,8 @@ class LocomotionTask:
         self._ep_sums += self._stats
         v_err, w_err = c.v_err, c.w_err
 
-        reason = self.terminations.compute(s, base_height, non_finite, time_out, force_norm)
-        terminated = reason > TIME_OUT
+        ends = self.terminations.outcome(s, base_height, non_finite, time_out, force_norm)
+        terminated = ends.terminated
         first, air = self.air.update(s.foot_contact, self.dt)
         rview = RewardView(
             task=view, dt=self.dt, tracking_sigma=self.cfg.rewards.tracking_sigma, last_joint_vel=last_joint_vel,
@@ -157,7 +157,7 @@ class LocomotionTask:
         # Advance the gait clock at the commanded frequency (walk-these-ways), then the commands.
         self.gait_time = torch.remainder(self.gait_time + c.gait_frequency * self.dt, 1.0)
         self.yaw = self.commands.step(s.root_quat_w, view.yaw)
-        return StepResult(rewards=rew, reason=reason, dones=reason != NONE, time_outs=reason == TIME_OUT)
+        return StepResult(rewards=rew, reason=ends.reason, dones=ends.dones, time_outs=ends.time_outs)
 
     def episode_info(self, env_ids: torch.Tensor, reason: torch.Tensor, root_pos_w: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-episode statistics of the given (ending) envs, as (k,) tensors."""

@@ -179,3 +179,46 @@ def test_yaw_cpu_fast_path_is_bitwise_the_torch_formula():
         assert torch.equal(got, torch_formula(batch))
     leaf = q[:5].clone().requires_grad_(True)                      # autograd keeps the torch path
     assert torch.equal(yaw_from_quat(leaf).detach(), torch_formula(q[:5]))
+
+
+def test_termination_numpy_path_equals_the_torch_path():
+    from types import SimpleNamespace
+
+    from envs.config import TerminationsConfig
+    from envs.scene import TRACKED
+    from envs.terminations import Terminations
+    g = torch.Generator().manual_seed(7)
+    n = 200
+    state = SimpleNamespace(projected_gravity_b=torch.randn(n, 3, generator=g),
+                            contact_forces=0.5 * torch.randn(n, len(TRACKED), 3, generator=g))
+    height = 0.3 * torch.rand(n, generator=g)
+    non_finite, time_out = torch.rand(n, generator=g) > 0.9, torch.rand(n, generator=g) > 0.7
+    codes = set()
+    for bodies in (("base",), ("base", "thigh"), ()):
+        t = Terminations(TerminationsConfig(contact_bodies=bodies), 0.3, TRACKED)
+        got = t.outcome(state, height, non_finite, time_out)              # CPU: numpy
+        fn = torch.linalg.vector_norm(state.contact_forces, dim=-1) if bodies else None
+        ref = t._outcome(torch, t._gz(state.projected_gravity_b), height, non_finite, time_out, fn)
+        for a, b in zip(got, ref):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        assert got.reason.dtype == torch.int64
+        codes |= set(got.reason.tolist())
+    assert codes == {0, 1, 2, 3, 4}                                      # every reason occurred
+
+
+def test_air_time_numpy_path_equals_the_torch_path():
+    g = torch.Generator().manual_seed(8)
+    fast, ref = FeetAirTime(50, "cpu"), FeetAirTime(50, "cpu")
+    for step in range(60):
+        contact = torch.rand(50, 4, generator=g) > 0.6
+        f1, a1 = fast.update(contact, 0.02)
+        # the torch expressions on the reference's buffers
+        filt = contact | ref.last_contact
+        ref.last_contact.copy_(contact)
+        f2 = (ref.air_time > 0) & filt
+        a2 = ref.air_time + 0.02
+        torch.where(filt, ref._zero, a2, out=ref.air_time)
+        assert torch.equal(f1, f2) and torch.equal(a1, a2) and torch.equal(fast.air_time, ref.air_time)
+        if step == 30:
+            fast.reset(torch.arange(10))
+            ref.reset(torch.arange(10))
