@@ -32,7 +32,7 @@ def yaw_from_quat(q: torch.Tensor) -> torch.Tensor:
     On the CPU the two atan2 arguments are computed with numpy on the tensor's memory: the same
     IEEE-rounded float products and sums as torch's (bit for bit, tested) at a fraction of the cost of
     ten small torch calls; atan2 itself stays torch's, on contiguous inputs as before."""
-    if q.device.type == "cpu" and not q.requires_grad:
+    if q.device.type == "cpu" and not q.requires_grad and q.dtype in (torch.float32, torch.float64):
         a = q.numpy()
         w, x, y, z = a[..., 0], a[..., 1], a[..., 2], a[..., 3]
         return torch.atan2(torch.from_numpy(2 * (w * z + x * y)), torch.from_numpy(1 - 2 * (y * y + z * z)))
