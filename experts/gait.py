@@ -16,7 +16,8 @@ returns normalised joint actions. Per env and step:
    the privileged ``height_scan`` the swing apex also clears the highest terrain the scan shows along
    the foot's path (``terrain_below``); without it (or on flat ground) the controller is blind;
 3. stance legs (force control through the PD): a virtual-model wrench on the base - PI on the
-   velocity and yaw-rate error, PD on body height (from stance-leg kinematics) and on pitch/roll (from
+   velocity and yaw-rate error, PD on body height (from stance-leg kinematics, or - with the scan -
+   over the scanned terrain under the four neutral footholds, ``terrain_at``) and on pitch/roll (from
    projected gravity) towards the commanded values, plus the weight - distributed over the stance
    feet by weighted least squares, clipped to the friction cone, mapped to joint torques
    ``tau = -J^T f`` and sent as targets ``q + tau / Kp``. The PD legs (Kp 20) are only ~160 N/m stiff
@@ -112,6 +113,14 @@ class GaitGains:
     scan_clearance: float = 0.04
     scan_max_extra: float = 0.15
     scan_samples: int = 6
+    # Body height over the scanned terrain (privileged ``height_scan``): the height loop's estimate of
+    # the base height blends, with this weight, from the ground the stance feet measure towards the
+    # base height over the mean scanned terrain under the four neutral footholds (``terrain_at``).
+    # Why: a stance foot over a pit measures nothing, so the stance-foot estimate keeps the body at full
+    # height and the pit's leg - Go1's reaches ~0.40 m below the hip, the body stands 0.30 m, a pit is
+    # 0.05-0.14 m deep - lands late or hangs; over the terrain under all four footholds the body sinks
+    # half a pit when it straddles one. Obstacles no-fall 70 % -> 82 % (docs/experts.md). 0 turns it off.
+    scan_body_height: float = 1.0
     # With an obstacle on the path the foot first rises, then moves: horizontal progress waits for this
     # fraction of the swing (retract before protract), so the toe does not hit the edge it is clearing.
     scan_delay: float = 0.0
@@ -260,6 +269,27 @@ def terrain_below(scan: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
             h = top[rows, (ix + dx).clamp(0, nx - 1), (iy + dy).clamp(0, ny - 1)]
             best = h if best is None else torch.maximum(best, h)
     return best.view(xy.shape[:-1])
+
+
+def terrain_at(scan: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
+    """Terrain z (relative to the base) at points of the yaw frame, bilinear in the height scan.
+
+    scan (N, 187) as for ``terrain_below``, xy (N, ..., 2); returns (N, ...). Unlike ``terrain_below``
+    (the highest of the four samples, for clearance) this is the best estimate of the surface itself:
+    exact on a plane, between the samples at an edge. Points off the grid take its border."""
+    nx, ny = len(HEIGHT_SCAN_X), len(HEIGHT_SCAN_Y)
+    step = HEIGHT_SCAN_X[1] - HEIGHT_SCAN_X[0]
+    top = -scan.view(scan.shape[0], nx, ny)
+    flat = xy.reshape(xy.shape[0], -1, 2)
+    u = ((flat[..., 0] - HEIGHT_SCAN_X[0]) / step).clamp(0, nx - 1)
+    v = ((flat[..., 1] - HEIGHT_SCAN_Y[0]) / step).clamp(0, ny - 1)
+    i, j = u.floor().clamp(max=nx - 2), v.floor().clamp(max=ny - 2)
+    fu, fv = u - i, v - j
+    i, j = i.long(), j.long()
+    rows = torch.arange(scan.shape[0], device=scan.device).unsqueeze(-1)
+    near = top[rows, i, j] * (1 - fv) + top[rows, i, j + 1] * fv
+    far = top[rows, i + 1, j] * (1 - fv) + top[rows, i + 1, j + 1] * fv
+    return (near * (1 - fu) + far * fu).view(xy.shape[:-1])
 
 
 def skew(r: torch.Tensor) -> torch.Tensor:
@@ -420,8 +450,12 @@ class GaitController:
         measured_ground = (feet_h[..., 2] * self.was_stance).sum(-1) / n_was.clamp(min=1.0)
         self.ground = torch.where(n_was > 0, measured_ground, self.ground)
         height = self.foot_radius - self.ground                                   # base over ground
+        scan = term.get("height_scan")
+        if scan is not None and g.scan_body_height > 0:
+            over_terrain = -terrain_at(scan, self._neutral(prm)).mean(-1)
+            height = height + g.scan_body_height * (over_terrain - height)
 
-        q_swing = self._swing_targets(prm, stance, swing_w, feet_h, vel, omega, rot, term.get("height_scan"))
+        q_swing = self._swing_targets(prm, stance, swing_w, feet_h, vel, omega, rot, scan)
         q_stance = self._stance_targets(prm, stance, feet_h, feet_b, q_meas, vel, omega, roll, pitch,
                                         height, rot)
         self.was_stance = stance
@@ -429,12 +463,16 @@ class GaitController:
         q = torch.maximum(torch.minimum(q, self.q_high), self.q_low)
         return (q - self.default_q) / self.action_scale
 
+    def _neutral(self, prm: GaitParams) -> torch.Tensor:
+        """(N, 4, 2) neutral footholds in the horizontal frame, from the commanded stance width/length."""
+        return torch.stack([
+            self.hip_x_centre + self.side_x * prm.stance_length.unsqueeze(-1) / 2,
+            self.side_y * prm.stance_width.unsqueeze(-1) / 2], dim=-1)
+
     # -- swing: cycloid from lift-off to the Raibert touchdown point ---------------------------------
     def _swing_targets(self, prm: GaitParams, stance, w, feet_h, vel, omega, rot, scan) -> torch.Tensor:
         g = self.gains
-        neutral = torch.stack([
-            self.hip_x_centre + self.side_x * prm.stance_length.unsqueeze(-1) / 2,
-            self.side_y * prm.stance_width.unsqueeze(-1) / 2], dim=-1)          # (N, 4, 2)
+        neutral = self._neutral(prm)                                             # (N, 4, 2)
         v_cmd = torch.stack([prm.vx, prm.vy], -1).unsqueeze(1)                   # (N, 1, 2)
         # each foot's velocity over the ground: base velocity + yaw rate x foot position
         tangential = torch.stack([-neutral[..., 1], neutral[..., 0]], -1)        # (N, 4, 2)

@@ -221,7 +221,8 @@ def test_terrain_below_takes_the_highest_of_the_surrounding_scan_cells():
 def test_height_scan_lifts_swing_feet_over_an_obstacle_and_changes_nothing_on_flat_ground():
     from envs.observations import scan_points_b
     robot = get_robot("go1")
-    gains = GaitGains(stumble_gain=0.0)
+    # the body-height estimate from the scan has its own test; here only the swing legs may change
+    gains = GaitGains(stumble_gain=0.0, scan_body_height=0.0)
     pts = scan_points_b()
     base_h = robot.nominal_base_height
     flat_scan = torch.full((1, pts.shape[0]), base_h)
@@ -248,3 +249,37 @@ def robot_feet(robot, actions: torch.Tensor) -> torch.Tensor:
     from envs.kinematics import LegKinematics
     q = torch.as_tensor(robot.default_joint_pos, dtype=torch.float32) + actions * robot.action_scale
     return LegKinematics(robot).forward(q)
+
+
+def test_terrain_at_interpolates_the_scan_and_is_exact_on_a_plane():
+    from envs.observations import scan_points_b
+    from experts.gait import terrain_at
+    pts = scan_points_b()
+    plane = 0.2 * pts[:, 0] - 0.1 * pts[:, 1] - 0.3
+    xy = torch.tensor([[[0.0, 0.0], [0.23, -0.17], [0.55, 0.41]]])
+    assert torch.allclose(terrain_at((-plane).unsqueeze(0), xy), 0.2 * xy[..., 0] - 0.1 * xy[..., 1] - 0.3, atol=1e-6)
+    step = torch.where(pts[:, 0] > 0.25, 0.1, 0.0) - 0.3          # samples x 0.2 -> -0.3, x 0.3 -> -0.2
+    got = terrain_at((-step).unsqueeze(0), torch.tensor([[[0.225, 0.0], [2.0, 0.0]]]))
+    assert torch.allclose(got, torch.tensor([[-0.275, -0.2]]), atol=1e-6)   # between samples; off-grid: border
+
+
+def test_body_height_follows_the_scanned_terrain_under_the_footholds():
+    from envs.kinematics import LegKinematics
+    from envs.observations import scan_points_b
+    robot = get_robot("go1")
+    pts = scan_points_b()
+    stand = LegKinematics(robot).forward(torch.as_tensor(robot.default_joint_pos, dtype=torch.float32))
+    measured = float(robot.foot_radius - stand[:, 2].mean())       # base height the standing legs measure
+    level = torch.full((1, pts.shape[0]), measured)                  # the scan agrees with the legs
+    pit = level + torch.where(pts[:, 1] < 0, 0.1, 0.0)               # the right footholds over a 10 cm pit
+    blind, agree, over_pit = (GaitController(robot, 1) for _ in range(3))
+    off = GaitController(robot, 1, gains=GaitGains(scan_body_height=0.0))
+    for _ in range(5):   # settling: four legs in stance, no swing planning involved
+        obs = _standing_obs(1)
+        a_blind = blind.act(obs)
+        assert torch.allclose(agree.act({**obs, "height_scan": level}), a_blind, atol=1e-5)
+        assert torch.equal(off.act({**obs, "height_scan": pit}), a_blind)
+        a_pit = over_pit.act({**obs, "height_scan": pit})
+    # the body stands 5 cm higher over the mean terrain than the legs say: the height loop asks for less
+    # vertical force, so the stance legs (targets q + tau / Kp at q = default) push less
+    assert a_pit.abs().sum() < 0.8 * a_blind.abs().sum()
