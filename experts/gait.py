@@ -121,6 +121,9 @@ class GaitGains:
     # 0.05-0.14 m deep - lands late or hangs; over the terrain under all four footholds the body sinks
     # half a pit when it straddles one. Obstacles no-fall 70 % -> 82 % (docs/experts.md). 0 turns it off.
     scan_body_height: float = 1.0
+    # Each foothold's scanned terrain counts at most this far (m) from the ground the stance feet measure:
+    # deeper than a leg can reach (stepping-stone and gap pits are 1 m deep) is not ground to stand over.
+    scan_height_range: float = 0.15
     # With an obstacle on the path the foot first rises, then moves: horizontal progress waits for this
     # fraction of the swing (retract before protract), so the toe does not hit the edge it is clearing.
     scan_delay: float = 0.0
@@ -452,7 +455,11 @@ class GaitController:
         height = self.foot_radius - self.ground                                   # base over ground
         scan = term.get("height_scan")
         if scan is not None and g.scan_body_height > 0:
-            over_terrain = -terrain_at(scan, self._neutral(prm)).mean(-1)
+            surface = (self.ground - self.foot_radius).unsqueeze(-1)              # what the feet measure
+            footholds = terrain_at(scan, self._neutral(prm))
+            footholds = torch.minimum(torch.maximum(footholds, surface - g.scan_height_range),
+                                      surface + g.scan_height_range)
+            over_terrain = -footholds.mean(-1)
             height = height + g.scan_body_height * (over_terrain - height)
 
         q_swing = self._swing_targets(prm, stance, swing_w, feet_h, vel, omega, rot, scan)

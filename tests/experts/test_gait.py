@@ -184,7 +184,7 @@ def test_bench_sweep_runs_one_episode_per_env_and_reports_rows():
     sweep = Sweep("trot", None, [("vx +0.5", [0.5, 0.0, 0.0], None), ("vx +0.0", [0.0, 0.0, 0.0], None)], 1)
     rows = _run(sweep, "go1", episode_s=1.0, seed=0)
     assert [r["label"] for r in rows] == ["vx +0.5", "vx +0.0"]
-    assert all(r["episodes"] == 1 and r["fall_rate"] == 0.0 for r in rows)
+    assert all(r["episodes"] == 1 and r["fall_rate"] == 0.0 and r["falls_off_tile"] == 0 for r in rows)
     assert rows[0]["distance"] > rows[1]["distance"]   # the commanded robot moved further
 
 
@@ -272,7 +272,10 @@ def test_body_height_follows_the_scanned_terrain_under_the_footholds():
     measured = float(robot.foot_radius - stand[:, 2].mean())       # base height the standing legs measure
     level = torch.full((1, pts.shape[0]), measured)                  # the scan agrees with the legs
     pit = level + torch.where(pts[:, 1] < 0, 0.1, 0.0)               # the right footholds over a 10 cm pit
-    blind, agree, over_pit = (GaitController(robot, 1) for _ in range(3))
+    reach = GaitGains().scan_height_range
+    at_range = level + torch.where(pts[:, 1] < 0, reach, 0.0)
+    too_deep = level + torch.where(pts[:, 1] < 0, 1.0, 0.0)        # a 1 m gap counts as deep as the range
+    blind, agree, over_pit, ranged, deep = (GaitController(robot, 1) for _ in range(5))
     off = GaitController(robot, 1, gains=GaitGains(scan_body_height=0.0))
     for _ in range(5):   # settling: four legs in stance, no swing planning involved
         obs = _standing_obs(1)
@@ -280,6 +283,8 @@ def test_body_height_follows_the_scanned_terrain_under_the_footholds():
         assert torch.allclose(agree.act({**obs, "height_scan": level}), a_blind, atol=1e-5)
         assert torch.equal(off.act({**obs, "height_scan": pit}), a_blind)
         a_pit = over_pit.act({**obs, "height_scan": pit})
+        assert torch.allclose(deep.act({**obs, "height_scan": too_deep}),
+                              ranged.act({**obs, "height_scan": at_range}), atol=1e-5)
     # the body stands 5 cm higher over the mean terrain than the legs say: the height loop asks for less
     # vertical force, so the stance legs (targets q + tau / Kp at q = default) push less
     assert a_pit.abs().sum() < 0.8 * a_blind.abs().sum()
