@@ -18,6 +18,7 @@ from envs.backends import make_backend
 from envs.backends.base import PhysicsBackend
 from envs.commands import yaw_from_quat
 from envs.config import EnvConfig
+from envs.kinematics import LegKinematics
 from envs.layout import NUM_JOINTS, get_layout
 from envs.observations import CompiledLayout, TermCache, ground_terms, make_term_fns, scan_points_b
 from envs.randomization import ActionLatency, Pushes
@@ -44,6 +45,15 @@ def spawn_footprint(robot, device) -> torch.Tensor:
     xs = torch.arange(float(lo[0]), float(hi[0]) + 1e-6, 0.05)
     ys = torch.arange(float(lo[1]), float(hi[1]) + 1e-6, 0.05)
     return torch.stack(torch.meshgrid(xs, ys, indexing="ij"), -1).reshape(-1, 2).to(device)
+
+
+def spawn_clearance(robot, spawn_height: float) -> float:
+    """The margin (m) the nominal spawn leaves under the nominal pose's lowest foot sphere over flat
+    ground: base at ``nominal_base_height + spawn_height``. ``nominal_base_height`` is the mean over
+    legs, so the deepest leg of the default pose clears a few mm less than ``spawn_height``; a drawn
+    pose is held to this margin so that poses no deeper than the default keep the nominal height."""
+    feet = LegKinematics(robot, "cpu", torch.float64).forward(torch.tensor(robot.default_joint_pos, dtype=torch.float64))
+    return float(robot.nominal_base_height + spawn_height + feet[:, 2].min() - robot.foot_radius)
 
 
 class LeggedEnv(VecEnv):
@@ -95,6 +105,8 @@ class LeggedEnv(VecEnv):
         self._critic_obs = CompiledLayout(self.critic_layout, device=dev)
         self._scan_points = scan_points_b(dev)
         self._spawn_footprint = spawn_footprint(self.robot, dev)
+        self._leg_kin = LegKinematics(self.robot, dev)
+        self._spawn_clearance = spawn_clearance(self.robot, cfg.init.spawn_height)
         self._term_fns = make_term_fns(self._scan_points)
         # On a terrain whose scan an observation group reads, the step's base-height lookup also takes
         # the scan (one terrain lookup); without resets or pushes the observation reuses it.
@@ -223,6 +235,14 @@ class LeggedEnv(VecEnv):
         ang_vel = (2 * u(k, 3) - 1) * ic.root_vel
         lo, hi = ic.joint_pos_scale
         q = self.default_joint_pos * (lo + (hi - lo) * u(k, NUM_JOINTS))
+        # The drawn pose reaches up to ~10 cm deeper than the nominal one: its feet would start inside
+        # the ground (pinched between heightfield prisms on terrain, kicked out of a plane). Lift such an
+        # env until its lowest foot sphere clears the ground under it by the nominal pose's margin; an env
+        # whose pose reaches no deeper keeps the nominal height exactly (max, not a recomputation).
+        feet = self._leg_kin.forward(q)             # (k, 4, 3) base frame = world offsets (level, yaw 0)
+        ground = self.backend.terrain_height(pos[:, None, :2] + feet[..., :2])  # (k, 4)
+        needed = (ground - feet[..., 2]).amax(dim=-1) + (self.robot.foot_radius + self._spawn_clearance)
+        pos[:, 2] = torch.maximum(pos[:, 2], needed)
         self.backend.reset(env_ids, pos, quat, lin_vel, ang_vel, q, torch.zeros(k, NUM_JOINTS, device=dev))
 
         self.task.reset(env_ids, pos, quat)
