@@ -222,3 +222,46 @@ def test_air_time_numpy_path_equals_the_torch_path():
         if step == 30:
             fast.reset(torch.arange(10))
             ref.reset(torch.arange(10))
+
+
+def test_task_statistics_numpy_path_equals_the_torch_path():
+    """On the CPU the task's velocity errors and episode error sums are numpy on the buffers' memory:
+    the same step bit for bit as the torch expressions (every episode statistic, observations, dones),
+    and the rewards within the numpy reward path's tolerance."""
+    import envs.tasks.locomotion as loco
+
+    def make(numpy_path: bool):
+        env = LeggedEnv(EnvConfig.rough(num_envs=6, terrain=_small_terrain(), episode_length_s=0.5))
+        if not numpy_path:
+            env.task._np_stats = None
+            env.task.rewards.numpy_path = False
+        return env
+    np_env, torch_env = make(True), make(False)
+    views = loco.LocomotionTask._views_of
+
+    def torch_views(self, state):
+        c = views(self, state)
+        c.numpy = None
+        return c
+    torch_env.task._views_of = torch_views.__get__(torch_env.task)
+    g = torch.Generator().manual_seed(7)
+    try:
+        dones = 0
+        for _ in range(40):  # episodes of 25 steps: time-outs and resets included
+            a = 0.5 * torch.randn(6, 12, generator=g)
+            o1, r1, d1, e1 = np_env.step(a)
+            o2, r2, d2, e2 = torch_env.step(a)
+            assert np_env.task._views.numpy is not None and torch_env.task._views.numpy is None
+            assert torch.equal(o1["policy"], o2["policy"]) and torch.equal(o1["critic"], o2["critic"])
+            assert torch.equal(d1, d2) and torch.equal(e1["time_outs"], e2["time_outs"])
+            torch.testing.assert_close(r1, r2, rtol=2e-6, atol=1e-6)
+            for k in e1["episode"]:
+                if k == "return":  # the sum of the rewards
+                    torch.testing.assert_close(e1["episode"][k], e2["episode"][k], rtol=1e-5, atol=1e-6)
+                else:
+                    assert torch.equal(e1["episode"][k], e2["episode"][k]), k
+            dones += int(d1.sum())
+        assert dones > 0
+    finally:
+        np_env.close()
+        torch_env.close()
