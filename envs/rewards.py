@@ -189,23 +189,7 @@ _SOURCES: dict[str, tuple[Callable[[RewardView], torch.Tensor], dict[str, tuple[
     "action_rate": (lambda v: v.task.last_actions - v.task.actions, {"action_rate": tuple(range(12))}),
     "base_height": (lambda v: (v.base_height - v.base_height_target)[:, None], {"base_height": (0,)}),
 }
-# Tensor -> numpy array on the same memory (CPU). ``Tensor.numpy()`` costs about a microsecond and a
-# step asks ~20 times, mostly for the same persistent buffers (the backend's state, the task's errors):
-# an identity cache answers those. Each entry holds its tensor, so an id is not reused while cached;
-# fresh per-step tensors also land here, so the cache is emptied when it grows past a few steps' worth.
-_NP_VIEWS: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
-
-
-def _N(t: torch.Tensor) -> np.ndarray:
-    hit = _NP_VIEWS.get(id(t))
-    if hit is not None and hit[0] is t:
-        return hit[1]
-    if len(_NP_VIEWS) >= 128:
-        _NP_VIEWS.clear()
-    a = _NP_VIEWS[id(t)] = (t, t.numpy())
-    return a[1]
-
-
+_N = lambda t: t.numpy()  # noqa: E731  (CPU tensors: numpy on the same memory)
 # The same blocks with numpy (the numpy path of RewardManager): elementwise float32 arithmetic with
 # float32 constants gives torch's bits; only the sums' order differs (the matmul, as on the torch path).
 _NP_SOURCES: dict[str, Callable[[RewardView], np.ndarray]] = {
@@ -435,9 +419,7 @@ class RewardManager:
             np.maximum(total, np.float32(0), out=total)
         if self.has_termination:
             total += scaled[:, -1]
-        # np.nan_to_num's Python wrapper costs several times these two ufuncs
-        np.copyto(total, np.float32(0), where=~np.isfinite(total))
-        return total
+        return np.nan_to_num(total, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
 
     def pop_episode(self, env_ids: torch.Tensor, episode_length_s: float) -> dict[str, float]:
         """Mean per-term episode sums over these envs per second of episode (``Episode_Reward/<term>``);
