@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from envs.backends.base import RobotState
@@ -37,12 +36,6 @@ class _Views:
         self.lin_vel_xy, self.yaw_rate = state.root_lin_vel_b[:, :2], state.root_ang_vel_b[:, 2]
         self.v_err, self.w_err = vel_err[:, :2], vel_err[:, 2]   # into the task's (N, 3) error buffer
         self.vx_and_w_err = vel_err[:, 0::2]
-        # numpy views of the same memory (CPU): the errors' subtractions and the statistics' abs/sum are
-        # single IEEE operations, the same bits in numpy at a fraction of a torch call's cost
-        self.numpy = None
-        if all(t.device.type == "cpu" for t in (state.root_lin_vel_b, commands, vel_err)):
-            self.numpy = tuple(t.numpy() for t in (self.lin_vel_xy, self.cmd_xy, self.v_err, self.yaw_rate,
-                                                    self.cmd_yaw_rate, self.w_err, self.vx_and_w_err))
 
 
 @dataclass
@@ -92,8 +85,6 @@ class LocomotionTask:
         self._cmd_speed = torch.zeros(n, device=device)
         self._stats = torch.zeros(n, 4, device=device)
         self._stat_cols = (self._stats[:, 0], self._stats[:, 1], self._stats[:, 2:4])
-        self._np_stats = (self._stats.numpy(), self._ep_sums.numpy(), self._stats[:, 2:4].numpy()) \
-            if torch.device(device).type == "cpu" else None
         self._views: _Views | None = None
         self._cmd_xy = self.commands.commands[:, :2]   # the command buffer is updated in place, never replaced
         self._before_done = False
@@ -137,24 +128,14 @@ class LocomotionTask:
         # The commands that were in force during this step score it; update them afterwards.
         # Quantities the statistics, terminations and rewards share, computed once, into reused buffers.
         cmd_speed = self._cmd_speed
-        if c.numpy is not None:
-            lin_vel_xy, cmd_xy, v_err_np, yaw_rate, cmd_yaw_rate, w_err_np, vx_and_w_err = c.numpy
-            np.subtract(lin_vel_xy, cmd_xy, out=v_err_np)
-            np.subtract(yaw_rate, cmd_yaw_rate, out=w_err_np)
-        else:
-            torch.sub(c.lin_vel_xy, c.cmd_xy, out=c.v_err)
-            torch.sub(c.yaw_rate, c.cmd_yaw_rate, out=c.w_err)
+        torch.sub(c.lin_vel_xy, c.cmd_xy, out=c.v_err)
+        torch.sub(c.yaw_rate, c.cmd_yaw_rate, out=c.w_err)
         force_norm = torch.linalg.vector_norm(s.contact_forces, dim=-1) if self._needs_force_norm else None  # (N, B)
         # columns: commanded distance (before_physics), |v_xy err|, |v_x err|, |w_z err|
         _, v_norm, abs_err = self._stat_cols
         torch.linalg.vector_norm(c.v_err, dim=1, out=v_norm)
-        if c.numpy is not None and self._np_stats is not None:
-            stats, ep_sums, abs_err_np = self._np_stats
-            np.abs(vx_and_w_err, out=abs_err_np)
-            ep_sums += stats
-        else:
-            torch.abs(c.vx_and_w_err, out=abs_err)
-            self._ep_sums += self._stats
+        torch.abs(c.vx_and_w_err, out=abs_err)
+        self._ep_sums += self._stats
         v_err, w_err = c.v_err, c.w_err
 
         ends = self.terminations.outcome(s, base_height, non_finite, time_out, force_norm)
