@@ -11,10 +11,6 @@ quantities (``SQUARE_TERMS``: the velocity tracking kernels, the body-rate, torq
 their concatenated inputs, because a step's cost at small N is the number of torch calls. The matmul
 sums in a different order than ``torch.sum``: those terms agree with the registry functions to float32
 rounding (a few ulp, tested), not bit for bit; every other term is its registry function.
-
-On the CPU the manager computes all of it with numpy on the tensors' memory (``_NP_SOURCES``,
-``_NP_TERMS``: the same float32 expressions; numpy's per-call cost on (N, <= 50) arrays is a fraction of
-torch's): the same values up to the order of the sums over a row (tested against the torch path).
 """
 from __future__ import annotations
 
@@ -189,20 +185,6 @@ _SOURCES: dict[str, tuple[Callable[[RewardView], torch.Tensor], dict[str, tuple[
     "action_rate": (lambda v: v.task.last_actions - v.task.actions, {"action_rate": tuple(range(12))}),
     "base_height": (lambda v: (v.base_height - v.base_height_target)[:, None], {"base_height": (0,)}),
 }
-_N = lambda t: t.numpy()  # noqa: E731  (CPU tensors: numpy on the same memory)
-# The same blocks with numpy (the numpy path of RewardManager): elementwise float32 arithmetic with
-# float32 constants gives torch's bits; only the sums' order differs (the matmul, as on the torch path).
-_NP_SOURCES: dict[str, Callable[[RewardView], np.ndarray]] = {
-    "vel_err": lambda v: _N(_vel_err(v)),
-    "lin_vel_b": lambda v: _N(v.task.state.root_lin_vel_b),
-    "ang_vel_b": lambda v: _N(v.task.state.root_ang_vel_b),
-    "gravity_b": lambda v: _N(v.task.state.projected_gravity_b),
-    "joint_torque": lambda v: _N(v.task.state.joint_torque),
-    "joint_vel": lambda v: _N(v.task.state.joint_vel),
-    "dof_acc": lambda v: (_N(v.last_joint_vel) - _N(v.task.state.joint_vel)) / np.float32(v.dt),
-    "action_rate": lambda v: _N(v.task.last_actions) - _N(v.task.actions),
-    "base_height": lambda v: (_N(v.base_height) - np.float32(v.base_height_target))[:, None],
-}
 SQUARE_TERMS = frozenset(t for _, cols in _SOURCES.values() for t in cols)
 _EXP_TERMS = ("tracking_lin_vel", "tracking_ang_vel")  # exp(-sum / sigma) kernels, first in the output
 
@@ -212,46 +194,6 @@ def _vel_err(v: RewardView) -> torch.Tensor:
     if v.vel_err is not None:
         return v.vel_err
     return torch.cat((_lin_vel_err_xy(v), _yaw_rate_err(v)[:, None]), dim=1)
-
-
-def _np_cmd_speed(v: RewardView) -> np.ndarray:
-    return _N(_cmd_speed(v))
-
-
-def _np_index(idx: torch.Tensor | slice) -> np.ndarray | slice:
-    return idx if isinstance(idx, slice) else _N(idx.cpu())
-
-
-def _np_force_norm(v: RewardView, idx: torch.Tensor | slice) -> np.ndarray:
-    if v.contact_force_norm is not None:
-        return _N(v.contact_force_norm)[:, _np_index(idx)]
-    return _N(_force_norm(v, idx))
-
-
-def _np_dof_pos_limits(q: np.ndarray, soft: np.ndarray) -> np.ndarray:
-    below = np.maximum(soft[:, 0] - q, np.float32(0))
-    above = np.maximum(q - soft[:, 1], np.float32(0))
-    return np.sum(below + above, axis=1)
-
-
-# numpy twins of the registry terms outside SQUARE_TERMS (same float32 expressions, float32 constants:
-# comparisons and elementwise results equal torch's; sums over a row may round in another order).
-# A term without a twin sends the manager down the torch path.
-_NP_TERMS: dict[str, Callable[[RewardView], np.ndarray]] = {
-    "feet_air_time": lambda v: np.sum((_N(v.feet_air_time) - np.float32(v.feet_air_time_target))
-                                      * _N(v.feet_first_contact), axis=1) * (_np_cmd_speed(v) > np.float32(0.1)),
-    "collision": lambda v: np.sum(_np_force_norm(v, v.penalized_bodies) > np.float32(0.1), axis=1, dtype=np.float32),
-    "feet_contact_forces": lambda v: np.sum(np.maximum(_np_force_norm(v, v.feet_bodies)
-                                                       - np.float32(v.max_contact_force), np.float32(0)), axis=1),
-    "stand_still": lambda v: np.sum(np.abs(_N(v.task.state.joint_pos) - _N(v.task.default_joint_pos)), axis=1)
-                             * (_np_cmd_speed(v) < np.float32(0.1)),
-    "dof_pos_limits": lambda v: _np_dof_pos_limits(_N(v.task.state.joint_pos), _N(v.soft_dof_pos_limits)),
-    "dof_vel_limits": lambda v: np.sum(np.clip(np.abs(_N(v.task.state.joint_vel)) - _N(v.soft_dof_vel_limits),
-                                               np.float32(0), np.float32(1)), axis=1),
-    "torque_limits": lambda v: np.sum(np.maximum(np.abs(_N(v.task.state.joint_torque)) - _N(v.soft_torque_limits),
-                                                 np.float32(0)), axis=1),
-    "termination": lambda v: _N(v.terminated).astype(np.float32),
-}
 
 
 class SquareTerms:
@@ -265,11 +207,8 @@ class SquareTerms:
             raise ValueError(f"SquareTerms: {unknown} are not sum-of-squares terms; those are {sorted(SQUARE_TERMS)}")
         self.names = [n for n in _EXP_TERMS if n in names] + [n for n in names if n not in _EXP_TERMS]
         self.num_exp = sum(n in _EXP_TERMS for n in self.names)
-        used = [k for k, (_, cols) in _SOURCES.items() if any(t in self.names for t in cols)]
-        self._sources = [_SOURCES[k] for k in used]
-        self._np_sources = [_NP_SOURCES[k] for k in used]
+        self._sources = [(fn, cols) for fn, cols in _SOURCES.values() if any(t in self.names for t in cols)]
         self._weights: torch.Tensor | None = None
-        self._np_weights: np.ndarray | None = None
         self._sigma: float | None = None
 
     def _weight_matrix(self, xs: list[torch.Tensor], sigma: float) -> torch.Tensor:
@@ -284,7 +223,6 @@ class SquareTerms:
                         w[[row + i for i in idx], t] = -1.0 / sigma if t < self.num_exp else 1.0
                 row += x.shape[1]
             self._weights, self._sigma = w.to(xs[0].device), sigma
-            self._np_weights = w.numpy() if w.dtype == torch.float32 else None
         return self._weights
 
     def compute(self, v: RewardView) -> torch.Tensor:
@@ -294,19 +232,6 @@ class SquareTerms:
         y = x @ self._weight_matrix(xs, v.tracking_sigma)          # (N, T)
         if self.num_exp:
             y[:, :self.num_exp].exp_()
-        return y
-
-    def compute_numpy(self, v: RewardView) -> np.ndarray:
-        """``compute`` with numpy on CPU float32 tensors' memory: (N, T) float32, the same arithmetic
-        (the matmul's and exp's last bits aside)."""
-        xs = [fn(v) for fn in self._np_sources]
-        x = np.concatenate(xs, axis=1)
-        np.square(x, out=x)
-        if self._np_weights is None or self._sigma != v.tracking_sigma:
-            self._weight_matrix([torch.from_numpy(a) for a in xs], v.tracking_sigma)
-        y = x @ self._np_weights
-        if self.num_exp:
-            np.exp(y[:, :self.num_exp], out=y[:, :self.num_exp])
         return y
 
 
@@ -366,28 +291,15 @@ class RewardManager:
         self._other_fns = [REWARD_TERMS[n] for n in self.names[len(self._squares.names):]]
         self._scale = torch.tensor([self.scales[n] for n in self.names], device=device)
         self._sums = torch.zeros(num_envs, len(self.names), device=device)  # (N, T) per-episode sums
-        # On the CPU the whole computation runs with numpy on the tensors' memory: a step's reward is
-        # ~30 small operations on (N, <=50) arrays, where numpy's per-call cost is a fraction of torch's.
-        # Same float32 expressions; sums may round in another order (tested against the torch path).
-        self.numpy_path = torch.device(device).type == "cpu" and all(n in _NP_TERMS for n in self._others) \
-            and not (self.has_termination and "termination" not in _NP_TERMS)
-        if self.numpy_path:
-            self._np_other_fns = [_NP_TERMS[n] for n in self.names[len(self._squares.names):]]
-            self._np_scale, self._np_sums = self._scale.numpy(), self._sums.numpy()
 
     @property
     def episode_sums(self) -> dict[str, torch.Tensor]:
         return {n: self._sums[:, i] for i, n in enumerate(self.names)}
 
     def compute(self, view: RewardView) -> torch.Tensor:
-        """(N,) fresh reward total of this step, non-finite values (a diverged env's) replaced by 0."""
         n = view.terminated.shape[0]
         if not self.names:
             return torch.zeros(n, device=self._sums.device)
-        if self.numpy_path and view.terminated.device.type == "cpu":
-            # silently, as torch: a non-finite total is zeroed below (and the backend restores a diverged env)
-            with np.errstate(invalid="ignore", over="ignore"):
-                return torch.from_numpy(self._compute_numpy(view, n))
         parts = [self._squares.compute(view)] if self._squares.names else []   # (N, T_sq)
         parts += [fn(view) for fn in self._other_fns]                          # (N,) each
         # column_stack copies even a lone (N, T) block, so the in-place scaling touches a fresh tensor
@@ -397,29 +309,9 @@ class RewardManager:
             total = scaled[:, :-1].sum(dim=1)
             if self.only_positive:
                 total.clamp_(min=0.0)
-            total = total + scaled[:, -1]
-        else:
-            total = scaled.sum(dim=1)
-            if self.only_positive:
-                total.clamp_(min=0.0)
-        return total.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-
-    def _compute_numpy(self, view: RewardView, n: int) -> np.ndarray:
-        """``compute``'s arithmetic with numpy (CPU float32 tensors)."""
-        scaled = np.empty((n, len(self.names)), dtype=np.float32)
-        k = len(self._squares.names)
-        if k:
-            scaled[:, :k] = self._squares.compute_numpy(view)
-        for j, fn in enumerate(self._np_other_fns, start=k):
-            scaled[:, j] = fn(view)
-        scaled *= self._np_scale
-        self._np_sums += scaled
-        total = scaled[:, :-1].sum(axis=1) if self.has_termination else scaled.sum(axis=1)
-        if self.only_positive:
-            np.maximum(total, np.float32(0), out=total)
-        if self.has_termination:
-            total += scaled[:, -1]
-        return np.nan_to_num(total, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+            return total + scaled[:, -1]
+        total = scaled.sum(dim=1)
+        return total.clamp_(min=0.0) if self.only_positive else total
 
     def pop_episode(self, env_ids: torch.Tensor, episode_length_s: float) -> dict[str, float]:
         """Mean per-term episode sums over these envs per second of episode (``Episode_Reward/<term>``);

@@ -151,7 +151,7 @@ class LocomotionTask:
             max_contact_force=self.cfg.rewards.max_contact_force, lin_vel_err_xy=v_err, yaw_rate_err=w_err,
             vel_err=self._vel_err,
             cmd_speed=cmd_speed, contact_force_norm=force_norm)
-        rew = self.rewards.compute(rview)  # a fresh (N,) total, non-finite values zeroed
+        rew = self.rewards.compute(rview).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # a fresh (N,) total
         self.ep_return += rew
 
         # Advance the gait clock at the commanded frequency (walk-these-ways), then the commands.

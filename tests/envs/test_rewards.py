@@ -179,36 +179,3 @@ def test_manager_total_matches_the_registry_sum():
         torch.testing.assert_close(got, total, rtol=1e-5, atol=1e-5)
         for name in scales:
             torch.testing.assert_close(m.episode_sums[name], per_term[name], rtol=1e-5, atol=1e-6)
-
-
-def test_manager_numpy_path_matches_the_torch_path():
-    # every term with a numpy twin (feet_stumble has none: a manager that uses it stays on torch)
-    scales = {name: -0.1 * (i + 1) for i, name in enumerate(REWARD_TERMS) if name != "feet_stumble"}
-    scales["tracking_lin_vel"], scales["tracking_ang_vel"] = 1.0, 0.5
-    assert not RewardManager({"feet_stumble": -1.0}, 0.02, 4, True).numpy_path
-    for only_positive in (True, False):
-        for seed, n in ((4, 64), (5, 7)):
-            np_m = RewardManager(scales, dt=0.02, num_envs=n, only_positive=only_positive)
-            torch_m = RewardManager(scales, dt=0.02, num_envs=n, only_positive=only_positive)
-            torch_m.numpy_path = False
-            assert np_m.numpy_path and np_m.names == torch_m.names
-            v = _random_view(n, seed)
-            got, want = np_m.compute(v), torch_m.compute(v)
-            assert got.dtype == torch.float32 and got.shape == (n,)
-            torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
-            # per term: the same float32 expressions, sums over a row possibly in another order
-            for name in np_m.names:
-                torch.testing.assert_close(np_m.episode_sums[name], torch_m.episode_sums[name], rtol=2e-6, atol=1e-6)
-            # the total is fresh every step (a caller may keep it)
-            assert np_m.compute(v).data_ptr() != got.data_ptr()
-
-
-def test_manager_zeroes_non_finite_totals_on_both_paths():
-    v = _random_view(8, 6)
-    v.task.state.joint_torque[2, 0] = float("nan")
-    v.task.state.joint_vel[5, 0] = float("inf")
-    for numpy_path in (True, False):
-        m = RewardManager({"torques": -1.0, "dof_vel": -1.0, "tracking_lin_vel": 1.0}, 0.02, 8, False)
-        m.numpy_path = numpy_path
-        rew = m.compute(v)
-        assert rew[2] == 0 and rew[5] == 0 and torch.isfinite(rew).all() and (rew[[0, 1, 3, 4, 6, 7]] != 0).all()
