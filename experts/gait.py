@@ -124,6 +124,14 @@ class GaitGains:
     # Each foothold's scanned terrain counts at most this far (m) from the ground the stance feet measure:
     # deeper than a leg can reach (stepping-stone and gap pits are 1 m deep) is not ground to stand over.
     scan_height_range: float = 0.15
+    # Wider stance on uneven ground (privileged ``height_scan``): where the scanned terrain spans more
+    # than scan_uneven (m), the stance is this much (m) wider than commanded (at most 0.6 m). Why:
+    # obstacle falls are roll-overs where the left and right feet stand 19-23 cm apart in height, and
+    # a trot's diagonal stance pair makes roll moment about its own line only from friction-clipped
+    # horizontal forces (docs/experts.md); a wider stance turns that line further from the walking
+    # direction and puts more lever under the body. Flat ground (zero spread) is untouched. 0 = off.
+    scan_stance_width: float = 0.12
+    scan_uneven: float = 0.005
     # With an obstacle on the path the foot first rises, then moves: horizontal progress waits for this
     # fraction of the swing (retract before protract), so the toe does not hit the edge it is clearing.
     scan_delay: float = 0.0
@@ -447,13 +455,17 @@ class GaitController:
         step = torch.tensor([g.max_lin_acc, g.max_lin_acc, g.max_yaw_acc], device=self.device) * dt
         self.v_ref = self.v_ref + (target - self.v_ref).clamp(-step, step)
         prm.vx, prm.vy, prm.wz = self.v_ref.unbind(-1)
+        scan = term.get("height_scan")
+        if scan is not None and g.scan_stance_width > 0:
+            uneven = (scan.amax(-1) - scan.amin(-1)) > g.scan_uneven
+            prm.stance_width = torch.where(uneven, prm.stance_width + g.scan_stance_width,
+                                           prm.stance_width).clamp(max=0.6)
 
         # ground height (foot-centre z in H) as the feet that stood last step measure it
         n_was = self.was_stance.float().sum(-1)
         measured_ground = (feet_h[..., 2] * self.was_stance).sum(-1) / n_was.clamp(min=1.0)
         self.ground = torch.where(n_was > 0, measured_ground, self.ground)
         height = self.foot_radius - self.ground                                   # base over ground
-        scan = term.get("height_scan")
         if scan is not None and g.scan_body_height > 0:
             surface = (self.ground - self.foot_radius).unsqueeze(-1)              # what the feet measure
             footholds = terrain_at(scan, self._neutral(prm))

@@ -288,3 +288,29 @@ def test_body_height_follows_the_scanned_terrain_under_the_footholds():
     # the body stands 5 cm higher over the mean terrain than the legs say: the height loop asks for less
     # vertical force, so the stance legs (targets q + tau / Kp at q = default) push less
     assert a_pit.abs().sum() < 0.8 * a_blind.abs().sum()
+
+
+def test_uneven_scan_widens_the_stance_and_flat_scan_does_not():
+    from envs.observations import scan_points_b
+    robot = get_robot("go1")
+    # only the stance-width rule may differ between the controllers: no swing lift, no scan body height
+    base = dict(stumble_gain=0.0, scan_body_height=0.0, scan_max_extra=0.0)
+    extra = 0.12
+    pts = scan_points_b()
+    flat_scan = torch.full((1, pts.shape[0]), robot.nominal_base_height)
+    uneven = flat_scan - torch.where(pts[:, 0] > 0.6, 0.02, 0.0)   # a 2 cm step beyond the feet
+    wide, narrow, flat = (GaitController(robot, 1, gains=GaitGains(**base, scan_stance_width=w, scan_uneven=0.005))
+                          for w in (extra, 0.0, extra))
+    blind = GaitController(robot, 1, gains=GaitGains(**base))
+    wider = 0
+    for _ in range(40):
+        obs = _standing_obs(1)
+        a_wide, a_narrow = wide.act({**obs, "height_scan": uneven}), narrow.act({**obs, "height_scan": uneven})
+        assert torch.equal(flat.act({**obs, "height_scan": flat_scan}), blind.act(obs))   # flat: untouched
+        swing = ~wide.was_stance[0]
+        y_wide, y_narrow = robot_feet(robot, a_wide)[0, :, 1], robot_feet(robot, a_narrow)[0, :, 1]
+        assert torch.allclose(y_wide[~swing], y_narrow[~swing], atol=1e-5)   # stance legs untouched
+        side = torch.sign(y_narrow)
+        assert ((y_wide - y_narrow)[swing] * side[swing] >= -1e-5).all()    # swing feet only move outwards
+        wider += int(((y_wide - y_narrow)[swing] * side[swing] > 0.8 * extra / 2).any())
+    assert wider > 0   # near touchdown a swing foot is (most of) the extra half-width further out
