@@ -103,7 +103,7 @@ class SequenceModel(nn.Module):
             t[env_ids] = 0
         cache.pos[env_ids] = 0
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step(self, obs_t: torch.Tensor, cache: Cache, action_prev: torch.Tensor | None = None,
              rtg_t: torch.Tensor | None = None) -> torch.Tensor:
         """One control step for the batch: obs_t (B, D) -> action (B, A).
