@@ -11,6 +11,10 @@ robot had walked off its spawn tile (at 0.5 m/s a robot leaves its tile after ~6
 of the episode on the next, harder level; the row still counts it), mean |vx error| and mean |yaw-rate
 error| over the episode (the env's own episode statistics, settling and acceleration included), and mean
 distance walked.
+
+The terrain no-fall targets are judged on the terrain sweeps pooled over ``TERRAIN_SEEDS`` seeds (256
+episodes per terrain): one seed's 32 episodes swing by up to 30 % between seeds on the obstacles, so a
+single seed can pass or fail by luck. The table rows are the first seed's.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ TERRAINS = ("rough_slope", "obstacles")
 LEVELS = (0, 1, 2, 3)
 OTHER_GAITS = ("pace", "bound", "pronk")
 TERRAIN_VX = 0.5   # m/s, the walking command used on terrain
+TERRAIN_SEEDS = 8  # seeds pooled for the terrain targets (full run; --quick: 1)
 
 
 @dataclass
@@ -100,6 +105,10 @@ def _run(sweep: Sweep, robot: str, episode_s: float, seed: int) -> list[dict]:
     return out
 
 
+def _no_fall(rows: list[dict]) -> float:
+    return 1.0 - sum(r["fall_rate"] * r["episodes"] for r in rows) / sum(r["episodes"] for r in rows)
+
+
 def sweeps(quick: bool) -> list[Sweep]:
     reps_flat, reps_terrain, reps_gait = (1, 2, 2) if quick else (3, 8, 4)
     flat = [(f"vx {vx:+.1f} yaw {wz:+.1f}", [vx, 0.0, wz], None) for vx in FLAT_VX for wz in FLAT_YAW]
@@ -136,11 +145,19 @@ def main(quick: bool = False, json_path: str | None = None, robot: str = "go1", 
     worst_vx = max(r["vx_err"] for r in flat)
     summary.add("flat trot: worst fall rate", falls_flat, "0", falls_flat == 0)
     summary.add("flat trot: worst mean abs vx err", worst_vx, "<= 0.15", worst_vx <= 0.15)
+    terrain_seeds = 1 if quick else TERRAIN_SEEDS
+    pooled = {t: [r for r in records if r["terrain"] == t] for t in TERRAINS}
+    for extra_seed in range(seed + 1, seed + terrain_seeds):
+        for sweep in sweeps(quick):
+            if sweep.terrain is not None:
+                pooled[sweep.terrain] += _run(sweep, robot, episode_s, extra_seed)
     for terrain in TERRAINS:
-        rows = [r for r in records if r["terrain"] == terrain]
-        no_fall = 1.0 - sum(r["fall_rate"] * r["episodes"] for r in rows) / sum(r["episodes"] for r in rows)
-        summary.add(f"{terrain} levels 0-3: episodes without a fall", no_fall, ">= 0.90", no_fall >= 0.9)
+        first = [r for r in records if r["terrain"] == terrain]
+        summary.add(f"{terrain} levels 0-3: episodes without a fall, seed {seed}", _no_fall(first), ">= 0.90", "-")
+        summary.add(f"{terrain} levels 0-3: episodes without a fall, {terrain_seeds} seed(s) pooled "
+                    f"({sum(r['episodes'] for r in pooled[terrain])} episodes)",
+                    _no_fall(pooled[terrain]), ">= 0.90", _no_fall(pooled[terrain]) >= 0.9)
     report("experts", [table, summary], json_path,
-           extra={"quick": quick, "robot": robot, "episode_s": episode_s, "seed": seed,
+           extra={"quick": quick, "robot": robot, "episode_s": episode_s, "seed": seed, "terrain_seeds": terrain_seeds,
                   "wall_s": time.perf_counter() - t0})
     return 0
