@@ -15,6 +15,7 @@ import torch
 from envs.backends.base import RobotState
 from envs.commands import yaw_from_quat
 from envs.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, TERM_DIMS
+from envs.view_cache import ViewCache
 
 _C = {n: i for i, n in enumerate(COMMAND_NAMES)}
 
@@ -67,13 +68,7 @@ def scan_points_w(state: RobotState, points_b: torch.Tensor, yaw: torch.Tensor |
     return out
 
 
-_POINT_COLUMNS: list = [None, None]  # (points tensor, its two column views): the grid is a constant
-
-
-def _columns(points_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if _POINT_COLUMNS[0] is not points_b:
-        _POINT_COLUMNS[:] = [points_b, (points_b[:, 0], points_b[:, 1])]
-    return _POINT_COLUMNS[1]
+_columns = ViewCache(lambda points_b: (points_b[:, 0], points_b[:, 1]))  # the scan grid is a constant
 
 
 def _height_scan(v: TaskView, points_b: torch.Tensor) -> torch.Tensor:

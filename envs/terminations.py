@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from envs.backends.base import RobotState
+from envs.view_cache import ViewCache
 from envs.config import TerminationsConfig
 
 TERMINATION_REASONS = ("none", "time_out", "fall", "base_collision", "non_finite")
@@ -41,7 +42,7 @@ class Terminations:
         self.contact_idx = contact_body_indices(body_names, cfg.contact_bodies, "terminations.contact_bodies").to(device)
         # one body (the base, by default): a column view, no gather and no any() over one column
         self._one_body = int(self.contact_idx[0]) if self.contact_idx.numel() == 1 else None
-        self._gravity_z: tuple[torch.Tensor, torch.Tensor] | None = None  # (buffer, its z column view)
+        self._gz = ViewCache(lambda gravity: gravity[:, 2])  # z of the (backend's) projected gravity
         self._contact_idx_np = self.contact_idx.cpu().numpy()
 
     def compute(self, state: RobotState, base_height: torch.Tensor, non_finite: torch.Tensor,
@@ -80,9 +81,3 @@ class Terminations:
             reason = xp.where(hit, BASE_COLLISION, reason)
         reason = xp.where(non_finite, NON_FINITE, reason)
         return reason, reason > TIME_OUT, reason != NONE, reason == TIME_OUT
-
-    def _gz(self, gravity: torch.Tensor) -> torch.Tensor:
-        """The z column of the projected gravity; a persistent (backend) buffer keeps its view."""
-        if self._gravity_z is None or self._gravity_z[0] is not gravity:
-            self._gravity_z = (gravity, gravity[:, 2])
-        return self._gravity_z[1]

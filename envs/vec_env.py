@@ -26,6 +26,7 @@ from envs.robots import get_robot
 from envs.tasks.locomotion import LocomotionTask
 from envs.tasks.terrain_levels import TerrainState
 from envs.terminations import TERMINATION_REASONS
+from envs.view_cache import ViewCache
 from tools.seeding import torch_generator
 
 _EPISODE_LONG = ("termination_reason", "length", "terrain_type", "terrain_level")
@@ -93,7 +94,8 @@ class LeggedEnv(VecEnv):
         self._time_out = torch.zeros(n, dtype=torch.bool, device=dev)
         self._episode: dict[str, torch.Tensor] = {}
         self._noise: torch.Tensor | None = None
-        self._base_z: tuple[torch.Tensor, torch.Tensor] | None = None
+        # base height over a plane at z = 0: the base z itself, the base_height term's values uncomputed
+        self._plane_base_height = ViewCache(lambda root_pos_w: root_pos_w[:, 2])
         self.episode_length_buf = torch.zeros(n, dtype=torch.long, device=dev)
         self.common_step_counter = 0
 
@@ -149,7 +151,7 @@ class LeggedEnv(VecEnv):
             terms = self._terms = TermCache(self._term_fns, terms.view, ground)
         else:
             terms = self._new_terms()
-        base_height = self._plane_base_height(state) if self.terrain.flat else terms["base_height"][:, 0]
+        base_height = self._plane_base_height(state.root_pos_w) if self.terrain.flat else terms["base_height"][:, 0]
         res = self.task.post_step(terms.view, base_height, self._last_joint_vel, non_finite, self._time_out)
         episode = self._episode
         log: dict[str, float] = {}
@@ -262,13 +264,6 @@ class LeggedEnv(VecEnv):
         self._terms = TermCache(self._term_fns, view, known)
         self._terms_full = None
         return self._terms
-
-    def _plane_base_height(self, state) -> torch.Tensor:
-        """(N,) base height over a plane at z = 0: a view of the base z (kept while the backend's state
-        buffer is the same tensor), the values of the ``base_height`` term without computing it."""
-        if self._base_z is None or self._base_z[0] is not state.root_pos_w:
-            self._base_z = (state.root_pos_w, state.root_pos_w[:, 2])
-        return self._base_z[1]
 
     def _during_physics(self) -> None:
         """The step's work that needs no physics result, done while the backend simulates (on two
