@@ -242,29 +242,26 @@ class FeetAirTime:
     def __init__(self, num_envs: int, device: torch.device | str):
         self.air_time = torch.zeros(num_envs, 4, device=device)
         self.last_contact = torch.zeros(num_envs, 4, dtype=torch.bool, device=device)
-        self._zero = torch.zeros((), device=device)
 
     def update(self, contact: torch.Tensor, dt: float) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (first_contact (N, 4) bool, air time (N, 4) s including this step; the caller may keep it)."""
-        if contact.device.type == "cpu" and self.air_time.device.type == "cpu":
-            return self._update_numpy(contact.numpy(), dt)
-        filt = contact | self.last_contact
-        self.last_contact.copy_(contact)
-        first = (self.air_time > 0) & filt
-        air = self.air_time + dt
-        torch.where(filt, self._zero, air, out=self.air_time)  # the clock restarts on (filtered) contact
-        return first, air
+        buffers = (self.air_time, self.last_contact, contact)
+        if all(t.device.type == "cpu" for t in buffers):
+            # bool logic and one float add give the same bits in either library; on (N, 4) arrays numpy's
+            # per-call cost is a fraction of torch's, and the arrays share the tensors' memory
+            first, air = self._update(np, *(t.numpy() for t in buffers), np.float32(dt))
+            return torch.from_numpy(first), torch.from_numpy(air)
+        return self._update(torch, *buffers, dt)
 
-    def _update_numpy(self, contact: np.ndarray, dt: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """``update``'s arithmetic with numpy on the buffers' memory (one float add, bool logic: the
-        same bits as torch's, tested) at a fraction of torch's per-call cost on (N, 4) arrays."""
-        air_time, last = self.air_time.numpy(), self.last_contact.numpy()
-        filt = contact | last
-        np.copyto(last, contact)
+    @staticmethod
+    def _update(xp, air_time, last_contact, contact, dt):
+        """``xp`` is numpy or torch: the same expressions serve both."""
+        filt = contact | last_contact
+        last_contact[...] = contact
         first = (air_time > 0) & filt
-        air = air_time + np.float32(dt)
-        np.multiply(air, ~filt, out=air_time)  # the clock restarts on (filtered) contact
-        return torch.from_numpy(first), torch.from_numpy(air)
+        air = air_time + dt
+        xp.multiply(air, ~filt, out=air_time)  # the clock restarts on (filtered) contact
+        return first, air
 
     def reset(self, env_ids: torch.Tensor) -> None:
         self.air_time[env_ids] = 0.0

@@ -209,6 +209,7 @@ def test_termination_numpy_path_equals_the_torch_path():
 def test_air_time_numpy_path_equals_the_torch_path():
     g = torch.Generator().manual_seed(8)
     fast, ref = FeetAirTime(50, "cpu"), FeetAirTime(50, "cpu")
+    torch_path_buffers = (torch.zeros(50, 4), torch.zeros(50, 4, dtype=torch.bool))
     for step in range(60):
         contact = torch.rand(50, 4, generator=g) > 0.6
         f1, a1 = fast.update(contact, 0.02)
@@ -217,8 +218,13 @@ def test_air_time_numpy_path_equals_the_torch_path():
         ref.last_contact.copy_(contact)
         f2 = (ref.air_time > 0) & filt
         a2 = ref.air_time + 0.02
-        torch.where(filt, ref._zero, a2, out=ref.air_time)
+        torch.where(filt, torch.zeros(()), a2, out=ref.air_time)
         assert torch.equal(f1, f2) and torch.equal(a1, a2) and torch.equal(fast.air_time, ref.air_time)
+        # and the shared expressions run by torch (the path of other devices) give the same bits
+        air_t, last_t = torch_path_buffers
+        f3, a3 = FeetAirTime._update(torch, air_t, last_t, contact, 0.02)
+        assert torch.equal(f3, f2) and torch.equal(a3, a2) and torch.equal(air_t, ref.air_time)
         if step == 30:
+            air_t[:10], last_t[:10] = 0.0, False
             fast.reset(torch.arange(10))
             ref.reset(torch.arange(10))
