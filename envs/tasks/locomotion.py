@@ -121,7 +121,7 @@ class LocomotionTask:
 
     def post_step(self, view: TaskView, base_height: torch.Tensor, last_joint_vel: torch.Tensor,
                   non_finite: torch.Tensor, time_out: torch.Tensor) -> StepResult:
-        s, cmd, c = view.state, self.commands.commands, self._views_of(view.state)
+        s, c = view.state, self._views_of(view.state)
         if not self._before_done:  # a caller that does not overlap it with the physics
             self.before_physics()
         self._before_done = False
