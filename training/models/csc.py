@@ -42,6 +42,12 @@ from torch import nn
 CSC_IMPLS = ("kernel", "modes", "direct")
 
 
+def weight_key(w: torch.Tensor) -> tuple:
+    """What a cached read-out depends on: the weight's storage, in-place version counter and device
+    (an optimizer step or load_state_dict bumps the version; .to() or assign=True changes the storage)."""
+    return (w.data_ptr(), w._version, w.device)
+
+
 def check_modes(context: int, modes: int) -> None:
     limit = (context + 1) // 2
     if not 1 <= modes <= limit:
@@ -164,8 +170,7 @@ class CausalSpectralConv(nn.Module):
 
     def cached_readout(self) -> tuple[torch.Tensor, torch.Tensor]:
         """step_readout(), rebuilt whenever the weight changed (storage, version or device)."""
-        w = self._parameters["weight"]   # cheaper than self.weight on this per-step path
-        key = (w.data_ptr(), w._version, w.device)
+        key = weight_key(self._parameters["weight"])   # cheaper than self.weight on this per-step path
         if self._readout is None or self._readout_key != key:
             with torch.no_grad():
                 self._readout = self.step_readout()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.models.base import Cache, Decoder, FeedForward, SequenceModel, live_params
-from training.models.csc import CausalSpectralConv
+from training.models.csc import CausalSpectralConv, weight_key
 
 
 class FourierLayer(nn.Module):
@@ -102,7 +102,7 @@ class FCNet(SequenceModel):
     def _csc_readout(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(R (L, d, 2m) float64, rho (L, d) in the model's dtype, u as (d, m)) of every layer's CSC
         (csc.step_readout), rebuilt whenever any W changed (storage, version or device) or the dtype."""
-        key = tuple((w.data_ptr(), w._version, w.device) for w in (p["weight"] for p in self._plan[1])) + (dtype,)
+        key = tuple(weight_key(p["weight"]) for p in self._plan[1]) + (dtype,)
         if self._readout_key != key:
             with torch.no_grad():
                 parts = [layer.csc.step_readout() for layer in self.layers]
