@@ -258,6 +258,20 @@ def resolve_params(commands: torch.Tensor, defaults: GaitDefaults, gait: str, no
 
 
 
+def _scan_cells(scan: torch.Tensor, xy: torch.Tensor):
+    """The height scan as a terrain grid and points in its cell units, for ``terrain_below``/``terrain_at``:
+    (top (N, 17, 11) terrain z relative to the base, u and v (N, P) fractional grid coordinates of the
+    points (unclamped), rows (N, 1) batch index)."""
+    nx, ny = len(HEIGHT_SCAN_X), len(HEIGHT_SCAN_Y)
+    step = HEIGHT_SCAN_X[1] - HEIGHT_SCAN_X[0]
+    top = -scan.view(scan.shape[0], nx, ny)
+    flat = xy.reshape(xy.shape[0], -1, 2)                                       # (N, P, 2)
+    u = (flat[..., 0] - HEIGHT_SCAN_X[0]) / step
+    v = (flat[..., 1] - HEIGHT_SCAN_Y[0]) / step
+    rows = torch.arange(scan.shape[0], device=scan.device).unsqueeze(-1)
+    return top, u, v, rows
+
+
 def terrain_below(scan: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
     """Highest terrain near points, from the privileged height scan.
 
@@ -266,14 +280,9 @@ def terrain_below(scan: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
     relative to the base: the highest of the four grid samples around each point (conservative: the
     MuJoCo heightfield is piecewise linear between 0.1 m vertices, so an edge between two samples
     belongs to the higher one). Points off the grid take its border."""
-    nx, ny = len(HEIGHT_SCAN_X), len(HEIGHT_SCAN_Y)
-    x0, y0 = HEIGHT_SCAN_X[0], HEIGHT_SCAN_Y[0]
-    step = HEIGHT_SCAN_X[1] - HEIGHT_SCAN_X[0]
-    top = -scan.view(scan.shape[0], nx, ny)                                     # (N, 17, 11) terrain z
-    flat = xy.reshape(xy.shape[0], -1, 2)                                       # (N, P, 2)
-    ix = ((flat[..., 0] - x0) / step).floor().long()
-    iy = ((flat[..., 1] - y0) / step).floor().long()
-    rows = torch.arange(scan.shape[0], device=scan.device).unsqueeze(-1)
+    top, u, v, rows = _scan_cells(scan, xy)
+    nx, ny = top.shape[1:]
+    ix, iy = u.floor().long(), v.floor().long()
     best = None
     for dx in (0, 1):
         for dy in (0, 1):
@@ -288,16 +297,12 @@ def terrain_at(scan: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
     scan (N, 187) as for ``terrain_below``, xy (N, ..., 2); returns (N, ...). Unlike ``terrain_below``
     (the highest of the four samples, for clearance) this is the best estimate of the surface itself:
     exact on a plane, between the samples at an edge. Points off the grid take its border."""
-    nx, ny = len(HEIGHT_SCAN_X), len(HEIGHT_SCAN_Y)
-    step = HEIGHT_SCAN_X[1] - HEIGHT_SCAN_X[0]
-    top = -scan.view(scan.shape[0], nx, ny)
-    flat = xy.reshape(xy.shape[0], -1, 2)
-    u = ((flat[..., 0] - HEIGHT_SCAN_X[0]) / step).clamp(0, nx - 1)
-    v = ((flat[..., 1] - HEIGHT_SCAN_Y[0]) / step).clamp(0, ny - 1)
+    top, u, v, rows = _scan_cells(scan, xy)
+    nx, ny = top.shape[1:]
+    u, v = u.clamp(0, nx - 1), v.clamp(0, ny - 1)
     i, j = u.floor().clamp(max=nx - 2), v.floor().clamp(max=ny - 2)
     fu, fv = u - i, v - j
     i, j = i.long(), j.long()
-    rows = torch.arange(scan.shape[0], device=scan.device).unsqueeze(-1)
     near = top[rows, i, j] * (1 - fv) + top[rows, i, j + 1] * fv
     far = top[rows, i + 1, j] * (1 - fv) + top[rows, i + 1, j + 1] * fv
     return (near * (1 - fu) + far * fu).view(xy.shape[:-1])
@@ -466,15 +471,16 @@ class GaitController:
         measured_ground = (feet_h[..., 2] * self.was_stance).sum(-1) / n_was.clamp(min=1.0)
         self.ground = torch.where(n_was > 0, measured_ground, self.ground)
         height = self.foot_radius - self.ground                                   # base over ground
+        neutral = self._neutral(prm)                                             # (N, 4, 2)
         if scan is not None and g.scan_body_height > 0:
             surface = (self.ground - self.foot_radius).unsqueeze(-1)              # what the feet measure
-            footholds = terrain_at(scan, self._neutral(prm))
+            footholds = terrain_at(scan, neutral)
             footholds = torch.minimum(torch.maximum(footholds, surface - g.scan_height_range),
                                       surface + g.scan_height_range)
             over_terrain = -footholds.mean(-1)
             height = height + g.scan_body_height * (over_terrain - height)
 
-        q_swing = self._swing_targets(prm, stance, swing_w, feet_h, vel, omega, rot, scan)
+        q_swing = self._swing_targets(prm, neutral, stance, swing_w, feet_h, vel, omega, rot, scan)
         q_stance = self._stance_targets(prm, stance, feet_h, feet_b, q_meas, vel, omega, roll, pitch,
                                         height, rot)
         self.was_stance = stance
@@ -489,9 +495,9 @@ class GaitController:
             self.side_y * prm.stance_width.unsqueeze(-1) / 2], dim=-1)
 
     # -- swing: cycloid from lift-off to the Raibert touchdown point ---------------------------------
-    def _swing_targets(self, prm: GaitParams, stance, w, feet_h, vel, omega, rot, scan) -> torch.Tensor:
+    def _swing_targets(self, prm: GaitParams, neutral, stance, w, feet_h, vel, omega, rot, scan) -> torch.Tensor:
+        """``neutral`` (N, 4, 2): ``_neutral(prm)``, the footholds the touchdown points start from."""
         g = self.gains
-        neutral = self._neutral(prm)                                             # (N, 4, 2)
         v_cmd = torch.stack([prm.vx, prm.vy], -1).unsqueeze(1)                   # (N, 1, 2)
         # each foot's velocity over the ground: base velocity + yaw rate x foot position
         tangential = torch.stack([-neutral[..., 1], neutral[..., 0]], -1)        # (N, 4, 2)
