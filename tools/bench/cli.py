@@ -15,7 +15,10 @@ BENCHMARKS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
+    parser.add_argument("name", choices=sorted(BENCHMARKS),
+                        help="sim: env vs raw MuJoCo throughput; env_step: where an env step's time goes; "
+                             "experts: gait controller falls and tracking; store: compaction and sampling; "
+                             "models: step latency and training throughput; germ: GeRM trainer")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
 
