@@ -6,7 +6,7 @@
     actions = Q(X^{L+1})                               Q: Linear -> GELU -> Linear (decoder_hidden)
 
 ``step`` runs the same layers at one position (``fourier_step``) with the CSC's sliding DFT (Eq. 13,
-csc.py), every layer's state in one (B, L, d, m) tensor.
+csc.py), every layer's state in one (B, L, d, m) complex tensor in the model's precision.
 
 No positional embedding, no dropout, no final norm (the official implementation). Masked (padding)
 steps are zeroed at every CSC input, so left padding equals zero history. With hidden 256, m 10, L 4,
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.models.base import Cache, Decoder, FeedForward, SequenceModel, live_params
+from training.models.base import Cache, Decoder, FeedForward, SequenceModel, ffn_step, live_params
 from training.models.csc import CausalSpectralConv, weight_key
 
 
@@ -46,15 +46,14 @@ class FourierLayer(nn.Module):
 def fourier_step(x: torch.Tensor, plan: tuple, history: torch.Tensor,
                  rho: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``FourierLayer.forward`` at one position: x (B, d) -> (X^{l+1}, the CSC input f), both (B, d).
-    ``history`` (B, d) is the CSC read-out of the state before this step and rho (d,) the gain of
-    the new input (csc.step_readout), so CSC(f)_t = history + rho f_t. Functional calls on a
-    precomputed plan: at batch 1 Python attribute and module-call overhead would be a third of the
-    step (seed 000 C.4 latency); the maths is forward's."""
+    ``history`` (B, d) is the CSC read-out of the state before this step (a fresh tensor, consumed in
+    place) and rho (d,) the gain of the new input (csc.step_readout), so CSC(f)_t = history + rho f_t.
+    Functional calls on a precomputed plan: at batch 1 Python attribute and module-call overhead would
+    be a third of the step (seed 000 C.4 latency); the maths is forward's."""
     shape, eps1, n1, eps2, n2, f1, f2 = plan
-    f = F.layer_norm(x, shape, n1["weight"], n1["bias"], eps1)
-    y = F.gelu(torch.addcmul(history, rho, f)).add_(x)                                    # Y^l
-    h = F.layer_norm(y, shape, n2["weight"], n2["bias"], eps2)
-    return F.linear(F.gelu(F.linear(h, f1["weight"], f1["bias"])), f2["weight"], f2["bias"]).add_(y), f
+    f = torch.layer_norm(x, shape, n1["weight"], n1["bias"], eps1)
+    y = torch._C._nn.gelu_(history.addcmul_(rho, f)).add_(x)                            # Y^l
+    return ffn_step(torch.layer_norm(y, shape, n2["weight"], n2["bias"], eps2), f1, f2).add_(y), f
 
 
 class FCNet(SequenceModel):
@@ -93,23 +92,34 @@ class FCNet(SequenceModel):
             x = layer(x, mask)
         return self.decoder(x)                                    # (B, T, A)
 
+    def _state_dtype(self) -> torch.dtype:
+        # the CSC state's precision is the model's (complex64 for a float32 model): a row's state lives
+        # at most one block of n steps before its reset, so rotation rounding cannot accumulate the way
+        # it does in an unbounded sliding DFT (csc.py keeps complex128 there); measured at n 1024 and
+        # tested (tests/training/test_fcnet_csc.py), docs/models.md
+        return torch.promote_types(self.encoder.weight.dtype, torch.complex64)
+
     def _init_state(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
         # every layer's CSC state in one tensor (B, L, d, m): the read-out of the history and the
         # Eq. 13 update then run for all layers in one op each
         shape = (batch_size, self.num_layers, self.hidden, self.modes)
-        return {"X": torch.zeros(shape, dtype=torch.cdouble, device=device)}
+        return {"X": torch.zeros(shape, dtype=self._state_dtype(), device=device)}
 
-    def _csc_readout(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(R (L, d, 2m) float64, rho (L, d) in the model's dtype, u as (d, m)) of every layer's CSC
-        (csc.step_readout), rebuilt whenever any W changed (storage, version or device) or the dtype."""
-        key = tuple(weight_key(p["weight"]) for p in self._plan[1]) + (dtype,)
+    def _csc_readout(self, state_dtype: torch.dtype) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+        """(R (L, d, 2m), rho as L rows (d,), u as (d, m)) of every layer's CSC (csc.step_readout) in the
+        model's precision, rebuilt whenever any W changed (storage, version or device) or a dtype did."""
+        dtype = self._plan[0]["weight"].dtype
+        key = tuple(weight_key(p["weight"]) for p in self._plan[1]) + (state_dtype, dtype)
         if self._readout_key != key:
+            if state_dtype != self._state_dtype():
+                raise ValueError(f"fcnet: the cache holds a {state_dtype} state but the model is {dtype}; "
+                                 f"call init_cache again after changing the model's dtype")
             with torch.no_grad():
                 parts = [layer.csc.step_readout() for layer in self.layers]
                 u = self.layers[0].csc.u               # every layer has the same n and m
                 # u spelled out per channel: the update's inner loop then runs over d*m, not over m
-                self._readout = (torch.stack([r for r, _ in parts]), torch.stack([rho for _, rho in parts]).to(dtype),
-                                 u.expand(self.hidden, self.modes).contiguous())
+                self._readout = (torch.stack([r for r, _ in parts]).to(dtype), tuple(rho.to(dtype) for _, rho in parts),
+                                 u.expand(self.hidden, self.modes).to(state_dtype).contiguous())
             self._readout_key = key
         return self._readout
 
@@ -120,13 +130,13 @@ class FCNet(SequenceModel):
             self._plan = (live_params(self.encoder), [live_params(layer.csc) for layer in self.layers],
                           [layer.step_plan() for layer in self.layers], live_params(q1), live_params(q2))
         p, _, layers, q1, q2 = self._plan
-        R, rho, u = self._csc_readout(p["weight"].dtype)
         X = cache.state["X"]                                                                 # (B, L, d, m)
-        history = torch.linalg.vecdot(R, torch.view_as_real(X).flatten(-2)).to(rho.dtype)    # (B, L, d)
+        R, rho, u = self._csc_readout(X.dtype)
+        history = torch.linalg.vecdot(R, torch.view_as_real(X).flatten(-2))                  # (B, L, d)
         x = F.linear(self._input(obs_t, rtg_t), p["weight"], p["bias"])                      # (B, d)
         inputs = []
         for plan, h, r in zip(layers, history.unbind(1), rho):
             x, f = fourier_step(x, plan, h, r)
             inputs.append(f)
         X.add_(torch.stack(inputs, 1).unsqueeze(-1)).mul_(u)     # Eq. 13 for every layer at once
-        return F.linear(F.gelu(F.linear(x, q1["weight"], q1["bias"])), q2["weight"], q2["bias"])   # (B, A)
+        return ffn_step(x, q1, q2)                                                           # (B, A)

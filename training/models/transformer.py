@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.models.base import Cache, Decoder, FeedForward, SequenceModel, live_params
+from training.models.base import Cache, Decoder, FeedForward, SequenceModel, ffn_step, live_params
 from training.models.tokens import StepTokens
 
 
@@ -94,10 +94,9 @@ def block_step(x: torch.Tensor, plan: tuple, keys: torch.Tensor, values: torch.T
                slots: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """``Block.forward`` for one step's tokens x (B, c, d) against the KV cache."""
     shape, eps1, n1, attn, eps2, n2, f1, f2 = plan
-    x = attention_step(F.layer_norm(x, shape, n1["weight"], n1["bias"], eps1), attn, keys, values, rows, slots,
+    x = attention_step(torch.layer_norm(x, shape, n1["weight"], n1["bias"], eps1), attn, keys, values, rows, slots,
                        allowed).add_(x)
-    h = F.layer_norm(x, shape, n2["weight"], n2["bias"], eps2)
-    return F.linear(F.gelu(F.linear(h, f1["weight"], f1["bias"])), f2["weight"], f2["bias"]).add_(x)
+    return ffn_step(torch.layer_norm(x, shape, n2["weight"], n2["bias"], eps2), f1, f2).add_(x)
 
 
 class Transformer(SequenceModel):
@@ -163,5 +162,5 @@ class Transformer(SequenceModel):
         allowed = allowed_keys(key_valid, slot_ids, slots)
         for plan, (k, v) in zip(blocks, names):
             x = block_step(x, plan, cache.state[k], cache.state[v], rows, slots, allowed)
-        h = F.layer_norm(x[:, -1], shape, norm["weight"], norm["bias"], eps)            # state token is last
-        return F.linear(F.gelu(F.linear(h, q1["weight"], q1["bias"])), q2["weight"], q2["bias"])
+        h = torch.layer_norm(x[:, -1], shape, norm["weight"], norm["bias"], eps)            # state token is last
+        return ffn_step(h, q1, q2)
