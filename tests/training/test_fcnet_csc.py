@@ -106,7 +106,7 @@ def test_block_state_in_model_precision_holds_over_a_long_block():
     model = FCNet(obs_dim=7, action_dim=3, context=n, modes=10, hidden=16, num_layers=2, decoder_hidden=8).eval()
     x = torch.randn(2, n, 7)
     cache = model.init_cache(2)
-    assert cache.state["X"].dtype == torch.complex64
+    assert cache.state["Z"].dtype == torch.complex64
     rec = torch.stack([model.step(x[:, t], cache) for t in range(n)], 1)
     reference = FCNet(obs_dim=7, action_dim=3, context=n, modes=10, hidden=16, num_layers=2, decoder_hidden=8)
     reference.load_state_dict(model.state_dict())
@@ -114,7 +114,7 @@ def test_block_state_in_model_precision_holds_over_a_long_block():
     with torch.no_grad():
         ref = reference(x.double())
     assert (rec.double() - ref).abs().max() < 1e-5
-    assert reference.init_cache(1).state["X"].dtype == torch.complex128   # float64 model, complex128 state
+    assert reference.init_cache(1).state["Z"].dtype == torch.complex128   # float64 model, complex128 state
 
 
 def test_cache_of_another_dtype_is_a_clear_error():

@@ -157,16 +157,21 @@ class CausalSpectralConv(nn.Module):
             state[f"{prefix}t"] = torch.zeros(batch_size, dtype=torch.long, device=device)
         return state
 
-    def step_readout(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(R, rho) of the split read-out of Eq. 13. With X(t) = u (X(t-1) + f_t):
+    def step_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(V u per channel (d, m) complex128, rho (d,) float64) of the split read-out of Eq. 13. With
+        X(t) = u (X(t-1) + f_t):
 
             y_t = Re(sum_l V_l X_l(t)) = Re(sum_l V_l u_l X_l(t-1)) + rho f_t,   rho = Re(sum_l V_l u_l)
 
-        the first term reads only the state before this step; as a real dot product over the state's
-        real view, R = view_as_real(conj(V u)) (d, 2m), float64. Uncached (see cached_readout)."""
+        so the first term reads only the state before this step."""
         vu = self.readout(torch.cdouble) * self.u.unsqueeze(1)                            # (m, d)
-        r = torch.view_as_real(vu.conj().resolve_conj()).transpose(0, 1).reshape(self.dim, 2 * self.modes)
-        return r, vu.real.sum(0)
+        return vu.t(), vu.real.sum(0)
+
+    def step_readout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(R, rho): the history term of ``step_weights`` as a real dot product over the state's real
+        view, R = view_as_real(conj(V u)) (d, 2m), float64. Uncached (see cached_readout)."""
+        vu, rho = self.step_weights()
+        return torch.view_as_real(vu.conj().resolve_conj()).reshape(self.dim, 2 * self.modes), rho
 
     def cached_readout(self) -> tuple[torch.Tensor, torch.Tensor]:
         """step_readout(), rebuilt whenever the weight changed (storage, version or device)."""

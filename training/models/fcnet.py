@@ -100,14 +100,15 @@ class FCNet(SequenceModel):
         return torch.promote_types(self.encoder.weight.dtype, torch.complex64)
 
     def _init_state(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-        # every layer's CSC state in one tensor (B, L, d, m): the read-out of the history and the
-        # Eq. 13 update then run for all layers in one op each
+        # every layer's CSC state in one tensor (B, L, d, m), kept as Z = (V u) * X (see _step): the
+        # history read-out and the Eq. 13 update then run for all layers in one op each
         shape = (batch_size, self.num_layers, self.hidden, self.modes)
-        return {"X": torch.zeros(shape, dtype=self._state_dtype(), device=device)}
+        return {"Z": torch.zeros(shape, dtype=self._state_dtype(), device=device)}
 
     def _csc_readout(self, state_dtype: torch.dtype) -> tuple:
-        """(R (L, d, 2m), rho as L rows (d,), u as (d, m), ones (2m,)) of every layer's CSC
-        (csc.step_readout) in the model's precision, rebuilt whenever any W changed (storage, version or device) or a dtype did."""
+        """(view_as_real(V u) (L, d, 2m), rho as L rows (d,), u as (d, m), the real-part selector
+        (1, 0, 1, 0, ...) (2m,)) of every layer's CSC (csc.step_weights) in the model's precision,
+        rebuilt whenever any W changed (storage, version or device) or a dtype did."""
         dtype = self._plan[0]["weight"].dtype
         key = tuple([weight_key(p["weight"]) for p in self._plan[1]]) + (state_dtype, dtype)
         if self._readout_key != key:
@@ -115,33 +116,38 @@ class FCNet(SequenceModel):
                 raise ValueError(f"fcnet: the cache holds a {state_dtype} state but the model is {dtype}; "
                                  f"call init_cache again after changing the model's dtype")
             with torch.no_grad():
-                parts = [layer.csc.step_readout() for layer in self.layers]
+                parts = [layer.csc.step_weights() for layer in self.layers]
+                vu = torch.view_as_real(torch.stack([w for w, _ in parts])).flatten(-2)     # (L, d, 2m)
                 u = self.layers[0].csc.u               # every layer has the same n and m
                 # u spelled out per channel: the update's inner loop then runs over d*m, not over m
-                self._readout = (torch.stack([r for r, _ in parts]).to(dtype), tuple(rho.to(dtype) for _, rho in parts),
+                self._readout = (vu.to(dtype), tuple(rho.to(dtype) for _, rho in parts),
                                  u.expand(self.hidden, self.modes).to(state_dtype).contiguous(),
-                                 torch.ones(2 * self.modes, dtype=dtype, device=u.device))
+                                 torch.tensor([1.0, 0.0], dtype=dtype, device=u.device).repeat(self.modes))
             self._readout_key = key
         return self._readout
 
     def _step(self, obs_t: torch.Tensor, cache: Cache, action_prev: torch.Tensor,
               rtg_t: torch.Tensor | None) -> torch.Tensor:
+        """Eq. 13 for all layers with the state kept as Z = (V u) * X (per channel and mode). From
+        X(t) = u (X(t-1) + f_t):  y_t = Re(sum_l Z_l(t-1)) + rho f_t  and  Z(t) = u (Z(t-1) + (V u) f_t),
+        so the history read-out is a plain sum of real parts (one matmul for every layer) and the
+        update one real multiply-add on the state's real view plus the rotation. Like X, Z belongs to
+        the weights it was filled with: after a weight update start a new cache (f depends on the
+        weights anyway)."""
         if self._plan is None:
             q1, _, q2 = self.decoder
             self._plan = (live_params(self.encoder), [live_params(layer.csc) for layer in self.layers],
                           [layer.step_plan() for layer in self.layers], live_params(q1), live_params(q2))
         p, _, layers, q1, q2 = self._plan
-        X = cache.state["X"]                                                                 # (B, L, d, m)
-        R, rho, u, ones = self._csc_readout(X.dtype)
-        # the per-channel dot over the 2m real parts as a product and a matmul with ones: ATen's sum over
-        # a 2m = 20-long inner axis runs ~2x slower than the same reduction by matmul at batch 1
-        history = torch.matmul(R * torch.view_as_real(X).flatten(-2), ones)                   # (B, L, d)
+        Z = cache.state["Z"]                                                                 # (B, L, d, m)
+        vu, rho, u, real_parts = self._csc_readout(Z.dtype)
+        z = torch.view_as_real(Z).flatten(-2)                                                # (B, L, d, 2m)
+        history = torch.matmul(z, real_parts)                                                # (B, L, d)
         x = F.linear(self._input(obs_t, rtg_t), p["weight"], p["bias"])                      # (B, d)
         inputs = []
         for plan, h, r in zip(layers, history.unbind(1), rho):
             x, f = fourier_step(x, plan, h, r)
             inputs.append(f)
-        # Eq. 13 for every layer at once; f made complex first: adding a real tensor broadcast over m
-        # into a complex one costs more than the cast
-        X.add_(torch.stack(inputs, 1).to(X.dtype).unsqueeze(-1)).mul_(u)
+        z.addcmul_(torch.stack(inputs, 1).unsqueeze(-1), vu)    # Z + (V u) f, every layer at once
+        Z.mul_(u)
         return ffn_step(x, q1, q2)                                                           # (B, A)
