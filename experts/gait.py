@@ -44,6 +44,9 @@ GAITS: dict[str, tuple[float, float, float]] = {
     "pronk": (0.0, 0.0, 0.0),
     "pace": (0.0, 0.0, 0.5),
     "bound": (0.0, 0.5, 0.0),
+    # lateral-sequence walk: RL, FL, RR, FR touch down a quarter cycle apart (with duty 0.75, three
+    # feet stand at any time)
+    "walk": (0.5, 0.25, 0.0),
 }
 
 _CMD = {name: i for i, name in enumerate(COMMAND_NAMES)}
@@ -132,6 +135,12 @@ class GaitGains:
     # direction and puts more lever under the body. Flat ground (zero spread) is untouched. 0 = off.
     scan_stance_width: float = 0.12
     scan_uneven: float = 0.005
+    # Walking trot on uneven ground: there each foot stands at least scan_duty of the cycle (a 4-foot
+    # support phase twice a cycle) and the clock runs at scan_frequency (Hz); 0 = off.
+    scan_duty: float = 0.0
+    scan_frequency: float = 0.0
+    # Gait (a GAITS name) on uneven ground; "" keeps the commanded one.
+    scan_gait: str = ""
     # With an obstacle on the path the foot first rises, then moves: horizontal progress waits for this
     # fraction of the swing (retract before protract), so the toe does not hit the edge it is clearing.
     scan_delay: float = 0.0
@@ -370,6 +379,8 @@ class GaitController:
                  gait: str = "trot", defaults: GaitDefaults | None = None, gains: GaitGains | None = None):
         if gait not in GAITS:
             raise ValueError(f"unknown gait {gait!r}; allowed: {sorted(GAITS)}")
+        if gains is not None and gains.scan_gait and gains.scan_gait not in GAITS:
+            raise ValueError(f"GaitGains.scan_gait {gains.scan_gait!r} unknown; allowed: '' or {sorted(GAITS)}")
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if not dt > 0:
@@ -436,6 +447,9 @@ class GaitController:
         prm = resolve_params(term["commands"], self.defaults, self.gait, float(self.robot.nominal_base_height),
                              self.width0, self.length0, g)
 
+        scan = term.get("height_scan")
+        self._adapt_to_uneven_ground(prm, scan)
+
         # measured state in the horizontal frame H (base origin, yaw-aligned, gravity-levelled)
         roll, pitch = tilt_from_gravity(term["projected_gravity"])
         rot = tilt_matrix(roll, pitch)                                            # (N, 3, 3) body -> H
@@ -460,11 +474,6 @@ class GaitController:
         step = torch.tensor([g.max_lin_acc, g.max_lin_acc, g.max_yaw_acc], device=self.device) * dt
         self.v_ref = self.v_ref + (target - self.v_ref).clamp(-step, step)
         prm.vx, prm.vy, prm.wz = self.v_ref.unbind(-1)
-        scan = term.get("height_scan")
-        if scan is not None and g.scan_stance_width > 0:
-            uneven = (scan.amax(-1) - scan.amin(-1)) > g.scan_uneven
-            prm.stance_width = torch.where(uneven, prm.stance_width + g.scan_stance_width,
-                                           prm.stance_width).clamp(max=0.6)
 
         # ground height (foot-centre z in H) as the feet that stood last step measure it
         n_was = self.was_stance.float().sum(-1)
@@ -487,6 +496,25 @@ class GaitController:
         q = torch.where(stance.repeat_interleave(3, dim=-1), q_stance, q_swing)
         q = torch.maximum(torch.minimum(q, self.q_high), self.q_low)
         return (q - self.default_q) / self.action_scale
+
+    def _adapt_to_uneven_ground(self, prm: GaitParams, scan: torch.Tensor | None) -> None:
+        """Where the privileged scan spans more than ``scan_uneven``: a wider stance, and (when set) a
+        higher stance duty and a lower stepping frequency. In place on ``prm``; flat scans and blind
+        controllers are untouched."""
+        g = self.gains
+        if scan is None:
+            return
+        uneven = (scan.amax(-1) - scan.amin(-1)) > g.scan_uneven
+        if g.scan_stance_width > 0:
+            prm.stance_width = torch.where(uneven, prm.stance_width + g.scan_stance_width,
+                                           prm.stance_width).clamp(max=0.6)
+        if g.scan_duty > 0:
+            prm.duration = torch.where(uneven, prm.duration.clamp(min=g.scan_duty), prm.duration)
+        if g.scan_frequency > 0:
+            prm.frequency = torch.where(uneven, torch.full_like(prm.frequency, g.scan_frequency), prm.frequency)
+        if g.scan_gait:
+            walk = foot_offsets(*(torch.full_like(prm.duration, v) for v in GAITS[g.scan_gait]))
+            prm.offsets = torch.where(uneven.unsqueeze(-1), walk, prm.offsets)
 
     def _neutral(self, prm: GaitParams) -> torch.Tensor:
         """(N, 4, 2) neutral footholds in the horizontal frame, from the commanded stance width/length."""

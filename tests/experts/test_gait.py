@@ -314,3 +314,43 @@ def test_uneven_scan_widens_the_stance_and_flat_scan_does_not():
         assert ((y_wide - y_narrow)[swing] * side[swing] >= -1e-5).all()    # swing feet only move outwards
         wider += int(((y_wide - y_narrow)[swing] * side[swing] > 0.8 * extra / 2).any())
     assert wider > 0   # near touchdown a swing foot is (most of) the extra half-width further out
+
+
+def _support_counts(ctrl: GaitController, obs: dict, steps: int) -> list[int]:
+    """Feet in stance after each step once the settle period is over."""
+    counts = []
+    for _ in range(steps):
+        ctrl.act(obs)
+        if bool((ctrl.elapsed > ctrl.gains.settle_s).all()):
+            counts.append(int(ctrl.was_stance[0].sum()))
+    return counts
+
+
+@pytest.mark.parametrize("uneven_gains,support", [
+    (dict(scan_duty=0.6), {2, 4}),                                  # walking trot: 4-foot phases
+    (dict(scan_duty=0.6, scan_frequency=2.5), {2, 4}),
+    (dict(scan_gait="walk", scan_duty=0.75, scan_frequency=2.0), {3}),   # walk: always 3 feet down
+])
+def test_uneven_scan_raises_the_duty_and_flat_scan_changes_nothing(uneven_gains, support):
+    from envs.observations import scan_points_b
+    robot = get_robot("go1")
+    pts = scan_points_b()
+    flat_scan = torch.full((1, pts.shape[0]), robot.nominal_base_height)
+    uneven = flat_scan - torch.where(pts[:, 0] > 0.6, 0.02, 0.0)   # a 2 cm step beyond the feet
+    gains = GaitGains(**uneven_gains)
+    adapted, flat, ref, plain = (GaitController(robot, 1, gains=g) for g in (gains, gains, GaitGains(), GaitGains()))
+    obs = _standing_obs(1)
+    for _ in range(60):   # flat ground: bit-for-bit the controller without the rule
+        on_flat = {**obs, "height_scan": flat_scan}
+        assert torch.equal(flat.act(on_flat), ref.act(on_flat))
+    assert set(_support_counts(plain, {**obs, "height_scan": uneven}, 60)) == {2}   # the plain trot
+    counts = _support_counts(adapted, {**obs, "height_scan": uneven}, 60)
+    assert set(counts) == support, counts
+    if "scan_frequency" in uneven_gains:   # the clock runs at the lower frequency
+        expected = uneven_gains["scan_frequency"] * adapted.dt * (60 - round(gains.settle_s / adapted.dt))
+        assert float(adapted.clock[0]) == pytest.approx(expected % 1.0, abs=adapted.dt * 3.0)
+
+
+def test_unknown_uneven_ground_gait_is_a_clear_error():
+    with pytest.raises(ValueError, match="scan_gait"):
+        GaitController(get_robot("go1"), 1, gains=GaitGains(scan_gait="gallop"))
