@@ -135,12 +135,16 @@ class GaitGains:
     # direction and puts more lever under the body. Flat ground (zero spread) is untouched. 0 = off.
     scan_stance_width: float = 0.12
     scan_uneven: float = 0.005
-    # Walking trot on uneven ground: there each foot stands at least scan_duty of the cycle (a 4-foot
-    # support phase twice a cycle) and the clock runs at scan_frequency (Hz); 0 = off.
-    scan_duty: float = 0.0
-    scan_frequency: float = 0.0
-    # Gait (a GAITS name) on uneven ground; "" keeps the commanded one.
-    scan_gait: str = ""
+    # Walking trot and a lower body on uneven ground (privileged ``height_scan``, same gate as the wider
+    # stance): there each foot stands at least scan_duty of the cycle - two 4-foot support phases of
+    # (scan_duty - 0.5) of a trot cycle each, so the support is not a bare diagonal line all the time -
+    # and the body stands scan_body_drop (m) lower, leaving the low-side legs more reach. Obstacles
+    # no-fall over 24 seeds of the sweep alone 86.5 % -> 91.1 % (duty 0.6 alone, 0.65, 0.7, a lower or
+    # higher frequency, the walk gait, drops of 0.02-0.05 m: docs/experts.md). 0 / "" = off.
+    scan_duty: float = 0.6
+    scan_frequency: float = 0.0           # Hz on uneven ground (2.5 / 3.5 tried: no better than 3)
+    scan_gait: str = ""                   # a GAITS name on uneven ground ("walk" tried: worse)
+    scan_body_drop: float = 0.03
     # With an obstacle on the path the foot first rises, then moves: horizontal progress waits for this
     # fraction of the swing (retract before protract), so the toe does not hit the edge it is clearing.
     scan_delay: float = 0.0
@@ -512,6 +516,8 @@ class GaitController:
             prm.duration = torch.where(uneven, prm.duration.clamp(min=g.scan_duty), prm.duration)
         if g.scan_frequency > 0:
             prm.frequency = torch.where(uneven, torch.full_like(prm.frequency, g.scan_frequency), prm.frequency)
+        if g.scan_body_drop > 0:
+            prm.height = torch.where(uneven, prm.height - g.scan_body_drop, prm.height)
         if g.scan_gait:
             walk = foot_offsets(*(torch.full_like(prm.duration, v) for v in GAITS[g.scan_gait]))
             prm.offsets = torch.where(uneven.unsqueeze(-1), walk, prm.offsets)

@@ -222,7 +222,7 @@ def test_height_scan_lifts_swing_feet_over_an_obstacle_and_changes_nothing_on_fl
     from envs.observations import scan_points_b
     robot = get_robot("go1")
     # the body-height estimate from the scan has its own test; here only the swing legs may change
-    gains = GaitGains(stumble_gain=0.0, scan_body_height=0.0)
+    gains = GaitGains(stumble_gain=0.0, scan_body_height=0.0, scan_duty=0.0, scan_body_drop=0.0)
     pts = scan_points_b()
     base_h = robot.nominal_base_height
     flat_scan = torch.full((1, pts.shape[0]), base_h)
@@ -275,8 +275,10 @@ def test_body_height_follows_the_scanned_terrain_under_the_footholds():
     reach = GaitGains().scan_height_range
     at_range = level + torch.where(pts[:, 1] < 0, reach, 0.0)
     too_deep = level + torch.where(pts[:, 1] < 0, 1.0, 0.0)        # a 1 m gap counts as deep as the range
-    blind, agree, over_pit, ranged, deep = (GaitController(robot, 1) for _ in range(5))
-    off = GaitController(robot, 1, gains=GaitGains(scan_body_height=0.0))
+    # the uneven-ground body drop has its own test: off here, so only the height estimate differs
+    blind, agree, over_pit, ranged, deep = (GaitController(robot, 1, gains=GaitGains(scan_body_drop=0.0))
+                                            for _ in range(5))
+    off = GaitController(robot, 1, gains=GaitGains(scan_body_height=0.0, scan_body_drop=0.0))
     for _ in range(5):   # settling: four legs in stance, no swing planning involved
         obs = _standing_obs(1)
         a_blind = blind.act(obs)
@@ -294,7 +296,7 @@ def test_uneven_scan_widens_the_stance_and_flat_scan_does_not():
     from envs.observations import scan_points_b
     robot = get_robot("go1")
     # only the stance-width rule may differ between the controllers: no swing lift, no scan body height
-    base = dict(stumble_gain=0.0, scan_body_height=0.0, scan_max_extra=0.0)
+    base = dict(stumble_gain=0.0, scan_body_height=0.0, scan_max_extra=0.0, scan_duty=0.0, scan_body_drop=0.0)
     extra = 0.12
     pts = scan_points_b()
     flat_scan = torch.full((1, pts.shape[0]), robot.nominal_base_height)
@@ -338,7 +340,8 @@ def test_uneven_scan_raises_the_duty_and_flat_scan_changes_nothing(uneven_gains,
     flat_scan = torch.full((1, pts.shape[0]), robot.nominal_base_height)
     uneven = flat_scan - torch.where(pts[:, 0] > 0.6, 0.02, 0.0)   # a 2 cm step beyond the feet
     gains = GaitGains(**uneven_gains)
-    adapted, flat, ref, plain = (GaitController(robot, 1, gains=g) for g in (gains, gains, GaitGains(), GaitGains()))
+    off = GaitGains(scan_duty=0.0)
+    adapted, flat, ref, plain = (GaitController(robot, 1, gains=g) for g in (gains, gains, off, off))
     obs = _standing_obs(1)
     for _ in range(60):   # flat ground: bit-for-bit the controller without the rule
         on_flat = {**obs, "height_scan": flat_scan}
@@ -354,3 +357,18 @@ def test_uneven_scan_raises_the_duty_and_flat_scan_changes_nothing(uneven_gains,
 def test_unknown_uneven_ground_gait_is_a_clear_error():
     with pytest.raises(ValueError, match="scan_gait"):
         GaitController(get_robot("go1"), 1, gains=GaitGains(scan_gait="gallop"))
+
+
+def test_uneven_scan_lowers_the_body_and_flat_scan_does_not():
+    from envs.observations import scan_points_b
+    robot = get_robot("go1")
+    pts = scan_points_b()
+    flat_scan = torch.full((1, pts.shape[0]), robot.nominal_base_height)
+    uneven = flat_scan - torch.where(pts[:, 0] > 0.6, 0.02, 0.0)   # a 2 cm step beyond the feet
+    lower, level, flat, ref = (GaitController(robot, 1, gains=GaitGains(scan_body_drop=d)) for d in (0.03, 0.0, 0.03, 0.0))
+    for _ in range(5):   # settling: four legs in stance, the height loop alone sets the vertical force
+        obs = _standing_obs(1)
+        assert torch.equal(flat.act({**obs, "height_scan": flat_scan}), ref.act({**obs, "height_scan": flat_scan}))
+        a_lower, a_level = lower.act({**obs, "height_scan": uneven}), level.act({**obs, "height_scan": uneven})
+    # a 3 cm lower target asks for 3 m/s^2 less vertical acceleration: the stance legs push less
+    assert a_lower.abs().sum() < 0.9 * a_level.abs().sum()
