@@ -502,9 +502,9 @@ class GaitController:
         return (q - self.default_q) / self.action_scale
 
     def _adapt_to_uneven_ground(self, prm: GaitParams, scan: torch.Tensor | None) -> None:
-        """Where the privileged scan spans more than ``scan_uneven``: a wider stance, and (when set) a
-        higher stance duty and a lower stepping frequency. In place on ``prm``; flat scans and blind
-        controllers are untouched."""
+        """Where the privileged scan spans more than ``scan_uneven``: a wider stance, a stance duty of at
+        least ``scan_duty``, a body ``scan_body_drop`` lower and (when set) another stepping frequency
+        and gait. In place on ``prm``; flat scans and blind controllers are untouched."""
         g = self.gains
         if scan is None:
             return
@@ -519,8 +519,8 @@ class GaitController:
         if g.scan_body_drop > 0:
             prm.height = torch.where(uneven, prm.height - g.scan_body_drop, prm.height)
         if g.scan_gait:
-            walk = foot_offsets(*(torch.full_like(prm.duration, v) for v in GAITS[g.scan_gait]))
-            prm.offsets = torch.where(uneven.unsqueeze(-1), walk, prm.offsets)
+            offsets = foot_offsets(*(torch.full_like(prm.duration, v) for v in GAITS[g.scan_gait]))
+            prm.offsets = torch.where(uneven.unsqueeze(-1), offsets, prm.offsets)
 
     def _neutral(self, prm: GaitParams) -> torch.Tensor:
         """(N, 4, 2) neutral footholds in the horizontal frame, from the commanded stance width/length."""
