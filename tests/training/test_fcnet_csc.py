@@ -126,3 +126,18 @@ def test_cache_of_another_dtype_is_a_clear_error():
         model.step(torch.zeros(1, 4, dtype=torch.float64), cache)
     fresh = model.init_cache(1)
     assert model.step(torch.zeros(1, 4, dtype=torch.float64), fresh).dtype == torch.float64
+
+
+def test_bfloat16_model_steps_with_a_complex64_state():
+    """A half-precision model keeps a complex64 state (no complex bf16) and casts the read-out."""
+    torch.manual_seed(0)
+    model = FCNet(obs_dim=5, action_dim=2, context=8, modes=3, hidden=8, num_layers=2, decoder_hidden=8).eval()
+    x = torch.randn(1, 8, 5)
+    with torch.no_grad():
+        ref = model(x)
+    model.bfloat16()   # floating-point parameters only: the complex CSC weights stay complex
+    cache = model.init_cache(1)
+    assert cache.state["Z"].dtype == torch.complex64
+    out = torch.stack([model.step(x[:, t].bfloat16(), cache) for t in range(8)], 1)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() < 2e-2

@@ -119,10 +119,11 @@ class FCNet(SequenceModel):
                 parts = [layer.csc.step_weights() for layer in self.layers]
                 vu = torch.view_as_real(torch.stack([w for w, _ in parts])).flatten(-2)     # (L, d, 2m)
                 u = self.layers[0].csc.u               # every layer has the same n and m
+                real = torch.empty((), dtype=state_dtype).real.dtype   # float32 also for a bf16 model
                 # u spelled out per channel: the update's inner loop then runs over d*m, not over m
-                self._readout = (vu.to(dtype), tuple(rho.to(dtype) for _, rho in parts),
+                self._readout = (vu.to(real), tuple(rho.to(dtype) for _, rho in parts),
                                  u.expand(self.hidden, self.modes).to(state_dtype).contiguous(),
-                                 torch.tensor([1.0, 0.0], dtype=dtype, device=u.device).repeat(self.modes))
+                                 torch.tensor([1.0, 0.0], dtype=real, device=u.device).repeat(self.modes))
             self._readout_key = key
         return self._readout
 
@@ -144,6 +145,8 @@ class FCNet(SequenceModel):
         z = torch.view_as_real(Z).flatten(-2)                                                # (B, L, d, 2m)
         history = torch.matmul(z, real_parts)                                                # (B, L, d)
         x = F.linear(self._input(obs_t, rtg_t), p["weight"], p["bias"])                      # (B, d)
+        if history.dtype != x.dtype:   # half-precision models keep a complex64 state
+            history = history.to(x.dtype)
         inputs = []
         for plan, h, r in zip(layers, history.unbind(1), rho):
             x, f = fourier_step(x, plan, h, r)
