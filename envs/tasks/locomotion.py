@@ -15,6 +15,7 @@ from envs.layout import COMMAND_NAMES
 from envs.observations import TaskView
 from envs.rewards import FeetAirTime, RewardManager, RewardView
 from envs.terminations import Terminations, contact_body_indices
+from envs.view_cache import ViewCache
 
 _FREQ = COMMAND_NAMES.index("gait_frequency")
 
@@ -23,19 +24,6 @@ def _as_slice(idx: torch.Tensor) -> torch.Tensor | slice:
     """Body indices as a slice when they are a non-empty consecutive run (a view, not a gather)."""
     i = idx.tolist()
     return slice(i[0], i[-1] + 1) if i and i == list(range(i[0], i[-1] + 1)) else idx
-
-
-class _Views:
-    """Column views the task reads every step: slicing costs a torch call each, so they are made once
-    for the backend's state buffers (refreshed in place) and the command buffer."""
-
-    def __init__(self, state: RobotState, commands: torch.Tensor, vel_err: torch.Tensor):
-        self.state, self.commands = state, commands
-        self.cmd_xy, self.cmd_yaw_rate = commands[:, :2], commands[:, 2]
-        self.gait_frequency = commands[:, _FREQ]
-        self.lin_vel_xy, self.yaw_rate = state.root_lin_vel_b[:, :2], state.root_ang_vel_b[:, 2]
-        self.v_err, self.w_err = vel_err[:, :2], vel_err[:, 2]   # into the task's (N, 3) error buffer
-        self.vx_and_w_err = vel_err[:, 0::2]
 
 
 @dataclass
@@ -85,8 +73,14 @@ class LocomotionTask:
         self._cmd_speed = torch.zeros(n, device=device)
         self._stats = torch.zeros(n, 4, device=device)
         self._stat_cols = (self._stats[:, 0], self._stats[:, 1], self._stats[:, 2:4])
-        self._views: _Views | None = None
-        self._cmd_xy = self.commands.commands[:, :2]   # the command buffer is updated in place, never replaced
+        # column views read every step (a slice is a torch call each): of the command buffer and the
+        # error buffer, both updated in place and never replaced, and of the backend's state buffers
+        cmd = self.commands.commands
+        self._cmd_xy, self._cmd_yaw_rate, self._gait_frequency = cmd[:, :2], cmd[:, 2], cmd[:, _FREQ]
+        self._v_err, self._w_err = self._vel_err[:, :2], self._vel_err[:, 2]
+        self._vx_and_w_err = self._vel_err[:, 0::2]
+        self._lin_vel_xy = ViewCache(lambda lin_vel_b: lin_vel_b[:, :2])
+        self._yaw_rate = ViewCache(lambda ang_vel_b: ang_vel_b[:, 2])
         self._before_done = False
 
     def view(self, state: RobotState, actions, last_actions, env_params, terrain_height, flat,
@@ -104,13 +98,6 @@ class LocomotionTask:
         self._ep_sums[env_ids] = 0.0
         self.start_xy[env_ids] = root_pos_w[:, :2]
 
-    def _views_of(self, state: RobotState) -> "_Views":
-        """Column views of the (persistent) state and command buffers, made once rather than per step."""
-        cmd = self.commands.commands
-        if self._views is None or self._views.state is not state or self._views.commands is not cmd:
-            self._views = _Views(state, cmd, self._vel_err)
-        return self._views
-
     def before_physics(self) -> None:
         """What ``post_step`` needs that only the commands decide (they change only in ``post_step`` and
         at resets): the LeggedEnv calls it while the backend simulates, before each ``post_step``."""
@@ -121,22 +108,22 @@ class LocomotionTask:
 
     def post_step(self, view: TaskView, base_height: torch.Tensor, last_joint_vel: torch.Tensor,
                   non_finite: torch.Tensor, time_out: torch.Tensor) -> StepResult:
-        s, c = view.state, self._views_of(view.state)
+        s = view.state
         if not self._before_done:  # a caller that does not overlap it with the physics
             self.before_physics()
         self._before_done = False
         # The commands that were in force during this step score it; update them afterwards.
         # Quantities the statistics, terminations and rewards share, computed once, into reused buffers.
         cmd_speed = self._cmd_speed
-        torch.sub(c.lin_vel_xy, c.cmd_xy, out=c.v_err)
-        torch.sub(c.yaw_rate, c.cmd_yaw_rate, out=c.w_err)
+        v_err, w_err = self._v_err, self._w_err
+        torch.sub(self._lin_vel_xy(s.root_lin_vel_b), self._cmd_xy, out=v_err)
+        torch.sub(self._yaw_rate(s.root_ang_vel_b), self._cmd_yaw_rate, out=w_err)
         force_norm = torch.linalg.vector_norm(s.contact_forces, dim=-1) if self._needs_force_norm else None  # (N, B)
         # columns: commanded distance (before_physics), |v_xy err|, |v_x err|, |w_z err|
         _, v_norm, abs_err = self._stat_cols
-        torch.linalg.vector_norm(c.v_err, dim=1, out=v_norm)
-        torch.abs(c.vx_and_w_err, out=abs_err)
+        torch.linalg.vector_norm(v_err, dim=1, out=v_norm)
+        torch.abs(self._vx_and_w_err, out=abs_err)
         self._ep_sums += self._stats
-        v_err, w_err = c.v_err, c.w_err
 
         ends = self.terminations.outcome(s, base_height, non_finite, time_out, force_norm)
         terminated = ends.terminated
@@ -155,7 +142,7 @@ class LocomotionTask:
         self.ep_return += rew
 
         # Advance the gait clock at the commanded frequency (walk-these-ways), then the commands.
-        self.gait_time = torch.remainder(self.gait_time + c.gait_frequency * self.dt, 1.0)
+        self.gait_time = torch.remainder(self.gait_time + self._gait_frequency * self.dt, 1.0)
         self.yaw = self.commands.step(s.root_quat_w, view.yaw)
         return StepResult(rewards=rew, reason=ends.reason, dones=ends.dones, time_outs=ends.time_outs)
 
