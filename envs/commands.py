@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from envs.config import GAITS, CommandsConfig
+from envs.cpu_arrays import cpu_arrays
 from envs.layout import COMMAND_NAMES
 
 _NEVER = 2**62  # a due step no episode reaches
@@ -32,9 +33,9 @@ def yaw_from_quat(q: torch.Tensor) -> torch.Tensor:
     On the CPU the two atan2 arguments are computed with numpy on the tensor's memory: the same
     IEEE-rounded float products and sums as torch's (bit for bit, tested) at a fraction of the cost of
     ten small torch calls; atan2 itself stays torch's, on contiguous inputs as before."""
-    if q.device.type == "cpu" and not q.requires_grad and q.dtype in (torch.float32, torch.float64):
-        a = q.numpy()
-        w, x, y, z = a[..., 0], a[..., 1], a[..., 2], a[..., 3]
+    arrays = cpu_arrays(q) if q.dtype in (torch.float32, torch.float64) else None
+    if arrays is not None:
+        w, x, y, z = (arrays[0][..., i] for i in range(4))
         return torch.atan2(torch.from_numpy(2 * (w * z + x * y)), torch.from_numpy(1 - 2 * (y * y + z * z)))
     w, x, y, z = q.unbind(-1)
     return torch.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
@@ -115,8 +116,11 @@ class CommandManager:
     def _heading_yaw(self, env_ids, root_quat_w: torch.Tensor) -> torch.Tensor:
         return self._yaw_command(self.heading[env_ids], yaw_from_quat(root_quat_w))
 
-    def _yaw_command(self, heading: torch.Tensor, yaw: torch.Tensor) -> torch.Tensor:
-        return (self.cfg.heading_gain * wrap_to_pi(heading - yaw)).clamp(*self._yaw_limits)
+    def _yaw_command(self, heading: torch.Tensor, yaw: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """heading_gain * wrap_to_pi(heading - yaw), clamped to the yaw-rate range; written into ``out``
+        when given (the per-step steering reuses one buffer)."""
+        e = torch.sub(heading, yaw, out=out).add_(math.pi)
+        return torch.remainder(e, 2 * math.pi, out=e).sub_(math.pi).mul_(self.cfg.heading_gain).clamp_(*self._yaw_limits)
 
     def set_commands(self, env_ids: torch.Tensor, commands: torch.Tensor) -> None:
         """Fix these envs' commands until their episode ends (no resampling, no heading steering)."""
@@ -143,10 +147,8 @@ class CommandManager:
         if self._uses_heading and self.command_sampler is None:
             if yaw is None:
                 yaw = yaw_from_quat(root_quat_w)
-            # _yaw_command's arithmetic, in place in a reused buffer; pinned envs keep their command
-            e = torch.sub(self.heading, yaw, out=self._steer).add_(math.pi)
-            torch.remainder(e, 2 * math.pi, out=e).sub_(math.pi).mul_(self.cfg.heading_gain).clamp_(*self._yaw_limits)
-            torch.where(self.pinned, self._yaw_col, e, out=self._yaw_col)
+            steer = self._yaw_command(self.heading, yaw, out=self._steer)
+            torch.where(self.pinned, self._yaw_col, steer, out=self._yaw_col)   # pinned envs keep theirs
         return yaw
 
 
