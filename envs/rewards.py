@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from envs.cpu_arrays import cpu_arrays
 from envs.observations import TaskView
 
 
@@ -246,10 +247,9 @@ class FeetAirTime:
     def update(self, contact: torch.Tensor, dt: float) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (first_contact (N, 4) bool, air time (N, 4) s including this step; the caller may keep it)."""
         buffers = (self.air_time, self.last_contact, contact)
-        if all(t.device.type == "cpu" for t in buffers):
-            # bool logic and one float add give the same bits in either library; on (N, 4) arrays numpy's
-            # per-call cost is a fraction of torch's, and the arrays share the tensors' memory
-            first, air = self._update(np, *(t.numpy() for t in buffers), np.float32(dt))
+        arrays = cpu_arrays(*buffers)
+        if arrays is not None:   # bool logic and one float add: the same bits in either library
+            first, air = self._update(np, *arrays, np.float32(dt))
             return torch.from_numpy(first), torch.from_numpy(air)
         return self._update(torch, *buffers, dt)
 

@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from envs.backends.base import RobotState
-from envs.view_cache import ViewCache
 from envs.config import TerminationsConfig
+from envs.cpu_arrays import cpu_arrays
+from envs.view_cache import ViewCache
 
 TERMINATION_REASONS = ("none", "time_out", "fall", "base_collision", "non_finite")
 REASON_CODE = {name: i for i, name in enumerate(TERMINATION_REASONS)}
@@ -60,11 +61,9 @@ class Terminations:
                      else torch.linalg.vector_norm(state.contact_forces, dim=-1))
         gz = self._gz(state.projected_gravity_b)
         args = (gz, base_height, non_finite, time_out, force)
-        if all(t is None or (t.device.type == "cpu" and not t.requires_grad) for t in args):
-            # comparisons and selections give the same result in any library; on (N,) vectors numpy's
-            # per-call cost is a fraction of torch's, and the arrays share the tensors' memory
-            out = self._outcome(np, *(None if t is None else t.numpy() for t in args))
-            return Outcome(*(torch.from_numpy(a) for a in out))
+        arrays = cpu_arrays(*args)
+        if arrays is not None:   # comparisons and selections: the same result in either library
+            return Outcome(*(torch.from_numpy(a) for a in self._outcome(np, *arrays)))
         return Outcome(*self._outcome(torch, *args))
 
     def _outcome(self, xp, gz, base_height, non_finite, time_out, force) -> tuple:
