@@ -27,9 +27,9 @@ The state is complex128 so its random-walk rounding drift stays ~1e-13 (float32 
 contiguous. The read-out is split (``step_readout``): y_t = Re(sum_l V_l u_l X_l(t-1)) + rho f_t, the
 first term one real dot product per channel of the previous state's real view against
 R = view_as_real(conj(V u)) (d, 2m) - no complex product, no strided reduction, and it does not wait
-for x_t (FCNet evaluates it for all layers in one op). R and rho are cached and rebuilt automatically
-whenever W changes (keyed on the parameter's storage and in-place version counter), so a stale
-readout can never be used silently.
+for x_t (FCNet's block state is Z = (V u) X instead, so its read-out of every layer is one matmul).
+R and rho are cached and rebuilt automatically whenever W changes (keyed on the parameter's storage
+and in-place version counter), so a stale readout can never be used silently.
 """
 from __future__ import annotations
 

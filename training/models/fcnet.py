@@ -47,7 +47,7 @@ def fourier_step(x: torch.Tensor, plan: tuple, history: torch.Tensor,
                  rho: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``FourierLayer.forward`` at one position: x (B, d) -> (X^{l+1}, the CSC input f), both (B, d).
     ``history`` (B, d) is the CSC read-out of the state before this step (a fresh tensor, consumed in
-    place) and rho (d,) the gain of the new input (csc.step_readout), so CSC(f)_t = history + rho f_t.
+    place) and rho (d,) the gain of the new input (csc.step_weights), so CSC(f)_t = history + rho f_t.
     Functional calls on a precomputed plan: at batch 1 Python attribute and module-call overhead would
     be a third of the step (seed 000 C.4 latency); the maths is forward's."""
     shape, eps1, n1, eps2, n2, f1, f2 = plan

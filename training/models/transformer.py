@@ -45,12 +45,6 @@ class SelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         return self.proj(y.transpose(1, 2).reshape(b, l, d))
 
-    def step(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
-             allowed: torch.Tensor) -> torch.Tensor:
-        rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1)
-        return attention_step(x, (self.heads, live_params(self.qkv), live_params(self.proj)), keys, values,
-                              rows, slots, allowed)
-
 
 def attention_step(x: torch.Tensor, plan: tuple, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
                    slots: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
