@@ -10,8 +10,11 @@ import torch
 
 def cpu_arrays(*tensors: torch.Tensor | None) -> tuple | None:
     """numpy views of these tensors (None stays None) when every one is a CPU tensor outside autograd
-    in a dtype numpy has; otherwise None (a GPU tensor, a tensor that needs grad, bfloat16)."""
-    for t in tensors:
-        if t is not None and (t.device.type != "cpu" or t.requires_grad or t.dtype == torch.bfloat16):
-            return None
-    return tuple(None if t is None else t.numpy() for t in tensors)
+    in a dtype numpy has; otherwise None (a GPU tensor, a tensor that needs grad, bfloat16).
+
+    ``Tensor.numpy`` itself refuses exactly those cases, so it is the check: asking each tensor for
+    its device, grad flag and dtype first would cost three property calls a tensor on the hot path."""
+    try:
+        return tuple(None if t is None else t.numpy() for t in tensors)
+    except (TypeError, RuntimeError):
+        return None
