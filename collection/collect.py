@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from collection.background_writer import BackgroundWriter
-from collection.labels import LabelRule
-from collection.progress import Progress, Tally
-from collection.rollout import Rollout, RolloutConfig
-from collection.skills import SkillCommandSampler, parse_skills
-from tools.seeding import derive_seed, seed_everything
+from quadforge.collection.background_writer import BackgroundWriter
+from quadforge.collection.labels import LabelRule
+from quadforge.collection.progress import Progress, Tally
+from quadforge.collection.rollout import Rollout, RolloutConfig
+from quadforge.collection.skills import SkillCommandSampler, parse_skills
+from quadforge.tools.seeding import derive_seed, seed_everything
 
 POLICY_HELP = "'gait' (the gait controller expert) or a checkpoint path"
 
@@ -75,7 +75,7 @@ class CollectConfig:
             raise bad("compact_every", "an integer >= 0")
         if self.num_threads < 1:
             raise bad("num_threads", "an integer >= 1")
-        from envs.robots import ROBOTS
+        from quadforge.envs.robots import ROBOTS
         if self.robot not in ROBOTS:
             raise bad("robot", ", ".join(ROBOTS))
         terrain_config(self.terrain)
@@ -92,7 +92,7 @@ def terrain_config(spec: str) -> Any:
     spec = spec.strip()
     if spec == "flat":
         return None
-    from envs.terrain import TERRAIN_TYPES, TerrainConfig
+    from quadforge.envs.terrain import TERRAIN_TYPES, TerrainConfig
     if spec == "mixed":
         return TerrainConfig.mixed()
     types = [t.strip() for t in spec.split(",") if t.strip()]
@@ -105,8 +105,8 @@ def terrain_config(spec: str) -> Any:
 
 def build_env(cfg: CollectConfig, seed: int) -> Any:
     """The env for one collector: commands fixed per episode (one skill each), optional pushes."""
-    from envs.config import EnvConfig
-    from envs.vec_env import LeggedEnv
+    from quadforge.envs.config import EnvConfig
+    from quadforge.envs.vec_env import LeggedEnv
 
     env_cfg = EnvConfig.flat(robot=cfg.robot, num_envs=cfg.num_envs, seed=seed)
     env_cfg.terrain = terrain_config(cfg.terrain)
@@ -127,9 +127,9 @@ def make_policy(spec: str, env: Any, robot: str | None = None) -> Any:
     """The gait expert (``spec == "gait"``), or a checkpoint through ``training.deploy.load_policy``
     (outside/PPO experts and models trained here alike); a policy emitting high-level commands runs
     over the gait expert."""
-    from experts.gait import GaitController
-    from experts.hierarchical import HierarchicalPolicy
-    from training.deploy import load_policy
+    from quadforge.experts.gait import GaitController
+    from quadforge.experts.hierarchical import HierarchicalPolicy
+    from quadforge.training.deploy import load_policy
 
     def gait() -> GaitController:
         return GaitController(env.robot, env.num_envs, env.dt, device=str(env.device))
@@ -142,13 +142,13 @@ def make_policy(spec: str, env: Any, robot: str | None = None) -> Any:
 
 def store_count(out: str) -> int:
     """Episodes already in the store or staged (complete staging files only)."""
-    from data.store import TrajectoryStore
+    from quadforge.data.store import TrajectoryStore
     return len(TrajectoryStore.existing_episode_ids(out))
 
 
 def compact_store(out: str) -> None:
     """Compact what is staged (a no-op store-wise when nothing is)."""
-    from data.store import compact
+    from quadforge.data.store import compact
     if Path(out).is_dir():
         compact(out)
 
@@ -163,7 +163,7 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
     ``compact`` it compacts every ``cfg.compact_every`` episodes.
     """
     import torch
-    from data.staging import StagingWriter
+    from quadforge.data.staging import StagingWriter
 
     torch.set_num_threads(cfg.num_threads)
     writer = StagingWriter(cfg.out, collector_id)
@@ -256,7 +256,7 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if cfg.workers:
-        from collection.distributed import run_distributed
+        from quadforge.collection.distributed import run_distributed
         summary = run_distributed(cfg)
     else:
         summary = run_local(cfg)

@@ -13,8 +13,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from collection.collect import CollectConfig, collect_episodes, compact_store, store_count
-from collection.progress import Progress, Tally
+from quadforge.collection.collect import CollectConfig, collect_episodes, compact_store, store_count
+from quadforge.collection.progress import Progress, Tally
 
 POLL_S = 1.0
 

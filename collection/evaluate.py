@@ -36,10 +36,10 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from collection.labels import LabelRule
-from collection.metrics import episode_metrics, summarize
-from collection.rollout import Rollout, RolloutConfig
-from tools.seeding import derive_seed, seed_everything
+from quadforge.collection.labels import LabelRule
+from quadforge.collection.metrics import episode_metrics, summarize
+from quadforge.collection.rollout import Rollout, RolloutConfig
+from quadforge.tools.seeding import derive_seed, seed_everything
 
 
 @dataclass
@@ -69,7 +69,7 @@ class EvalConfig:
                 raise bad(name, "an integer >= 1")
         if not (self.max_episode_s > 0 and math.isfinite(self.max_episode_s)):
             raise bad("max_episode_s", "a finite number > 0 (seconds)")
-        from envs.robots import ROBOTS
+        from quadforge.envs.robots import ROBOTS
         if self.robot not in ROBOTS:
             raise bad("robot", ", ".join(ROBOTS))
         terrain_types(self.terrain)
@@ -77,7 +77,7 @@ class EvalConfig:
         if max(levels) >= self.num_levels:
             raise ValueError(f"--levels={self.levels!r} reaches level {max(levels)}; the grid has --num-levels="
                              f"{self.num_levels} (levels 0..{self.num_levels - 1})")
-        from collection.skills import parse_skills
+        from quadforge.collection.skills import parse_skills
         if not self.commands:
             raise bad("commands", "one or more skills or skill mixes, e.g. walking or walking=0.5,turning=0.5")
         for c in self.commands:
@@ -111,7 +111,7 @@ def parse_levels(text: str) -> list[int]:
 
 def terrain_types(spec: str) -> list[str]:
     """The terrain types of ``--terrain``: a comma list, or 'mixed' for every type."""
-    from envs.terrain import TERRAIN_TYPES
+    from quadforge.envs.terrain import TERRAIN_TYPES
     spec = spec.strip()
     if spec == "mixed":
         return list(TERRAIN_TYPES)
@@ -125,9 +125,9 @@ def terrain_types(spec: str) -> list[str]:
 
 def build_env(cfg: EvalConfig, seed: int) -> Any:
     """One column per type, ``num_levels`` rows, curriculum off, commands held per episode, no pushes."""
-    from envs.config import EnvConfig
-    from envs.terrain import TerrainConfig
-    from envs.vec_env import LeggedEnv
+    from quadforge.envs.config import EnvConfig
+    from quadforge.envs.terrain import TerrainConfig
+    from quadforge.envs.vec_env import LeggedEnv
 
     types = terrain_types(cfg.terrain)
     env_cfg = EnvConfig.flat(robot=cfg.robot, num_envs=cfg.num_envs, seed=seed)
@@ -206,7 +206,7 @@ def run_round(env: Any, rollout: Rollout, cells: list[tuple[str, int]], episodes
 
 
 def load_policy(cfg: EvalConfig, env: Any) -> Any:
-    from collection.collect import CollectConfig, build_policy
+    from quadforge.collection.collect import CollectConfig, build_policy
     policy = build_policy(CollectConfig(out="", episodes=1, policy=cfg.policy, robot=cfg.robot), env)
     check = getattr(policy, "check_terms", None)
     if callable(check):  # a checkpoint whose terms the env does not provide: a clear error before running
@@ -216,11 +216,11 @@ def load_policy(cfg: EvalConfig, env: Any) -> Any:
 
 def evaluate(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the sweep; the result dict that ``write_outputs`` saves (see the module doc)."""
-    from collection.skills import SkillCommandSampler, parse_skills
+    from quadforge.collection.skills import SkillCommandSampler, parse_skills
 
     cfg.validate()
     if cfg.video:
-        from collection.video import prepare_gl
+        from quadforge.collection.video import prepare_gl
         prepare_gl()
     torch.set_num_threads(cfg.num_threads)
     seed_everything(cfg.seed)
@@ -231,7 +231,7 @@ def evaluate(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, A
         policy = load_policy(cfg, env)
         recorder = None
         if cfg.video:
-            from collection.video import VideoRecorder
+            from quadforge.collection.video import VideoRecorder
             recorder = VideoRecorder.try_create(env, cfg.video_steps, log)
         timed = TimedPolicy(policy, recorder.capture if recorder is not None else None)
         col_of = {name: col for col, name in enumerate(
@@ -283,7 +283,7 @@ def evaluate(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, A
 
 def write_outputs(result: dict[str, Any], out: str | Path, title: str | None = None) -> dict[str, Path]:
     """eval.json, report.md and the PNG plots into ``out``; the paths written."""
-    from tools.reports import eval_report_markdown, plot_vs_level
+    from quadforge.tools.reports import eval_report_markdown, plot_vs_level
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "eval.json", "report": out / "report.md"}
@@ -324,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args).validate()
     result = evaluate(cfg)
     paths = write_outputs(result, cfg.out)
-    from tools.reports import cells_table
+    from quadforge.tools.reports import cells_table
     print(cells_table([result]))
     print(f"report: {paths['report']}  json: {paths['json']}")
     return 0

@@ -78,7 +78,7 @@ def termination_name(reason: int | str) -> str:
     """The name of an env termination reason given as its name or as its integer code."""
     if isinstance(reason, str):
         return reason
-    from envs.terminations import TERMINATION_REASONS  # the env's code table
+    from quadforge.envs.terminations import TERMINATION_REASONS  # the env's code table
 
     code = int(reason)
     if not 0 <= code < len(TERMINATION_REASONS):

@@ -23,9 +23,9 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from envs.config import DEFAULT_GAIT_COMMAND
-from envs.layout import COMMAND_NAMES
-from tools.seeding import numpy_rng
+from quadforge.envs.config import DEFAULT_GAIT_COMMAND
+from quadforge.envs.layout import COMMAND_NAMES
+from quadforge.tools.seeding import numpy_rng
 
 _INDEX = {name: i for i, name in enumerate(COMMAND_NAMES)}
 

@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def summary(store_path: str | Path) -> dict[str, Any]:
-    from data.staging import list_staged
-    from data.store import TrajectoryStore
+    from quadforge.data.staging import list_staged
+    from quadforge.data.store import TrajectoryStore
     store = TrajectoryStore.open(store_path)
     t = store.episodes
     success = t["success"]
@@ -76,23 +76,23 @@ def run(args: argparse.Namespace) -> int:
             _print_summary(s)
         return 0
     if args.action == "validate":
-        from data.validate import validate
+        from quadforge.data.validate import validate
         rep = validate(args.store, check_values=not args.no_values)
         print(rep.text())
         return 0 if rep.ok else 1
     if args.action == "compact":
-        from data.store import compact
+        from quadforge.data.store import compact
         r = compact(args.store)
         print(f"generation {r.generation}: appended {len(r.appended)} episode(s), {r.steps} steps; "
               f"removed {len(r.skipped)} already-stored staging file(s); {r.seconds:.2f} s")
         return 0
     if args.action == "export-hdf5":
-        from data.export import export_hdf5
+        from quadforge.data.export import export_hdf5
         n = export_hdf5(args.store, args.output, compression=args.compression)
         print(f"wrote {n} demos to {args.output}")
         return 0
     if args.action == "import-hdf5":
-        from data.export import import_hdf5
+        from quadforge.data.export import import_hdf5
         n = import_hdf5(args.input, args.store)
         print(f"imported {n} demos into {args.store}")
         return 0

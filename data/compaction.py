@@ -24,12 +24,12 @@ from typing import Any, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
-from data.schema import IMAGE_PREFIX, StoreSchema, spec_for
-from data.staging import episode_id_of, fsync_dir, list_staged, read_staged, read_staged_header
-from data.stats import RunningStats
-from data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable, array_path,
+from quadforge.data.schema import IMAGE_PREFIX, StoreSchema, spec_for
+from quadforge.data.staging import episode_id_of, fsync_dir, list_staged, read_staged, read_staged_header
+from quadforge.data.stats import RunningStats
+from quadforge.data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable, array_path,
                         read_episode_table, read_json, read_manifest, write_json_atomic)
-from data.schema import FORMAT_VERSION
+from quadforge.data.schema import FORMAT_VERSION
 
 LOCK_FILE = ".lock"
 TARGET_CHUNK_BYTES = 2 << 20        # ~2 MiB per chunk (diffusion_policy's choice)

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from data.schema import IMAGE_PREFIX
-from data.staging import write_staging_file
-from data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore, compact
-from envs.layout import TERM_DIMS
+from quadforge.data.schema import IMAGE_PREFIX
+from quadforge.data.staging import write_staging_file
+from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore, compact
+from quadforge.envs.layout import TERM_DIMS
 
 FORMAT = "quadforge-robomimic-1"
 TOP_LEVEL = ("actions", "rewards")

@@ -15,10 +15,10 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import torch
 
-from data.episodes import (EpisodeArrays, as_episode_arrays, discounted_returns, select_episodes,
+from quadforge.data.episodes import (EpisodeArrays, as_episode_arrays, discounted_returns, select_episodes,
                            SPLITS)
-from envs.layout import ObsLayout
-from tools.seeding import numpy_rng
+from quadforge.envs.layout import ObsLayout
+from quadforge.tools.seeding import numpy_rng
 
 __all__ = ["EpisodeArrays", "WindowSampler", "TransitionSampler", "SPLITS"]
 

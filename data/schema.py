@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from envs.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, JOINT_NAMES, LEGS, TERM_DIMS
+from quadforge.envs.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, JOINT_NAMES, LEGS, TERM_DIMS
 
 FORMAT_VERSION = 1
 IMAGE_PREFIX = "images/"

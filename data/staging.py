@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from data.schema import CATALOGUE, IMAGE_PREFIX, check_episode
+from quadforge.data.schema import CATALOGUE, IMAGE_PREFIX, check_episode
 
 STAGING_DIR = "staging"
 SUFFIX = ".episode"
@@ -143,7 +143,7 @@ class StagingWriter:
         self.collector_id = str(collector_id)
         self.dir = staging_dir(self.store_path)
         self.dir.mkdir(parents=True, exist_ok=True)
-        from data.store import TrajectoryStore  # the store module imports this one
+        from quadforge.data.store import TrajectoryStore  # the store module imports this one
         prefix = self.collector_id + "-"
         counters = [int(eid[len(prefix):]) for eid in TrajectoryStore.existing_episode_ids(self.store_path)
                     if eid.startswith(prefix) and eid[len(prefix):].isdigit()]

@@ -27,9 +27,9 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from data.schema import FORMAT_VERSION, IMAGE_PREFIX, StoreSchema
-from data.staging import episode_id_of, fsync_dir, list_staged
-from data.stats import RunningStats
+from quadforge.data.schema import FORMAT_VERSION, IMAGE_PREFIX, StoreSchema
+from quadforge.data.staging import episode_id_of, fsync_dir, list_staged
+from quadforge.data.stats import RunningStats
 
 MANIFEST = "manifest.json"
 SCHEMA_FILE = "meta/schema.json"
@@ -96,7 +96,7 @@ class EpisodeTable:
 
     def select(self, filters: Mapping[str, Any] | None = None) -> np.ndarray:
         """Indices of the episodes passing the sampler filters (``data.episodes.FILTER_KEYS``)."""
-        from data.episodes import filter_episodes
+        from quadforge.data.episodes import filter_episodes
         return filter_episodes(self.data, np.arange(len(self)), filters)
 
     @classmethod
@@ -289,5 +289,5 @@ class TrajectoryStore:
 
 def compact(store_path: str | Path, **kwargs: Any):
     """Append staged episodes to the store under its lock (see ``data.compaction.compact``)."""
-    from data.compaction import compact as _compact  # compaction builds on this module
+    from quadforge.data.compaction import compact as _compact  # compaction builds on this module
     return _compact(store_path, **kwargs)

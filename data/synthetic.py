@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from data.schema import CATALOGUE
+from quadforge.data.schema import CATALOGUE
 
 # what a proprioceptive collection stores: the deployable terms + per-step signals
 PROPRIO_FEATURES = ("base_lin_vel", "base_ang_vel", "projected_gravity", "commands", "dof_pos", "dof_vel",

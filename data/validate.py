@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from data.schema import IMAGE_PREFIX, StoreSchema
-from data.staging import list_staged
-from data.stats import RunningStats
-from data.store import (MANIFEST, SCHEMA_FILE, array_path, read_episode_table, read_json, read_manifest)
+from quadforge.data.schema import IMAGE_PREFIX, StoreSchema
+from quadforge.data.staging import list_staged
+from quadforge.data.stats import RunningStats
+from quadforge.data.store import (MANIFEST, SCHEMA_FILE, array_path, read_episode_table, read_json, read_manifest)
 
 
 @dataclass

@@ -13,9 +13,9 @@ from typing import Callable
 
 import torch
 
-from envs.config import GAITS, CommandsConfig
-from envs.cpu_arrays import cpu_arrays
-from envs.layout import COMMAND_NAMES
+from quadforge.envs.config import GAITS, CommandsConfig
+from quadforge.envs.cpu_arrays import cpu_arrays
+from quadforge.envs.layout import COMMAND_NAMES
 
 _NEVER = 2**62  # a due step no episode reaches
 CommandSampler = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
@@ -153,5 +153,5 @@ class CommandManager:
 
 
 def _trot_default(name: str) -> float:
-    from envs.config import DEFAULT_GAIT_COMMAND
+    from quadforge.envs.config import DEFAULT_GAIT_COMMAND
     return DEFAULT_GAIT_COMMAND[name]

@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from envs.backends.base import BackendConfig
-from envs.backends.base import RandomizationConfig as PhysicsRandomizationConfig
-from envs.layout import COMMAND_NAMES, LAYOUTS, TERM_DIMS
+from quadforge.envs.backends.base import BackendConfig
+from quadforge.envs.backends.base import RandomizationConfig as PhysicsRandomizationConfig
+from quadforge.envs.layout import COMMAND_NAMES, LAYOUTS, TERM_DIMS
 
 COMMAND_MODES = ("joystick", "gait")
 GAITS: dict[str, tuple[float, float, float]] = {  # (phase, offset, bound), walk-these-ways
@@ -146,7 +146,7 @@ class RewardsConfig:
     penalized_contact_bodies: tuple[str, ...] = ("thigh", "calf")  # body suffixes the collision term counts
 
     def validate(self) -> None:
-        from envs.rewards import REWARD_TERMS  # the registry lives with the reward functions
+        from quadforge.envs.rewards import REWARD_TERMS  # the registry lives with the reward functions
         unknown = sorted(set(self.scales) - set(REWARD_TERMS))
         if unknown:
             raise _err("rewards.scales", unknown, f"terms from {sorted(REWARD_TERMS)}")
@@ -249,7 +249,7 @@ class EnvConfig:
     def rough(cls, robot: str = "go1", num_envs: int = 16, seed: int = 0, terrain: Any | None = None,
               **kw: Any) -> "EnvConfig":
         """On a terrain grid: ``terrain`` (a TerrainConfig) or legged_gym's mix ``TerrainConfig.mixed()``."""
-        from envs.terrain import TerrainConfig
+        from quadforge.envs.terrain import TerrainConfig
         return cls(backend=BackendConfig(robot=robot, num_envs=num_envs, seed=seed),
                    terrain=terrain if terrain is not None else TerrainConfig.mixed(), **kw)
 
@@ -273,7 +273,7 @@ class EnvConfig:
         b = self.backend
         if not isinstance(b.num_envs, int) or b.num_envs < 1:
             raise _err("backend.num_envs", b.num_envs, "an integer >= 1")
-        from envs.robots import ROBOTS
+        from quadforge.envs.robots import ROBOTS
         if b.robot not in ROBOTS:
             raise _err("backend.robot", b.robot, str(tuple(ROBOTS)))
         if not b.sim_dt > 0:
@@ -284,7 +284,7 @@ class EnvConfig:
             raise _err("backend.num_threads", b.num_threads, "None or >= 1")
         if b.terrain is not None and b.terrain is not self.terrain:
             raise _err("backend.terrain", b.terrain, "None (set EnvConfig.terrain instead)")
-        from envs.backends import BACKENDS, PLANNED
+        from quadforge.envs.backends import BACKENDS, PLANNED
         if self.backend_name not in BACKENDS and self.backend_name not in PLANNED:
             raise _err("backend_name", self.backend_name, str(BACKENDS))
         if not self.episode_length_s >= self.dt:
@@ -302,7 +302,7 @@ class EnvConfig:
 
 
 def _validate_terrain(t: Any) -> None:
-    from envs.terrain import TERRAIN_TYPES
+    from quadforge.envs.terrain import TERRAIN_TYPES
     props = getattr(t, "proportions", None)
     if not isinstance(props, dict) or not props:
         raise _err("terrain.proportions", props, f"a non-empty dict over {TERRAIN_TYPES}")

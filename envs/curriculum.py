@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from envs.terrain import TERRAIN_TYPES, Terrain
-from tools.seeding import torch_generator
+from quadforge.envs.terrain import TERRAIN_TYPES, Terrain
+from quadforge.tools.seeding import torch_generator
 
 
 def next_levels(levels: torch.Tensor, distance: torch.Tensor, commanded_distance: torch.Tensor,

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from envs.robots import RobotSpec
+from quadforge.envs.robots import RobotSpec
 
 _EPS = 1e-6
 

@@ -12,10 +12,10 @@ from typing import Callable, Mapping
 
 import torch
 
-from envs.backends.base import RobotState
-from envs.commands import yaw_from_quat
-from envs.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, TERM_DIMS
-from envs.view_cache import ViewCache
+from quadforge.envs.backends.base import RobotState
+from quadforge.envs.commands import yaw_from_quat
+from quadforge.envs.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, TERM_DIMS
+from quadforge.envs.view_cache import ViewCache
 
 _C = {n: i for i, n in enumerate(COMMAND_NAMES)}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from envs.config import RandomizationConfig
+from quadforge.envs.config import RandomizationConfig
 
 
 class Pushes:

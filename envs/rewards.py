@@ -20,8 +20,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from envs.cpu_arrays import cpu_arrays
-from envs.observations import TaskView
+from quadforge.envs.cpu_arrays import cpu_arrays
+from quadforge.envs.observations import TaskView
 
 
 @dataclass

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envs.layout import JOINT_NAMES, LEGS
+from quadforge.envs.layout import JOINT_NAMES, LEGS
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 ROBOTS = ("go1", "aliengo")

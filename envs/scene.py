@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import mujoco
 import numpy as np
 
-from envs.backends.base import RandomizationConfig
-from envs.layout import JOINT_NAMES, LEGS
+from quadforge.envs.backends.base import RandomizationConfig
+from quadforge.envs.layout import JOINT_NAMES, LEGS
 
 # The tracked bodies of RobotState.contact_forces, in this order. Calf entries exclude the foot
 # sphere (a geom of the calf body), so a foot on the ground is never a "calf collision".

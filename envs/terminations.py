@@ -10,10 +10,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from envs.backends.base import RobotState
-from envs.config import TerminationsConfig
-from envs.cpu_arrays import cpu_arrays
-from envs.view_cache import ViewCache
+from quadforge.envs.backends.base import RobotState
+from quadforge.envs.config import TerminationsConfig
+from quadforge.envs.cpu_arrays import cpu_arrays
+from quadforge.envs.view_cache import ViewCache
 
 TERMINATION_REASONS = ("none", "time_out", "fall", "base_collision", "non_finite")
 REASON_CODE = {name: i for i, name in enumerate(TERMINATION_REASONS)}

@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from tools.seeding import numpy_rng
+from quadforge.tools.seeding import numpy_rng
 
 TERRAIN_TYPES = ("flat", "slope_up", "slope_down", "rough_slope", "stairs_up", "stairs_down",
                  "obstacles", "stepping_stones", "gaps")

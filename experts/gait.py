@@ -35,8 +35,8 @@ from typing import Mapping
 
 import torch
 
-from envs.kinematics import LegKinematics
-from envs.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, LEGS, NUM_JOINTS
+from quadforge.envs.kinematics import LegKinematics
+from quadforge.envs.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, LEGS, NUM_JOINTS
 
 # (phase, offset, bound) of walk-these-ways' four named gaits.
 GAITS: dict[str, tuple[float, float, float]] = {

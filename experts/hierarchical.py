@@ -20,8 +20,8 @@ from typing import Mapping
 
 import torch
 
-from envs.layout import COMMAND_NAMES, NUM_JOINTS
-from experts.policy import check_policy
+from quadforge.envs.layout import COMMAND_NAMES, NUM_JOINTS
+from quadforge.experts.policy import check_policy
 
 # seed 003 Eq. 9, in order
 HL_COMMAND_NAMES = ("lin_vel_x", "lin_vel_y", "ang_vel_yaw", "gait_phase", "gait_offset", "gait_bound",

@@ -34,8 +34,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from envs.layout import LAYOUTS, LEGS, NUM_JOINTS, WTW_70, ObsLayout, get_layout
-from experts.actor_policy import ISAAC_GYM_LEGS, ActorPolicy, FrameObs, HistoryObs, JointOrder
+from quadforge.envs.layout import LAYOUTS, LEGS, NUM_JOINTS, WTW_70, ObsLayout, get_layout
+from quadforge.experts.actor_policy import ISAAC_GYM_LEGS, ActorPolicy, FrameObs, HistoryObs, JointOrder
 
 KINDS = ("auto", "rsl_rl", "torchscript", "wtw")
 
@@ -189,7 +189,7 @@ def _check_dims(source: str, layout: ObsLayout, in_dim: int | None, out_dim: int
 
 
 def _action_gain(robot: str, source_scale: float, hip_reduction: float = 1.0) -> torch.Tensor:
-    from envs.robots import get_robot
+    from quadforge.envs.robots import get_robot
     gain = torch.full((NUM_JOINTS,), source_scale / float(get_robot(robot).action_scale))
     gain[0::3] *= hip_reduction  # hips are every third joint in any leg-major order
     return gain
@@ -360,9 +360,9 @@ def load_expert(path: str | Path, kind: str = "auto", layout: str | ObsLayout | 
         kind = detect_kind(path)
         if kind == "quadforge":
             raise ValueError(f"{path} is a quadforge trained-model checkpoint; load it with "
-                             "training.deploy.load_policy")
+                             "quadforge.training.deploy.load_policy")
     if kind == "rsl_rl" and path.is_dir():
-        from experts.ppo import latest_checkpoint
+        from quadforge.experts.ppo import latest_checkpoint
         path = latest_checkpoint(path)
     loaders = {"rsl_rl": load_rsl_rl, "torchscript": load_torchscript, "wtw": load_wtw}
     if kind != "rsl_rl" and robot is None:
@@ -378,5 +378,5 @@ def load_expert(path: str | Path, kind: str = "auto", layout: str | ObsLayout | 
 def load_policy(path: str | Path, num_envs: int, device: str = "cpu"):
     """The entry point for any checkpoint; ``training.deploy.load_policy`` does the routing (experts
     here, models trained by ``quadforge train`` there) so there is one place that decides."""
-    from training.deploy import load_policy as load_any
+    from quadforge.training.deploy import load_policy as load_any
     return load_any(path, num_envs, device)

@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
-from tools.overrides import parse_overrides  # noqa: F401  (re-exported for callers)
+from quadforge.tools.overrides import parse_overrides  # noqa: F401  (re-exported for callers)
 
 PRESETS_HELP = "legged_gym (the paper's PPO settings, 4096 envs) or cpu (scaled to a 2-core machine)"
 CHECKPOINT_PREFIX = "model_"
@@ -194,9 +194,9 @@ def _runner_class():
 
 
 def build_env(cfg: TrainExpertConfig, preset: PPOPreset):
-    from collection.collect import terrain_config  # the one parser of flat | mixed | <types>
-    from envs.config import EnvConfig
-    from envs.vec_env import LeggedEnv
+    from quadforge.collection.collect import terrain_config  # the one parser of flat | mixed | <types>
+    from quadforge.envs.config import EnvConfig
+    from quadforge.envs.vec_env import LeggedEnv
 
     env_cfg = EnvConfig.flat(robot=cfg.robot, num_envs=preset.num_envs, seed=cfg.seed)
     env_cfg.terrain = terrain_config(cfg.terrain)
@@ -209,8 +209,8 @@ def train(cfg: TrainExpertConfig) -> Path:
     """Train; returns the path of the last checkpoint. TensorBoard logs and checkpoints go to ``cfg.out``."""
     import torch
 
-    from envs.vec_env import RslRlLogView
-    from tools.seeding import seed_everything
+    from quadforge.envs.vec_env import RslRlLogView
+    from quadforge.tools.seeding import seed_everything
 
     if cfg.iterations < 1:
         raise ValueError(f"--iterations={cfg.iterations} is invalid; allowed: an integer >= 1")

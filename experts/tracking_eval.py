@@ -1,6 +1,6 @@
 """Velocity tracking and fall rate of an expert per terrain type: the measurement behind MODEL_CARD.md.
 
-``python -m experts.tracking_eval --policy PATH|gait [--level L] [--envs-per-type K] [--json OUT]``
+``python -m quadforge.experts.tracking_eval --policy PATH|gait [--level L] [--envs-per-type K] [--json OUT]``
 
 One ``LeggedEnv`` with a plane row (``flat`` plane) or a tile grid of every terrain type, the curriculum
 off and every env pinned to (level L, a column of its type); the policy runs through
@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from experts.ppo import apply_env_overrides, parse_overrides
+from quadforge.experts.ppo import apply_env_overrides, parse_overrides
 
 FAILURES = ("fall", "base_collision", "non_finite")
 
 
 def _policy(spec: str, env: Any):
-    from collection.collect import make_policy
+    from quadforge.collection.collect import make_policy
     return make_policy(spec, env)
 
 
@@ -52,9 +52,9 @@ def training_overrides(policy_spec: str) -> dict[str, Any]:
 
 def _env(terrain: str, num_envs: int, robot: str, seed: int, episode_s: float, num_threads: int,
          overrides: dict[str, Any]):
-    from envs.config import EnvConfig
-    from envs.terrain import TERRAIN_TYPES, TerrainConfig
-    from envs.vec_env import LeggedEnv
+    from quadforge.envs.config import EnvConfig
+    from quadforge.envs.terrain import TERRAIN_TYPES, TerrainConfig
+    from quadforge.envs.vec_env import LeggedEnv
 
     cfg = EnvConfig.flat(robot=robot, num_envs=num_envs, seed=seed)
     cfg.terrain = None if terrain == "plane" else TerrainConfig.of_types(list(TERRAIN_TYPES), num_cols=len(TERRAIN_TYPES))
@@ -66,7 +66,7 @@ def _env(terrain: str, num_envs: int, robot: str, seed: int, episode_s: float, n
 
 
 def _first_episodes(env: Any, policy: Any) -> list[dict[str, Any]]:
-    from collection.rollout import Rollout, RolloutConfig
+    from quadforge.collection.rollout import Rollout, RolloutConfig
 
     rollout = Rollout(env, policy, RolloutConfig(record=False))
     first: dict[int, dict[str, Any]] = {}
@@ -89,7 +89,7 @@ def evaluate(policy_spec: str, robot: str = "go1", level: int = 0, envs_per_type
              overrides: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
     """{terrain: summary}: "plane" plus every terrain type at ``level``. ``overrides``: ``env.*`` settings
     (default: the ones the checkpoint was trained with, e.g. its command ranges)."""
-    from envs.terrain import TERRAIN_TYPES
+    from quadforge.envs.terrain import TERRAIN_TYPES
 
     overrides = training_overrides(policy_spec) if overrides is None else overrides
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="env settings (default: those the checkpoint was trained with)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    from tools.bench.common import Table
+    from quadforge.tools.bench.common import Table
     t0 = time.time()
     overrides = parse_overrides(args.overrides) if args.overrides else training_overrides(args.policy)
     print(f"env overrides: {overrides}")

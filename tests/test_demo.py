@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from tools.cli import main as cli_main
+from quadforge.tools.cli import main as cli_main
 
 torch.set_num_threads(1)
 

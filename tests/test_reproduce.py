@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from data.episodes import EpisodeArrays
-from tools.cli import main as cli_main
-from tools.reproduce import ReproduceConfig, prefix, run_reproduction
+from quadforge.data.episodes import EpisodeArrays
+from quadforge.tools.cli import main as cli_main
+from quadforge.tools.reproduce import ReproduceConfig, prefix, run_reproduction
 
 torch.set_num_threads(1)
 

@@ -12,21 +12,23 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("tools.demo", "end-to-end demo: collect with the gait expert, train FCNet, evaluate both"),
-    "rollout": ("tools.rollout_cmd", "run a policy in the env for a few seconds and print a summary"),
-    "collect": ("collection.collect", "collect labelled episodes into a zarr trajectory store"),
-    "dataset": ("data.cli", "inspect, validate, export or import a trajectory store"),
-    "train": ("training.cli", "train an imitation model or GeRM on a trajectory store"),
-    "train-expert": ("experts.ppo", "train a PPO expert with rsl_rl on the locomotion task"),
-    "eval": ("collection.evaluate", "closed-loop evaluation of a policy across terrain types and levels"),
-    "eval-expert": ("collection.evaluate_expert", "evaluate an expert per terrain type x level"),
-    "reproduce": ("tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency)"),
-    "bench": ("tools.bench.cli", "benchmarks: sim | env_step | experts | store | models | germ"),
+    "demo": ("quadforge.tools.demo", "end-to-end demo: collect with the gait expert, train FCNet, evaluate both"),
+    "rollout": ("quadforge.tools.rollout_cmd", "run a policy in the env for a few seconds and print a summary"),
+    "collect": ("quadforge.collection.collect", "collect labelled episodes into a zarr trajectory store"),
+    "dataset": ("quadforge.data.cli", "inspect, validate, export or import a trajectory store"),
+    "train": ("quadforge.training.cli", "train an imitation model or GeRM on a trajectory store"),
+    "train-expert": ("quadforge.experts.ppo", "train a PPO expert with rsl_rl on the locomotion task"),
+    "eval": ("quadforge.collection.evaluate", "closed-loop evaluation of a policy across terrain types and levels"),
+    "eval-expert": ("quadforge.collection.evaluate_expert", "evaluate an expert per terrain type x level"),
+    "reproduce": ("quadforge.tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency)"),
+    "bench": ("quadforge.tools.bench.cli", "benchmarks: sim | env_step | experts | store | models | germ"),
 }
 
 
 def build_parser(with_subcommand: str | None = None) -> argparse.ArgumentParser:
+    from quadforge import __version__
     parser = argparse.ArgumentParser(prog="quadforge", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"quadforge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -37,10 +39,19 @@ def build_parser(with_subcommand: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:
+        from quadforge import __version__
+        print(f"quadforge {__version__}")
+        return 0
     name = next((a for a in argv if not a.startswith("-")), None)
     if name not in COMMANDS:
-        build_parser().print_help()
-        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+        if not argv or argv[0] in ("-h", "--help"):
+            build_parser().print_help()
+            return 0
+        what = f"unknown command {name!r}" if name else f"unknown option {argv[0]!r}"
+        print(f"quadforge: error: {what} (commands: {', '.join(COMMANDS)}; see quadforge --help)",
+              file=sys.stderr)
+        return 2
     args = build_parser(with_subcommand=name).parse_args(argv)
     module = importlib.import_module(COMMANDS[name][0])
     try:

@@ -52,11 +52,11 @@ class DemoConfig:
 def run_demo(cfg: DemoConfig, log=print) -> dict:
     import torch
 
-    from collection.collect import CollectConfig, run_local
-    from collection.evaluate import EvalConfig
-    from collection.evaluate_expert import expert_report
-    from training.imitation import train
-    from training.presets import preset
+    from quadforge.collection.collect import CollectConfig, run_local
+    from quadforge.collection.evaluate import EvalConfig
+    from quadforge.collection.evaluate_expert import expert_report
+    from quadforge.training.imitation import train
+    from quadforge.training.presets import preset
 
     cfg.validate()
     torch.set_num_threads(1)
@@ -99,7 +99,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
                            title="Demo: the gait expert and FCNet trained on its data")
     times["eval_s"] = time.perf_counter() - t0
 
-    from tools.reports import overall_table
+    from quadforge.tools.reports import overall_table
     print()
     print(overall_table(report["results"], labels))
     print()

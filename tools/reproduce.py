@@ -76,7 +76,7 @@ class ReproduceConfig:
         for name in ("train_steps", "batch_size", "germ_steps", "eval_episodes", "num_envs"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)}; must be >= 1")
-        from collection.evaluate import parse_levels, terrain_types
+        from quadforge.collection.evaluate import parse_levels, terrain_types
         terrain_types(self.eval_terrain)
         parse_levels(self.eval_levels)
         return self
@@ -124,8 +124,8 @@ def collect_steps(store: Path, min_steps: int, cfg: ReproduceConfig, log: Callab
                   collector_id: str = "main", action_noise: float = 0.0, push: float = 0.0,
                   episodes: int | None = None) -> dict[str, Any]:
     """Top the store up until it holds ``min_steps`` env steps (or exactly ``episodes`` of this collector)."""
-    from collection.collect import CollectConfig, run_local, store_count
-    from data.store import TrajectoryStore
+    from quadforge.collection.collect import CollectConfig, run_local, store_count
+    from quadforge.data.store import TrajectoryStore
 
     t0 = time.perf_counter()
     while True:
@@ -153,7 +153,7 @@ def prefix(data: Any, min_steps: int) -> Any:
     """The first episodes of ``data`` (EpisodeArrays) holding at least ``min_steps`` steps."""
     import numpy as np
 
-    from data.episodes import EpisodeArrays
+    from quadforge.data.episodes import EpisodeArrays
     k = int(np.searchsorted(data.episode_ends, min_steps)) + 1
     k = min(k, data.num_episodes)
     end = int(data.episode_ends[k - 1])
@@ -162,15 +162,15 @@ def prefix(data: Any, min_steps: int) -> Any:
 
 
 def load_all(store: Path) -> Any:
-    from data.episodes import EpisodeArrays
-    from data.store import TrajectoryStore
+    from quadforge.data.episodes import EpisodeArrays
+    from quadforge.data.store import TrajectoryStore
     st = TrajectoryStore.open(str(store))
     return EpisodeArrays.from_store(st, list(st.feature_names))
 
 
 # --- evaluation of one policy -----------------------------------------------------------------------------
 def eval_policy(policy: str, out: Path, cfg: ReproduceConfig, seed: int) -> dict[str, Any]:
-    from collection.evaluate import EvalConfig, evaluate, write_outputs
+    from quadforge.collection.evaluate import EvalConfig, evaluate, write_outputs
     ecfg = EvalConfig(policy=policy, out=str(out), terrain=cfg.eval_terrain, levels=cfg.eval_levels,
                       episodes=cfg.eval_episodes, num_envs=cfg.num_envs, seed=1000 + seed,
                       max_episode_s=cfg.max_episode_s, progress=False)
@@ -186,8 +186,8 @@ def eval_policy(policy: str, out: Path, cfg: ReproduceConfig, seed: int) -> dict
 
 # --- stages ----------------------------------------------------------------------------------------------
 def stage_imitation(cfg: ReproduceConfig, res: Results, log: Callable[[str], None]) -> None:
-    from training.imitation import train
-    from training.presets import preset
+    from quadforge.training.imitation import train
+    from quadforge.training.presets import preset
 
     out = Path(cfg.out)
     store = out / "data" / "expert"
@@ -226,7 +226,7 @@ def stage_imitation(cfg: ReproduceConfig, res: Results, log: Callable[[str], Non
 
 
 def germ_config(model_name: str, cfg: ReproduceConfig, seed: int) -> Any:
-    from training.qlearning import default_config
+    from quadforge.training.qlearning import default_config
     g = default_config(model_name, "small")
     g.seed, g.max_steps, g.batch_size = seed, cfg.germ_steps, 32
     g.val_every = g.log_every = max(1, cfg.germ_steps // 2)
@@ -238,7 +238,7 @@ def germ_config(model_name: str, cfg: ReproduceConfig, seed: int) -> Any:
 
 
 def stage_germ(cfg: ReproduceConfig, res: Results, log: Callable[[str], None]) -> None:
-    from training.qlearning import train as germ_train
+    from quadforge.training.qlearning import train as germ_train
 
     out = Path(cfg.out)
     store = out / "data" / "mixed_outcomes"
@@ -278,7 +278,7 @@ def run_reproduction(cfg: ReproduceConfig, stages: tuple[str, ...] = ("imitation
                      log: Callable[[str], None] = print, command: str | None = None) -> Path:
     import torch
 
-    from tools.results_report import write_report
+    from quadforge.tools.results_report import write_report
 
     cfg.validate()
     torch.set_num_threads(1)
@@ -326,7 +326,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tools.results_report import write_report
+    from quadforge.tools.results_report import write_report
 
     if args.report_only:
         path = Path(args.out) / "results.json"

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _terrain(name: str):
     if name == "flat":
         return None
-    from envs.terrain import TERRAIN_TYPES, TerrainConfig
+    from quadforge.envs.terrain import TERRAIN_TYPES, TerrainConfig
     if name == "plane_grid":
         return TerrainConfig.flat()
     if name == "mixed":
@@ -60,14 +60,14 @@ def _policy(name: str, env, gait: str):
     if name == "zero":
         return None
     if name == "gait":
-        from experts.gait import GaitController
+        from quadforge.experts.gait import GaitController
         return GaitController(env.robot, env.num_envs, env.dt, device=env.device, gait=gait)
     raise ValueError(f"--policy {name!r} is invalid; allowed: {POLICIES}")
 
 
 def build_env(args: argparse.Namespace):
-    from envs.config import EnvConfig, RandomizationConfig
-    from envs.vec_env import LeggedEnv
+    from quadforge.envs.config import EnvConfig, RandomizationConfig
+    from quadforge.envs.vec_env import LeggedEnv
 
     if args.num_envs < 1:
         raise ValueError(f"--num-envs {args.num_envs}: allowed: an integer >= 1")
@@ -83,8 +83,8 @@ def build_env(args: argparse.Namespace):
 
 def rollout(env, policy, seconds: float, command=None) -> dict:
     """Run ``seconds`` of simulated time in every env; the summary as a dict."""
-    from envs.layout import COMMAND_NAMES
-    from envs.terminations import TERMINATION_REASONS
+    from quadforge.envs.layout import COMMAND_NAMES
+    from quadforge.envs.terminations import TERMINATION_REASONS
 
     n, dev = env.num_envs, env.device
     all_ids = torch.arange(n, device=dev)
@@ -144,7 +144,7 @@ def format_summary(s: dict, policy: str, terrain: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tools.seeding import seed_everything
+    from quadforge.tools.seeding import seed_everything
 
     if args.policy not in POLICIES:
         raise ValueError(f"--policy {args.policy!r} is invalid; allowed: {POLICIES}")

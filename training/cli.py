@@ -16,7 +16,7 @@ import ast
 import dataclasses
 import importlib
 from typing import Any
-from tools.overrides import parse_overrides  # noqa: F401  (re-exported for callers)
+from quadforge.tools.overrides import parse_overrides  # noqa: F401  (re-exported for callers)
 
 IMITATION_MODELS = ("fcnet", "transformer", "convformer", "starformer", "mlp")
 
@@ -42,10 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     model = str(args.model)
     if model.startswith("germ"):
-        return int(importlib.import_module("training.qlearning").run_from_args(args) or 0)
+        return int(importlib.import_module("quadforge.training.qlearning").run_from_args(args) or 0)
     if model not in IMITATION_MODELS:
         raise ValueError(f"--model {model!r} unknown; allowed: {IMITATION_MODELS} or a name starting with 'germ'")
-    return int(importlib.import_module("training.imitation").run_from_args(args) or 0)
+    return int(importlib.import_module("quadforge.training.imitation").run_from_args(args) or 0)
 
 
 # --- key=value overrides, shared by every trainer ------------------------------------------------------

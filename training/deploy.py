@@ -18,9 +18,9 @@ from typing import Mapping
 
 import torch
 
-from envs.layout import TERM_DIMS, ObsLayout
-from training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
-from training.models import build_model
+from quadforge.envs.layout import TERM_DIMS, ObsLayout
+from quadforge.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
+from quadforge.training.models import build_model
 
 
 class LearnedPolicy:
@@ -86,7 +86,7 @@ def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "c
     (``robot`` names the robot an outside checkpoint drives; None lets the loader decide)."""
     path = Path(path)
     # Expert checkpoints (rsl_rl PPO, TorchScript, walk-these-ways) load through experts.loaders.
-    from experts.loaders import detect_kind, load_expert
+    from quadforge.experts.loaders import detect_kind, load_expert
     try:
         kind = detect_kind(path)
     except (ValueError, FileNotFoundError):
@@ -98,5 +98,5 @@ def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "c
         path = latest_checkpoint(path)
     ckpt = load_checkpoint(path)
     if ckpt.model_name.startswith("germ"):
-        return importlib.import_module("training.qlearning").load_policy(path, num_envs, device)
+        return importlib.import_module("quadforge.training.qlearning").load_policy(path, num_envs, device)
     return LearnedPolicy(ckpt, num_envs, device, policy_id=_policy_id(path, ckpt))

@@ -11,9 +11,9 @@ from typing import Mapping
 
 import torch
 
-from envs.layout import ObsLayout
-from training.binning import ActionBinner
-from training.models.germ import ContextWindow, GeRM
+from quadforge.envs.layout import ObsLayout
+from quadforge.training.binning import ActionBinner
+from quadforge.training.models.germ import ContextWindow, GeRM
 
 ACTION_FEATURES = {"actions": "joint", "hl_commands": "command"}
 

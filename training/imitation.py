@@ -22,20 +22,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from envs.layout import NUM_JOINTS, TERM_DIMS, get_layout
-from tools.seeding import numpy_rng, seed_everything
-from training import distributed as dist
-from training.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
-from training.models import SequenceModel, build_model
-from training.optim import build_optimizer, build_scheduler, clip_gradients
-from training.presets import TrainConfig, preset
+from quadforge.envs.layout import NUM_JOINTS, TERM_DIMS, get_layout
+from quadforge.tools.seeding import numpy_rng, seed_everything
+from quadforge.training import distributed as dist
+from quadforge.training.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
+from quadforge.training.models import SequenceModel, build_model
+from quadforge.training.optim import build_optimizer, build_scheduler, clip_gradients
+from quadforge.training.presets import TrainConfig, preset
 
 
 # --- data ----------------------------------------------------------------------------------------------
 
 def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
     """A TrajectoryStore (opened from a path) or in-memory EpisodeArrays, with its provenance."""
-    from data.episodes import EpisodeArrays
+    from quadforge.data.episodes import EpisodeArrays
     if isinstance(data, EpisodeArrays):
         return data, {"store": None, "source": "in-memory EpisodeArrays", "episodes": data.num_episodes,
                       "steps": data.num_steps}
@@ -44,14 +44,14 @@ def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
     path = Path(data)
     if not path.exists():
         raise FileNotFoundError(f"--data {path}: no trajectory store there")
-    from data.store import TrajectoryStore
+    from quadforge.data.store import TrajectoryStore
     store = TrajectoryStore.open(path)
     return store, {"store": str(path.resolve()), "generation": store.generation,
                    "episodes": store.num_episodes, "steps": store.num_steps}
 
 
 def make_samplers(cfg: TrainConfig, source: Any, info: dist.DistInfo, use_rtg: bool):
-    from data.samplers import WindowSampler
+    from quadforge.data.samplers import WindowSampler
     layout = get_layout(cfg.layout)
     filters = {"success_only": True} if cfg.success_only else None
     common = dict(layout=layout, context=cfg.context, val_fraction=cfg.val_fraction, filters=filters,
@@ -263,7 +263,7 @@ def _writer(out: Path | None, info: dist.DistInfo):
 # --- CLI glue --------------------------------------------------------------------------------------------
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    from training.cli import apply_overrides, parse_overrides
+    from quadforge.training.cli import apply_overrides, parse_overrides
     cfg = preset(args.model, args.preset)
     cfg.seed = int(args.seed)
     if args.layout:

@@ -13,7 +13,7 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from training.optim import OptimConfig
+from quadforge.training.optim import OptimConfig
 
 LOSSES = ("mse", "nll")
 

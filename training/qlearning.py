@@ -43,15 +43,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from envs.layout import ObsLayout, get_layout
-from training.binning import BIN_METHODS, ActionBinner, fit_binner
-from training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
-from training.distributed import (DistInfo, all_reduce_mean, barrier, broadcast_object, cleanup, init_distributed,
+from quadforge.envs.layout import ObsLayout, get_layout
+from quadforge.training.binning import BIN_METHODS, ActionBinner, fit_binner
+from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
+from quadforge.training.distributed import (DistInfo, all_reduce_mean, barrier, broadcast_object, cleanup, init_distributed,
                                   wrap_model)
-from training.germ_policy import GeRMPolicy, action_space_of
-from training.models.germ import GeRM, GeRMConfig
-from training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
-from tools.seeding import seed_everything
+from quadforge.training.germ_policy import GeRMPolicy, action_space_of
+from quadforge.training.models.germ import GeRM, GeRMConfig
+from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
+from quadforge.tools.seeding import seed_everything
 
 GERM_MODELS = ("germ", "germ-il", "germ-dense")
 OBJECTIVES = ("q", "il")
@@ -220,13 +220,13 @@ def open_source(path: str | Path) -> Any:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"--data {path}: no trajectory store there")
-    from data.store import TrajectoryStore   # imported here: the store package is only needed for files
+    from quadforge.data.store import TrajectoryStore   # imported here: the store package is only needed for files
     return TrajectoryStore.open(str(path))
 
 
 def make_samplers(source: Any, layout: ObsLayout, cfg: GeRMTrainConfig, info: DistInfo):
-    from data.episodes import as_episode_arrays
-    from data.samplers import TransitionSampler
+    from quadforge.data.episodes import as_episode_arrays
+    from quadforge.data.samplers import TransitionSampler
 
     data = as_episode_arrays(source, list(layout.term_names) + [cfg.action_feature, "terminated"])
     common = dict(layout=layout, context=cfg.model.context, gamma=cfg.gamma, reward="sparse",
@@ -423,7 +423,7 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
 # --- CLI -----------------------------------------------------------------------------------------
 
 def config_from_args(args: argparse.Namespace) -> GeRMTrainConfig:
-    from training.cli import apply_overrides, parse_overrides
+    from quadforge.training.cli import apply_overrides, parse_overrides
 
     cfg = default_config(str(args.model), getattr(args, "preset", None))
     cfg.seed = int(getattr(args, "seed", 0) or 0)

@@ -1,7 +1,7 @@
 """Physics backends behind ``envs.backends.base.PhysicsBackend``; ``make_backend(name, cfg)`` picks one."""
 from __future__ import annotations
 
-from envs.backends.base import BackendConfig, PhysicsBackend
+from quadforge.envs.backends.base import BackendConfig, PhysicsBackend
 
 BACKENDS = ("mujoco_cpu",)
 # Designed for (the protocol fits them) but not written yet.
@@ -14,7 +14,7 @@ PLANNED = {
 def make_backend(name: str, cfg: BackendConfig) -> PhysicsBackend:
     """The named backend built from ``cfg``; ValueError naming the allowed names for an unknown one."""
     if name == "mujoco_cpu":
-        from envs.backends.mujoco_cpu import MujocoCpuBackend
+        from quadforge.envs.backends.mujoco_cpu import MujocoCpuBackend
 
         return MujocoCpuBackend(cfg)
     if name in PLANNED:

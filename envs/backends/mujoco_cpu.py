@@ -28,11 +28,11 @@ import mujoco
 import numpy as np
 import torch
 
-from envs.backends.base import BackendConfig, RobotState
-from envs.backends.env_pool import EnvPool
-from envs.layout import NUM_FEET, NUM_JOINTS
-from envs.scene import TRACKED, Scene, build_scene, make_variants
-from tools.seeding import numpy_rng
+from quadforge.envs.backends.base import BackendConfig, RobotState
+from quadforge.envs.backends.env_pool import EnvPool
+from quadforge.envs.layout import NUM_FEET, NUM_JOINTS
+from quadforge.envs.scene import TRACKED, Scene, build_scene, make_variants
+from quadforge.tools.seeding import numpy_rng
 
 # A state entry beyond this magnitude (m, rad, m/s, rad/s) is a diverged simulation, like a NaN.
 MAX_ABS_STATE = 1e6
@@ -60,7 +60,7 @@ def _load_terrain(terrain_cfg):
     """The Terrain to build, or None for a plane (no config, or a flat-plane one)."""
     if terrain_cfg is None or getattr(terrain_cfg, "plane", False):
         return None
-    from envs.terrain import generate
+    from quadforge.envs.terrain import generate
 
     return generate(terrain_cfg)
 
@@ -69,7 +69,7 @@ class MujocoCpuBackend:
     """``envs.backends.base.PhysicsBackend`` on native MuJoCo (see the module docstring)."""
 
     def __init__(self, cfg: BackendConfig):
-        from envs.robots import get_robot
+        from quadforge.envs.robots import get_robot
 
         self.cfg = cfg
         if int(cfg.num_envs) < 1:

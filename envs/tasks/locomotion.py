@@ -8,14 +8,14 @@ from dataclasses import dataclass
 
 import torch
 
-from envs.backends.base import RobotState
-from envs.commands import CommandManager
-from envs.config import EnvConfig
-from envs.layout import COMMAND_NAMES
-from envs.observations import TaskView
-from envs.rewards import FeetAirTime, RewardManager, RewardView
-from envs.terminations import Terminations, contact_body_indices
-from envs.view_cache import ViewCache
+from quadforge.envs.backends.base import RobotState
+from quadforge.envs.commands import CommandManager
+from quadforge.envs.config import EnvConfig
+from quadforge.envs.layout import COMMAND_NAMES
+from quadforge.envs.observations import TaskView
+from quadforge.envs.rewards import FeetAirTime, RewardManager, RewardView
+from quadforge.envs.terminations import Terminations, contact_body_indices
+from quadforge.envs.view_cache import ViewCache
 
 _FREQ = COMMAND_NAMES.index("gait_frequency")
 

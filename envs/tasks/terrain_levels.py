@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from envs.config import EnvConfig
-from envs.curriculum import next_levels
-from envs.terrain import TERRAIN_TYPES, generate
+from quadforge.envs.config import EnvConfig
+from quadforge.envs.curriculum import next_levels
+from quadforge.envs.terrain import TERRAIN_TYPES, generate
 
 
 class TerrainState:

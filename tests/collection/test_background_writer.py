@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from collection.background_writer import BackgroundWriter
+from quadforge.collection.background_writer import BackgroundWriter
 
 
 class ListWriter:
@@ -40,9 +40,9 @@ def test_a_write_error_reaches_the_caller_and_never_hangs():
 
 
 def test_staging_files_are_complete_after_close(tmp_path):
-    staging = pytest.importorskip("data.staging")
+    staging = pytest.importorskip("quadforge.data.staging")
     from collection_fakes import EchoPolicy, ScriptedEnv
-    from collection.rollout import Rollout
+    from quadforge.collection.rollout import Rollout
 
     writer = staging.StagingWriter(tmp_path, "t")
     with BackgroundWriter(writer) as bg:

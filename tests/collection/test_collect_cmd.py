@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("data.compaction")
-pytest.importorskip("experts.gait")
+pytest.importorskip("quadforge.data.compaction")
+pytest.importorskip("quadforge.experts.gait")
 
-from data.store import TrajectoryStore  # noqa: E402
-from data.validate import validate  # noqa: E402
-from tools.cli import main  # noqa: E402
+from quadforge.data.store import TrajectoryStore  # noqa: E402
+from quadforge.data.validate import validate  # noqa: E402
+from quadforge.tools.cli import main  # noqa: E402
 
 torch.set_num_threads(1)
 SMALL = ["--num-envs", "2", "--max-episode-s", "0.4", "--no-progress", "--seed", "3"]
@@ -74,10 +74,10 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys, args, match):
 
 
 def test_collects_with_a_trained_checkpoint(tmp_path, capsys):
-    pytest.importorskip("training.deploy")
-    from envs.layout import PROPRIO
-    from training.checkpoint import Checkpoint, save_checkpoint
-    from training.models import build_model
+    pytest.importorskip("quadforge.training.deploy")
+    from quadforge.envs.layout import PROPRIO
+    from quadforge.training.checkpoint import Checkpoint, save_checkpoint
+    from quadforge.training.models import build_model
 
     torch.manual_seed(0)
     config = {"obs_dim": PROPRIO.dim, "action_dim": 12, "context": 4, "hidden": 16, "num_layers": 1,

@@ -4,13 +4,13 @@ import json
 import pytest
 
 pytest.importorskip("ray")
-pytest.importorskip("data.compaction")
-pytest.importorskip("experts.gait")
+pytest.importorskip("quadforge.data.compaction")
+pytest.importorskip("quadforge.experts.gait")
 
-from collection.distributed import quotas  # noqa: E402
-from data.store import TrajectoryStore  # noqa: E402
-from data.validate import validate  # noqa: E402
-from tools.cli import main  # noqa: E402
+from quadforge.collection.distributed import quotas  # noqa: E402
+from quadforge.data.store import TrajectoryStore  # noqa: E402
+from quadforge.data.validate import validate  # noqa: E402
+from quadforge.tools.cli import main  # noqa: E402
 
 
 def test_quotas_split_evenly():

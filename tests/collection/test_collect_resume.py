@@ -9,19 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("data.compaction")
-pytest.importorskip("experts.gait")
+pytest.importorskip("quadforge.data.compaction")
+pytest.importorskip("quadforge.experts.gait")
 
-from data.store import TrajectoryStore  # noqa: E402
-from data.validate import validate  # noqa: E402
-from data.staging import list_staged
+from quadforge.data.store import TrajectoryStore  # noqa: E402
+from quadforge.data.validate import validate  # noqa: E402
+from quadforge.data.staging import list_staged
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = 10
 
 
 def command(out):
-    return [sys.executable, "-m", "tools.cli", "collect", "--out", str(out), "--episodes", str(TARGET),
+    return [sys.executable, "-m", "quadforge.tools.cli", "collect", "--out", str(out), "--episodes", str(TARGET),
             "--num-envs", "2", "--max-episode-s", "0.3", "--compact-every", "3", "--no-progress", "--seed", "5"]
 
 

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-pytest.importorskip("experts.gait")
-pytest.importorskip("data.staging")
+pytest.importorskip("quadforge.experts.gait")
+pytest.importorskip("quadforge.data.staging")
 
-from collection.throughput import measure  # noqa: E402
+from quadforge.collection.throughput import measure  # noqa: E402
 
 
 def test_measure_reports_both_rates_and_writes_episodes():

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from collection.evaluate import EvalConfig, TimedPolicy, evaluate, parse_levels, run_round, terrain_types, write_outputs
-from collection.metrics import episode_metrics, high_freq_energy, summarize, wilson_interval
-from collection.rollout import Rollout, RolloutConfig
-from tools.cli import main as cli_main
+from quadforge.collection.evaluate import EvalConfig, TimedPolicy, evaluate, parse_levels, run_round, terrain_types, write_outputs
+from quadforge.collection.metrics import episode_metrics, high_freq_energy, summarize, wilson_interval
+from quadforge.collection.rollout import Rollout, RolloutConfig
+from quadforge.tools.cli import main as cli_main
 
 torch.set_num_threads(1)
 
@@ -83,7 +83,7 @@ class _CellEnv:
     episode lasts 2 + (i + k) % 3 steps, so envs finish episodes at different rates."""
 
     def __init__(self, num_envs: int):
-        from envs.layout import COMMAND_NAMES
+        from quadforge.envs.layout import COMMAND_NAMES
         self.num_envs, self.dt, self.max_episode_length = num_envs, 0.02, 10
         self.device = torch.device("cpu")
         self.terrain_types = ("flat", "stairs_up")
@@ -179,15 +179,15 @@ def _tiny_checkpoint(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
     from imitation_data import learnable_arrays
 
-    from training.imitation import train
-    from training.presets import preset
+    from quadforge.training.imitation import train
+    from quadforge.training.presets import preset
     cfg = preset("mlp", "cpu")
     cfg.max_steps, cfg.batch_size, cfg.val_every, cfg.tensorboard = 2, 8, 2, False
     return train(cfg, learnable_arrays(), tmp_path / "mlp").checkpoint
 
 
 def test_checkpoint_policy_evaluates_and_a_term_mismatch_is_a_clear_error(tmp_path):
-    from training.checkpoint import load_checkpoint, save_checkpoint
+    from quadforge.training.checkpoint import load_checkpoint, save_checkpoint
     path = _tiny_checkpoint(tmp_path)
     cfg = EvalConfig(policy=str(path), out=str(tmp_path / "ok"), terrain="flat", levels="0", episodes=1, num_envs=2,
                      num_levels=2, max_episode_s=0.2, progress=False)

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from collection.labels import FAILURE_REASONS, LabelRule, label
+from quadforge.collection.labels import FAILURE_REASONS, LabelRule, label
 
 
 def info(**overrides):
@@ -64,7 +64,7 @@ def test_nan_numbers_are_non_finite():
 
 
 def test_integer_termination_codes_map_through_the_env_table():
-    terminations = pytest.importorskip("envs.terminations")
+    terminations = pytest.importorskip("quadforge.envs.terminations")
     code = terminations.TERMINATION_REASONS.index("fall")
     assert label(info(termination_reason=code))[1] == "fall"
 

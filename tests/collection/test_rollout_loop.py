@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from collection.rollout import Rollout, RolloutConfig
-from collection.skills import SkillCommandSampler, parse_skills
+from quadforge.collection.rollout import Rollout, RolloutConfig
+from quadforge.collection.skills import SkillCommandSampler, parse_skills
 from collection_fakes import EchoPolicy, ScriptedEnv
 
 
@@ -127,8 +127,8 @@ def test_label_rule_travels_with_each_episode():
 
 
 def test_gait_names_come_from_phase_offset_bound():
-    from collection.rollout import gait_name
-    from collection.skills import DEFAULT_COMMAND
+    from quadforge.collection.rollout import gait_name
+    from quadforge.collection.skills import DEFAULT_COMMAND
     cmd = torch.tensor(list(DEFAULT_COMMAND.values()))
     assert gait_name(cmd) == "trot"
     cmd[5] = 0.3
@@ -136,10 +136,10 @@ def test_gait_names_come_from_phase_offset_bound():
 
 
 def test_real_env_episodes_line_up_with_the_env_own_accounting():
-    pytest.importorskip("experts.gait")
-    from envs.config import EnvConfig
-    from envs.vec_env import LeggedEnv
-    from experts.gait import GaitController
+    pytest.importorskip("quadforge.experts.gait")
+    from quadforge.envs.config import EnvConfig
+    from quadforge.envs.vec_env import LeggedEnv
+    from quadforge.experts.gait import GaitController
 
     torch.set_num_threads(1)
     cfg = EnvConfig.flat(num_envs=3, seed=1)

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from collection.skills import DEFAULT_COMMAND, SKILLS, SkillCommandSampler, parse_skills, tasks_table
-from envs.layout import COMMAND_NAMES
+from quadforge.collection.skills import DEFAULT_COMMAND, SKILLS, SkillCommandSampler, parse_skills, tasks_table
+from quadforge.envs.layout import COMMAND_NAMES
 
 IDX = {n: i for i, n in enumerate(COMMAND_NAMES)}
 

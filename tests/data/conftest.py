@@ -1,14 +1,14 @@
 import numpy as np
 import pytest
 
-from data.staging import StagingWriter
-from data.synthetic import synthetic_episode, synthetic_info
+from quadforge.data.staging import StagingWriter
+from quadforge.data.synthetic import synthetic_episode, synthetic_info
 
 
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of a few steps, so tiny stores still cross chunk boundaries."""
-    import data.compaction as c
+    import quadforge.data.compaction as c
     monkeypatch.setattr(c, "TARGET_CHUNK_BYTES", 256)
 
 

@@ -3,13 +3,13 @@ import json
 import h5py
 import numpy as np
 
-from data.compaction import compact
-from data.export import export_hdf5, import_hdf5
-from data.staging import StagingWriter
-from data.store import TrajectoryStore
-from data.synthetic import synthetic_episode, synthetic_info
-from data.validate import validate
-from tools.cli import main
+from quadforge.data.compaction import compact
+from quadforge.data.export import export_hdf5, import_hdf5
+from quadforge.data.staging import StagingWriter
+from quadforge.data.store import TrajectoryStore
+from quadforge.data.synthetic import synthetic_episode, synthetic_info
+from quadforge.data.validate import validate
+from quadforge.tools.cli import main
 
 
 def _h5_contents(path):

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from data.samplers import EpisodeArrays, TransitionSampler, WindowSampler
-from envs.layout import LayoutTerm, ObsLayout, get_layout
+from quadforge.data.samplers import EpisodeArrays, TransitionSampler, WindowSampler
+from quadforge.envs.layout import LayoutTerm, ObsLayout, get_layout
 
 torch.set_num_threads(1)
 
@@ -11,8 +11,8 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True, params=["strided", "rows"])
 def window_layout(request, monkeypatch):
     """Every test runs on both window layouts: they must give identical batches."""
-    import data.samplers
-    monkeypatch.setattr(data.samplers, "WINDOW_LAYOUT", request.param)
+    import quadforge.data.samplers as samplers
+    monkeypatch.setattr(samplers, "WINDOW_LAYOUT", request.param)
     return request.param
 
 # obs = [step value, 10 * step value] so every window entry says which step it came from
@@ -141,7 +141,7 @@ def test_obs_stats_and_errors():
 
 def test_real_layout_matches_layout_build():
     rng = np.random.default_rng(0)
-    from envs.layout import TERM_DIMS
+    from quadforge.envs.layout import TERM_DIMS
     total = 30
     feats = {k: rng.normal(size=(total, d)).astype(np.float32) for k, d in TERM_DIMS.items()}
     feats["actions"] = rng.normal(size=(total, 12)).astype(np.float32)

@@ -4,13 +4,13 @@ import os
 import numpy as np
 import pytest
 
-import data.compaction as compaction
-from data.compaction import store_lock
-from data.samplers import EpisodeArrays, WindowSampler
-from data.staging import StagingWriter, list_staged
-from data.store import TrajectoryStore, compact
-from data.validate import validate
-from envs.layout import JOINT_NAMES, get_layout
+import quadforge.data.compaction as compaction
+from quadforge.data.compaction import store_lock
+from quadforge.data.samplers import EpisodeArrays, WindowSampler
+from quadforge.data.staging import StagingWriter, list_staged
+from quadforge.data.store import TrajectoryStore, compact
+from quadforge.data.validate import validate
+from quadforge.envs.layout import JOINT_NAMES, get_layout
 
 
 def _concat(episodes, name):
@@ -164,7 +164,7 @@ def test_schema_mismatch_names_file_feature_expected_found(tmp_path, write_episo
     os.remove(list_staged(store)[0])
     full = write_episodes(tmp_path / "other2", n=1)[0][1]
     full["rewards"] = full["rewards"].astype(np.float64)
-    from data.staging import write_episode_file  # unvalidated, as a foreign writer might
+    from quadforge.data.staging import write_episode_file  # unvalidated, as a foreign writer might
     write_episode_file(store / "staging" / "c8-00000000.episode", full,
                        {"episode_id": "c8-00000000", "collector_id": "c8"})
     with pytest.raises(ValueError, match=r"c8-00000000\.episode.*'rewards'.*expected dtype float32, found float64"):
@@ -210,7 +210,7 @@ def test_lock_excludes_a_second_compactor(tmp_path, write_episodes):
 
 
 def test_staging_file_roundtrip_and_damage(tmp_path):
-    from data.staging import read_staged, read_staged_header, write_staging_file
+    from quadforge.data.staging import read_staged, read_staged_header, write_staging_file
     rng = np.random.default_rng(0)
     feats = {"dof_pos": rng.normal(size=(7, 12)), "terminated": np.arange(7) == 6,
              "images/front": rng.integers(0, 255, size=(7, 8, 6, 3)).astype(np.uint8)}
@@ -258,7 +258,7 @@ def test_images_live_in_their_own_group(tmp_path, small_chunks):
     np.testing.assert_array_equal(s.load(["images/front"])["images/front"], np.concatenate(frames))
     assert s.schema.features["images/front"].shape == (6, 8, 3)
     assert validate(store).ok, validate(store).text()
-    from data.export import export_hdf5, import_hdf5
+    from quadforge.data.export import export_hdf5, import_hdf5
     export_hdf5(store, tmp_path / "cam.h5")
     import_hdf5(tmp_path / "cam.h5", tmp_path / "copy")
     copy = TrajectoryStore.open(tmp_path / "copy")

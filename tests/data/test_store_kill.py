@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.staging import StagingWriter
-from data.store import TrajectoryStore, compact
-from data.synthetic import synthetic_episode, synthetic_info
-from data.validate import validate
+from quadforge.data.staging import StagingWriter
+from quadforge.data.store import TrajectoryStore, compact
+from quadforge.data.synthetic import synthetic_episode, synthetic_info
+from quadforge.data.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from envs.backends import make_backend
-from envs.backends.base import BackendConfig, PhysicsBackend, RandomizationConfig, RobotState
-from envs.backends.mujoco_cpu import MujocoCpuBackend
-from envs.scene import TRACKED
+from quadforge.envs.backends import make_backend
+from quadforge.envs.backends.base import BackendConfig, PhysicsBackend, RandomizationConfig, RobotState
+from quadforge.envs.backends.mujoco_cpu import MujocoCpuBackend
+from quadforge.envs.scene import TRACKED
 
 torch.set_num_threads(1)
 
@@ -286,7 +286,7 @@ def test_aliengo_builds_and_stands():
 
 
 def test_robot_stands_on_the_heightfield_where_the_terrain_says():
-    from envs.terrain import TerrainConfig
+    from quadforge.envs.terrain import TerrainConfig
 
     tcfg = TerrainConfig.of_types(["stairs_up", "rough_slope"], num_levels=2, num_cols=2, tile_size=4.0, border=1.0)
     b = _backend(num_envs=2, terrain=tcfg)
@@ -312,7 +312,7 @@ def test_robot_stands_on_the_heightfield_where_the_terrain_says():
 
 
 def test_sim_benchmark_measures_raw_and_backend():
-    from tools.bench.sim import _measure
+    from quadforge.tools.bench.sim import _measure
 
     r = _measure("flat", 4, 2, steps=2, rounds=1, with_env=False)
     assert set(r["rate"]) == {"raw", "backend"} and all(v > 0 for v in r["rate"].values())

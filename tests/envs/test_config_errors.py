@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from envs.config import EnvConfig, RandomizationConfig
+from quadforge.envs.config import EnvConfig, RandomizationConfig
 
 
 def _flat(**kw):
@@ -95,7 +95,7 @@ def test_episode_length_and_backend_terrain():
 
 
 def test_terrain_errors():
-    terrain = pytest.importorskip("envs.terrain")
+    terrain = pytest.importorskip("quadforge.envs.terrain")
     cfg = _flat()
     cfg.terrain = terrain.TerrainConfig.of_types(["flat"])
     cfg.terrain.proportions = {"lava": 1.0}

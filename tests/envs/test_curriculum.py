@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from envs.curriculum import TerrainCurriculum, next_levels
-from envs.terrain import TERRAIN_TYPES, TerrainConfig, generate
+from quadforge.envs.curriculum import TerrainCurriculum, next_levels
+from quadforge.envs.terrain import TERRAIN_TYPES, TerrainConfig, generate
 
 
 @pytest.fixture(scope="module")

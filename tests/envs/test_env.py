@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from envs.config import EnvConfig, RandomizationConfig
-from envs.layout import COMMAND_NAMES, TERM_DIMS, get_layout
-from envs.terminations import TERMINATION_REASONS
-from envs.vec_env import EPISODE_KEYS, LeggedEnv
+from quadforge.envs.config import EnvConfig, RandomizationConfig
+from quadforge.envs.layout import COMMAND_NAMES, TERM_DIMS, get_layout
+from quadforge.envs.terminations import TERMINATION_REASONS
+from quadforge.envs.vec_env import EPISODE_KEYS, LeggedEnv
 
 torch.set_num_threads(1)
 
@@ -192,8 +192,8 @@ def test_same_seed_is_bit_identical_for_200_steps():
 
 
 def test_compiled_layouts_equal_layout_build():
-    from envs.layout import LAYOUTS, TERM_DIMS
-    from envs.observations import CompiledLayout
+    from quadforge.envs.layout import LAYOUTS, TERM_DIMS
+    from quadforge.envs.observations import CompiledLayout
     g = torch.Generator().manual_seed(0)
     terms = {k: 3 * torch.randn(5, d, generator=g) for k, d in TERM_DIMS.items()}
     for layout in LAYOUTS.values():
@@ -206,13 +206,13 @@ def test_compiled_layouts_equal_layout_build():
 
 
 def _small_terrain(**kw):
-    from envs.terrain import TerrainConfig
+    from quadforge.envs.terrain import TerrainConfig
     return TerrainConfig.of_types(["stairs_up", "slope_down", "gaps"], num_levels=4, num_cols=3, tile_size=4.0,
                                   border=2.0, **kw)
 
 
 def test_terrain_spawn_levels_curriculum_and_height_scan():
-    from envs.terrain import TERRAIN_TYPES
+    from quadforge.envs.terrain import TERRAIN_TYPES
     cfg = EnvConfig.rough(num_envs=6, terrain=_small_terrain(), randomization=RandomizationConfig.off(),
                           episode_length_s=0.1)
     cfg.max_init_terrain_level = 1
@@ -225,7 +225,7 @@ def test_terrain_spawn_levels_curriculum_and_height_scan():
     origins = env.terrain.origins_of(torch.arange(6))
     assert ((xy - origins[:, :2]).abs() <= cfg.init.spawn_xy + 0.1).all()
     # the height scan is base z minus the terrain under the yaw-rotated grid
-    from envs.observations import scan_points_b, scan_points_w
+    from quadforge.envs.observations import scan_points_b, scan_points_w
     env.step(torch.zeros(6, 12))
     st = env.backend.state
     expect = st.root_pos_w[:, 2:3] - env.backend.terrain_height(scan_points_w(st, scan_points_b()))
@@ -251,7 +251,7 @@ def test_terrain_spawn_levels_curriculum_and_height_scan():
 
 
 def test_rollout_command_summary_and_errors(capsys):
-    from tools.cli import main
+    from quadforge.tools.cli import main
     assert main(["rollout", "--num-envs", "2", "--seconds", "0.2", "--threads", "1", "--command", "0.5,0,0",
                  "--no-randomization"]) == 0
     out = capsys.readouterr().out
@@ -313,9 +313,9 @@ def test_terrain_runs_are_seeded():
 
 
 def test_termination_priorities_and_thigh_option():
-    from envs.backends.base import RobotState
-    from envs.config import TerminationsConfig
-    from envs.terminations import Terminations
+    from quadforge.envs.backends.base import RobotState
+    from quadforge.envs.config import TerminationsConfig
+    from quadforge.envs.terminations import Terminations
     names = ("base", "FR_thigh", "FL_thigh", "FR_calf")
     n = 5
     grav = torch.tensor([[0, 0, -1.0]] * n)
@@ -344,10 +344,10 @@ def test_termination_priorities_and_thigh_option():
 
 
 def test_scan_grid_turns_with_the_base_yaw_and_commands_resample_on_time():
-    from envs.backends.base import RobotState
-    from envs.commands import CommandManager
-    from envs.config import CommandsConfig
-    from envs.observations import scan_points_b, scan_points_w
+    from quadforge.envs.backends.base import RobotState
+    from quadforge.envs.commands import CommandManager
+    from quadforge.envs.config import CommandsConfig
+    from quadforge.envs.observations import scan_points_b, scan_points_w
     z = torch.zeros
     half = math.sqrt(0.5)
     st = RobotState(root_pos_w=torch.tensor([[1.0, 2.0, 0.3]]), root_quat_w=torch.tensor([[half, 0, 0, half]]),

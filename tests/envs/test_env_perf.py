@@ -3,11 +3,11 @@ height scan, the air-time buffers, and the torch thread setting."""
 import pytest
 import torch
 
-from envs.config import EnvConfig, RandomizationConfig
-from envs.observations import make_term_fns, scan_points_b, TermCache
-from envs.rewards import FeetAirTime
-from envs.terrain import TerrainConfig, generate
-from envs.vec_env import LeggedEnv
+from quadforge.envs.config import EnvConfig, RandomizationConfig
+from quadforge.envs.observations import make_term_fns, scan_points_b, TermCache
+from quadforge.envs.rewards import FeetAirTime
+from quadforge.envs.terrain import TerrainConfig, generate
+from quadforge.envs.vec_env import LeggedEnv
 
 
 def _small_terrain():
@@ -100,8 +100,8 @@ def test_env_sets_torch_threads_and_validates_them():
 def test_scan_points_match_the_batched_rotation_matmul():
     from types import SimpleNamespace
 
-    from envs.commands import yaw_from_quat
-    from envs.observations import scan_points_w
+    from quadforge.envs.commands import yaw_from_quat
+    from quadforge.envs.observations import scan_points_w
     g = torch.Generator().manual_seed(2)
     pb = scan_points_b()
     for n in (1, 5, 64):
@@ -117,8 +117,8 @@ def test_scan_points_match_the_batched_rotation_matmul():
 
 
 def test_in_place_heading_steering_is_the_yaw_command_formula():
-    from envs.commands import CommandManager, wrap_to_pi, yaw_from_quat
-    from envs.config import CommandsConfig
+    from quadforge.envs.commands import CommandManager, wrap_to_pi, yaw_from_quat
+    from quadforge.envs.config import CommandsConfig
     cfg = CommandsConfig()
     g = torch.Generator().manual_seed(4)
     cm = CommandManager(cfg, 64, 0.02, g)
@@ -164,7 +164,7 @@ def test_work_overlapped_with_the_physics_changes_nothing():
 
 
 def test_yaw_cpu_fast_path_is_bitwise_the_torch_formula():
-    from envs.commands import yaw_from_quat
+    from quadforge.envs.commands import yaw_from_quat
     g = torch.Generator().manual_seed(6)
     q = torch.nn.functional.normalize(torch.randn(20000, 4, generator=g), dim=1)
     q[:100, 1:3] = 0.0                                             # exact zeros and signs too
@@ -184,9 +184,9 @@ def test_yaw_cpu_fast_path_is_bitwise_the_torch_formula():
 def test_termination_numpy_path_equals_the_torch_path():
     from types import SimpleNamespace
 
-    from envs.config import TerminationsConfig
-    from envs.scene import TRACKED
-    from envs.terminations import Terminations
+    from quadforge.envs.config import TerminationsConfig
+    from quadforge.envs.scene import TRACKED
+    from quadforge.envs.terminations import Terminations
     g = torch.Generator().manual_seed(7)
     n = 200
     state = SimpleNamespace(projected_gravity_b=torch.randn(n, 3, generator=g),

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from envs.backends.env_pool import EnvPool
+from quadforge.envs.backends.env_pool import EnvPool
 
 
 def _recording_job(seen: list, threads: set, delay: float = 0.0):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from envs.kinematics import LegKinematics, forward_kinematics, inverse_kinematics
-from envs.robots import ROBOTS, get_robot
+from quadforge.envs.kinematics import LegKinematics, forward_kinematics, inverse_kinematics
+from quadforge.envs.robots import ROBOTS, get_robot
 
 
 def _random_q(robot, n, seed):

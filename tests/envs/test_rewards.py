@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-from envs.backends.base import RobotState
-from envs.config import DEFAULT_REWARD_SCALES
-from envs.observations import TaskView
-from envs.rewards import REWARD_TERMS, FeetAirTime, RewardManager, RewardView
+from quadforge.envs.backends.base import RobotState
+from quadforge.envs.config import DEFAULT_REWARD_SCALES
+from quadforge.envs.observations import TaskView
+from quadforge.envs.rewards import REWARD_TERMS, FeetAirTime, RewardManager, RewardView
 
 N = 3
 
@@ -145,7 +145,7 @@ def _random_view(n: int, seed: int) -> RewardView:
 
 
 def test_square_terms_match_the_registry_functions():
-    from envs.rewards import SQUARE_TERMS, SquareTerms
+    from quadforge.envs.rewards import SQUARE_TERMS, SquareTerms
     names = sorted(SQUARE_TERMS)
     for seed, n in ((0, 64), (1, 5)):
         v = _random_view(n, seed)

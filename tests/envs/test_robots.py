@@ -7,8 +7,8 @@ import mujoco
 import numpy as np
 import pytest
 
-from envs.layout import JOINT_NAMES, LEGS
-from envs.robots import ROBOTS, get_robot
+from quadforge.envs.layout import JOINT_NAMES, LEGS
+from quadforge.envs.robots import ROBOTS, get_robot
 
 
 def test_unknown_robot_names_allowed_values():

@@ -6,8 +6,8 @@ import torch
 from rsl_rl.env import VecEnv
 from rsl_rl.runners import OnPolicyRunner
 
-from envs.config import EnvConfig
-from envs.vec_env import LeggedEnv, RslRlLogView
+from quadforge.envs.config import EnvConfig
+from quadforge.envs.vec_env import LeggedEnv, RslRlLogView
 
 torch.set_num_threads(1)
 

@@ -3,9 +3,9 @@ prisms for the whole episode; in a plane it is kicked out at t = 0. Random initi
 up to ~10 cm deeper than the nominal pose the spawn height is set for."""
 import torch
 
-from envs.config import EnvConfig
-from envs.terrain import TerrainConfig
-from envs.vec_env import LeggedEnv, spawn_clearance
+from quadforge.envs.config import EnvConfig
+from quadforge.envs.terrain import TerrainConfig
+from quadforge.envs.vec_env import LeggedEnv, spawn_clearance
 
 
 def _rough_cfg(num_envs: int = 32) -> EnvConfig:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from envs.terrain import (PLATFORM_HALF, TERRAIN_TYPES, TerrainConfig, assign_columns, generate,
+from quadforge.envs.terrain import (PLATFORM_HALF, TERRAIN_TYPES, TerrainConfig, assign_columns, generate,
                           obstacle_height_of, step_height_of)
 
 SMALL = dict(num_levels=4, tile_size=4.0, border=1.0)

@@ -6,12 +6,12 @@ import math
 import pytest
 import torch
 
-from envs.layout import COMMAND_NAMES, LEGS
-from envs.robots import get_robot
-from experts.gait import (GAITS, GaitController, GaitDefaults, GaitGains, cycloid, distribute_wrench,
+from quadforge.envs.layout import COMMAND_NAMES, LEGS
+from quadforge.envs.robots import get_robot
+from quadforge.experts.gait import (GAITS, GaitController, GaitDefaults, GaitGains, cycloid, distribute_wrench,
                           foot_offsets, foot_phases, resolve_params, skew, swing_lift, tilt_from_gravity,
                           tilt_matrix)
-from experts.policy import check_policy
+from quadforge.experts.policy import check_policy
 
 torch.set_num_threads(1)
 
@@ -139,8 +139,8 @@ def test_deterministic_and_reset_restarts_the_clock():
 # --- closed loop on the real env -------------------------------------------------------------------
 
 def _walk(robot: str, commands: list[list[float]], steps: int, gait: str = "trot"):
-    from envs.config import EnvConfig
-    from envs.vec_env import LeggedEnv
+    from quadforge.envs.config import EnvConfig
+    from quadforge.envs.vec_env import LeggedEnv
 
     n = len(commands)
     cfg = EnvConfig.flat(robot=robot, num_envs=n, seed=3)
@@ -179,7 +179,7 @@ def test_aliengo_trot_walks():
 
 
 def test_bench_sweep_runs_one_episode_per_env_and_reports_rows():
-    from tools.bench.experts import Sweep, _run
+    from quadforge.tools.bench.experts import Sweep, _run
 
     sweep = Sweep("trot", None, [("vx +0.5", [0.5, 0.0, 0.0], None), ("vx +0.0", [0.0, 0.0, 0.0], None)], 1)
     rows = _run(sweep, "go1", episode_s=1.0, seed=0)
@@ -208,8 +208,8 @@ def test_stumble_reflex_lifts_a_swing_foot_that_lags_its_path():
 
 
 def test_terrain_below_takes_the_highest_of_the_surrounding_scan_cells():
-    from envs.observations import scan_points_b
-    from experts.gait import terrain_below
+    from quadforge.envs.observations import scan_points_b
+    from quadforge.experts.gait import terrain_below
     pts = scan_points_b()
     terrain = torch.where((pts[:, 0] > 0.25) & (pts[:, 0] < 0.55), 0.1, 0.0) - 0.3   # a box at x 0.3..0.5
     scan = (-terrain).unsqueeze(0)                                                  # base z - terrain z
@@ -219,7 +219,7 @@ def test_terrain_below_takes_the_highest_of_the_surrounding_scan_cells():
 
 
 def test_height_scan_lifts_swing_feet_over_an_obstacle_and_changes_nothing_on_flat_ground():
-    from envs.observations import scan_points_b
+    from quadforge.envs.observations import scan_points_b
     robot = get_robot("go1")
     # the body-height estimate from the scan has its own test; here only the swing legs may change
     gains = GaitGains(stumble_gain=0.0, scan_body_height=0.0, scan_duty=0.0, scan_body_drop=0.0)
@@ -246,14 +246,14 @@ def test_height_scan_lifts_swing_feet_over_an_obstacle_and_changes_nothing_on_fl
 
 
 def robot_feet(robot, actions: torch.Tensor) -> torch.Tensor:
-    from envs.kinematics import LegKinematics
+    from quadforge.envs.kinematics import LegKinematics
     q = torch.as_tensor(robot.default_joint_pos, dtype=torch.float32) + actions * robot.action_scale
     return LegKinematics(robot).forward(q)
 
 
 def test_terrain_at_interpolates_the_scan_and_is_exact_on_a_plane():
-    from envs.observations import scan_points_b
-    from experts.gait import terrain_at
+    from quadforge.envs.observations import scan_points_b
+    from quadforge.experts.gait import terrain_at
     pts = scan_points_b()
     plane = 0.2 * pts[:, 0] - 0.1 * pts[:, 1] - 0.3
     xy = torch.tensor([[[0.0, 0.0], [0.23, -0.17], [0.55, 0.41]]])
@@ -264,8 +264,8 @@ def test_terrain_at_interpolates_the_scan_and_is_exact_on_a_plane():
 
 
 def test_body_height_follows_the_scanned_terrain_under_the_footholds():
-    from envs.kinematics import LegKinematics
-    from envs.observations import scan_points_b
+    from quadforge.envs.kinematics import LegKinematics
+    from quadforge.envs.observations import scan_points_b
     robot = get_robot("go1")
     pts = scan_points_b()
     stand = LegKinematics(robot).forward(torch.as_tensor(robot.default_joint_pos, dtype=torch.float32))
@@ -293,7 +293,7 @@ def test_body_height_follows_the_scanned_terrain_under_the_footholds():
 
 
 def test_uneven_scan_widens_the_stance_and_flat_scan_does_not():
-    from envs.observations import scan_points_b
+    from quadforge.envs.observations import scan_points_b
     robot = get_robot("go1")
     # only the stance-width rule may differ between the controllers: no swing lift, no scan body height
     base = dict(stumble_gain=0.0, scan_body_height=0.0, scan_max_extra=0.0, scan_duty=0.0, scan_body_drop=0.0)
@@ -334,7 +334,7 @@ def _support_counts(ctrl: GaitController, obs: dict, steps: int) -> list[int]:
     (dict(scan_gait="walk", scan_duty=0.75, scan_frequency=2.0), {3}),   # walk: always 3 feet down
 ])
 def test_uneven_scan_raises_the_duty_and_flat_scan_changes_nothing(uneven_gains, support):
-    from envs.observations import scan_points_b
+    from quadforge.envs.observations import scan_points_b
     robot = get_robot("go1")
     pts = scan_points_b()
     flat_scan = torch.full((1, pts.shape[0]), robot.nominal_base_height)
@@ -360,7 +360,7 @@ def test_unknown_uneven_ground_gait_is_a_clear_error():
 
 
 def test_uneven_scan_lowers_the_body_and_flat_scan_does_not():
-    from envs.observations import scan_points_b
+    from quadforge.envs.observations import scan_points_b
     robot = get_robot("go1")
     pts = scan_points_b()
     flat_scan = torch.full((1, pts.shape[0]), robot.nominal_base_height)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from envs.layout import COMMAND_NAMES
-from envs.robots import get_robot
-from experts.gait import GaitController
-from experts.hierarchical import HL_COMMAND_NAMES, HierarchicalPolicy, gait_command
+from quadforge.envs.layout import COMMAND_NAMES
+from quadforge.envs.robots import get_robot
+from quadforge.experts.gait import GaitController
+from quadforge.experts.hierarchical import HL_COMMAND_NAMES, HierarchicalPolicy, gait_command
 
 torch.set_num_threads(1)
 
@@ -84,8 +84,8 @@ def test_exposes_hl_commands_and_resets_both_levels():
 
 
 def test_scripted_high_level_walks_the_robot_on_leggedenv():
-    from envs.config import EnvConfig
-    from envs.vec_env import LeggedEnv
+    from quadforge.envs.config import EnvConfig
+    from quadforge.envs.vec_env import LeggedEnv
 
     cfg = EnvConfig.flat(num_envs=2, seed=5)
     cfg.randomization.push_robots = False

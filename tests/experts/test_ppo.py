@@ -4,13 +4,13 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from envs.config import EnvConfig
-from envs.layout import LEGGED_GYM_48
-from experts.loaders import load_expert
-from experts.policy import check_policy
-from experts.ppo import (PRESETS, TrainExpertConfig, apply_env_overrides, apply_preset_overrides,
+from quadforge.envs.config import EnvConfig
+from quadforge.envs.layout import LEGGED_GYM_48
+from quadforge.experts.loaders import load_expert
+from quadforge.experts.policy import check_policy
+from quadforge.experts.ppo import (PRESETS, TrainExpertConfig, apply_env_overrides, apply_preset_overrides,
                          latest_checkpoint, parse_overrides, rsl_rl_train_cfg, train)
-from tools.cli import main
+from quadforge.tools.cli import main
 
 torch.set_num_threads(1)
 TINY = {"num_steps_per_env": 4, "actor_hidden_dims": [16], "critic_hidden_dims": [16], "save_interval": 1,
@@ -65,7 +65,7 @@ def test_train_checkpoint_loads_as_the_trained_actor(tmp_path):
     policy = check_policy(load_expert(last, num_envs=4))
     assert policy.layout.name == "legged_gym_48"
     # the wrapper's observation from raw terms is the env's noise-free policy observation
-    from envs.vec_env import LeggedEnv
+    from quadforge.envs.vec_env import LeggedEnv
     cfg = EnvConfig.flat(num_envs=4, seed=3)
     cfg.backend.num_threads = 1
     cfg.observations.add_noise = False
@@ -110,8 +110,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 
 def test_tracking_eval_scores_one_first_episode_per_env_on_every_terrain(tmp_path):
-    from envs.terrain import TERRAIN_TYPES
-    from experts.tracking_eval import evaluate, training_overrides
+    from quadforge.envs.terrain import TERRAIN_TYPES
+    from quadforge.experts.tracking_eval import evaluate, training_overrides
     last = _train(tmp_path / "run", iterations=1, **{"env.commands.ranges.lin_vel_y": (0.0, 0.0)})
     overrides = training_overrides(str(last))
     assert overrides["env.commands.ranges.lin_vel_y"] == (0.0, 0.0) and overrides["env.episode_length_s"] == 0.1
@@ -126,7 +126,7 @@ def test_tracking_eval_scores_one_first_episode_per_env_on_every_terrain(tmp_pat
 def test_shipped_checkpoint_walks_forward_on_command(name):
     from pathlib import Path
 
-    from envs.vec_env import LeggedEnv
+    from quadforge.envs.vec_env import LeggedEnv
     path = Path(__file__).resolve().parents[2] / "experts" / "checkpoints" / name
     cfg = EnvConfig.flat(num_envs=8, seed=11)
     cfg.backend.num_threads = 1

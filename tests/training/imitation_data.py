@@ -2,8 +2,8 @@
 steps' joint positions, so a model with history can fit them and the loss must fall."""
 import numpy as np
 
-from data.episodes import EpisodeArrays
-from envs.layout import TERM_DIMS, get_layout
+from quadforge.data.episodes import EpisodeArrays
+from quadforge.envs.layout import TERM_DIMS, get_layout
 
 
 def learnable_arrays(num_episodes: int = 12, seed: int = 0) -> EpisodeArrays:
@@ -25,8 +25,8 @@ def ddp_worker(rank: int, world_size: int, port: int, out_dir: str, cfg_dict: di
 
     import torch
 
-    from training.imitation import train
-    from training.presets import TrainConfig
+    from quadforge.training.imitation import train
+    from quadforge.training.presets import TrainConfig
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size),
                       RANK=str(rank), LOCAL_RANK=str(rank))

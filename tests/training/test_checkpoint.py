@@ -2,8 +2,8 @@ import pytest
 import torch
 from torch import nn
 
-from envs.layout import get_layout
-from training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
+from quadforge.envs.layout import get_layout
+from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
 
 torch.set_num_threads(1)
 

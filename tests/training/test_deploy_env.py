@@ -1,12 +1,12 @@
 """A trained checkpoint drives the real LeggedEnv through the Policy protocol (closed loop)."""
 import torch
 
-from envs.config import EnvConfig
-from envs.vec_env import LeggedEnv
-from experts.policy import check_policy
-from training.deploy import load_policy
-from training.imitation import train
-from training.presets import preset
+from quadforge.envs.config import EnvConfig
+from quadforge.envs.vec_env import LeggedEnv
+from quadforge.experts.policy import check_policy
+from quadforge.training.deploy import load_policy
+from quadforge.training.imitation import train
+from quadforge.training.presets import preset
 
 from imitation_data import learnable_arrays
 

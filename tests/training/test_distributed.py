@@ -3,8 +3,8 @@ import socket
 import torch
 import torch.multiprocessing as mp
 
-from training.distributed import DistInfo, all_reduce_mean, init_distributed, wrap_model
-from training.presets import preset
+from quadforge.training.distributed import DistInfo, all_reduce_mean, init_distributed, wrap_model
+from quadforge.training.presets import preset
 
 from imitation_data import ddp_worker
 
@@ -34,7 +34,7 @@ def test_two_cpu_ranks_end_with_identical_weights(tmp_path):
     assert w0.keys() == w1.keys()
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
     # and training moved them: not the initial weights
-    from training.models import build_model
+    from quadforge.training.models import build_model
     torch.manual_seed(0)
     assert (tmp_path / "last.pt").exists()
     init = build_model("fcnet", obs_dim=61, action_dim=12, context=8, **cfg.model_config).state_dict()

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from training.binning import ActionBinner, fit_binner
-from training.models.germ import ContextWindow, GeRM, GeRMConfig
+from quadforge.training.binning import ActionBinner, fit_binner
+from quadforge.training.models.germ import ContextWindow, GeRM, GeRMConfig
 
 torch.set_num_threads(1)
 
@@ -173,7 +173,7 @@ def test_unimplemented_encoders_and_bad_config():
 
 
 def test_bench_tables_run_on_a_tiny_config():
-    from tools.bench.germ import latency_table, throughput_table
+    from quadforge.tools.bench.germ import latency_table, throughput_table
     cfg = GeRMConfig(obs_dim=61, action_dim=12, num_bins=16, context=2, d_model=16, num_layers=1,
                      num_heads=2, ffn_hidden=16)
     lat = latency_table({"germ": cfg, "germ-dense": cfg.dense_matched()}, repeats=2)

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from envs.layout import TERM_DIMS
-from training.checkpoint import load_checkpoint
-from training.deploy import load_policy
-from training.imitation import train
-from training.presets import PRESETS, preset
+from quadforge.envs.layout import TERM_DIMS
+from quadforge.training.checkpoint import load_checkpoint
+from quadforge.training.deploy import load_policy
+from quadforge.training.imitation import train
+from quadforge.training.presets import PRESETS, preset
 
 from imitation_data import learnable_arrays
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from training.models import MODELS, build_model
+from quadforge.training.models import MODELS, build_model
 
 torch.set_num_threads(1)
 D, A, N, B = 7, 3, 8, 3

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from training.optim import Lion, OptimConfig, build_optimizer, build_scheduler, clip_gradients, warmup_cosine
+from quadforge.training.optim import Lion, OptimConfig, build_optimizer, build_scheduler, clip_gradients, warmup_cosine
 
 torch.set_num_threads(1)
 

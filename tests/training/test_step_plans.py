@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from training.models import build_model
-from training.models.csc import CausalSpectralConv
+from quadforge.training.models import build_model
+from quadforge.training.models.csc import CausalSpectralConv
 
 torch.set_num_threads(1)
 D, A, N, B = 7, 3, 8, 2

@@ -2,8 +2,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tools.cli import main
-from training.cli import apply_overrides, parse_overrides
+from quadforge.tools.cli import main
+from quadforge.training.cli import apply_overrides, parse_overrides
 
 
 @dataclass
@@ -42,10 +42,10 @@ def test_unknown_model_is_a_clean_cli_error(capsys):
 def test_train_command_on_a_real_store(tmp_path, capsys):
     import numpy as np
 
-    from data.staging import StagingWriter
-    from data.store import compact
-    from data.synthetic import synthetic_episode, synthetic_info
-    from training.checkpoint import load_checkpoint
+    from quadforge.data.staging import StagingWriter
+    from quadforge.data.store import compact
+    from quadforge.data.synthetic import synthetic_episode, synthetic_info
+    from quadforge.training.checkpoint import load_checkpoint
 
     store = tmp_path / "store"
     rng = np.random.default_rng(0)
@@ -79,15 +79,15 @@ def test_germ_models_are_dispatched_to_qlearning(monkeypatch, tmp_path):
     import torch
     from torch import nn
 
-    from envs.layout import get_layout
-    from training.checkpoint import Checkpoint, save_checkpoint
-    from training.deploy import load_policy
+    from quadforge.envs.layout import get_layout
+    from quadforge.training.checkpoint import Checkpoint, save_checkpoint
+    from quadforge.training.deploy import load_policy
 
     seen = {}
-    fake = types.ModuleType("training.qlearning")
+    fake = types.ModuleType("quadforge.training.qlearning")
     fake.run_from_args = lambda args: seen.setdefault("train", args.model) and 0
     fake.load_policy = lambda path, num_envs, device: ("germ-policy", num_envs)
-    monkeypatch.setitem(sys.modules, "training.qlearning", fake)
+    monkeypatch.setitem(sys.modules, "quadforge.training.qlearning", fake)
     assert main(["train", "--model", "germ_small", "--data", "x", "--out", str(tmp_path)]) == 0
     assert seen["train"] == "germ_small"
     ck = Checkpoint(model_name="germ", model_config={}, state_dict=nn.Linear(1, 1).state_dict(),

@@ -5,12 +5,12 @@ import argparse
 import importlib
 
 BENCHMARKS = {
-    "sim": "tools.bench.sim",
-    "experts": "tools.bench.experts",
-    "store": "tools.bench.store",
-    "models": "tools.bench.models",
-    "germ": "tools.bench.germ",
-    "env_step": "tools.bench.env_step",
+    "sim": "quadforge.tools.bench.sim",
+    "experts": "quadforge.tools.bench.experts",
+    "store": "quadforge.tools.bench.store",
+    "models": "quadforge.tools.bench.models",
+    "germ": "quadforge.tools.bench.germ",
+    "env_step": "quadforge.tools.bench.env_step",
 }
 
 

@@ -29,8 +29,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 # the env and the raw-rollout layer exactly as `bench sim` builds them (team backend's module)
-from tools.bench.sim import _make_env, _Raw, _terrain_config
-from tools.bench.common import Table, report
+from quadforge.tools.bench.sim import _make_env, _Raw, _terrain_config
+from quadforge.tools.bench.common import Table, report
 
 
 class _CountTorchCalls(TorchFunctionMode):

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tools.bench.common import Table, report
-from tools.seeding import seed_everything
+from quadforge.tools.bench.common import Table, report
+from quadforge.tools.seeding import seed_everything
 
 FLAT_VX = (-0.5, 0.0, 0.5, 1.0)
 FLAT_YAW = (-0.5, 0.0, 0.5)
@@ -44,10 +44,10 @@ class Sweep:
 
 
 def _run(sweep: Sweep, robot: str, episode_s: float, seed: int) -> list[dict]:
-    from envs.config import EnvConfig
-    from envs.terrain import TerrainConfig
-    from envs.vec_env import LeggedEnv
-    from experts.gait import GaitController
+    from quadforge.envs.config import EnvConfig
+    from quadforge.envs.terrain import TerrainConfig
+    from quadforge.envs.vec_env import LeggedEnv
+    from quadforge.experts.gait import GaitController
 
     n = len(sweep.rows) * sweep.envs_per_row
     terrain = None if sweep.terrain is None else TerrainConfig.of_types([sweep.terrain], num_cols=1)
@@ -66,7 +66,7 @@ def _run(sweep: Sweep, robot: str, episode_s: float, seed: int) -> list[dict]:
     cmd = env.commands.clone()
     cmd[:, :3] = torch.tensor([sweep.rows[int(r)][1] for r in row_of])
     if sweep.gait != "trot":   # the gait is carried by the command, as walk-these-ways does
-        from envs.config import GAITS
+        from quadforge.envs.config import GAITS
         cmd[:, 5:8] = torch.tensor(GAITS[sweep.gait])
     env.set_commands(ids, cmd)
     ctrl = GaitController(env.robot, n, env.dt, gait=sweep.gait)

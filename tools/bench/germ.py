@@ -20,13 +20,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from envs.layout import PROPRIO, TERM_DIMS
-from tools.bench.common import Table, report
-from tools.seeding import seed_everything
+from quadforge.envs.layout import PROPRIO, TERM_DIMS
+from quadforge.tools.bench.common import Table, report
+from quadforge.tools.seeding import seed_everything
 
 
 def _synthetic(num_episodes: int, length: int, seed: int = 0):
-    from data.episodes import EpisodeArrays
+    from quadforge.data.episodes import EpisodeArrays
     rng = np.random.default_rng(seed)
     steps = num_episodes * length
     feats = {n: rng.normal(size=(steps, TERM_DIMS[n])).astype(np.float32) for n in PROPRIO.term_names}
@@ -63,7 +63,7 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warm
 
 
 def latency_table(cfgs: dict, repeats: int) -> Table:
-    from training.models.germ import ContextWindow, GeRM
+    from quadforge.training.models.germ import ContextWindow, GeRM
     t = Table("GeRM step latency (batch 1, CPU, 1 thread)",
               ["model", "active params", "total params", "step ms (KV cache)", "step ms (no cache)",
                "latency vs w/o MoE"])
@@ -89,10 +89,10 @@ def latency_table(cfgs: dict, repeats: int) -> Table:
 
 
 def throughput_table(cfgs: dict, steps: int, batch_size: int) -> Table:
-    from data.samplers import TransitionSampler
-    from training.binning import fit_binner
-    from training.models.germ import GeRM
-    from training.qlearning import default_config, losses
+    from quadforge.data.samplers import TransitionSampler
+    from quadforge.training.binning import fit_binner
+    from quadforge.training.models.germ import GeRM
+    from quadforge.training.qlearning import default_config, losses
     t = Table(f"GeRM training throughput (batch {batch_size}, CPU, 1 thread)",
               ["model", "objective", "transitions/s", "ms/step", "vs germ"])
     data = _synthetic(num_episodes=40, length=50)
@@ -123,7 +123,7 @@ def throughput_table(cfgs: dict, steps: int, batch_size: int) -> Table:
 
 
 def main(quick: bool = False, json_path: str | None = None) -> int:
-    from training.models.germ import GeRMConfig
+    from quadforge.training.models.germ import GeRMConfig
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from envs.layout import NUM_JOINTS, get_layout
-from tools.bench.common import Table, report
-from training.models import SequenceModel, build_model
+from quadforge.envs.layout import NUM_JOINTS, get_layout
+from quadforge.tools.bench.common import Table, report
+from quadforge.training.models import SequenceModel, build_model
 
 MODELS = ("fcnet", "transformer", "convformer", "starformer", "mlp")
 DEFAULT = dict(context=64, num_layers=4, hidden=256)

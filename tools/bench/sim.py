@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from mujoco import rollout
 
-from envs.backends.base import BackendConfig
-from envs.backends.mujoco_cpu import MujocoCpuBackend
-from tools.bench.common import Table, report
+from quadforge.envs.backends.base import BackendConfig
+from quadforge.envs.backends.mujoco_cpu import MujocoCpuBackend
+from quadforge.tools.bench.common import Table, report
 
 STATE_SPEC = mujoco.mjtState.mjSTATE_FULLPHYSICS
 
@@ -36,14 +36,14 @@ STATE_SPEC = mujoco.mjtState.mjSTATE_FULLPHYSICS
 def _terrain_config(name: str):
     if name == "flat":
         return None
-    from envs.terrain import TerrainConfig  # team robots+terrain
+    from quadforge.envs.terrain import TerrainConfig  # team robots+terrain
 
     return TerrainConfig.mixed()
 
 
 def _make_env(num_envs: int, threads: int, terrain_cfg):
-    from envs.config import EnvConfig, InitConfig, RandomizationConfig
-    from envs.vec_env import LeggedEnv
+    from quadforge.envs.config import EnvConfig, InitConfig, RandomizationConfig
+    from quadforge.envs.vec_env import LeggedEnv
 
     # robots spawn standing still in the default pose, as the backend-only rows do
     cfg = EnvConfig(backend=BackendConfig(num_envs=num_envs, num_threads=threads), terrain=terrain_cfg,

@@ -16,14 +16,14 @@ import numpy as np
 import torch
 import zarr.codecs  # noqa: F401  (zarr's ~0.3 s first import is start-up, not compaction throughput)
 
-from data.compaction import compact
-from data.samplers import TransitionSampler, WindowSampler
-from data.staging import StagingWriter
-from data.store import TrajectoryStore
-from data.synthetic import PROPRIO_FEATURES, synthetic_episode, synthetic_info
-from envs.layout import get_layout
-from tools.bench.common import Table, report
-from tools.seeding import numpy_rng
+from quadforge.data.compaction import compact
+from quadforge.data.samplers import TransitionSampler, WindowSampler
+from quadforge.data.staging import StagingWriter
+from quadforge.data.store import TrajectoryStore
+from quadforge.data.synthetic import PROPRIO_FEATURES, synthetic_episode, synthetic_info
+from quadforge.envs.layout import get_layout
+from quadforge.tools.bench.common import Table, report
+from quadforge.tools.seeding import numpy_rng
 
 
 def _timed(fn) -> tuple[Any, float, float]:
@@ -64,9 +64,9 @@ def _disk_windows(store: TrajectoryStore, terms: tuple[str, ...], context: int, 
 
 def _collection_ratio(quick: bool) -> tuple[Table | None, str]:
     try:
-        from collection.throughput import measure  # team "collection"
+        from quadforge.collection.throughput import measure  # team "collection"
     except ImportError:
-        return None, "collection.throughput.measure is missing: collection vs env-alone ratio not measured"
+        return None, "quadforge.collection.throughput.measure is missing: collection vs env-alone ratio not measured"
     num_envs, steps = (64, 250) if quick else (256, 300)  # > 200 steps: 4 s episodes must finish
     # Storage has a fixed cost per episode (one staging file + fsync), so the ratio depends on episode
     # length: 4 s (200 steps) is FCNet's dataset recipe (~192 steps per episode) and is the target row;

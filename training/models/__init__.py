@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.models.base import Cache, SequenceModel
+from quadforge.training.models.base import Cache, SequenceModel
 
 # name -> "module:Class", imported on use so one model's import cost never lands on another's user
 MODELS: dict[str, str] = {
-    "fcnet": "training.models.fcnet:FCNet",
-    "transformer": "training.models.transformer:Transformer",
-    "convformer": "training.models.convformer:DecisionConvFormer",
-    "starformer": "training.models.starformer:StARformer",
-    "mlp": "training.models.mlp:HistoryMLP",
+    "fcnet": "quadforge.training.models.fcnet:FCNet",
+    "transformer": "quadforge.training.models.transformer:Transformer",
+    "convformer": "quadforge.training.models.convformer:DecisionConvFormer",
+    "starformer": "quadforge.training.models.starformer:StARformer",
+    "mlp": "quadforge.training.models.mlp:HistoryMLP",
 }
 
 

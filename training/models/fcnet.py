@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.models.base import Cache, Decoder, FeedForward, SequenceModel, ffn_step, live_params
-from training.models.csc import CausalSpectralConv, weight_key
+from quadforge.training.models.base import Cache, Decoder, FeedForward, SequenceModel, ffn_step, live_params
+from quadforge.training.models.csc import CausalSpectralConv, weight_key
 
 
 class FourierLayer(nn.Module):

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.models.moe import DenseFFN, MoEConfig, SparseMoE, matched_dense_hidden
+from quadforge.training.models.moe import DenseFFN, MoEConfig, SparseMoE, matched_dense_hidden
 
 ENCODERS = ("proprio", "image", "instruction")
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.models.base import Cache, Decoder, FeedForward, SequenceModel, ffn_step, live_params
-from training.models.tokens import StepTokens
+from quadforge.training.models.base import Cache, Decoder, FeedForward, SequenceModel, ffn_step, live_params
+from quadforge.training.models.tokens import StepTokens
 
 
 def allowed_keys(key_valid: torch.Tensor, key_slot: torch.Tensor, query_slot: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,12 @@
+"""quadforge: legged-robot learning.
+
+The card's top-level folders (envs/ experts/ collection/ training/ data/ tools/) are installed as
+``quadforge.envs``, ``quadforge.experts``, ... (see ``[tool.setuptools.package-dir]`` in pyproject.toml),
+so a user's own ``tools/`` or ``data/`` folder can never shadow them.
+"""
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("quadforge")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
