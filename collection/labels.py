@@ -96,7 +96,7 @@ def _number(info: Mapping[str, Any], key: str) -> float:
 def label(info: Mapping[str, Any], rule: LabelRule = LabelRule()) -> tuple[bool, str, dict[str, float]]:
     """(success, reason, numbers) for one finished episode's info.
 
-    ``info`` carries the env's ``extras["episode"]`` entries for the episode (``termination_reason``
+    ``info`` carries the env's ``extras["episode_end"]`` entries for the episode (``termination_reason``
     as a name or code, ``lin_vel_error``, ``ang_vel_error``, ``distance``) and
     ``commanded_displacement`` (m) - or, if absent, ``commanded_distance``, the path length.
     ``reason`` is "success" or one of ``FAILURE_REASONS``.

@@ -81,7 +81,7 @@ def rollout(env, policy, seconds: float, command=None) -> dict:
         vel_sum += torch.cat([st.root_lin_vel_b[:, :2], st.root_ang_vel_b[:, 2:3]], 1).sum(0).cpu()
         done_ids = dones.nonzero(as_tuple=False).flatten()
         if done_ids.numel():
-            reasons += torch.bincount(extras["episode"]["termination_reason"][done_ids].cpu(),
+            reasons += torch.bincount(extras["episode_end"]["termination_reason"][done_ids].cpu(),
                                       minlength=len(TERMINATION_REASONS))
             policy.reset(done_ids)
             if pinned is not None:

@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from quadforge.envs.builder import make_env
-from quadforge.envs.vec_env import RslRlLogView
 from quadforge.experts.loaders import RSL_RL_PREFIX, latest_rsl_rl_checkpoint
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
@@ -185,7 +184,7 @@ def train(cfg: TrainExpertConfig) -> Path:
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     train_cfg = rsl_rl_train_cfg(preset)
     train_cfg["seed"] = cfg.seed
-    runner = _runner_class()(RslRlLogView(env), train_cfg, log_dir=cfg.out, device=cfg.device)
+    runner = _runner_class()(env, train_cfg, log_dir=cfg.out, device=cfg.device)
     runner.quadforge_meta = {
         "format": 1, "robot": cfg.robot, "terrain": cfg.terrain, "preset": cfg.preset,
         "preset_config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(preset).items()},
