@@ -43,10 +43,10 @@ def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
         return data, {"store": None, "source": "in-memory EpisodeArrays", "episodes": data.num_episodes,
                       "steps": data.num_steps}
     if data is None:
-        raise ValueError("--data is required: the trajectory store to train on")
+        raise ValueError("--store is required: the trajectory store to train on")
     path = Path(data)
     if not path.exists():
-        raise FileNotFoundError(f"--data {path}: no trajectory store there")
+        raise FileNotFoundError(f"--store {path}: no trajectory store there")
     store = TrajectoryStore.open(path)
     return store, {"store": str(path.resolve()), "generation": store.generation,
                    "episodes": store.num_episodes, "steps": store.num_steps}
@@ -287,7 +287,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not args.out:
         raise ValueError("--out is required: the directory for checkpoints and logs")
     cfg = config_from_args(args)
-    result = train(cfg, args.data, args.out, device=args.device, resume=args.resume)
+    result = train(cfg, args.store, args.out, device=args.device, resume=args.resume)
     if result.checkpoint is not None:
         print(f"wrote {result.checkpoint}")
     return 0

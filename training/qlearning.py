@@ -1,6 +1,6 @@
 """GeRM's conservative discretized Q-learning (seed 003 §III Eq. 2-3, Q-Transformer) and its baselines.
 
-    quadforge train --model germ|germ-il|germ-dense --data STORE --out DIR [--max-steps N] [--seed S]
+    quadforge train --model germ|germ-il|germ-dense --store STORE --out DIR [--max-steps N] [--seed S]
 
 Per transition (window ending at t, dataset action a_t binned per dimension, reward, next window):
 - targets (Eq. 2, from the EMA target network, teacher-forced on the dataset's bins):
@@ -222,7 +222,7 @@ def ema_update(target: nn.Module, online: nn.Module, tau: float) -> None:
 def open_source(path: str | Path) -> Any:
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"--data {path}: no trajectory store there")
+        raise FileNotFoundError(f"--store {path}: no trajectory store there")
     return TrajectoryStore.open(str(path))
 
 
@@ -439,13 +439,13 @@ def config_from_args(args: argparse.Namespace) -> GeRMTrainConfig:
 
 def run_from_args(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    if not getattr(args, "data", None):
-        raise ValueError("--data STORE is required for GeRM training")
+    if not getattr(args, "store", None):
+        raise ValueError("--store STORE is required for GeRM training")
     if not getattr(args, "out", None):
         raise ValueError("--out DIR is required for GeRM training")
-    source = open_source(args.data)
+    source = open_source(args.store)
     summary = train(cfg, source, args.out, device=getattr(args, "device", "cpu"),
-                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.data).resolve())})
+                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.store).resolve())})
     print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {summary['active_parameters']:,} / "
           f"total {summary['total_parameters']:,} parameters)")
     return 0

@@ -252,7 +252,7 @@ def test_terrain_spawn_levels_curriculum_and_height_scan():
 
 def test_rollout_command_summary_and_errors(capsys):
     from quadforge.tools.cli import main
-    assert main(["rollout", "--num-envs", "2", "--seconds", "0.2", "--threads", "1", "--command", "0.5,0,0",
+    assert main(["rollout", "--num-envs", "2", "--seconds", "0.2", "--num-threads", "1", "--command", "0.5,0,0",
                  "--no-randomization"]) == 0
     out = capsys.readouterr().out
     assert "env steps/s" in out and "lin_vel_x=+0.500" in out and "time_out=0" in out
