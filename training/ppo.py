@@ -33,12 +33,11 @@ import torch
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed
 from quadforge.envs.builder import make_env
 from quadforge.envs.terrain import TERRAIN_SPEC_HELP
-from quadforge.experts.loaders import RSL_RL_PREFIX, latest_rsl_rl_checkpoint
+from quadforge.experts.loaders import latest_rsl_rl_checkpoint
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
 
 PRESETS_HELP = "legged_gym (the paper's PPO settings, 4096 envs) or cpu (scaled to a 2-core machine)"
-CHECKPOINT_PREFIX = RSL_RL_PREFIX
 
 
 @dataclass(frozen=True)
