@@ -30,7 +30,7 @@ from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
 from quadforge.training.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
-from quadforge.training.loop import RunLog, save_run_checkpoint
+from quadforge.training.loop import RunLog, rng_state, save_run_checkpoint, set_rng_state
 from quadforge.training.models import SequenceModel, build_model
 from quadforge.training.optim import build_optimizer, build_scheduler, clip_gradients
 from quadforge.training.presets import TrainConfig, preset
@@ -143,7 +143,7 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     act_mean, act_std = train_s.action_stats()
     optimizer = build_optimizer(objective, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, max_steps)
-    start = 0
+    start, saved_rng = 0, None
     if resume:
         if out is None:
             raise ValueError("--resume needs --out (the run directory holding last.pt)")
@@ -155,7 +155,7 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
         optimizer.load_state_dict(ckpt.optimizer)
         scheduler.load_state_dict(ckpt.scheduler)
         obs_mean, obs_std = ckpt.obs_stats["mean"], ckpt.obs_stats["std"]
-        start = ckpt.step
+        start, saved_rng = ckpt.step, ckpt.extra.get("rng")
     provenance.update(layout=layout.name, success_only=cfg.success_only, train_episodes=train_s.num_episodes,
                       val_episodes=val_s.num_episodes if val_s else 0, train_windows=train_s.num_windows)
     target_return = None
@@ -169,13 +169,15 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     history: list[dict[str, float]] = []
     best_val = math.inf
 
-    def checkpoint(step: int, name: str, keep: bool = False) -> Path | None:
+    def checkpoint(step: int, name: str, keep: bool = False, rngs: dict | None = None) -> Path | None:
         if out is None or not info.is_main:
             return None
         extra = {"rtg_scale": cfg.rtg_scale, "target_return": target_return, "loss": cfg.loss,
                  "term_dims": {n: TERM_DIMS[n] for n in layout.term_names}}
         if objective.log_std is not None:
             extra["log_std"] = objective.log_std.detach().cpu()
+        if rngs is not None:
+            extra["rng"] = rngs
         ck = Checkpoint(model_name=cfg.model, model_config=model.config,
                         state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
                         layout=layout.to_dict(), obs_stats={"mean": obs_mean, "std": obs_std},
@@ -193,6 +195,7 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+    set_rng_state(saved_rng, info)   # torch's stream (dropout) as it was when the checkpoint was written
     ddp.train()
     t0, windows = time.perf_counter(), 0
     last_path = None
@@ -223,7 +226,8 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
                 log.scalars("train", rec, done)
             t0, windows = time.perf_counter(), 0
         if validate:
-            last_path = checkpoint(done, "last.pt", keep=cfg.keep_checkpoints) or last_path
+            rngs = rng_state(info)   # a collective: every rank reaches it at the same steps
+            last_path = checkpoint(done, "last.pt", keep=cfg.keep_checkpoints, rngs=rngs) or last_path
     log.close()
     dist.barrier(info)
     return TrainResult(model=model, step=max(start, max_steps), checkpoint=last_path, history=history)
