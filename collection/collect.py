@@ -52,6 +52,7 @@ class CollectConfig:
     compact_every: int = 100            # episodes between compactions (0: only at the end)
     num_threads: int = 1                # physics threads per env batch
     progress: bool = True
+    allow_robot_mismatch: bool = False  # drive --robot with a policy trained for another robot
     label_rule: LabelRule = field(default_factory=LabelRule)
 
     def validate(self) -> "CollectConfig":
@@ -80,10 +81,12 @@ class CollectConfig:
             raise bad("robot", ", ".join(ROBOTS))
         terrain_config(self.terrain)
         parse_skills(self.skills)
-        if Path(self.out).exists() and not Path(self.out).is_dir():
-            raise ValueError(f"--out {self.out!r} is a file; give a trajectory store directory (created if missing)")
+        from quadforge.tools.output_paths import check_output_dir, is_store_dir
+        check_output_dir(self.out, "trajectory store", owns=is_store_dir)
         if self.policy != "gait" and not Path(self.policy).exists():
             raise FileNotFoundError(f"--policy {self.policy!r}: no such checkpoint file; use {POLICY_HELP}")
+        from quadforge.data.admission import check_store_accepts
+        check_store_accepts(self.out, robot=self.robot, what=f"--robot {self.robot}")
         return self
 
 
@@ -120,10 +123,10 @@ def build_env(cfg: CollectConfig, seed: int) -> Any:
 
 
 def build_policy(cfg: CollectConfig, env: Any) -> Any:
-    return make_policy(cfg.policy, env, cfg.robot)
+    return make_policy(cfg.policy, env, cfg.robot, allow_robot_mismatch=cfg.allow_robot_mismatch)
 
 
-def make_policy(spec: str, env: Any, robot: str | None = None) -> Any:
+def make_policy(spec: str, env: Any, robot: str | None = None, allow_robot_mismatch: bool = False) -> Any:
     """The gait expert (``spec == "gait"``), or a checkpoint through ``training.deploy.load_policy``
     (outside/PPO experts and models trained here alike); a policy emitting high-level commands runs
     over the gait expert."""
@@ -136,7 +139,7 @@ def make_policy(spec: str, env: Any, robot: str | None = None) -> Any:
 
     if spec == "gait":
         return gait()
-    policy = load_policy(spec, env.num_envs, str(env.device), robot=robot)
+    policy = load_policy(spec, env.num_envs, str(env.device), robot=robot, allow_robot_mismatch=allow_robot_mismatch)
     return HierarchicalPolicy(policy, gait()) if policy.action_space == "command" else policy
 
 
@@ -172,6 +175,8 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
     mix = parse_skills(cfg.skills)
     env = build_env(cfg, run_seed)
     try:
+        from quadforge.data.admission import check_store_accepts
+        check_store_accepts(cfg.out, robot=cfg.robot, control_dt=float(env.dt), what=f"collector {collector_id}")
         policy = build_policy(cfg, env)
         skills = SkillCommandSampler(mix, env.num_envs, run_seed)
         info_extra = {"robot": cfg.robot, "control_dt": float(env.dt), "terrain_spec": cfg.terrain,
@@ -184,6 +189,8 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
         t0 = time.perf_counter()
         with BackgroundWriter(writer) as background:
             for episode in rollout.episodes(max_episodes=quota):
+                if tally.episodes == 0:   # the feature set, before the first episode reaches the store
+                    check_store_accepts(cfg.out, features=episode.features, what=f"collector {collector_id}")
                 background.submit(episode.features, episode.info)
                 tally.add(episode.info)
                 if on_episode is not None:
@@ -200,7 +207,21 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
             **tally.to_dict()}
 
 
+def collect_lock(out: str):
+    """One collect job per store at a time (``data.locks``): the target is the store's total, so a
+    second job would overshoot it; it is refused with an error naming the running one."""
+    from quadforge.data.locks import acquire
+    return acquire(Path(out) / ".collect.lock", "collect",
+                   hint="one collect per store at a time: wait for it to finish (a re-run resumes to the target), "
+                        "or collect into another --out")
+
+
 def run_local(cfg: CollectConfig) -> dict[str, Any]:
+    with collect_lock(cfg.out):
+        return _run_local(cfg)
+
+
+def _run_local(cfg: CollectConfig) -> dict[str, Any]:
     done = store_count(cfg.out)
     missing = max(cfg.episodes - done, 0)
     summary: dict[str, Any] = {"target": cfg.episodes, "already": done, "collected": 0}
@@ -240,6 +261,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compact the store every N episodes (0: only at the end)")
     p.add_argument("--num-threads", type=int, default=d.num_threads, help="physics threads per collector")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--allow-robot-mismatch", action="store_true",
+                   help="drive --robot with a checkpoint trained for another robot (refused otherwise)")
 
 
 def config_from_args(args: argparse.Namespace) -> CollectConfig:
@@ -249,7 +272,7 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         address=args.address, action_noise=args.action_noise, push=args.push,
         push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s,
         collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
-        progress=not args.no_progress,
+        progress=not args.no_progress, allow_robot_mismatch=args.allow_robot_mismatch,
     ).validate()
 
 

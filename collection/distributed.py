@@ -13,7 +13,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from quadforge.collection.collect import CollectConfig, collect_episodes, compact_store, store_count
+from quadforge.collection.collect import (CollectConfig, collect_episodes, collect_lock, compact_store,
+                                          store_count)
 from quadforge.collection.progress import Progress, Tally
 
 POLL_S = 1.0
@@ -43,6 +44,11 @@ def quotas(missing: int, workers: int) -> list[int]:
 
 
 def run_distributed(cfg: CollectConfig) -> dict[str, Any]:
+    with collect_lock(cfg.out):   # the driver holds the store for the whole job
+        return _run_distributed(cfg)
+
+
+def _run_distributed(cfg: CollectConfig) -> dict[str, Any]:
     import ray
 
     done = store_count(cfg.out)

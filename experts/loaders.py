@@ -132,7 +132,8 @@ def detect_kind(path: Path) -> str:
                                 "last.pt or step_<n>.pt)")
     if path.name.startswith(("body", "adaptation_module")) and path.suffix == ".jit":
         return "wtw"
-    if zipfile.is_zipfile(path):
+    from quadforge.tools.checkpoint_sniff import sniff
+    if sniff(path) == "zip":
         with zipfile.ZipFile(path) as z:
             if any(n.endswith("constants.pkl") or "/code/" in n for n in z.namelist()):
                 return "torchscript"
@@ -150,11 +151,12 @@ def detect_kind(path: Path) -> str:
 def _torch_load(path: Path) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    from quadforge.tools.checkpoint_sniff import load_error, sniff
+    sniff(path)
     try:  # rsl_rl checkpoints are plain tensors/dicts; weights_only refuses arbitrary pickles
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise ValueError(f"checkpoint {path} could not be read as a torch file: {type(err).__name__}: "
-                         f"{str(err).splitlines()[0] if str(err) else ''}") from err
+        raise load_error(path, err) from err
 
 
 # --- layouts -----------------------------------------------------------------------------------------

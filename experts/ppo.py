@@ -173,6 +173,7 @@ class TrainExpertConfig:
     num_envs: int | None = None        # None -> the preset's
     iterations: int = 1000
     resume: str | None = None
+    overwrite: bool = False            # allow --out to be a folder that already holds a run
     seed: int = 0
     device: str = "cpu"
     num_threads: int = 1               # MuJoCo + torch threads; the machine is shared
@@ -214,8 +215,9 @@ def train(cfg: TrainExpertConfig) -> Path:
 
     if cfg.iterations < 1:
         raise ValueError(f"--iterations={cfg.iterations} is invalid; allowed: an integer >= 1")
-    if cfg.resume is not None and not Path(cfg.resume).is_file():
-        raise FileNotFoundError(f"--resume {cfg.resume!r}: no such checkpoint file")
+    if cfg.resume is not None:
+        check_resume_checkpoint(cfg.resume, cfg.robot)
+    check_expert_out(cfg.out, resume=cfg.resume is not None, overwrite=cfg.overwrite)
     preset = get_preset(cfg.preset)
     if cfg.num_envs is not None:
         preset = replace(preset, num_envs=cfg.num_envs)
@@ -250,6 +252,37 @@ def train(cfg: TrainExpertConfig) -> Path:
     return last
 
 
+def check_resume_checkpoint(path: str, robot: str) -> None:
+    """``--resume`` must be an rsl_rl 5 PPO checkpoint (what train-expert writes) for this robot."""
+    from quadforge.experts.loaders import _torch_load
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"--resume {path!r}: no such checkpoint file")
+    raw = _torch_load(p)
+    if isinstance(raw, dict) and raw.get("kind") == "quadforge-policy":
+        raise ValueError(f"--resume {path}: a quadforge train checkpoint (model {raw.get('model', {}).get('name')!r}), "
+                         f"not a PPO expert; train-expert --resume takes a model_<it>.pt written by train-expert")
+    if not isinstance(raw, dict) or "actor_state_dict" not in raw:
+        found = sorted(raw)[:6] if isinstance(raw, dict) else type(raw).__name__
+        raise ValueError(f"--resume {path}: not an rsl_rl 5 PPO checkpoint (no 'actor_state_dict'; found {found}); "
+                         f"train-expert --resume takes a model_<it>.pt written by train-expert")
+    trained = ((raw.get("infos") or {}).get("quadforge") or {}).get("robot")
+    if trained and trained != robot:
+        raise ValueError(f"--resume {path}: trained for robot {trained!r}, this run is for --robot {robot!r}")
+
+
+def check_expert_out(out: str, resume: bool, overwrite: bool) -> None:
+    """A new/empty folder, or one holding a run that --resume continues or --overwrite replaces."""
+    from quadforge.tools.output_paths import check_output_dir
+    p = check_output_dir(out, "PPO expert run", owns=lambda d: any(d.glob(f"{CHECKPOINT_PREFIX}*.pt"))
+                         or any(d.glob("events.out.tfevents*")))
+    if p.is_dir() and any(p.glob(f"{CHECKPOINT_PREFIX}*.pt")):
+        if not (resume or overwrite):
+            raise ValueError(f"--out {out}: already holds a PPO run ({CHECKPOINT_PREFIX}<it>.pt); pass --resume "
+                             f"{CHECKPOINT_PREFIX}<it>.pt to continue it, --overwrite to replace it, or choose a "
+                             f"new folder")
+
+
 def latest_checkpoint(directory: str | os.PathLike) -> Path:
     """The ``model_<it>.pt`` with the highest iteration in a run directory."""
     paths = glob.glob(os.path.join(directory, f"{CHECKPOINT_PREFIX}*.pt"))
@@ -266,6 +299,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=1000, help="PPO iterations to run")
     parser.add_argument("--out", required=True, help="run directory: TensorBoard logs and model_<it>.pt")
     parser.add_argument("--resume", default=None, help="continue from this rsl_rl checkpoint (model_<it>.pt)")
+    parser.add_argument("--overwrite", action="store_true", help="allow --out to be a folder holding a run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--preset", default="cpu", help=PRESETS_HELP)
     parser.add_argument("--save-interval", type=int, default=None,
@@ -283,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["save_interval"] = args.save_interval
     cfg = TrainExpertConfig(out=args.out, robot=args.robot, terrain=args.terrain, preset=args.preset,
                             num_envs=args.num_envs, iterations=args.iterations, resume=args.resume,
-                            seed=args.seed, device=args.device, num_threads=args.num_threads,
+                            overwrite=args.overwrite, seed=args.seed, device=args.device, num_threads=args.num_threads,
                             overrides=overrides)
     train(cfg)
     return 0

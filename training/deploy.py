@@ -80,11 +80,30 @@ def _policy_id(path: Path, ckpt: Checkpoint) -> str:
     return f"{ckpt.model_name}:{digest}"
 
 
-def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "cpu", robot: str | None = None):
+def check_robot(ckpt: Checkpoint, robot: str | None, source: str) -> None:
+    """A checkpoint records the robot its data came from; driving another one is an error (a go1 policy
+    on aliengo "works" at 0 % success). Checkpoints from before the record pass."""
+    trained = (ckpt.provenance or {}).get("robot")
+    if robot is not None and trained and trained != robot:
+        raise ValueError(f"{source}: trained on robot {trained!r} data, asked to drive {robot!r}; use --robot "
+                         f"{trained} (or --allow-robot-mismatch to run it anyway)")
+
+
+def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "cpu", robot: str | None = None,
+                allow_robot_mismatch: bool = False):
     """A Policy for any checkpoint file (or run directory): models trained by ``quadforge train`` here,
     expert checkpoints (rsl_rl PPO, TorchScript, walk-these-ways) through ``experts.loaders.load_expert``
-    (``robot`` names the robot an outside checkpoint drives; None lets the loader decide)."""
+    (``robot`` names the robot the policy will drive: a checkpoint recording another robot is an error
+    unless ``allow_robot_mismatch``; None lets the loader decide)."""
     path = Path(path)
+    if allow_robot_mismatch and robot is not None:
+        try:
+            from quadforge.experts.loaders import detect_kind as _kind
+            outside = _kind(path) != "quadforge"
+        except (ValueError, FileNotFoundError):
+            outside = False
+        if outside:
+            robot = None  # the expert's own recorded robot (its action gain), whatever the env is
     # Expert checkpoints (rsl_rl PPO, TorchScript, walk-these-ways) load through experts.loaders.
     from quadforge.experts.loaders import detect_kind, load_expert
     try:
@@ -97,6 +116,8 @@ def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "c
     if path.is_dir():
         path = latest_checkpoint(path)
     ckpt = load_checkpoint(path)
+    if not allow_robot_mismatch:
+        check_robot(ckpt, robot, str(path))
     if ckpt.model_name.startswith("germ"):
         return importlib.import_module("quadforge.training.qlearning").load_policy(path, num_envs, device)
     return LearnedPolicy(ckpt, num_envs, device, policy_id=_policy_id(path, ckpt))

@@ -47,7 +47,8 @@ def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
     from quadforge.data.store import TrajectoryStore
     store = TrajectoryStore.open(path)
     return store, {"store": str(path.resolve()), "generation": store.generation,
-                   "episodes": store.num_episodes, "steps": store.num_steps}
+                   "episodes": store.num_episodes, "steps": store.num_steps,
+                   "robot": store.schema.robot, "control_dt": store.schema.control_dt}
 
 
 def make_samplers(cfg: TrainConfig, source: Any, info: dist.DistInfo, use_rtg: bool):
@@ -192,6 +193,9 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     ddp.train()
     t0, windows = time.perf_counter(), 0
     last_path = None
+    last_saved = time.monotonic()
+    from quadforge.tools.progress import progress_bar
+    bar = progress_bar(max_steps, start, desc=f"train {cfg.model}", enabled=info.is_main)
     for step in range(start, max_steps):
         rng = numpy_rng(cfg.seed, f"imitation/batch/rank{info.rank}/step{step}")
         ends = info.rank + info.world_size * rng.integers(0, per_rank, size=cfg.batch_size)
@@ -223,8 +227,18 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
             t0, windows = time.perf_counter(), 0
         if validate:
             last_path = checkpoint(done, "last.pt") or last_path
+            last_saved = time.monotonic()
             if cfg.keep_checkpoints:
                 checkpoint(done, f"step_{done}.pt")
+        elif cfg.checkpoint_every_s and time.monotonic() - last_saved >= cfg.checkpoint_every_s:
+            # by wall time too: a slow run never goes long without a resumable last.pt (the batches of
+            # step s derive from (seed, rank, s), so --resume from here is exact)
+            last_path = checkpoint(done, "last.pt") or last_path
+            last_saved = time.monotonic()
+        bar.update(1)
+        if not bar.disable:   # (reading the loss syncs a GPU: only when the bar is shown)
+            bar.set_postfix(loss=f"{float(loss):.4g}", refresh=False)
+    bar.close()
     if writer is not None:
         writer.close()
     dist.barrier(info)
