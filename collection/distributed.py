@@ -16,6 +16,7 @@ from typing import Any
 from quadforge.collection.collect import (CollectConfig, collect_episodes, collect_lock, compact_store,
                                           store_count)
 from quadforge.collection.progress import Progress, Tally
+from quadforge.data.staging import list_quarantined
 
 POLL_S = 1.0
 
@@ -69,6 +70,9 @@ def _run_distributed(cfg: CollectConfig) -> dict[str, Any]:
                 ray.shutdown()
     compact_store(cfg.out)
     summary["in_store"] = store_count(cfg.out)
+    quarantined = list_quarantined(cfg.out)
+    if quarantined:   # set aside by compaction (docs/data.md): say so, the target counts only merged episodes
+        summary["quarantined"] = [str(p) for p, _ in quarantined]
     return summary
 
 

@@ -20,10 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from quadforge.data.admission import check_store_accepts
 from quadforge.data.schema import IMAGE_PREFIX
 from quadforge.data.staging import write_staging_file
-from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore, compact
-from quadforge.envs.layout import TERM_DIMS
+from quadforge.data.compaction import compact
+from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore
+from quadforge.layout import TERM_DIMS
+from quadforge.output_paths import check_output_dir, check_output_file, is_store_dir
 
 FORMAT = "quadforge-robomimic-1"
 TOP_LEVEL = ("actions", "rewards")
@@ -37,7 +40,6 @@ def _is_obs(name: str) -> bool:
 def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | None = None) -> int:
     """Write the whole store to ``h5_path``; returns the number of demos."""
     import h5py
-    from quadforge.tools.output_paths import check_output_file
     out = check_output_file(h5_path, flag="export-hdf5 OUTPUT")   # before reading a byte of the store
     store = TrajectoryStore.open(store_path)
     data = store.load()
@@ -89,14 +91,12 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
     if not h5py.is_hdf5(str(src)):
         raise ValueError(f"{src}: not an HDF5 file (no HDF5 signature); import-hdf5 reads files written by "
                          f"`quadforge dataset export-hdf5`")
-    from quadforge.tools.output_paths import check_output_dir, is_store_dir
     check_output_dir(store_path, "trajectory store", owns=is_store_dir, flag="import-hdf5 STORE")
     try:
         with h5py.File(src, "r") as f:
             if "data" not in f or _attr(f["data"].attrs.get("format")) != FORMAT:
                 raise ValueError(f"{src}: not a quadforge HDF5 export (want /data with format={FORMAT!r})")
             env_args = json.loads(_attr(f["data"].attrs["env_args"]))
-            from quadforge.data.admission import check_store_accepts
             check_store_accepts(store_path, robot=env_args.get("robot"), control_dt=env_args.get("control_dt"),
                                 what=f"{src}")
     except (KeyError, OSError, TypeError) as err:

@@ -12,8 +12,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _store(path, n=6, robot="go1"):
-    from quadforge.data.staging import StagingWriter
-    from quadforge.data.store import compact
+    from quadforge.data.writer import StagingWriter
+    from quadforge.data.compaction import compact
     from quadforge.data.synthetic import synthetic_episode, synthetic_info
     rng = np.random.default_rng(0)
     with StagingWriter(path, "c0") as w:
@@ -84,7 +84,7 @@ def test_import_hdf5_of_a_text_file_is_one_line(tmp_path, capsys):
 
 def _bad_files(tmp_path):
     from quadforge.training.checkpoint import Checkpoint, save_checkpoint
-    from quadforge.envs.layout import get_layout
+    from quadforge.layout import get_layout
     good = save_checkpoint(tmp_path / "good.pt", Checkpoint("mlp", {"hidden": 4}, {"w": torch.zeros(3)},
                                                             get_layout("proprio").to_dict()))
     raw = good.read_bytes()
@@ -98,7 +98,7 @@ def _bad_files(tmp_path):
 
 def test_damaged_checkpoints_are_one_line_errors(tmp_path):
     from quadforge.training.checkpoint import load_checkpoint
-    from quadforge.training.deploy import load_policy
+    from quadforge.experts.registry import load_policy
     from quadforge.experts.loaders import load_expert
     for name, what in _bad_files(tmp_path).items():
         for load in (load_checkpoint, lambda p: load_policy(p, num_envs=1), lambda p: load_expert(p)):
@@ -109,9 +109,9 @@ def test_damaged_checkpoints_are_one_line_errors(tmp_path):
 
 
 def test_train_expert_resume_with_an_fcnet_checkpoint(tmp_path):
-    from quadforge.experts.ppo import check_resume_checkpoint
+    from quadforge.training.ppo import check_resume_checkpoint
     from quadforge.training.checkpoint import Checkpoint, save_checkpoint
-    from quadforge.envs.layout import get_layout
+    from quadforge.layout import get_layout
     p = save_checkpoint(tmp_path / "last.pt", Checkpoint("fcnet", {}, {"w": torch.zeros(1)},
                                                          get_layout("proprio").to_dict()))
     with pytest.raises(ValueError, match=r"a quadforge train checkpoint \(model 'fcnet'\), not a PPO expert"):
@@ -123,7 +123,7 @@ def test_train_expert_resume_with_an_fcnet_checkpoint(tmp_path):
 
 
 def test_train_expert_refuses_an_existing_run_folder(tmp_path):
-    from quadforge.experts.ppo import TrainExpertConfig, train
+    from quadforge.training.ppo import TrainExpertConfig, train
     (tmp_path / "model_100.pt").write_bytes(b"x")
     with pytest.raises(ValueError, match="already holds a PPO run"):
         train(TrainExpertConfig(out=str(tmp_path), iterations=1))
@@ -131,7 +131,7 @@ def test_train_expert_refuses_an_existing_run_folder(tmp_path):
 
 def test_checkpoint_records_its_robot_and_a_mismatch_is_refused(tmp_path, capsys):
     from quadforge.training.checkpoint import load_checkpoint
-    from quadforge.training.deploy import load_policy
+    from quadforge.experts.registry import load_policy
     store, out = _store(tmp_path / "s", robot="go1"), tmp_path / "run"
     assert _train(store, out) == 0
     assert load_checkpoint(out / "last.pt").provenance["robot"] == "go1"

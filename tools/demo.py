@@ -44,7 +44,7 @@ class DemoConfig:
         for name in ("episodes", "num_envs", "train_steps", "batch_size", "eval_episodes"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"demo {name}={getattr(self, name)!r}; must be an integer >= 1")
-        from quadforge.tools.output_paths import check_output_dir
+        from quadforge.output_paths import check_output_dir
         # a demo folder (store/, checkpoints, eval/) re-runs in place; anything else is refused before work
         check_output_dir(self.out, "demo run", owns=lambda p: any((p / n).exists() for n in ("store", "fcnet", "eval",
                                                                                 "demo_summary.json")))
@@ -101,7 +101,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
                            title="Demo: the gait expert and FCNet trained on its data")
     times["eval_s"] = time.perf_counter() - t0
 
-    from quadforge.tools.reports import overall_table
+    from quadforge.collection.reports import overall_table
     print()
     print(overall_table(report["results"], labels))
     print()

@@ -24,6 +24,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from quadforge.checkpoint_sniff import load_error, sniff
+
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_KIND = "quadforge-policy"
 
@@ -108,7 +110,6 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         path = latest_checkpoint(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    from quadforge.tools.checkpoint_sniff import load_error, sniff
     sniff(path)  # a text file, random bytes or a truncated archive: one line before torch sees it
     try:
         raw = torch.load(path, map_location=map_location, weights_only=True)

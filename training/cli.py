@@ -12,14 +12,12 @@ from __future__ import annotations
 
 
 import argparse
-import ast
 import os
-import dataclasses
 import importlib
-from typing import Any
-from quadforge.tools.overrides import parse_overrides  # noqa: F401  (re-exported for callers)
 
-IMITATION_MODELS = ("fcnet", "transformer", "convformer", "starformer", "mlp")
+from quadforge.training.models import MODELS
+
+IMITATION_MODELS = tuple(MODELS)   # the model zoo of training.models is the one list
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hyperparameter preset: 'paper' (the seeds' settings) or 'cpu' (small widths, 300 steps). "
                              "Default: 'cpu' on a CPU device - the FCNet paper preset is 785k parameters at about "
                              "9 s per step on a 2-core CPU, about 14 h - and 'paper' on a GPU")
-    parser.add_argument("--layout", default=None, help="observation layout from envs.layout (default: proprio)")
+    parser.add_argument("--layout", default=None, help="observation layout from quadforge.layout (default: proprio)")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the run in OUT (without it, an OUT holding a run is refused)")
@@ -55,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     # before any work: never replace a finished run unasked, never crash at the end; under torchrun
     # rank 0 checks (the others would see the files rank 0 has just started writing)
     if args.out and int(os.environ.get("RANK", "0")) == 0:
-        from quadforge.tools.output_paths import check_run_dir
+        from quadforge.output_paths import check_run_dir
         check_run_dir(args.out, resume=bool(args.resume), overwrite=bool(getattr(args, "overwrite", False)))
     if model in IMITATION_MODELS and args.preset is None:
         args.preset = default_preset(args.device)
@@ -65,36 +63,3 @@ def run(args: argparse.Namespace) -> int:
     if model not in IMITATION_MODELS:
         raise ValueError(f"--model {model!r} unknown; allowed: {IMITATION_MODELS} or a name starting with 'germ'")
     return int(importlib.import_module("quadforge.training.imitation").run_from_args(args) or 0)
-
-
-# --- key=value overrides, shared by every trainer ------------------------------------------------------
-
-def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
-    """Set (dotted) fields of a dataclass config in place; a nested dict field takes any key.
-
-    Unknown fields raise ValueError naming the allowed ones, so a typo never silently does nothing.
-    """
-    for key, value in overrides.items():
-        target, parts = cfg, key.split(".")
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            if isinstance(target, dict):
-                if last:
-                    target[part] = value
-                else:
-                    target = target.setdefault(part, {})
-                continue
-            names = [f.name for f in dataclasses.fields(target)] if dataclasses.is_dataclass(target) else []
-            if part not in names:
-                where = ".".join(parts[:i]) or "config"
-                raise ValueError(f"override {key!r}: {where} has no field {part!r}; allowed: {sorted(names)}")
-            if last:
-                current = getattr(target, part)
-                if isinstance(current, tuple) and isinstance(value, list):
-                    value = tuple(value)
-                if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-                    value = float(value)
-                setattr(target, part, value)
-            else:
-                target = getattr(target, part)
-    return cfg

@@ -6,7 +6,7 @@ actions (or a Gaussian NLL with a learned per-dimension log-std) over every real
 window - FCNet's objective (seed 000 Eq. 4). One process or DDP under torchrun: each rank draws its
 batches from a disjoint shard of the window index with its own seeded stream; the stream of step s
 is derived from (seed, rank, s), so a resumed run draws exactly the batches the uninterrupted run
-would have. Checkpoints carry everything ``training.deploy.load_policy`` needs.
+would have. Checkpoints carry everything ``experts.learned.load_policy`` needs.
 """
 from __future__ import annotations
 
@@ -22,20 +22,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from quadforge.envs.layout import NUM_JOINTS, TERM_DIMS, get_layout
-from quadforge.tools.seeding import numpy_rng, seed_everything
+from quadforge.layout import NUM_JOINTS, TERM_DIMS, get_layout
+from quadforge.data.episodes import EpisodeArrays
+from quadforge.data.samplers import WindowSampler
+from quadforge.data.store import TrajectoryStore
+from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
 from quadforge.training.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
 from quadforge.training.models import SequenceModel, build_model
 from quadforge.training.optim import build_optimizer, build_scheduler, clip_gradients
 from quadforge.training.presets import TrainConfig, preset
+from quadforge.progress import progress_bar
 
 
 # --- data ----------------------------------------------------------------------------------------------
 
 def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
     """A TrajectoryStore (opened from a path) or in-memory EpisodeArrays, with its provenance."""
-    from quadforge.data.episodes import EpisodeArrays
     if isinstance(data, EpisodeArrays):
         return data, {"store": None, "source": "in-memory EpisodeArrays", "episodes": data.num_episodes,
                       "steps": data.num_steps}
@@ -44,7 +48,6 @@ def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
     path = Path(data)
     if not path.exists():
         raise FileNotFoundError(f"--data {path}: no trajectory store there")
-    from quadforge.data.store import TrajectoryStore
     store = TrajectoryStore.open(path)
     return store, {"store": str(path.resolve()), "generation": store.generation,
                    "episodes": store.num_episodes, "steps": store.num_steps,
@@ -52,7 +55,6 @@ def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def make_samplers(cfg: TrainConfig, source: Any, info: dist.DistInfo, use_rtg: bool):
-    from quadforge.data.samplers import WindowSampler
     layout = get_layout(cfg.layout)
     filters = {"success_only": True} if cfg.success_only else None
     common = dict(layout=layout, context=cfg.context, val_fraction=cfg.val_fraction, filters=filters,
@@ -194,7 +196,6 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     t0, windows = time.perf_counter(), 0
     last_path = None
     last_saved = time.monotonic()
-    from quadforge.tools.progress import progress_bar
     bar = progress_bar(max_steps, start, desc=f"train {cfg.model}", enabled=info.is_main)
     for step in range(start, max_steps):
         rng = numpy_rng(cfg.seed, f"imitation/batch/rank{info.rank}/step{step}")
@@ -277,7 +278,6 @@ def _writer(out: Path | None, info: dist.DistInfo):
 # --- CLI glue --------------------------------------------------------------------------------------------
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    from quadforge.training.cli import apply_overrides, parse_overrides
     cfg = preset(args.model, args.preset)
     cfg.seed = int(args.seed)
     if args.layout:

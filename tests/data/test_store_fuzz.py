@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from quadforge.data.cli import summary
-from quadforge.data.store import TrajectoryStore, compact
+from quadforge.data.compaction import compact
+from quadforge.data.store import TrajectoryStore
 from quadforge.data.validate import validate
 
 FEATURES = ("actions", "dof_pos", "rewards", "terminated")   # float vectors, a scalar, a bool
@@ -22,7 +23,7 @@ def pristine(tmp_path_factory):
     """A store of two compactions (the second extends a partial chunk), chunks of 64 steps, plus what
     a correct read returns."""
     import quadforge.data.compaction as c
-    from quadforge.data.staging import StagingWriter
+    from quadforge.data.writer import StagingWriter
     from quadforge.data.synthetic import synthetic_episode, synthetic_info
     old = c.TARGET_CHUNK_BYTES
     c.TARGET_CHUNK_BYTES = 4096

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from quadforge.data.locks import LockHeldError, acquire
-from quadforge.data.staging import StagingWriter
-from quadforge.data.store import TrajectoryStore, compact
+from quadforge.data.writer import StagingWriter
+from quadforge.data.compaction import compact
+from quadforge.data.store import TrajectoryStore
 from quadforge.data.validate import validate
 
 
@@ -128,7 +129,7 @@ def test_damaged_staging_file_is_quarantined_not_merged(tmp_path, write_episodes
 
 # --- concurrent writers ------------------------------------------------------------------------------
 
-HOLD = ("import sys, time; from quadforge.data.staging import StagingWriter; "
+HOLD = ("import sys, time; from quadforge.data.writer import StagingWriter; "
         "w = StagingWriter(sys.argv[1], 'main'); print('held', flush=True); sys.stdin.readline()")
 
 
