@@ -91,7 +91,7 @@ class CollectConfig:
             raise bad("robot", ", ".join(ROBOTS))
         terrain_types(self.terrain)
         parse_skills(self.skills)
-        check_output_dir(self.out, "trajectory store", owns=is_store_dir)
+        check_output_dir(self.out, "trajectory store", owns=is_store_dir, flag="--store")
         check_policy_spec(self.policy)
         check_store_accepts(self.out, robot=self.robot, what=f"--robot {self.robot}")
         return self
@@ -173,7 +173,7 @@ def collect_lock(out: str):
     second job would overshoot it; it is refused with an error naming the running one."""
     return acquire(Path(out) / ".collect.lock", "collect",
                    hint="one collect per store at a time: wait for it to finish (a re-run resumes to the target), "
-                        "or collect into another --out")
+                        "or collect into another --store")
 
 
 def run_local(cfg: CollectConfig) -> dict[str, Any]:

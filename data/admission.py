@@ -27,7 +27,7 @@ def check_store_accepts(store_path: str | Path, *, robot: str | None = None, con
     schema = committed_schema(store_path)
     if schema is None:
         return
-    fix = "collect into another --out, or match the store"
+    fix = "collect into another --store, or match the store"
     if robot and schema.robot and robot != schema.robot:
         raise ValueError(f"{store_path}: the store holds {schema.robot!r} episodes, {what} is for robot {robot!r} "
                          f"(one robot per store); {fix}")

@@ -29,7 +29,6 @@ from quadforge.layout import TERM_DIMS
 from quadforge.output_paths import check_output_dir, check_output_file, is_store_dir
 
 FORMAT = "quadforge-robomimic-1"
-TOP_LEVEL = ("actions", "rewards")
 DERIVED_COLUMNS = ("start", "end", "length")
 
 

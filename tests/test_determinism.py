@@ -26,7 +26,7 @@ def test_same_seed_same_collection_and_training_in_separate_processes(tmp_path):
     stores = []
     for k in range(2):   # two processes, same seed: the same episodes, byte for byte
         store = tmp_path / f"s{k}"
-        _cli("collect", "--out", str(store), "--episodes", "4", "--num-envs", "2", "--max-episode-s", "0.4",
+        _cli("collect", "--store", str(store), "--episodes", "4", "--num-envs", "2", "--max-episode-s", "0.4",
              "--seed", "3", "--no-progress", "--num-threads", "1")
         stores.append(TrajectoryStore.open(store))
     a, b = (s.load() for s in stores)
@@ -35,7 +35,7 @@ def test_same_seed_same_collection_and_training_in_separate_processes(tmp_path):
     weights = []
     for k in range(2):   # and two trainings on it: the same weights, bit for bit
         out = tmp_path / f"run{k}"
-        _cli("train", "--model", "mlp", "--data", str(stores[0].root), "--out", str(out), "--preset", "cpu",
+        _cli("train", "--model", "mlp", "--store", str(stores[0].root), "--out", str(out), "--preset", "cpu",
              "--max-steps", "3", "--batch-size", "8", "--seed", "5", "model.hidden=8", "tensorboard=False")
         weights.append(load_checkpoint(out / "last.pt").state_dict)
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -24,7 +24,7 @@ def _store(path, n=6, robot="go1"):
 
 
 def _train(store, out, *extra):
-    return main(["train", "--model", "mlp", "--data", str(store), "--out", str(out), "--preset", "cpu",
+    return main(["train", "--model", "mlp", "--store", str(store), "--out", str(out), "--preset", "cpu",
                  "--max-steps", "2", "--batch-size", "8", "--val-every", "2", "model.hidden=8",
                  "tensorboard=False", *extra])
 
@@ -60,7 +60,7 @@ def test_outputs_are_checked_before_any_work(tmp_path, capsys, monkeypatch):
     import quadforge.collection.evaluate as evaluate
     monkeypatch.setattr(collect, "build_env", lambda *a: pytest.fail("collect started work"))
     monkeypatch.setattr(evaluate, "build_env", lambda *a: pytest.fail("eval started work"))
-    assert main(["collect", "--out", str(docs), "--episodes", "2"]) == 2
+    assert main(["collect", "--store", str(docs), "--episodes", "2"]) == 2
     _one_line_error(capsys, "not a trajectory store", "README.md")
     assert sorted(p.name for p in docs.iterdir()) == ["README.md"]
     assert main(["eval", "--out", str(tmp_path / "file" / "sub")]) == 2
@@ -68,7 +68,7 @@ def test_outputs_are_checked_before_any_work(tmp_path, capsys, monkeypatch):
     assert main(["eval", "--out", str(docs)]) == 2
     _one_line_error(capsys, "not a evaluation report")
     store = _store(tmp_path / "s")
-    assert main(["dataset", "export-hdf5", str(store), str(tmp_path / "file" / "x.h5")]) == 2
+    assert main(["dataset", "export-hdf5", "--store", str(store), "--output", str(tmp_path / "file" / "x.h5")]) == 2
     _one_line_error(capsys, "is a file, not a folder")
     assert main(["bench", "store", "--quick", "--json", str(tmp_path / "file" / "b.json")]) == 2
     _one_line_error(capsys, "--json")
@@ -77,7 +77,7 @@ def test_outputs_are_checked_before_any_work(tmp_path, capsys, monkeypatch):
 def test_import_hdf5_of_a_text_file_is_one_line(tmp_path, capsys):
     readme = tmp_path / "README.md"
     readme.write_text("# hello\n")
-    assert main(["dataset", "import-hdf5", str(readme), str(tmp_path / "s")]) == 2
+    assert main(["dataset", "import-hdf5", "--input", str(readme), "--store", str(tmp_path / "s")]) == 2
     _one_line_error(capsys, "not an HDF5 file")
     assert not (tmp_path / "s").exists()
 
@@ -114,7 +114,7 @@ def test_train_expert_resume_with_an_fcnet_checkpoint(tmp_path):
     from quadforge.layout import get_layout
     p = save_checkpoint(tmp_path / "last.pt", Checkpoint("fcnet", {}, {"w": torch.zeros(1)},
                                                          get_layout("proprio").to_dict()))
-    with pytest.raises(ValueError, match=r"a quadforge train checkpoint \(model 'fcnet'\), not a PPO expert"):
+    with pytest.raises(ValueError, match=r"--resume-from .*a quadforge train checkpoint \(model 'fcnet'\), not a PPO"):
         check_resume_checkpoint(str(p), "go1")
     ppo = os.path.join(REPO, "experts", "checkpoints", "go1_flat_forward_ppo.pt")
     check_resume_checkpoint(ppo, "go1")
@@ -141,7 +141,7 @@ def test_checkpoint_records_its_robot_and_a_mismatch_is_refused(tmp_path, capsys
     load_policy(out / "last.pt", num_envs=1, robot="go1")
     capsys.readouterr()
     assert main(["eval", "--policy", str(out / "last.pt"), "--robot", "aliengo", "--out", str(tmp_path / "e"),
-                 "--num-envs", "1", "--episodes", "1"]) == 2
+                 "--num-envs", "1", "--episodes-per-cell", "1"]) == 2
     _one_line_error(capsys, "asked to drive 'aliengo'", "--allow-robot-mismatch")
     assert not (tmp_path / "e" / "eval.json").exists()
 
@@ -150,6 +150,6 @@ def test_mismatched_collection_is_refused_before_the_first_episode(tmp_path, cap
     import quadforge.collection.collect as collect
     store = _store(tmp_path / "s", robot="go1")
     monkeypatch.setattr(collect, "build_env", lambda *a: pytest.fail("collected into a go1 store"))
-    assert main(["collect", "--out", str(store), "--episodes", "10", "--robot", "aliengo"]) == 2
+    assert main(["collect", "--store", str(store), "--episodes", "10", "--robot", "aliengo"]) == 2
     _one_line_error(capsys, "holds 'go1' episodes", "--robot aliengo", "one robot per store")
     assert not list((store / "staging").glob("*.episode"))

@@ -30,15 +30,15 @@ from typing import Any
 
 import torch
 
+from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed
 from quadforge.envs.builder import make_env
-from quadforge.envs.vec_env import RslRlLogView
+from quadforge.envs.terrain import TERRAIN_SPEC_HELP
 from quadforge.experts.loaders import RSL_RL_PREFIX, _torch_load, latest_rsl_rl_checkpoint
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
 from quadforge.output_paths import check_output_dir
 
 PRESETS_HELP = "legged_gym (the paper's PPO settings, 4096 envs) or cpu (scaled to a 2-core machine)"
-CHECKPOINT_PREFIX = RSL_RL_PREFIX
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ def train(cfg: TrainExpertConfig) -> Path:
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     train_cfg = rsl_rl_train_cfg(preset)
     train_cfg["seed"] = cfg.seed
-    runner = _runner_class()(RslRlLogView(env), train_cfg, log_dir=cfg.out, device=cfg.device)
+    runner = _runner_class()(env, train_cfg, log_dir=cfg.out, device=cfg.device)
     runner.quadforge_meta = {
         "format": 1, "robot": cfg.robot, "terrain": cfg.terrain, "preset": cfg.preset,
         "preset_config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(preset).items()},
@@ -212,31 +212,32 @@ def train(cfg: TrainExpertConfig) -> Path:
 
 
 def check_resume_checkpoint(path: str, robot: str) -> None:
-    """``--resume`` must be an rsl_rl 5 PPO checkpoint (what train-expert writes) for this robot."""
+    """``--resume-from`` (or the run's last checkpoint under --resume) must be an rsl_rl 5 PPO checkpoint
+    (what train-expert writes) for this robot."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"--resume {path!r}: no such checkpoint file")
+        raise FileNotFoundError(f"--resume-from {path!r}: no such checkpoint file")
     raw = _torch_load(p)
     if isinstance(raw, dict) and raw.get("kind") == "quadforge-policy":
-        raise ValueError(f"--resume {path}: a quadforge train checkpoint (model {raw.get('model', {}).get('name')!r}), "
-                         f"not a PPO expert; train-expert --resume takes a model_<it>.pt written by train-expert")
+        raise ValueError(f"--resume-from {path}: a quadforge train checkpoint (model {raw.get('model', {}).get('name')!r}), "
+                         f"not a PPO expert; train-expert --resume-from takes a model_<it>.pt written by train-expert")
     if not isinstance(raw, dict) or "actor_state_dict" not in raw:
         found = sorted(raw)[:6] if isinstance(raw, dict) else type(raw).__name__
-        raise ValueError(f"--resume {path}: not an rsl_rl 5 PPO checkpoint (no 'actor_state_dict'; found {found}); "
-                         f"train-expert --resume takes a model_<it>.pt written by train-expert")
+        raise ValueError(f"--resume-from {path}: not an rsl_rl 5 PPO checkpoint (no 'actor_state_dict'; found {found}); "
+                         f"train-expert --resume-from takes a model_<it>.pt written by train-expert")
     trained = ((raw.get("infos") or {}).get("quadforge") or {}).get("robot")
     if trained and trained != robot:
-        raise ValueError(f"--resume {path}: trained for robot {trained!r}, this run is for --robot {robot!r}")
+        raise ValueError(f"--resume-from {path}: trained for robot {trained!r}, this run is for --robot {robot!r}")
 
 
 def check_expert_out(out: str, resume: bool, overwrite: bool) -> None:
     """A new/empty folder, or one holding a run that --resume continues or --overwrite replaces."""
-    p = check_output_dir(out, "PPO expert run", owns=lambda d: any(d.glob(f"{CHECKPOINT_PREFIX}*.pt"))
+    p = check_output_dir(out, "PPO expert run", owns=lambda d: any(d.glob(f"{RSL_RL_PREFIX}*.pt"))
                          or any(d.glob("events.out.tfevents*")))
-    if p.is_dir() and any(p.glob(f"{CHECKPOINT_PREFIX}*.pt")):
+    if p.is_dir() and any(p.glob(f"{RSL_RL_PREFIX}*.pt")):
         if not (resume or overwrite):
-            raise ValueError(f"--out {out}: already holds a PPO run ({CHECKPOINT_PREFIX}<it>.pt); pass --resume "
-                             f"{CHECKPOINT_PREFIX}<it>.pt to continue it, --overwrite to replace it, or choose a "
+            raise ValueError(f"--out {out}: already holds a PPO run ({RSL_RL_PREFIX}<it>.pt); pass --resume "
+                             f"(or --resume-from PATH) to continue it, --overwrite to replace it, or choose a "
                              f"new folder")
 
 
@@ -245,19 +246,23 @@ latest_checkpoint = latest_rsl_rl_checkpoint   # the model_<it>.pt with the high
 
 # --- CLI ----------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--robot", default="go1", help="go1 or aliengo")
-    parser.add_argument("--terrain", default="flat", help="flat, mixed, or a comma list of terrain types")
-    parser.add_argument("--num-envs", type=int, default=None, help="parallel envs (default: the preset's)")
+    add_robot(parser)
+    parser.add_argument("--terrain", default="flat", help=TERRAIN_SPEC_HELP)
+    add_num_envs(parser, None, "parallel envs (default: the preset's)")
     parser.add_argument("--iterations", type=int, default=1000, help="PPO iterations to run")
-    parser.add_argument("--out", required=True, help="run directory: TensorBoard logs and model_<it>.pt")
-    parser.add_argument("--resume", default=None, help="continue from this rsl_rl checkpoint (model_<it>.pt)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory: TensorBoard logs and model_<it>.pt")
+    parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="",
+                        help="continue the run in --out from its highest model_<it>.pt ('--resume PATH' is a "
+                             "deprecated spelling of --resume-from PATH)")
+    parser.add_argument("--resume-from", default=None, metavar="PATH",
+                        help="continue from this rsl_rl checkpoint (model_<it>.pt)")
     parser.add_argument("--overwrite", action="store_true", help="allow --out to be a folder holding a run")
-    parser.add_argument("--seed", type=int, default=0)
+    add_seed(parser)
     parser.add_argument("--preset", default="cpu", help=PRESETS_HELP)
     parser.add_argument("--save-interval", type=int, default=None,
                         help="checkpoint every this many iterations (default: the preset's)")
     parser.add_argument("--device", default="cpu", help="torch device for the networks")
-    parser.add_argument("--num-threads", type=int, default=1, help="MuJoCo and torch threads (shared machine: 1)")
+    add_num_threads(parser, 1, "MuJoCo and torch threads (shared machine: 1)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="preset fields (learning_rate=3e-4) or env.<EnvConfig path> "
                              "(env.commands.ranges.lin_vel_x=(0.0,1.0))")
@@ -267,8 +272,14 @@ def run(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
     if args.save_interval is not None:
         overrides["save_interval"] = args.save_interval
+    resume = args.resume_from
+    if isinstance(args.resume, str):
+        print("quadforge: warning: --resume PATH is deprecated; use --resume-from PATH", file=sys.stderr)
+        resume = args.resume
+    elif args.resume:
+        resume = str(latest_checkpoint(args.out))
     cfg = TrainExpertConfig(out=args.out, robot=args.robot, terrain=args.terrain, preset=args.preset,
-                            num_envs=args.num_envs, iterations=args.iterations, resume=args.resume,
+                            num_envs=args.num_envs, iterations=args.iterations, resume=resume,
                             overwrite=args.overwrite, seed=args.seed, device=args.device, num_threads=args.num_threads,
                             overrides=overrides)
     train(cfg)

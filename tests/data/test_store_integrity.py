@@ -36,7 +36,7 @@ def test_missing_chunk_refused_by_every_reader(tmp_path, small_chunks, write_epi
     with pytest.raises(ValueError, match=r"data/actions: chunk\(s\) \[0\] missing"):
         TrajectoryStore.open(store)
     from quadforge.tools.cli import main
-    assert main(["train", "--model", "fcnet", "--data", str(store), "--out", str(tmp_path / "run"),
+    assert main(["train", "--model", "fcnet", "--store", str(store), "--out", str(tmp_path / "run"),
                  "--max-steps", "5"]) == 2
     assert not (tmp_path / "run" / "last.pt").exists()
     from quadforge.data.export import export_hdf5
@@ -174,7 +174,7 @@ def test_second_collect_on_a_store_is_refused_naming_the_first(tmp_path):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        second = subprocess.run([sys.executable, "-m", "quadforge.tools.cli", "collect", "--out", str(store),
+        second = subprocess.run([sys.executable, "-m", "quadforge.tools.cli", "collect", "--store", str(store),
                                  "--episodes", "4", "--num-envs", "2", "--no-progress"],
                                 capture_output=True, text=True, timeout=300)
         assert second.returncode == 2, second.stderr

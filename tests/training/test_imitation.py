@@ -126,8 +126,9 @@ def test_last_checkpoint_by_wall_time_too(tmp_path, monkeypatch):
     """Issue 13: a slow run writes last.pt every checkpoint_every_s, not only at validations."""
     import quadforge.training.imitation as imitation
     saved = []
-    real = imitation.save_checkpoint
-    monkeypatch.setattr(imitation, "save_checkpoint", lambda path, ck: saved.append((path.name, ck.step)) or real(path, ck))
+    real = imitation.save_run_checkpoint
+    monkeypatch.setattr(imitation, "save_run_checkpoint",
+                        lambda out, ck, step, keep: saved.append(("last.pt", ck.step)) or real(out, ck, step, keep))
     train(_cfg("mlp", steps=4, val_every=100, checkpoint_every_s=1e-9), learnable_arrays(num_episodes=4), tmp_path)
     assert [s for name, s in saved if name == "last.pt"] == [1, 2, 3, 4]   # 1-3 by wall time, 4 the final validation
     saved.clear()
