@@ -26,4 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.json:   # before the benchmark runs, not after
+        from quadforge.output_paths import check_output_file
+        check_output_file(args.json, flag="--json")
     return int(importlib.import_module(BENCHMARKS[args.name]).main(quick=args.quick, json_path=args.json) or 0)
