@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dataset": ("quadforge.data.cli", "inspect, validate, export or import a trajectory store"),
     "train": ("quadforge.training.cli", "train an imitation model or GeRM on a trajectory store"),
     "train-expert": ("quadforge.training.ppo", "train a PPO expert with rsl_rl on the locomotion task"),
-    "eval": ("quadforge.collection.evaluate", "closed-loop evaluation of a policy across terrain types and levels"),
+    "eval": ("quadforge.collection.evaluate_cmd", "closed-loop evaluation of a policy across terrain types and levels"),
     "eval-expert": ("quadforge.collection.evaluate_expert", "evaluate an expert per terrain type x level"),
     "eval-tracking": ("quadforge.collection.tracking_eval", "velocity tracking and fall rate of an expert per terrain type"),
     "reproduce": ("quadforge.tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency)"),
