@@ -1,5 +1,7 @@
-"""`quadforge train`: imitation models here, GeRM (any model name starting with "germ") in
-``training.qlearning``.
+"""`quadforge train`: imitation models here; GeRM (any model name starting with "germ") in
+``training.qlearning`` on proprioceptive stores; the vision-language models (``rt1``, and ``germ``,
+``germ-dense``, ``germ-il`` on a store holding camera frames, or with ``--inputs vision``) in
+``training.vla``.
 
     quadforge train --model fcnet --data STORE --out DIR [--max-steps N] [--seed S] [--device cpu|cuda]
                     [--preset NAME] [--layout NAME] [--resume] [key=value ...]
@@ -19,6 +21,9 @@ from typing import Any
 from quadforge.tools.overrides import parse_overrides  # noqa: F401  (re-exported for callers)
 
 IMITATION_MODELS = ("fcnet", "transformer", "convformer", "starformer", "mlp")
+VISION_ONLY_MODELS = ("rt1",)
+IMAGE_FEATURE = "images/front_rgb"
+INPUTS = ("auto", "proprio", "vision")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,16 +41,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="windows per optimizer step (per rank)")
     parser.add_argument("--log-every", type=int, default=None, help="print/log every N steps")
     parser.add_argument("--val-every", type=int, default=None, help="validate (and checkpoint) every N steps")
+    parser.add_argument("--inputs", choices=INPUTS, default="auto",
+                        help="GeRM inputs: proprio (layout vector) or vision (camera frames + instruction); "
+                             "auto: vision when the store holds images/front_rgb")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
 def run(args: argparse.Namespace) -> int:
     model = str(args.model)
+    if model in VISION_ONLY_MODELS or (model.startswith("germ") and _vision_inputs(args)):
+        return int(importlib.import_module("quadforge.training.vla").run_from_args(args) or 0)
     if model.startswith("germ"):
         return int(importlib.import_module("quadforge.training.qlearning").run_from_args(args) or 0)
     if model not in IMITATION_MODELS:
-        raise ValueError(f"--model {model!r} unknown; allowed: {IMITATION_MODELS} or a name starting with 'germ'")
+        raise ValueError(f"--model {model!r} unknown; allowed: {IMITATION_MODELS + VISION_ONLY_MODELS} "
+                         "or a name starting with 'germ'")
     return int(importlib.import_module("quadforge.training.imitation").run_from_args(args) or 0)
+
+
+def _vision_inputs(args: argparse.Namespace) -> bool:
+    """--inputs vision, or auto and the --data store holds camera frames."""
+    inputs = getattr(args, "inputs", "auto") or "auto"
+    if inputs != "auto":
+        return inputs == "vision"
+    data = getattr(args, "data", None)
+    if not data:
+        return False
+    from pathlib import Path
+    if not Path(data).exists():
+        return False   # the trainer reports the missing store
+    from quadforge.data.store import TrajectoryStore
+    return IMAGE_FEATURE in TrajectoryStore.open(str(data)).feature_names
 
 
 # --- key=value overrides, shared by every trainer ------------------------------------------------------

@@ -80,10 +80,12 @@ def _policy_id(path: Path, ckpt: Checkpoint) -> str:
     return f"{ckpt.model_name}:{digest}"
 
 
-def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "cpu", robot: str | None = None):
+def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "cpu", robot: str | None = None,
+                task: str | None = None, camera: Mapping | None = None):
     """A Policy for any checkpoint file (or run directory): models trained by ``quadforge train`` here,
     expert checkpoints (rsl_rl PPO, TorchScript, walk-these-ways) through ``experts.loaders.load_expert``
-    (``robot`` names the robot an outside checkpoint drives; None lets the loader decide)."""
+    (``robot`` names the robot an outside checkpoint drives; None lets the loader decide). ``task`` and
+    ``camera`` are the env's, checked against a VLA checkpoint's training settings."""
     path = Path(path)
     # Expert checkpoints (rsl_rl PPO, TorchScript, walk-these-ways) load through experts.loaders.
     from quadforge.experts.loaders import detect_kind, load_expert
@@ -97,6 +99,9 @@ def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "c
     if path.is_dir():
         path = latest_checkpoint(path)
     ckpt = load_checkpoint(path)
+    if ckpt.extra.get("policy_kind") == "vla":
+        return importlib.import_module("quadforge.training.vla").load_policy(path, num_envs, device, task=task,
+                                                                            camera=camera)
     if ckpt.model_name.startswith("germ"):
         return importlib.import_module("quadforge.training.qlearning").load_policy(path, num_envs, device)
     return LearnedPolicy(ckpt, num_envs, device, policy_id=_policy_id(path, ckpt))
