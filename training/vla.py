@@ -16,14 +16,13 @@ binned per dimension: ``bins="controller"`` (default) uses the gait controller's
 (``training.binning.controller_command_ranges``), ``bins="data"`` fits uniform edges to the source's
 commands. Checkpoints are self-contained (model config incl. vocabulary, bin edges, the instruction table
 with its prepared encoder inputs, task/camera settings, target network) and deploy alone through
-``training.deploy.load_policy`` (routed here by ``extra["policy_kind"] == "vla"``).
+``experts.registry.load_policy`` (``experts.vla.load_vla``, found by ``extra["policy_kind"] == "vla"``).
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import dataclasses
-import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,21 +32,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quadforge.training.binning import ActionBinner, command_binner, fit_binner
+from quadforge.experts.hierarchical import command_binner
+from quadforge.experts.vla import POLICY_KIND
+from quadforge.training.binning import ActionBinner, fit_binner
 from quadforge.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
 from quadforge.training.models.germ_vla import GeRMVLA
 from quadforge.training.models.instruction import build_vocabulary
 from quadforge.training.models.rt1 import RT1
 from quadforge.training.models.vision import random_shift
 from quadforge.training.models.vla import VLAConfig, images_to_float
+from quadforge.training.models.vla_zoo import VLA_MODELS, build_vla_model
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
 from quadforge.training.qlearning import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, conservative_loss,
                                           ema_update, td_loss, with_mc_lower_bound)
-from quadforge.training.vla_data import ImageWindowSource, check_batch
-from quadforge.tools.seeding import seed_everything
+from quadforge.training.vla_data import ImageWindowSource, check_batch, open_image_source
+from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.seeding import seed_everything
 
-VLA_MODELS = ("rt1", "germ", "germ-dense", "germ-il")
-POLICY_KIND = "vla"
 BIN_SOURCES = ("controller", "data")
 
 
@@ -153,10 +154,7 @@ def model_config(cfg: VLATrainConfig, image_size: tuple[int, int], instructions:
     return vla.dense_matched() if cfg.model_name == "germ-dense" else vla
 
 
-def build_model(model_name: str, vla: VLAConfig) -> nn.Module:
-    if model_name not in VLA_MODELS:
-        raise ValueError(f"VLA model {model_name!r} unknown; allowed: {VLA_MODELS}")
-    return RT1(vla) if model_name == "rt1" else GeRMVLA(vla)
+build_model = build_vla_model
 
 
 # --- the objectives --------------------------------------------------------------------------------
@@ -355,8 +353,6 @@ def validate(model: nn.Module, target: nn.Module | None, source: ImageWindowSour
 # --- CLI -------------------------------------------------------------------------------------------
 
 def config_from_args(args: argparse.Namespace) -> VLATrainConfig:
-    from quadforge.training.cli import apply_overrides, parse_overrides
-
     cfg = default_config(str(args.model), getattr(args, "preset", None))
     cfg.seed = int(getattr(args, "seed", 0) or 0)
     for arg in ("max_steps", "batch_size", "log_every", "val_every"):
@@ -371,8 +367,6 @@ def config_from_args(args: argparse.Namespace) -> VLATrainConfig:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from quadforge.training.vla_data import open_image_source
-
     cfg = config_from_args(args)
     if not getattr(args, "data", None):
         raise ValueError("--data STORE is required for VLA training")
@@ -386,27 +380,3 @@ def run_from_args(args: argparse.Namespace) -> int:
     p = summary["parameters"]
     print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {p['active']:,} / total {p['total']:,} parameters)")
     return 0
-
-
-# --- deployment ------------------------------------------------------------------------------------
-
-def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "cpu", task: str | None = None,
-                camera: Mapping[str, Any] | None = None, instructions: list[str] | None = None):
-    """A VLA checkpoint (file or run directory) as a ``command`` Policy for ``num_envs`` envs.
-
-    ``task`` / ``camera`` (the env's) are checked against the settings the checkpoint was trained with;
-    ``instructions`` is the env's instruction table when it differs from the training one."""
-    from quadforge.training.vla_policy import VLAPolicy
-
-    path = Path(path)
-    ckpt = load_checkpoint(path)
-    if ckpt.extra.get("policy_kind") != POLICY_KIND:
-        raise ValueError(f"{path}: not a VLA checkpoint (extra['policy_kind'] is {ckpt.extra.get('policy_kind')!r})")
-    vla = VLAConfig.from_dict(ckpt.model_config)
-    model = build_model(ckpt.model_name, vla)
-    load_state(model, ckpt)
-    digest = hashlib.sha256(f"{path.resolve()}:{ckpt.step}".encode()).hexdigest()[:8]
-    return VLAPolicy(model, ActionBinner.from_dict(ckpt.extra["binner"]), dict(ckpt.extra["settings"]),
-                     list(ckpt.extra["instructions"]), num_envs, device=device,
-                     instruction_inputs=ckpt.extra.get("instruction_inputs"), env_instructions=instructions,
-                     task=task, camera=camera, policy_id=f"vla-{ckpt.model_name}:{digest}")

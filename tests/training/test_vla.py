@@ -6,8 +6,7 @@ import socket
 import pytest
 import torch
 
-from quadforge.experts.hierarchical import HL_COMMAND_NAMES
-from quadforge.training.binning import command_binner, controller_command_ranges
+from quadforge.experts.hierarchical import HL_COMMAND_NAMES, command_binner, controller_command_ranges
 from quadforge.training.models.germ_vla import GeRMVLA
 from quadforge.training.models.instruction import WordLlamaEncoder, WordTokenEncoder, build_vocabulary
 from quadforge.training.models.rt1 import RT1

@@ -9,11 +9,11 @@ import torch
 from quadforge.envs.robots import get_robot
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES, HierarchicalPolicy
 from quadforge.experts.policy import check_policy
-from quadforge.training import deploy
+from quadforge.experts import registry
+from quadforge.experts.vla import VLAPolicy, load_vla, with_gait_controller
 from quadforge.training.models.vla import images_to_float
 from quadforge.training.vla import VLA_MODELS, act_bins, default_config, train
 from quadforge.training.vla_data import ColourChoiceTask
-from quadforge.training.vla_policy import VLAPolicy, with_gait_controller
 
 torch.set_num_threads(1)
 
@@ -39,7 +39,7 @@ def test_every_model_trains_and_writes_a_deployable_checkpoint(tmp_path, model):
     assert ("td" in row) == (model in ("germ", "germ-dense"))
     counts = summary["parameters"]
     assert (counts["active"] < counts["total"]) == (model in ("germ", "germ-il"))
-    policy = deploy.load_policy(tmp_path, num_envs=3)
+    policy = registry.load_policy(tmp_path, num_envs=3)
     assert isinstance(policy, VLAPolicy) and policy.action_space == "command"
     check_policy(policy)
     obs = {"images/front_rgb": src.sample(3)["frames"][:, 1], "instruction": torch.tensor([0, 1, 2])}
@@ -55,7 +55,7 @@ def test_deployed_policy_matches_the_model_and_holds_commands_between_frames(tmp
     with torch.no_grad():   # break the near-uniform start so the action depends on the inputs
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
-    assert deploy.load_policy(tmp_path / "last.pt", num_envs=2).image_every == 10
+    assert registry.load_policy(tmp_path / "last.pt", num_envs=2).image_every == 10
     policy = VLAPolicy(copy.deepcopy(model), binner, src.settings, src.instructions, 2, instruction_inputs=table)
     clip = src.sample(2)["frames"][:, :2]                                  # two real frames per env
     ins = torch.tensor([1, 3])
@@ -80,12 +80,12 @@ def test_checkpoint_refuses_a_task_or_camera_mismatch(tmp_path):
     src = ColourChoiceTask(image_size=16, history=2, seed=0)
     train(_cfg("germ-il", steps=1), src, tmp_path)
     with pytest.raises(ValueError, match="trained on task 'synthetic:colour_choice', the env runs 'quard:go_to'"):
-        deploy.load_policy(tmp_path, 2, task="quard:go_to")
+        registry.load_policy(tmp_path, 2, task="quard:go_to")
     with pytest.raises(ValueError, match="camera height=16"):
-        deploy.load_policy(tmp_path, 2, camera={"name": "front", "height": 64, "width": 64})
+        registry.load_policy(tmp_path, 2, camera={"name": "front", "height": 64, "width": 64})
     with pytest.raises(ValueError, match="every 10 control steps"):
-        deploy.load_policy(tmp_path, 2, camera={"image_every": 5})
-    policy = deploy.load_policy(tmp_path, 2, task="synthetic:colour_choice", camera={"height": 16, "width": 16})
+        registry.load_policy(tmp_path, 2, camera={"image_every": 5})
+    policy = registry.load_policy(tmp_path, 2, task="synthetic:colour_choice", camera={"height": 16, "width": 16})
     with pytest.raises(ValueError, match=r"trained on \(num_envs=2, 16, 16, 3\)"):
         policy.act({"images/front_rgb": torch.zeros(2, 32, 32, 3, dtype=torch.uint8), "instruction": torch.zeros(2)})
     with pytest.raises(ValueError, match="needs observation term 'instruction'"):
@@ -93,16 +93,16 @@ def test_checkpoint_refuses_a_task_or_camera_mismatch(tmp_path):
     with pytest.raises(ValueError, match=r"indices must be in \[0, 4\)"):
         policy.act({"images/front_rgb": torch.zeros(2, 16, 16, 3, dtype=torch.uint8),
                     "instruction": torch.tensor([0, 7])})
-    from quadforge.training import qlearning
+    from quadforge.experts.germ_policy import load_germ
     with pytest.raises(ValueError, match="vision-language GeRM checkpoint"):
-        qlearning.load_policy(tmp_path / "last.pt", 2)
+        load_germ(tmp_path / "last.pt", 2)
+    assert registry.load_policy(f"vla:{tmp_path / 'last.pt'}", 2).action_space == "command"
 
 
 def test_env_instruction_table_with_unseen_words_and_gait_wrapping(tmp_path):
     src = ColourChoiceTask(image_size=16, history=2, seed=0)
     train(_cfg("rt1", steps=1), src, tmp_path)
-    from quadforge.training.vla import load_policy
-    policy = load_policy(tmp_path, 2, instructions=["go to the gold", "go to the red"])
+    policy = load_vla(tmp_path, 2, instructions=["go to the gold", "go to the red"])
     assert policy.embeddings.shape[0] == 2
     hier = with_gait_controller(policy, get_robot("go1"))
     assert isinstance(hier, HierarchicalPolicy)
@@ -177,3 +177,21 @@ def test_rt1_learns_to_go_to_the_named_colour(tmp_path):
     vy = binner.decode(bins)[:, HL_COMMAND_NAMES.index("lin_vel_y")]
     accuracy = float(((vy > 0) == batch["target_left"]).float().mean())
     assert accuracy >= 0.9, accuracy
+
+
+def test_wordllama_instructions_train_and_deploy_without_re_encoding(tmp_path, monkeypatch):
+    pytest.importorskip("wordllama")
+    src = ColourChoiceTask(image_size=16, history=2, seed=0)
+    cfg = _cfg("rt1", steps=1)
+    cfg.instruction = "wordllama"
+    train(cfg, src, tmp_path)
+    from quadforge.training.models import instruction
+
+    def offline(*a, **k):
+        raise AssertionError("deployment on the training table must not re-encode instructions")
+    monkeypatch.setattr(instruction, "load_wordllama", offline)
+    policy = load_vla(tmp_path, 2)
+    assert policy.embeddings.shape == (4, 256)
+    cmd = policy.act({"images/front_rgb": torch.zeros(2, 16, 16, 3, dtype=torch.uint8),
+                      "instruction": torch.tensor([0, 3])})
+    assert cmd.shape == (2, 12)

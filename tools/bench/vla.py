@@ -8,7 +8,8 @@ Tables:
 2. training throughput (samples/s) of one optimizer step - DrQ shift, forward, (for the Q objective the
    target network's pass over the 7 frames), backward, AdamW - on synthetic image windows
    (``training.vla_data.ColourChoiceTask`` rendered at 64²) at the preset's batch size.
-Candidates are timed round-robin so load drift on the shared machine hits them alike; medians.
+Candidates are timed round-robin so load drift on the shared machine hits them alike; medians; one
+torch thread.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 
 from quadforge.tools.bench.common import Table, report
 from quadforge.tools.bench.germ import interleaved_medians
-from quadforge.tools.seeding import seed_everything
+from quadforge.seeding import seed_everything
 
 MODELS = ("rt1", "germ", "germ-dense", "germ-il")
 IMAGE_SIZE = 64
@@ -33,9 +34,9 @@ def _build(name: str, source):
 
 
 def latency_table(batches: tuple[int, ...], repeats: int) -> Table:
-    from quadforge.training.binning import command_binner
+    from quadforge.experts.hierarchical import command_binner
     from quadforge.training.vla_data import ColourChoiceTask
-    from quadforge.training.vla_policy import VLAPolicy
+    from quadforge.experts.vla import VLAPolicy
     source = ColourChoiceTask(image_size=IMAGE_SIZE, history=6, seed=0)
     settings = {**source.settings, "image_every": 1}     # every call takes a frame: the 5 Hz step's cost
     cols = ["model", "active params", "total params"] + [f"ms/command batch {b}" for b in batches] + \
@@ -60,7 +61,7 @@ def latency_table(batches: tuple[int, ...], repeats: int) -> Table:
 
 
 def throughput_table(steps: int) -> Table:
-    from quadforge.training.binning import command_binner
+    from quadforge.experts.hierarchical import command_binner
     from quadforge.training.models.vla import images_to_float
     from quadforge.training.models.vision import random_shift
     from quadforge.training.vla import losses
@@ -93,8 +94,16 @@ def throughput_table(steps: int) -> Table:
     return t
 
 
-def main(quick: bool = False, json_path: str | None = None) -> int:
-    lat = latency_table((1, 64), repeats=5 if quick else 20)
-    thr = throughput_table(steps=3 if quick else 10)
-    report("vla", [lat, thr], json_path, {"quick": quick, "image_size": IMAGE_SIZE})
+def main(quick: bool = False, json_path: str | None = None, threads: int = 1) -> int:
+    # one thread by default, like the other model benchmarks: on this shared 2-core machine two threads
+    # per process oversubscribe the cores and turn every op into a wait (measured: ~10x slower acting
+    # at load 10); pass threads=2 on a quiet machine to see the preset's intended training speed
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        lat = latency_table((1, 64), repeats=5 if quick else 20)
+        thr = throughput_table(steps=3 if quick else 10)
+        report("vla", [lat, thr], json_path, {"quick": quick, "image_size": IMAGE_SIZE, "threads": threads})
+    finally:
+        torch.set_num_threads(before)
     return 0

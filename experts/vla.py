@@ -13,17 +13,29 @@ batch (batch-N acting for collection); the others cost nothing.
 
 The checkpoint's task and camera settings are checked: a different camera resolution, camera name or
 image rate, or a task family the model was not trained on, is refused with a one-line error.
+
+``load_vla(path, num_envs, ...)`` rebuilds the policy from a checkpoint alone; the policy registry
+(``experts.registry``) finds it by the checkpoint's ``extra["policy_kind"] == "vla"`` (a checkpoint
+path, or the spec ``vla:PATH``).
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from quadforge.experts.hierarchical import HL_COMMAND_DIM
+from quadforge.experts.gait import GaitController
+from quadforge.experts.hierarchical import HL_COMMAND_DIM, HierarchicalPolicy
+from quadforge.experts.policy import checkpoint_policy_id
+from quadforge.experts.registry import LoadContext, register_policy_kind
 from quadforge.training.binning import ActionBinner
-from quadforge.training.models.vla import images_to_float
+from quadforge.training.checkpoint import latest_checkpoint, load_checkpoint, load_state
+from quadforge.training.models.vla import VLAConfig, images_to_float
+from quadforge.training.models.vla_zoo import build_vla_model
+
+POLICY_KIND = "vla"   # extra["policy_kind"] of a VLA checkpoint
 
 IMAGE_TERM = "images/front_rgb"
 INSTRUCTION_TERM = "instruction"
@@ -134,9 +146,34 @@ def mask_true(n: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, 1, dtype=torch.bool, device=device)
 
 
-def with_gait_controller(vla: VLAPolicy, robot, dt: float = 0.02):
+def with_gait_controller(vla: VLAPolicy, robot, dt: float = 0.02) -> HierarchicalPolicy:
     """The VLA over the gait controller: a ``joint`` policy for the env (``HierarchicalPolicy``)."""
-    from quadforge.experts.gait import GaitController
-    from quadforge.experts.hierarchical import HierarchicalPolicy
-
     return HierarchicalPolicy(vla, GaitController(robot, vla.num_envs, dt=dt, device=vla.device))
+
+
+def load_vla(path: str | Path, num_envs: int, device: str | torch.device = "cpu", task: str | None = None,
+             camera: Mapping[str, Any] | None = None, instructions: Sequence[str] | None = None) -> VLAPolicy:
+    """A VLA checkpoint (file or run directory) as a ``command`` Policy for ``num_envs`` envs.
+
+    ``task`` / ``camera`` (the env's) are checked against the settings the checkpoint was trained with;
+    ``instructions`` is the env's instruction table when it differs from the training one."""
+    path = Path(path)
+    if path.is_dir():
+        path = latest_checkpoint(path)
+    ckpt = load_checkpoint(path)
+    if ckpt.extra.get("policy_kind") != POLICY_KIND:
+        raise ValueError(f"{path}: not a VLA checkpoint (extra['policy_kind'] is {ckpt.extra.get('policy_kind')!r})")
+    model = build_vla_model(ckpt.model_name, VLAConfig.from_dict(ckpt.model_config))
+    load_state(model, ckpt)
+    return VLAPolicy(model, ActionBinner.from_dict(ckpt.extra["binner"]), dict(ckpt.extra["settings"]),
+                     list(ckpt.extra["instructions"]), num_envs, device=device,
+                     instruction_inputs=ckpt.extra.get("instruction_inputs"), env_instructions=instructions,
+                     task=task, camera=camera, policy_id=checkpoint_policy_id(f"vla-{ckpt.model_name}", path))
+
+
+def _load_for_registry(arg: str, ctx: LoadContext) -> VLAPolicy:
+    return load_vla(arg, ctx.num_envs, ctx.device, task=ctx.task, camera=ctx.camera)
+
+
+register_policy_kind("vla", _load_for_registry,
+                     "a vision-language-action checkpoint (RT-1-style or GeRM over camera frames + instruction)")
