@@ -61,6 +61,60 @@ def check_batch(batch: Mapping[str, torch.Tensor], history: int, image_size: tup
         raise ValueError(f"batch action must be the 12-D command (B, {HL_COMMAND_DIM}), got {tuple(batch['action'].shape)}")
 
 
+def settings_of_store(store: Any, camera: str) -> dict[str, Any]:
+    """Task/camera settings of an image store: its task (``quard:all`` when it mixes several QUARD
+    families), the camera's name, frame size and recording stride."""
+    array = store.array(camera)
+    h, w = (int(x) for x in tuple(array.shape)[1:3])
+    tasks = sorted(getattr(store, "tasks", {}) or {})
+    task = tasks[0] if len(tasks) == 1 else ("quard:all" if tasks and all(t.startswith("quard:") for t in tasks)
+                                             else ",".join(tasks))
+    name = camera.split("/", 1)[-1].rsplit("_", 1)[0]            # images/front_rgb -> front
+    return {"task": task, "camera": {"name": name, "height": h, "width": w},
+            "image_every": int(store.frame_stride(camera)), "control_hz": 50}
+
+
+class StoreImageSource:
+    """An ``ImageWindowSource`` over the image store's window sampler (``data.image_sampler``, issue 14):
+    its batches (``images/<cam>`` (B, H, ...), ``next_images/<cam>``, ``mask``, ``actions`` (B, H, 12),
+    ``sparse_reward``, ``next_valid``, ``last``, ``done``, ``success``, ``instruction``,
+    ``episode_index``, ``frame``) become this module's batch keys. The Monte-Carlo return is
+    ``success · γ^(frames to the episode's end)`` at the image rate, the transition discount γ."""
+
+    def __init__(self, sampler: Any, store: Any, camera: str = "images/front_rgb", gamma: float = 0.98):
+        if camera not in getattr(sampler, "caches", {camera: None}):
+            raise ValueError(f"the image sampler does not read camera {camera!r}")
+        self.sampler, self.camera, self.gamma = sampler, camera, float(gamma)
+        self.history = int(sampler.history)
+        self.instructions = list(sampler.instructions)
+        if not self.instructions:
+            raise ValueError("the image store has no instruction table (meta/instructions.json)")
+        self.settings = settings_of_store(store, camera)
+        self.image_size = (self.settings["camera"]["height"], self.settings["camera"]["width"])
+        self._frames = np.asarray(store.frame_counts(camera), dtype=np.int64)     # (E,) frames per episode
+
+    def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
+        return self.convert(self.sampler.sample(int(batch_size)))
+
+    def convert(self, b: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        cam = self.camera
+        if "next_" + cam not in b:
+            raise ValueError("the image sampler must be built with next_frame=True (GeRM's 7th frame)")
+        instruction = b["instruction"].long()
+        if bool((instruction < 0).any()):
+            raise ValueError("image windows from episodes without an instruction (instruction_id -1)")
+        success = b["success"].float()
+        to_end = torch.from_numpy(self._frames[b["episode_index"].numpy()]) - 1 - b["frame"].long()
+        return {"frames": torch.cat([b[cam], b["next_" + cam][:, None]], dim=1),             # (B, H+1, h, w, 3)
+                "frame_mask": torch.cat([b["mask"].bool(), b["next_valid"].bool()[:, None]], dim=1),
+                "instruction": instruction,
+                "action": b["actions"][:, -1].float(),                                   # command at frame t
+                "reward": b["sparse_reward"].float(),
+                "discount": torch.full_like(success, self.gamma),
+                "mc_return": success * self.gamma ** to_end.float(),
+                "success": success, "done": b["done"].bool(), "last": b["last"].bool()}
+
+
 def open_image_source(path: str | Path, history: int, seed: int = 0, split: str = "all",
                       success_ratio: float | None = None, success_only: bool = False) -> ImageWindowSource:
     """Image windows from a trajectory store holding ``images/front_rgb`` (wave 2's image store)."""
@@ -69,8 +123,8 @@ def open_image_source(path: str | Path, history: int, seed: int = 0, split: str 
         raise FileNotFoundError(f"--data {path}: no trajectory store there")
     raise NotImplementedError(
         f"--data {path}: reading image windows from a store needs the image-window sampler of issue 14 "
-        "(wave2-14b), which is not on this branch yet; the trainer runs on any ImageWindowSource "
-        "(training.vla_data) meanwhile")
+        "(data.image_sampler, branch wave2-14b), which is not on this branch yet; StoreImageSource adapts "
+        "its batches once it is, and the trainer runs on any ImageWindowSource (training.vla_data) meanwhile")
 
 
 # --- a synthetic source: "go left/right to the named colour" ----------------------------------------

@@ -197,3 +197,38 @@ def test_vla_config_round_trips():
     with pytest.raises(ValueError, match="vocab"):
         VLAConfig.make(vocab=())
     assert dataclasses.replace(cfg).dense_matched().moe is False
+
+
+def test_store_source_adapts_the_image_window_sampler_batch():
+    """The image store's sampler batch (issue 14's format) becomes this trainer's batch."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from quadforge.training.vla_data import StoreImageSource
+    b, h = 3, 2
+    batch = {"images/front_rgb": torch.full((b, h, 8, 8, 3), 7, dtype=torch.uint8),
+             "next_images/front_rgb": torch.full((b, 8, 8, 3), 9, dtype=torch.uint8),
+             "mask": torch.tensor([[False, True], [True, True], [True, True]]),
+             "actions": torch.arange(b * h * 12, dtype=torch.float32).reshape(b, h, 12),
+             "sparse_reward": torch.tensor([0.0, 0.0, 1.0]), "next_valid": torch.tensor([True, True, False]),
+             "last": torch.tensor([False, False, True]), "done": torch.tensor([0.0, 0.0, 0.0]),
+             "success": torch.tensor([1.0, 0.0, 1.0]), "instruction": torch.tensor([0, 1, 1]),
+             "episode_index": torch.tensor([0, 1, 0]), "frame": torch.tensor([0, 3, 4])}
+    sampler = SimpleNamespace(history=h, instructions=["go to the red cube", "stop the blue ball"],
+                              caches={"images/front_rgb": None}, sample=lambda n: batch)
+    store = SimpleNamespace(array=lambda name: np.zeros((10, 8, 8, 3), np.uint8), tasks={"quard:go_to": [], "quard:stop": []},
+                            frame_stride=lambda name: 10, frame_counts=lambda name: np.array([5, 6]))
+    src = StoreImageSource(sampler, store, gamma=0.5)
+    assert src.settings == {"task": "quard:all", "camera": {"name": "front", "height": 8, "width": 8},
+                            "image_every": 10, "control_hz": 50}
+    out = src.sample(b)
+    check_batch(out, h, (8, 8))
+    assert out["frames"][:, -1].eq(9).all() and out["frames"][:, 0].eq(7).all()
+    assert out["frame_mask"].tolist() == [[False, True, True], [True, True, True], [True, True, False]]
+    assert torch.equal(out["action"], batch["actions"][:, -1])
+    # MC return: success * gamma^(frames to the end): episode 0 has 5 frames (4 after frame 0), 0 after 4
+    assert out["mc_return"].tolist() == pytest.approx([0.5 ** 4, 0.0, 1.0])
+    batch["instruction"] = torch.tensor([0, -1, 1])
+    with pytest.raises(ValueError, match="without an instruction"):
+        src.sample(b)
