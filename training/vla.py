@@ -1,6 +1,6 @@
 """Training and deployment of the vision-language-action models (seed 003 §IV-C, Table III baselines).
 
-    quadforge train --model rt1|germ|germ-dense|germ-il --data IMAGE_STORE --out DIR [--preset cpu|paper]
+    quadforge train --model rt1|germ|germ-dense|germ-il --store IMAGE_STORE --out DIR [--preset cpu|paper]
 
 - ``rt1``: the RT-1-style model (dense decoder, non-autoregressive read-outs), cross-entropy on the bins of
   the demonstrations (successful episodes only, as behaviour cloning).
@@ -368,15 +368,15 @@ def config_from_args(args: argparse.Namespace) -> VLATrainConfig:
 
 def run_from_args(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    if not getattr(args, "data", None):
-        raise ValueError("--data STORE is required for VLA training")
+    if not getattr(args, "store", None):
+        raise ValueError("--store STORE is required for VLA training")
     if not getattr(args, "out", None):
         raise ValueError("--out DIR is required for VLA training")
     history = int(cfg.model.get("history", 6))
-    source = open_image_source(args.data, history, seed=cfg.seed, split="train",
+    source = open_image_source(args.store, history, seed=cfg.seed, split="train",
                                success_ratio=cfg.success_ratio, success_only=cfg.success_only)
     summary = train(cfg, source, args.out, device=getattr(args, "device", "cpu"),
-                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.data).resolve())})
+                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.store).resolve())})
     p = summary["parameters"]
     print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {p['active']:,} / total {p['total']:,} parameters)")
     return 0

@@ -120,9 +120,9 @@ def open_image_source(path: str | Path, history: int, seed: int = 0, split: str 
     """Image windows from a trajectory store holding ``images/front_rgb`` (wave 2's image store)."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"--data {path}: no trajectory store there")
+        raise FileNotFoundError(f"--store {path}: no trajectory store there")
     raise NotImplementedError(
-        f"--data {path}: reading image windows from a store needs the image-window sampler of issue 14 "
+        f"--store {path}: reading image windows from a store needs the image-window sampler of issue 14 "
         "(data.image_sampler, branch wave2-14b), which is not on this branch yet; StoreImageSource adapts "
         "its batches once it is, and the trainer runs on any ImageWindowSource (training.vla_data) meanwhile")
 

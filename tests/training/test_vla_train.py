@@ -125,7 +125,7 @@ def test_resume_continues_from_the_checkpoint(tmp_path):
 
 def test_train_cli_routes_rt1_and_vision_germ_to_the_vla_trainer(tmp_path):
     from quadforge.training import cli
-    args = argparse.Namespace(model="rt1", data=str(tmp_path), out=str(tmp_path / "o"), preset=None, seed=0,
+    args = argparse.Namespace(model="rt1", store=str(tmp_path), out=str(tmp_path / "o"), preset=None, seed=0,
                               max_steps=None, batch_size=None, log_every=None, val_every=None, success_only=False,
                               inputs="auto", overrides=[], device="cpu", resume=False)
     with pytest.raises(NotImplementedError, match="image-window sampler"):
