@@ -20,8 +20,8 @@ stack trained from scratch at the task's camera resolution (64² by default):
 
 BatchNorm as in EfficientNet, and deliberately not a per-sample norm: GroupNorm/LayerNorm after a FiLM
 layer re-normalise each sample's channels and so cancel most of the per-sample scale and shift the
-instruction applied (measured: with GroupNorm the RT-1-style model never learned which colour the
-instruction named; with BatchNorm it does). Padding frames are never encoded, so they never enter the
+instruction applied (measured on the colour task with FiLM as the only language path: GroupNorm stayed
+at chance for 1000 steps, BatchNorm moved off it within ~300). Padding frames are never encoded, so they never enter the
 batch statistics; acting uses the running statistics (eval mode).
 
 Small-data from-scratch encoders over-fit without augmentation; ``random_shift`` is DrQ's fix: pad by
