@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from quadforge.cli_flags import add_json
+
 BENCHMARKS = {
     "sim": "quadforge.tools.bench.sim",
     "experts": "quadforge.tools.bench.experts",
@@ -20,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "experts: gait controller falls and tracking; store: compaction and sampling; "
                              "models: step latency and training throughput; germ: GeRM trainer")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    add_json(parser, "the results")
 
 
 def run(args: argparse.Namespace) -> int:
