@@ -26,9 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.json:   # before the benchmark runs, not after
-        from quadforge.output_paths import check_output_file
-        check_output_file(args.json, flag="--json")
     from quadforge.progress import progress_bar
     from quadforge.tools.bench import common
     module = importlib.import_module(BENCHMARKS[args.name])
