@@ -27,6 +27,8 @@ from quadforge.collection.labels import LabelRule
 from quadforge.collection.progress import Progress, Tally
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.collection.skills import SkillCommandSampler, parse_skills
+from quadforge.envs.backends import add_backend_arguments, backend_from_args
+from quadforge.envs.backends.base import WarpConfig
 from quadforge.tools.seeding import derive_seed, seed_everything
 
 POLICY_HELP = "'gait' (the gait controller expert) or a checkpoint path"
@@ -51,6 +53,8 @@ class CollectConfig:
     collector_id: str = "main"
     compact_every: int = 100            # episodes between compactions (0: only at the end)
     num_threads: int = 1                # physics threads per env batch
+    backend: str = "mujoco_cpu"         # envs.backends name
+    warp: WarpConfig = field(default_factory=WarpConfig)  # mujoco_warp options
     progress: bool = True
     label_rule: LabelRule = field(default_factory=LabelRule)
 
@@ -111,6 +115,7 @@ def build_env(cfg: CollectConfig, seed: int) -> Any:
     env_cfg = EnvConfig.flat(robot=cfg.robot, num_envs=cfg.num_envs, seed=seed)
     env_cfg.terrain = terrain_config(cfg.terrain)
     env_cfg.backend.num_threads = cfg.num_threads
+    env_cfg.backend_name, env_cfg.backend.warp = cfg.backend, cfg.warp
     env_cfg.episode_length_s = cfg.max_episode_s
     env_cfg.commands.resample = False
     env_cfg.randomization.push_robots = cfg.push > 0
@@ -240,6 +245,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compact the store every N episodes (0: only at the end)")
     p.add_argument("--num-threads", type=int, default=d.num_threads, help="physics threads per collector")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_backend_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace) -> CollectConfig:
@@ -249,7 +255,7 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         address=args.address, action_noise=args.action_noise, push=args.push,
         push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s,
         collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
-        progress=not args.no_progress,
+        progress=not args.no_progress, **dict(zip(("backend", "warp"), backend_from_args(args))),
     ).validate()
 
 

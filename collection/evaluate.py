@@ -36,6 +36,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from quadforge.envs.backends import add_backend_arguments, backend_from_args
+from quadforge.envs.backends.base import WarpConfig
 from quadforge.collection.labels import LabelRule
 from quadforge.collection.metrics import episode_metrics, summarize
 from quadforge.collection.rollout import Rollout, RolloutConfig
@@ -56,6 +58,8 @@ class EvalConfig:
     seed: int = 0
     max_episode_s: float = 4.0                # as collection's default: what the data and labels assume
     num_threads: int = 1
+    backend: str = "mujoco_cpu"               # envs.backends name
+    warp: WarpConfig = field(default_factory=WarpConfig)  # mujoco_warp options
     video: bool = False
     video_steps: int = 150                    # 3 s of env 0 at 50 Hz
     progress: bool = True
@@ -135,6 +139,7 @@ def build_env(cfg: EvalConfig, seed: int) -> Any:
                                              seed=derive_seed(seed, "eval/terrain") % (2**31))
     env_cfg.curriculum = False
     env_cfg.backend.num_threads = cfg.num_threads
+    env_cfg.backend_name, env_cfg.backend.warp = cfg.backend, cfg.warp
     env_cfg.episode_length_s = cfg.max_episode_s
     env_cfg.commands.resample = False
     env_cfg.randomization.push_robots = False
@@ -311,13 +316,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
     p.add_argument("--num-threads", type=int, default=d.num_threads, help="physics threads")
     p.add_argument("--video", action="store_true", help="also render a short GIF of env 0 (MUJOCO_GL=egl)")
+    add_backend_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return EvalConfig(policy=args.policy, out=args.out, robot=args.robot, terrain=args.terrain, levels=args.levels,
                       num_levels=args.num_levels, episodes=args.episodes, commands=args.commands or ["walking"],
                       num_envs=args.num_envs, seed=args.seed, max_episode_s=args.max_episode_s,
-                      num_threads=args.num_threads, video=args.video)
+                      num_threads=args.num_threads, video=args.video,
+                      **dict(zip(("backend", "warp"), backend_from_args(args))))
 
 
 def run(args: argparse.Namespace) -> int:

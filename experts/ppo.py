@@ -176,6 +176,8 @@ class TrainExpertConfig:
     seed: int = 0
     device: str = "cpu"
     num_threads: int = 1               # MuJoCo + torch threads; the machine is shared
+    backend: str = "mujoco_cpu"        # envs.backends name
+    warp: Any = None                   # envs.backends.base.WarpConfig for mujoco_warp (None: defaults)
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
@@ -201,6 +203,9 @@ def build_env(cfg: TrainExpertConfig, preset: PPOPreset):
     env_cfg = EnvConfig.flat(robot=cfg.robot, num_envs=preset.num_envs, seed=cfg.seed)
     env_cfg.terrain = terrain_config(cfg.terrain)
     env_cfg.backend.num_threads = cfg.num_threads
+    env_cfg.backend_name = cfg.backend
+    if cfg.warp is not None:
+        env_cfg.backend.warp = cfg.warp
     apply_env_overrides(env_cfg, cfg.overrides)
     return LeggedEnv(env_cfg)
 
@@ -272,18 +277,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint every this many iterations (default: the preset's)")
     parser.add_argument("--device", default="cpu", help="torch device for the networks")
     parser.add_argument("--num-threads", type=int, default=1, help="MuJoCo and torch threads (shared machine: 1)")
+    from quadforge.envs.backends import add_backend_arguments
+    add_backend_arguments(parser)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="preset fields (learning_rate=3e-4) or env.<EnvConfig path> "
                              "(env.commands.ranges.lin_vel_x=(0.0,1.0))")
 
 
 def run(args: argparse.Namespace) -> int:
+    from quadforge.envs.backends import backend_from_args
     overrides = parse_overrides(args.overrides)
+    backend, warp = backend_from_args(args)
     if args.save_interval is not None:
         overrides["save_interval"] = args.save_interval
     cfg = TrainExpertConfig(out=args.out, robot=args.robot, terrain=args.terrain, preset=args.preset,
                             num_envs=args.num_envs, iterations=args.iterations, resume=args.resume,
                             seed=args.seed, device=args.device, num_threads=args.num_threads,
+                            backend=backend, warp=warp,
                             overrides=overrides)
     train(cfg)
     return 0

@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, NotImplementedError) as err:
-        # Bad input is a one-line error naming what is wrong, not a traceback.
+    except (ValueError, FileNotFoundError, NotImplementedError, ImportError) as err:
+        # Bad input (or a missing optional package) is a one-line error naming what is wrong, not a traceback.
         print(f"quadforge {name}: error: {err}", file=sys.stderr)
         return 2
 

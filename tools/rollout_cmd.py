@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="physics threads (default: all cores)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON here")
+    from quadforge.envs.backends import add_backend_arguments
+    add_backend_arguments(parser)
 
 
 def _terrain(name: str):
@@ -76,6 +78,8 @@ def build_env(args: argparse.Namespace):
     cfg = EnvConfig.flat(robot=args.robot, num_envs=args.num_envs, seed=args.seed)
     cfg.terrain = _terrain(args.terrain)
     cfg.backend.num_threads = args.threads
+    from quadforge.envs.backends import backend_from_args
+    cfg.backend_name, cfg.backend.warp = backend_from_args(args)
     if args.no_randomization:
         cfg.randomization = RandomizationConfig.off()
     return LeggedEnv(cfg)
