@@ -192,6 +192,19 @@ def _runner_class():
         def save(self, path: str, infos: dict | None = None) -> None:
             super().save(path, infos={**(infos or {}), "quadforge": self.quadforge_meta})
 
+        def _configure_multi_gpu(self) -> None:
+            """rsl_rl's torchrun set-up, with the process group opened by ``training.distributed``: nccl
+            on CUDA as rsl_rl does, gloo on the CPU (rsl_rl's own insists on nccl and cuda:LOCAL_RANK),
+            so the same recipe runs CPU ranks. Parameters are broadcast from rank 0 and gradients
+            all-reduced by rsl_rl's PPO; only rank 0 logs and writes checkpoints."""
+            from quadforge.training.distributed import init_distributed
+
+            info = init_distributed(str(self.device))
+            self.gpu_world_size, self.is_distributed = info.world_size, info.enabled
+            self.gpu_local_rank, self.gpu_global_rank = info.local_rank, info.rank
+            self.cfg["multi_gpu"] = {"global_rank": info.rank, "local_rank": info.local_rank,
+                                     "world_size": info.world_size} if info.enabled else None
+
     return QuadforgeRunner
 
 
@@ -200,12 +213,18 @@ def build_env(cfg: TrainExpertConfig, preset: PPOPreset):
     from quadforge.envs.config import EnvConfig
     from quadforge.envs.vec_env import LeggedEnv
 
-    env_cfg = EnvConfig.flat(robot=cfg.robot, num_envs=preset.num_envs, seed=cfg.seed)
+    # under torchrun each rank simulates its own envs: a seed of its own (rank 0 keeps cfg.seed)
+    rank = int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+    env_cfg = EnvConfig.flat(robot=cfg.robot, num_envs=preset.num_envs, seed=cfg.seed + rank)
     env_cfg.terrain = terrain_config(cfg.terrain)
     env_cfg.backend.num_threads = cfg.num_threads
     env_cfg.backend_name = cfg.backend
     if cfg.warp is not None:
         env_cfg.backend.warp = cfg.warp
+    if cfg.backend == "mujoco_warp" and env_cfg.backend.warp.device is None and cfg.device.startswith("cuda"):
+        # the physics on the GPU the rank trains on (torchrun: cuda:LOCAL_RANK)
+        local = int(os.environ.get("LOCAL_RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+        env_cfg.backend.warp = replace(env_cfg.backend.warp, device=f"cuda:{local}")
     apply_env_overrides(env_cfg, cfg.overrides)
     return LeggedEnv(env_cfg)
 
@@ -232,7 +251,10 @@ def train(cfg: TrainExpertConfig) -> Path:
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     train_cfg = rsl_rl_train_cfg(preset)
     train_cfg["seed"] = cfg.seed
-    runner = _runner_class()(RslRlLogView(env), train_cfg, log_dir=cfg.out, device=cfg.device)
+    device = cfg.device
+    if device == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"   # what rsl_rl's multi-GPU runner expects
+    runner = _runner_class()(RslRlLogView(env), train_cfg, log_dir=cfg.out, device=device)
     runner.quadforge_meta = {
         "format": 1, "robot": cfg.robot, "terrain": cfg.terrain, "preset": cfg.preset,
         "preset_config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(preset).items()},
@@ -250,6 +272,11 @@ def train(cfg: TrainExpertConfig) -> Path:
         runner.learn(num_learning_iterations=cfg.iterations, init_at_random_ep_len=cfg.resume is None)
     finally:
         env.close()
+    if runner.is_distributed:   # rank 0 writes the checkpoints: every rank returns the last one
+        from quadforge.training.distributed import DistInfo, barrier, cleanup
+        info = DistInfo(rank=runner.gpu_global_rank, world_size=runner.gpu_world_size)
+        barrier(info)
+        cleanup(info)
     last = latest_checkpoint(cfg.out)
     print(f"trained {cfg.iterations} iterations in {time.time() - t0:.0f} s; last checkpoint {last}", flush=True)
     return last

@@ -73,12 +73,13 @@ def import_warp():
 
 
 def available() -> bool:
-    """Whether mujoco-warp can be imported here (tests skip the Warp path when it cannot)."""
+    """Whether mujoco-warp is installed here (tests skip the Warp path when not); imports nothing."""
+    import importlib.util
+
     try:
-        import_warp()
-    except ImportError:
+        return all(importlib.util.find_spec(m) is not None for m in ("mujoco_warp", "warp"))
+    except (ImportError, ValueError):   # a module set to None in sys.modules
         return False
-    return True
 
 
 def default_buffers(model: mujoco.MjModel, has_terrain: bool) -> tuple[int, int]:
@@ -146,8 +147,9 @@ class MujocoWarpBackend:
             # report overflows ourselves, once, instead of a printf from every device thread
             self.m.opt.warn_overflow = 0
             self._fill_variants(batched)
+            # a fresh MjData (no contacts yet: put_data refuses buffers smaller than the host's contacts);
+            # the first reset below runs forward on the device
             mjd = mujoco.MjData(mjm)
-            mujoco.mj_forward(mjm, mjd)
             self.d = mjw.put_data(mjm, mjd, nworld=n, nconmax=self.nconmax, njmax=self.njmax)
         t = wp.to_torch
         self._qpos, self._qvel, self._ctrl = t(self.d.qpos), t(self.d.qvel), t(self.d.ctrl)
