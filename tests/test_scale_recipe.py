@@ -40,11 +40,11 @@ def _torchrun(args: list[str], cwd: Path) -> str:
 def test_torchrun_imitation_and_germ_on_two_cpu_ranks(tmp_path):
     from quadforge.training.checkpoint import load_checkpoint
     store = _store(tmp_path / "store")
-    _torchrun(["train", "--model", "mlp", "--data", str(store), "--out", str(tmp_path / "fc"), "--device", "cpu",
+    _torchrun(["train", "--model", "mlp", "--store", str(store), "--out", str(tmp_path / "fc"), "--device", "cpu",
                "--max-steps", "4", "--batch-size", "8", "--val-every", "2", "model.hidden=8", "tensorboard=False"],
               tmp_path)
     assert load_checkpoint(tmp_path / "fc" / "last.pt").step == 4
-    _torchrun(["train", "--model", "germ", "--data", str(store), "--out", str(tmp_path / "germ"), "--device", "cpu",
+    _torchrun(["train", "--model", "germ", "--store", str(store), "--out", str(tmp_path / "germ"), "--device", "cpu",
                "--max-steps", "2", "--batch-size", "8", "model.num_layers=1", "model.d_model=16",
                "model.num_heads=2", "model.ffn_hidden=16", "model.num_bins=16", "model.context=3", "val_every=2"],
               tmp_path)

@@ -41,9 +41,9 @@ import torch
 
 from quadforge.envs.backends.base import OVERFLOW_POLICIES, BackendConfig, RobotState, WarpConfig
 from quadforge.envs.backends.mujoco_cpu import FOOT_CONTACT_FORCE, MAX_ABS_STATE, _load_terrain
-from quadforge.envs.layout import NUM_FEET, NUM_JOINTS
+from quadforge.layout import NUM_FEET, NUM_JOINTS
 from quadforge.envs.scene import TRACKED, Scene, build_scene, make_variants
-from quadforge.tools.seeding import numpy_rng
+from quadforge.seeding import numpy_rng
 
 INSTALL_HINT = "pip install 'quadforge[gpu]' (or: pip install mujoco-warp==4.0.0)"
 # Warp's overflow bits (mujoco_warp.OverflowType) that mean contacts or constraints were dropped. The

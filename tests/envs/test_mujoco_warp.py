@@ -280,7 +280,7 @@ def test_gait_expert_walks_under_both_backends():
 @pytest.mark.slow
 def test_rsl_rl_runner_trains_under_warp(tmp_path):
     from quadforge.experts.loaders import load_expert
-    from quadforge.experts.ppo import TrainExpertConfig, train
+    from quadforge.training.ppo import TrainExpertConfig, train
     tiny = {"num_steps_per_env": 4, "actor_hidden_dims": [16], "critic_hidden_dims": [16], "save_interval": 1,
             "num_learning_epochs": 1, "num_mini_batches": 2, "env.episode_length_s": 0.1}
     cfg = TrainExpertConfig(out=str(tmp_path / "run"), num_envs=4, iterations=1, overrides=tiny,
@@ -290,3 +290,37 @@ def test_rsl_rl_runner_trains_under_warp(tmp_path):
     assert ckpt["iter"] == 0 and ckpt["infos"]["quadforge"]["robot"] == "go1"
     policy = load_expert(last, num_envs=4)
     assert policy.layout.name == "legged_gym_48"
+
+
+@needs_warp
+@pytest.mark.slow
+def test_batch_renderer_frames_every_world_and_sees_per_env_colours(monkeypatch):
+    """The camera term through MuJoCo Warp's batch renderer, on a scene with a ``front`` camera on the
+    base (here added to the robot's MJCF; the QUARD object library adds the same)."""
+    from types import SimpleNamespace
+
+    from quadforge.envs.robots import RobotSpec
+    original = RobotSpec.spec
+
+    def with_camera(self):
+        spec = original(self)
+        spec.body(self.base_body).add_camera(name="front", pos=[0.3, 0, 0], xyaxes=[0, -1, 0, 0, 0, 1], fovy=60)
+        spec.worldbody.add_geom(name="marker", type=2, size=[0.3, 0, 0], pos=[2.0, 0.0, 0.3], rgba=[1, 0, 0, 1],
+                                contype=0, conaffinity=0)
+        return spec
+
+    monkeypatch.setattr(RobotSpec, "spec", with_camera)
+    b = make_backend("mujoco_warp", BackendConfig(num_envs=2, warp=WarpConfig(device="cpu")))
+    cam = b.make_camera(SimpleNamespace(width=32, height=24, depth=True, max_depth=10.0))
+    rgb, depth = np.zeros((2, 24, 32, 3), np.uint8), np.zeros((2, 24, 32), np.float32)
+    cam.render([0, 1], rgb, depth)
+    # the red sphere 1.7 m ahead fills the image centre in both worlds; the ground is below the horizon
+    assert rgb[:, 12, 16, 0].min() > 100 and rgb[:, 12, 16, 1:].max() < 60, rgb[:, 12, 16]
+    np.testing.assert_allclose(depth[:, 12, 16], 1.4, atol=0.05)
+    marker = int(__import__("mujoco").mj_name2id(b.mjm, 5, "marker"))
+    assert (cam.segment(0)[12, 16] == marker)
+    cam.set_colour_geoms(np.array([marker]), np.array([[[1, 0, 0, 1]], [[0, 0, 1, 1]]], dtype=np.float32))
+    cam.render([0, 1], rgb)
+    assert rgb[0, 12, 16, 0] > 100 and rgb[1, 12, 16, 2] > 100 and rgb[1, 12, 16, 0] < 60, rgb[:, 12, 16]
+    cam.close()
+    b.close()
