@@ -71,3 +71,14 @@ def test_bench_scale_measures_each_backend_it_is_given():
     assert [r["worlds"] for r in rows] == [2, 4]
     assert all(r["env steps/s"] > 0 and r["backend steps/s"] > 0 and r["build s"] > 0 for r in rows)
 
+
+
+def test_ray_actors_ask_for_a_gpu_only_when_their_physics_runs_on_cuda():
+    from quadforge.collection.collect import CollectConfig
+    from quadforge.collection.distributed import actor_gpus
+    from quadforge.envs.backends.base import WarpConfig
+    cfg = CollectConfig(out="s", episodes=1)
+    assert actor_gpus(cfg) == 0
+    assert actor_gpus(CollectConfig(out="s", episodes=1, backend="mujoco_warp")) == 0   # device auto: no request
+    assert actor_gpus(CollectConfig(out="s", episodes=1, backend="mujoco_warp", warp=WarpConfig(device="cpu"))) == 0
+    assert actor_gpus(CollectConfig(out="s", episodes=1, backend="mujoco_warp", warp=WarpConfig(device="cuda"))) == 1

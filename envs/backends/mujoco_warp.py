@@ -64,8 +64,12 @@ class WarpBufferOverflow(RuntimeError):
 def import_warp():
     """``(warp, mujoco_warp)``, or an ImportError that says how to install them."""
     try:
-        import mujoco_warp as mjw
         import warp as wp
+
+        # before anything initialises Warp: no banner, no line per kernel module loaded (warnings stay)
+        wp.config.quiet = True
+        wp.config.log_level = wp.LOG_WARNING
+        import mujoco_warp as mjw
     except ImportError as err:
         raise ImportError(f"backend 'mujoco_warp' needs the optional packages mujoco-warp and warp-lang "
                           f"({err}); install them with: {INSTALL_HINT}") from None
@@ -118,7 +122,6 @@ class MujocoWarpBackend:
                 raise ValueError(f"WarpConfig.{name}={v!r}; allowed: None or an integer >= 1")
         wp, mjw = import_warp()
         self._wp, self._mjw = wp, mjw
-        wp.config.quiet = True
         wp.init()
         self.wp_device = self._pick_device(wcfg.device)
         self.device = torch.device("cuda", self.wp_device.ordinal) if self.wp_device.is_cuda else torch.device("cpu")

@@ -63,7 +63,8 @@ class WarpCamera:
             self._mjw.render(b.m, b.d, self.rc)
             self._mjw.get_rgb(self.rc, 0, self._rgb)
             if self._depth is not None:
-                self._mjw.get_depth(self.rc, 0, 1.0, self._depth)
+                # Warp writes depth / scale clamped to [0, 1]: scale by max_depth, multiply back in render
+                self._mjw.get_depth(self.rc, 0, self.max_depth, self._depth)
             self._mjw.get_segmentation(self.rc, 0, self._seg)
         self._fresh = True
 
@@ -78,7 +79,9 @@ class WarpCamera:
         frames = (rgb[ids.to(rgb.device)] * 255.0 + 0.5).clamp(0, 255).to(torch.uint8).cpu().numpy()
         out_rgb[ids.numpy()] = frames
         if out_depth is not None:
-            depth = self._wp.to_torch(self._depth)[ids.to(rgb.device)].clamp(max=self.max_depth)
+            depth = self._wp.to_torch(self._depth)[ids.to(rgb.device)] * self.max_depth
+            # a ray that hits nothing reads 0 (or the clamp): max_depth, as on the CPU camera
+            depth = torch.where(depth > 0, depth, torch.full_like(depth, self.max_depth))
             out_depth[ids.numpy()] = depth.cpu().numpy()
 
     def segment(self, i: int) -> np.ndarray:

@@ -105,7 +105,7 @@ def measure(sweeps: dict[str, list[int]], steps: int, rounds: int) -> Table:
     return table
 
 
-def main(quick: bool = False, json_path: str | None = None) -> dict:
+def main(quick: bool = False, json_path: str | None = None) -> int:
     from quadforge.envs.backends.mujoco_warp import available
 
     on_gpu = torch.cuda.is_available()
@@ -131,4 +131,5 @@ def main(quick: bool = False, json_path: str | None = None) -> dict:
         best = max(r[4] for r in table.rows if r[0] == "mujoco_warp")
         extra["gpu_target_met"] = best >= GPU_TARGET
         print(f"GPU target: >= {GPU_TARGET} env steps/s; best mujoco_warp env rate {best:.0f}")
-    return report("scale", tables, json_path, extra)
+    report("scale", tables, json_path, extra)
+    return 0
