@@ -40,7 +40,6 @@ from quadforge.envs.terminations import TERMINATION_REASONS  # the env's code ta
 
 # Failure reasons in priority order; "success" is the label when none applies.
 FAILURE_REASONS = ("non_finite", "fall", "base_collision", "tracking_error", "no_progress")
-LABELS = ("success",) + FAILURE_REASONS
 # Env termination reasons that are failures in themselves (``envs.terminations.TERMINATION_REASONS``).
 _TERMINAL_FAILURES = ("non_finite", "fall", "base_collision")
 _NON_FAILING_TERMINATIONS = ("none", "time_out")
