@@ -18,7 +18,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 
 def _store(path: Path, n: int = 8) -> Path:
     from quadforge.data.compaction import compact
-    from quadforge.data.staging import StagingWriter
+    from quadforge.data.writer import StagingWriter
     from quadforge.data.synthetic import synthetic_episode, synthetic_info
     rng = np.random.default_rng(0)
     w = StagingWriter(path, "c0")
