@@ -23,8 +23,8 @@ Buffers: contacts (``nconmax`` per world) and constraint rows (``njmax`` per wor
 construction. Warp flags a world whose contacts or rows did not fit (``Data.overflow``); this backend
 checks the flags after every step and never goes on silently: it raises ``WarpBufferOverflow`` naming
 the buffer to enlarge, or (``on_overflow="terminate"``) restores and flags those worlds like diverged
-ones. Host synchronisation: one scalar per step (the divergence/overflow flags) and one per reset
-(input validation); no state is copied to the host.
+ones. Host synchronisation: one scalar pair per step (the divergence/overflow flags) and two per reset
+(the id range, the input check); no state is copied to the host.
 
 ``mujoco-warp`` is an optional dependency (``pip install quadforge[gpu]``); without it building this
 backend is a one-line ``ImportError`` that says so.
