@@ -52,6 +52,8 @@ class CollectConfig:
     compact_every: int = 100            # episodes between compactions (0: only at the end)
     num_threads: int = 1                # physics threads per env batch
     progress: bool = True
+    relabel: str = ""                   # "gait": the policy drives, the gait expert labels (DAgger)
+    expert_drive_prob: float = 0.0      # with relabel: share of episodes the expert itself drives (beta)
     label_rule: LabelRule = field(default_factory=LabelRule)
 
     def validate(self) -> "CollectConfig":
@@ -82,6 +84,12 @@ class CollectConfig:
         parse_skills(self.skills)
         if Path(self.out).exists() and not Path(self.out).is_dir():
             raise ValueError(f"--out {self.out!r} is a file; give a trajectory store directory (created if missing)")
+        if self.relabel not in ("", "gait"):
+            raise bad("relabel", "'' (store the policy's own actions) or 'gait' (the gait expert labels)")
+        if self.relabel and self.policy == "gait":
+            raise ValueError("--relabel gait with --policy gait relabels the expert by itself; give a checkpoint")
+        if not 0.0 <= self.expert_drive_prob <= 1.0:
+            raise bad("expert_drive_prob", "a number in [0, 1]")
         if self.policy != "gait" and not Path(self.policy).exists():
             raise FileNotFoundError(f"--policy {self.policy!r}: no such checkpoint file; use {POLICY_HELP}")
         return self
@@ -119,8 +127,13 @@ def build_env(cfg: CollectConfig, seed: int) -> Any:
     return LeggedEnv(env_cfg)
 
 
-def build_policy(cfg: CollectConfig, env: Any) -> Any:
-    return make_policy(cfg.policy, env, cfg.robot)
+def build_policy(cfg: CollectConfig, env: Any, seed: int = 0) -> Any:
+    policy = make_policy(cfg.policy, env, cfg.robot)
+    if not cfg.relabel:
+        return policy
+    from quadforge.collection.relabel import RelabelledPolicy
+    return RelabelledPolicy(policy, make_policy(cfg.relabel, env, cfg.robot), env.num_envs,
+                            expert_drive_prob=cfg.expert_drive_prob, seed=seed, device=env.device)
 
 
 def make_policy(spec: str, env: Any, robot: str | None = None) -> Any:
@@ -172,11 +185,13 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
     mix = parse_skills(cfg.skills)
     env = build_env(cfg, run_seed)
     try:
-        policy = build_policy(cfg, env)
+        policy = build_policy(cfg, env, run_seed)
         skills = SkillCommandSampler(mix, env.num_envs, run_seed)
         info_extra = {"robot": cfg.robot, "control_dt": float(env.dt), "terrain_spec": cfg.terrain,
                       "skill_mix": mix.to_string(), "seed": run_seed, "push_vel": cfg.push,
                       "collector_id": collector_id}
+        if cfg.relabel:
+            info_extra.update(relabelled_by=cfg.relabel, expert_drive_prob=cfg.expert_drive_prob)
         rollout = Rollout(env, policy, RolloutConfig(action_noise_std=cfg.action_noise, seed=run_seed,
                                                      label_rule=cfg.label_rule),
                           skills=skills, info_extra=info_extra)
@@ -240,6 +255,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compact the store every N episodes (0: only at the end)")
     p.add_argument("--num-threads", type=int, default=d.num_threads, help="physics threads per collector")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--relabel", default=d.relabel,
+                   help="'gait': --policy drives, the gait expert labels every visited state (DAgger data: "
+                        "actions = the expert's label, applied_actions = what was applied)")
+    p.add_argument("--expert-drive-prob", type=float, default=d.expert_drive_prob,
+                   help="with --relabel: share of episodes the expert drives itself (DAgger's beta)")
 
 
 def config_from_args(args: argparse.Namespace) -> CollectConfig:
@@ -249,7 +269,7 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         address=args.address, action_noise=args.action_noise, push=args.push,
         push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s,
         collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
-        progress=not args.no_progress,
+        progress=not args.no_progress, relabel=args.relabel, expert_drive_prob=args.expert_drive_prob,
     ).validate()
 
 

@@ -38,6 +38,7 @@ class TrainConfig:
     keep_checkpoints: bool = False     # also keep step_<n>.pt at every validation (last.pt is always written)
     rtg_scale: float = 1.0             # rtg fed to the model = return-to-go / rtg_scale
     seed: int = 0
+    init_from: str | None = None       # a checkpoint whose weights (and obs stats) start this run (fine-tuning)
 
     def validate(self) -> None:
         if self.loss not in LOSSES:
