@@ -20,7 +20,7 @@ from typing import Mapping
 import torch
 
 from quadforge.experts.policy import check_policy
-from quadforge.tools.seeding import torch_generator
+from quadforge.seeding import torch_generator
 
 
 class RelabelledPolicy:

@@ -12,14 +12,18 @@ from typing import Any
 
 from quadforge.envs.backends.base import BackendConfig
 from quadforge.envs.backends.base import RandomizationConfig as PhysicsRandomizationConfig
-from quadforge.envs.layout import COMMAND_NAMES, LAYOUTS, TERM_DIMS
+from quadforge.layout import COMMAND_NAMES, LAYOUTS, TERM_DIMS
 
 COMMAND_MODES = ("joystick", "gait")
-GAITS: dict[str, tuple[float, float, float]] = {  # (phase, offset, bound), walk-these-ways
+# The one definition of the named gaits: (phase, offset, bound) of walk-these-ways' four, plus a walk.
+GAITS: dict[str, tuple[float, float, float]] = {
     "trot": (0.5, 0.0, 0.0),
     "pronk": (0.0, 0.0, 0.0),
     "pace": (0.0, 0.0, 0.5),
     "bound": (0.0, 0.5, 0.0),
+    # lateral-sequence walk: RL, FL, RR, FR touch down a quarter cycle apart (with duty 0.75, three
+    # feet stand at any time)
+    "walk": (0.5, 0.25, 0.0),
 }
 
 # The first three are legged_gym's joystick ranges; the rest walk-these-ways' Go1 ranges.
@@ -285,7 +289,10 @@ class EnvConfig:
         if b.terrain is not None and b.terrain is not self.terrain:
             raise _err("backend.terrain", b.terrain, "None (set EnvConfig.terrain instead)")
         from quadforge.envs.backends import BACKENDS, PLANNED
-        if self.backend_name not in BACKENDS and self.backend_name not in PLANNED:
+        if self.backend_name in PLANNED:  # designed for, not written: refused here, before anything is built
+            raise NotImplementedError(f"EnvConfig.backend_name={self.backend_name!r} is planned, not implemented "
+                                      f"yet ({PLANNED[self.backend_name]}); available: {', '.join(BACKENDS)}")
+        if self.backend_name not in BACKENDS:
             raise _err("backend_name", self.backend_name, str(BACKENDS))
         if not self.episode_length_s >= self.dt:
             raise _err("episode_length_s", self.episode_length_s, f">= the control dt {self.dt:g} s")

@@ -1,6 +1,6 @@
 """`quadforge dagger`: imitation with the expert relabelling the learner's own states (DAgger).
 
-    quadforge dagger --out DIR [--data STORE] [--iterations 2] [--episodes-per-iter 96]
+    quadforge dagger --out DIR [--store STORE] [--iterations 2] [--episodes-per-iter 96]
                      [--train-steps 4000] [--finetune-steps 0] [--expert-drive-prob 0] [key=value ...]
 
 Iteration 0 is the demo's recipe (``tools/demo.py``): the gait expert's data on the demo's terrain
@@ -32,6 +32,19 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from quadforge.cli_flags import add_out, add_seed, add_store, require
+from quadforge.collection.collect import CollectConfig, run_local
+from quadforge.collection.evaluate import EvalConfig, evaluate, write_outputs
+from quadforge.data.episodes import EpisodeArrays
+from quadforge.data.store import TrajectoryStore
+from quadforge.layout import get_layout
+from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.training.imitation import train
+from quadforge.training.presets import preset
 
 DEMO_TERRAIN = "flat,slope_up,rough_slope,stairs_up"
 
@@ -74,21 +87,16 @@ class DaggerConfig:
         if self.init_from is not None and not Path(self.init_from).exists():
             raise FileNotFoundError(f"--init-from {self.init_from}: no such checkpoint")
         if self.data is not None and not Path(self.data).exists():
-            raise FileNotFoundError(f"--data {self.data}: no trajectory store there (omit it to collect one)")
+            raise FileNotFoundError(f"--store {self.data}: no trajectory store there (omit it to collect one)")
         return self
 
 
-def _load(store: str, features: list[str]) -> Any:
-    from quadforge.data.episodes import EpisodeArrays
-    from quadforge.data.store import TrajectoryStore
+def _load(store: str, features: list[str]) -> EpisodeArrays:
     return EpisodeArrays.from_store(TrajectoryStore.open(store), features)
 
 
-def concat_episodes(parts: list[Any]) -> Any:
-    """One EpisodeArrays of several (features and info columns they all have), episodes in order."""
-    import numpy as np
-
-    from quadforge.data.episodes import EpisodeArrays
+def concat_episodes(parts: list[EpisodeArrays]) -> EpisodeArrays:
+    """One EpisodeArrays of several (the features they all have, and "success"), episodes in order."""
     features = set.intersection(*(set(p.features) for p in parts))
     offsets = np.cumsum([0] + [p.num_steps for p in parts[:-1]])
     # the stores' episode tables differ in columns; the trainer's filters read only "success"
@@ -100,15 +108,6 @@ def concat_episodes(parts: list[Any]) -> Any:
 
 
 def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    import torch
-
-    from quadforge.collection.collect import CollectConfig, run_local, store_count
-    from quadforge.collection.evaluate import EvalConfig, evaluate, write_outputs
-    from quadforge.envs.layout import get_layout
-    from quadforge.training.cli import apply_overrides, parse_overrides
-    from quadforge.training.imitation import train
-    from quadforge.training.presets import preset
-
     cfg.validate()
     torch.set_num_threads(1)
     out = Path(cfg.out)
@@ -197,29 +196,32 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = DaggerConfig(out="")
-    p.add_argument("--out", required=True, help="run directory (stores, checkpoints, evals, dagger.json)")
-    p.add_argument("--data", default=None, help="the expert's store (default: collect the demo's into OUT/expert)")
-    p.add_argument("--expert-episodes", type=int, default=d.expert_episodes)
-    p.add_argument("--model", default=d.model)
-    p.add_argument("--preset", default=d.preset)
+    add_out(p, "stores, checkpoints, evaluations and dagger.json (the ladder; a rerun resumes)")
+    add_store(p, "the expert's episodes (default: collect the demo's into OUT/expert)")
+    p.add_argument("--expert-episodes", type=int, default=d.expert_episodes,
+                   help="gait-expert episodes collected when --store is not given")
+    p.add_argument("--model", default=d.model, help="imitation model (training.models)")
+    p.add_argument("--preset", default=d.preset, help="the model's training preset")
     p.add_argument("--iterations", type=int, default=d.iterations, help="DAgger iterations after the expert-only one")
-    p.add_argument("--episodes-per-iter", type=int, default=d.episodes_per_iter)
-    p.add_argument("--train-steps", type=int, default=d.train_steps)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--episodes-per-iter", type=int, default=d.episodes_per_iter,
+                   help="relabelled episodes collected per iteration (0 with --finetune-steps: the control)")
+    p.add_argument("--train-steps", type=int, default=d.train_steps, help="optimizer steps of iteration 0")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="windows per optimizer step")
     p.add_argument("--finetune-steps", type=int, default=d.finetune_steps,
                    help="> 0: iterations >= 1 continue from the previous weights for this many steps")
     p.add_argument("--expert-drive-prob", type=float, default=d.expert_drive_prob, help="DAgger's beta")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--eval-episodes", type=int, default=d.eval_episodes)
+    add_seed(p, d.seed)
+    p.add_argument("--episodes-per-cell", type=int, default=d.eval_episodes,
+                   help="evaluation episodes per terrain type x level")
     p.add_argument("--init-from", default=None, help="iteration-0 checkpoint to start from instead of training one")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="train config overrides, e.g. context=64")
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = DaggerConfig(out=args.out, data=args.data, expert_episodes=args.expert_episodes, model=args.model,
+    cfg = DaggerConfig(out=require(args, "out", "--out"), data=args.store, expert_episodes=args.expert_episodes, model=args.model,
                        preset=args.preset, iterations=args.iterations, episodes_per_iter=args.episodes_per_iter,
                        train_steps=args.train_steps, batch_size=args.batch_size, finetune_steps=args.finetune_steps,
-                       expert_drive_prob=args.expert_drive_prob, seed=args.seed, eval_episodes=args.eval_episodes,
+                       expert_drive_prob=args.expert_drive_prob, seed=args.seed, eval_episodes=args.episodes_per_cell,
                        overrides=list(args.overrides), init_from=args.init_from)
     res = run_dagger(cfg)
     print(json.dumps({"expert": res["expert_eval"]["success"],

@@ -1,6 +1,6 @@
 """`quadforge train-sweep`: equal-budget tuning of every imitation model on one validation split.
 
-    quadforge train-sweep --data STORE --out DIR [--episodes 24] [--models fcnet,transformer,...]
+    quadforge train-sweep --store STORE --out DIR [--episodes 24] [--models fcnet,transformer,...]
                           [--steps 1000] [--batch-size 64] [--lrs 3e-4,1e-3,3e-3]
                           [--optimizers adamw,lion] [--seed 0] [--table docs/sweep.md]
 
@@ -23,7 +23,7 @@ to change a paper's value). Results go to
 markdown table to stdout (and ``--table``). Writing the choice into ``training/presets.py`` is a
 reviewed hand edit (docs/models.md "Equal-budget tuning" quotes the table it came from).
 
-With ``--episodes N`` and no store at ``--data`` the sweep first collects N gait-expert episodes on
+With ``--episodes N`` and no store at ``--store`` the sweep first collects N gait-expert episodes on
 flat ground (walking commands, 4 s) there, so one command reruns everything.
 """
 from __future__ import annotations
@@ -37,7 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-SWEEP_MODELS = ("fcnet", "transformer", "convformer", "starformer", "mlp")
+import torch
+
+from quadforge.cli_flags import add_out, add_seed, add_store, require
+from quadforge.collection.collect import CollectConfig, run_local
+from quadforge.overrides import apply_overrides
+from quadforge.training.imitation import train
+from quadforge.training.models import MODELS
+from quadforge.training.presets import preset
+
+SWEEP_MODELS = tuple(MODELS)   # every model of the zoo: no baseline is left at an untuned preset
 DEFAULT_LRS = (3e-4, 1e-3, 3e-3)       # AdamW's; Lion's are these / LION_LR_RATIO
 LION_LR_RATIO = 3.0
 STAGE2_MARGIN = 0.05   # a stage-2 value must lower the validation loss by more than 5 % to be chosen
@@ -88,7 +97,7 @@ class SweepConfig:
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"--val-fraction={self.val_fraction}; must be in (0, 1)")
         if not Path(self.data).exists() and self.episodes < 1:
-            raise FileNotFoundError(f"--data {self.data}: no trajectory store there; give --episodes N to collect one")
+            raise FileNotFoundError(f"--store {self.data}: no trajectory store there; give --episodes N to collect one")
         return self
 
 
@@ -99,9 +108,6 @@ def optimizer_lr(optimizer: str, lr: float) -> float:
 
 def run_config(model: str, cfg: SweepConfig, lr: float, optimizer: str, setting: tuple[str, Any] | None = None):
     """The TrainConfig of one sweep run: the model's cpu preset with this lr/optimizer (and setting)."""
-    from quadforge.training.cli import apply_overrides
-    from quadforge.training.presets import preset
-
     t = preset(model, "cpu")
     betas, eps = OPTIMIZER_BETAS[optimizer]
     t.optim.name, t.optim.lr, t.optim.betas, t.optim.eps = optimizer, float(lr), betas, eps
@@ -125,17 +131,12 @@ def _key(model: str, lr: float, optimizer: str, setting: tuple[str, Any] | None)
 def ensure_data(cfg: SweepConfig, log: Callable[[str], None]) -> None:
     if Path(cfg.data).exists():
         return
-    from quadforge.collection.collect import CollectConfig, run_local
     log(f"[sweep] collecting {cfg.episodes} gait-expert episodes (flat, walking, 4 s) -> {cfg.data}")
     run_local(CollectConfig(out=cfg.data, episodes=cfg.episodes, policy="gait", terrain="flat", skills="walking",
                             num_envs=min(16, cfg.episodes), seed=cfg.seed, max_episode_s=4.0, progress=False))
 
 
 def run_sweep(cfg: SweepConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    import torch
-
-    from quadforge.training.imitation import train
-
     cfg.validate()
     ensure_data(cfg, log)
     torch.set_num_threads(1)
@@ -231,21 +232,22 @@ def _list(text: str, kind: Callable[[str], Any]) -> tuple[Any, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = SweepConfig(data="", out="")
-    p.add_argument("--data", required=True, help="trajectory store to tune on (collected first with --episodes)")
-    p.add_argument("--out", required=True, help="directory for sweep.json")
-    p.add_argument("--episodes", type=int, default=0, help="collect this many gait-expert episodes if --data is absent")
-    p.add_argument("--models", default=",".join(d.models))
+    add_store(p, "tuned on (collected first when absent and --episodes is given)")
+    add_out(p, "sweep.json (the runs, resumable) and the chosen settings")
+    p.add_argument("--episodes", type=int, default=0, help="collect this many gait-expert episodes if --store is absent")
+    p.add_argument("--models", default=",".join(d.models), help="comma list of models (default: the whole zoo)")
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps per run (every run the same)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--lrs", default=",".join(f"{x:g}" for x in d.lrs))
-    p.add_argument("--optimizers", default=",".join(d.optimizers))
-    p.add_argument("--val-fraction", type=float, default=d.val_fraction)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="windows per step (every run the same)")
+    p.add_argument("--lrs", default=",".join(f"{x:g}" for x in d.lrs),
+                   help=f"AdamW learning rates of the grid; Lion runs at these / {LION_LR_RATIO:g}")
+    p.add_argument("--optimizers", default=",".join(d.optimizers), help="comma list of adamw, lion")
+    p.add_argument("--val-fraction", type=float, default=d.val_fraction, help="held-out share of the episodes")
+    add_seed(p, d.seed)
     p.add_argument("--table", default=None, help="also write the markdown table to this file")
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = SweepConfig(data=args.data, out=args.out, models=_list(args.models, str), steps=args.steps,
+    cfg = SweepConfig(data=require(args, "store", "--store"), out=require(args, "out", "--out"), models=_list(args.models, str), steps=args.steps,
                       batch_size=args.batch_size, lrs=_list(args.lrs, float), optimizers=_list(args.optimizers, str),
                       seed=args.seed, val_fraction=args.val_fraction, episodes=args.episodes, table=args.table)
     run_sweep(cfg)

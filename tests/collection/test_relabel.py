@@ -54,7 +54,7 @@ def test_beta_one_lets_the_labeller_drive_and_mixing_is_per_episode_and_seeded()
 def test_bad_relabel_settings_are_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match="relabel"):
         CollectConfig(out=str(tmp_path / "s"), episodes=1, relabel="ppo").validate()
-    with pytest.raises(ValueError, match="give a checkpoint"):
+    with pytest.raises(ValueError, match="is --policy itself"):
         CollectConfig(out=str(tmp_path / "s"), episodes=1, relabel="gait").validate()
     with pytest.raises(ValueError, match="expert.drive.prob"):
         CollectConfig(out=str(tmp_path / "s"), episodes=1, expert_drive_prob=1.5).validate()

@@ -16,8 +16,8 @@ torch.set_num_threads(1)
 
 
 def _store(path, episodes=8):
-    from quadforge.data.staging import StagingWriter
-    from quadforge.data.store import compact
+    from quadforge.data.compaction import compact
+    from quadforge.data.writer import StagingWriter
     from quadforge.data.synthetic import synthetic_episode, synthetic_info
     rng = np.random.default_rng(0)
     writer = StagingWriter(path, "c0")
@@ -43,7 +43,7 @@ def test_every_model_gets_the_same_grid_and_two_paper_settings(tmp_path):
 
 def test_sweep_runs_resumes_and_tabulates(tmp_path, capsys):
     store = _store(tmp_path / "s")
-    argv = ["train-sweep", "--data", str(store), "--out", str(tmp_path / "o"), "--models", "mlp", "--steps", "2",
+    argv = ["train-sweep", "--store", str(store), "--out", str(tmp_path / "o"), "--models", "mlp", "--steps", "2",
             "--batch-size", "8", "--lrs", "1e-3", "--table", str(tmp_path / "t.md")]
     assert cli_main(argv) == 0
     res = json.loads((tmp_path / "o" / "sweep.json").read_text())
