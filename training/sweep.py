@@ -62,8 +62,9 @@ SETTINGS: dict[str, tuple[str, tuple[Any, ...], str]] = {
                     "the learned positional embedding's init scale (preset 0.02, GPT-2's; torch's "
                     "nn.Embedding default 1.0 swamps the state tokens - issue 17)"),
     "convformer": ("model.kernel", (3, 12), "seed 002 ablates the convolution window (preset 6)"),
-    "starformer": ("model.pos_init_std", (1.0, 0.1),
-                   "the step tokens' positional embedding init scale, as for the Transformer (preset 0.02)"),
+    "starformer": ("model.pos_init_std", (0.02, 0.1),
+                   "the step tokens' positional embedding init scale, as for the Transformer (preset 1.0, "
+                   "chosen by the 2026-11-24 sweep over 0.02 (its stage 1) and 0.1)"),
     "mlp": ("context", (4, 16), "ours: the history length is the MLP's one structural choice (preset 8)"),
 }
 

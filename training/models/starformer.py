@@ -29,7 +29,7 @@ class StARformer(SequenceModel):
     def __init__(self, obs_dim: int, action_dim: int = 12, context: int = 64, hidden: int = 128,
                  local_dim: int = 16, num_layers: int = 3, num_heads: int = 4, local_heads: int = 2,
                  ffn_mult: int = 4, decoder_hidden: int = 128, use_rtg: bool = False, use_actions: bool = True,
-                 pos_init_std: float = 0.02):
+                 pos_init_std: float = 1.0):
         super().__init__(obs_dim, action_dim, context, use_rtg=use_rtg, use_actions=use_actions)
         if not pos_init_std >= 0:
             raise ValueError(f"starformer pos_init_std={pos_init_std}; must be >= 0")
@@ -41,7 +41,9 @@ class StARformer(SequenceModel):
         self.action_local = nn.Linear(action_dim, local_dim) if use_actions else None
         self.rtg_local = nn.Linear(1, local_dim) if use_rtg else None
         self.state_embed = nn.Linear(obs_dim, hidden)
-        self.pos_init_std = float(pos_init_std)   # N(0, 0.02) as GPT-2; see transformer.py
+        # torch's Embedding default N(0, 1): unlike the Transformer's, StARformer's sweep preferred it to
+        # GPT-2's 0.02 (docs/models.md "Equal-budget tuning"); a knob so both can be swept alike
+        self.pos_init_std = float(pos_init_std)
         self.pos_embed = nn.Embedding(context, hidden)
         nn.init.normal_(self.pos_embed.weight, std=self.pos_init_std)
         self.step_blocks = nn.ModuleList(Block(local_dim, local_heads, ffn_mult) for _ in range(num_layers))
