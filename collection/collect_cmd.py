@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(DAgger data: actions = its label, applied_actions = what --policy applied)")
     p.add_argument("--expert-drive-prob", type=float, default=d.expert_drive_prob,
                    help="with --relabel: share of episodes the labeller drives itself (DAgger's beta)")
+    p.add_argument("--allow-robot-mismatch", action="store_true",
+                   help="drive --robot with a checkpoint trained for another robot (refused otherwise)")
 
 
 def config_from_args(args: argparse.Namespace) -> CollectConfig:
@@ -50,7 +52,8 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         address=args.address, action_noise=args.action_noise, push=args.push,
         push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s,
         collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
-        progress=not args.no_progress, relabel=args.relabel, expert_drive_prob=args.expert_drive_prob,
+        progress=not args.no_progress, allow_robot_mismatch=args.allow_robot_mismatch, relabel=args.relabel,
+        expert_drive_prob=args.expert_drive_prob,
     ).validate()
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from quadforge.cli_flags import add_json
+
 BENCHMARKS = {
     "sim": "quadforge.tools.bench.sim",
     "experts": "quadforge.tools.bench.experts",
@@ -20,8 +22,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "experts: gait controller falls and tracking; store: compaction and sampling; "
                              "models: step latency and training throughput; germ: GeRM trainer")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    add_json(parser, "the results")
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(importlib.import_module(BENCHMARKS[args.name]).main(quick=args.quick, json_path=args.json) or 0)
+    from quadforge.progress import progress_bar
+    from quadforge.tools.bench import common
+    module = importlib.import_module(BENCHMARKS[args.name])
+    # a bar of measured rows and elapsed time (a benchmark does not know its row count in advance, so
+    # there is no ETA); ticks land between measurements, never inside one
+    common.PROGRESS = progress_bar(None, desc=f"bench {args.name}", unit="row")
+    try:
+        return int(module.main(quick=args.quick, json_path=args.json) or 0)
+    finally:
+        common.PROGRESS.close()
+        common.PROGRESS = None

@@ -17,6 +17,10 @@ from typing import Any, Callable
 import torch
 
 
+# The bar `quadforge bench` shows while a benchmark runs (rows measured, elapsed time); None outside it.
+PROGRESS: Any = None
+
+
 def machine_info() -> dict[str, Any]:
     return {
         "platform": platform.platform(),
@@ -50,6 +54,9 @@ class Table:
         if len(values) != len(self.columns):
             raise ValueError(f"row has {len(values)} values, table {self.title!r} has {len(self.columns)} columns")
         self.rows.append(list(values))
+        if PROGRESS is not None:   # `quadforge bench`'s bar: one tick per measured row
+            PROGRESS.update(1)
+            PROGRESS.set_postfix_str(str(values[0])[:40], refresh=False)
 
     def records(self) -> list[dict[str, Any]]:
         return [dict(zip(self.columns, row)) for row in self.rows]
@@ -73,7 +80,9 @@ def report(name: str, tables: list[Table], json_path: str | None, extra: dict[st
     record = {"benchmark": name, "machine": machine_info(), "tables": {t.title: t.records() for t in tables}}
     if extra:
         record.update(extra)
-    if json_path:
+    if json_path == "-":   # docs/cli.md: --json - is stdout
+        print(json.dumps(record, indent=2, default=float))
+    elif json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(record, indent=2, default=float))
         print(f"wrote {json_path}")
