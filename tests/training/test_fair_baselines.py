@@ -22,7 +22,8 @@ from quadforge.training.imitation import train
 from quadforge.training.presets import PRESETS, preset
 
 # every model within this factor of the best model's validation loss. Measured (150 steps, batch 32):
-# DC 0.070 (best), FCNet 1.4x, StARformer 1.6x, MLP 1.8x, Transformer 2.1x under the swept presets;
+# DC 0.070 (best), FCNet 1.4x, StARformer 1.6x (N(0, 0.02) positions), MLP 1.8x, Transformer 2.1x under
+# the swept presets;
 # the Transformer's old preset 5.2x. 3x sits between with margin on both sides.
 BASELINE_FACTOR = 3.0
 STEPS, BATCH, LAG = 150, 32, 3
