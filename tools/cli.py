@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("quadforge.collection.collect_cmd", "collect labelled episodes into a zarr trajectory store"),
     "dataset": ("quadforge.data.cli", "inspect, validate, export or import a trajectory store"),
     "train": ("quadforge.training.cli", "train an imitation model or GeRM on a trajectory store"),
+    "train-sweep": ("quadforge.training.sweep", "equal-budget lr x optimizer sweep of every imitation model"),
+    "dagger": ("quadforge.training.dagger", "imitation with the gait expert relabelling the learner's states (DAgger)"),
     "train-expert": ("quadforge.training.ppo", "train a PPO expert with rsl_rl on the locomotion task"),
     "eval": ("quadforge.collection.evaluate", "closed-loop evaluation of a policy across terrain types and levels"),
     "eval-expert": ("quadforge.collection.evaluate_expert", "evaluate an expert per terrain type x level"),
