@@ -42,6 +42,7 @@ from quadforge.collection.metrics import episode_metrics, summarize
 from quadforge.collection.reports import eval_report_markdown, plot_vs_level
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.collection.skills import SkillCommandSampler, parse_skills
+from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.builder import make_env
 from quadforge.envs.robots import ROBOTS
 from quadforge.envs.terrain import terrain_types
@@ -65,6 +66,8 @@ class EvalConfig:
     seed: int = 0
     max_episode_s: float = 4.0                # as collection's default: what the data and labels assume
     num_threads: int = 1
+    backend: str = "mujoco_cpu"               # envs.backends name
+    warp: WarpConfig | None = None            # mujoco_warp options (None: defaults)
     video: bool = False
     video_steps: int = 150                    # 3 s of env 0 at 50 Hz
     progress: bool = True
@@ -118,7 +121,7 @@ def parse_levels(text: str) -> list[int]:
 def build_env(cfg: EvalConfig, seed: int) -> Any:
     """One column per type, ``num_levels`` rows, curriculum off, commands held per episode, no pushes."""
     return make_env(cfg.robot, cfg.terrain, num_envs=cfg.num_envs, seed=seed, num_threads=cfg.num_threads,
-                    one_column_per_type=True,
+                    backend=cfg.backend, warp=cfg.warp, one_column_per_type=True,
                     terrain_grid={"num_levels": cfg.num_levels, "seed": derive_seed(seed, "eval/terrain") % (2**31)},
                     overrides={"curriculum": False, "episode_length_s": cfg.max_episode_s,
                                "commands.resample": False, "randomization.push_robots": False})

@@ -9,6 +9,7 @@ import argparse
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, deprecated
 from quadforge.collection.evaluate import EvalConfig, evaluate, write_outputs
 from quadforge.collection.reports import cells_table
+from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.experts.registry import spec_help
 
 
@@ -33,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--video", action="store_true", help="also render a short GIF of env 0 (MUJOCO_GL=egl)")
     p.add_argument("--allow-robot-mismatch", action="store_true",
                    help="evaluate a checkpoint on --robot although it was trained for another robot")
+    add_backend_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
@@ -40,7 +42,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
                       num_levels=args.num_levels, episodes=args.episodes, commands=args.commands or ["walking"],
                       num_envs=args.num_envs, seed=args.seed, max_episode_s=args.max_episode_s,
                       num_threads=args.num_threads, video=args.video,
-                      allow_robot_mismatch=args.allow_robot_mismatch)
+                      allow_robot_mismatch=args.allow_robot_mismatch,
+                      **dict(zip(("backend", "warp"), backend_from_args(args))))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,6 +13,8 @@ BENCHMARKS = {
     "models": "quadforge.tools.bench.models",
     "germ": "quadforge.tools.bench.germ",
     "env_step": "quadforge.tools.bench.env_step",
+    "scale": "quadforge.tools.bench.scale",
+    "vla": "quadforge.tools.bench.vla",
 }
 
 
@@ -20,13 +22,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(BENCHMARKS),
                         help="sim: env vs raw MuJoCo throughput; env_step: where an env step's time goes; "
                              "experts: gait controller falls and tracking; store: compaction and sampling; "
-                             "models: step latency and training throughput; germ: GeRM trainer")
+                             "models: step latency and training throughput; germ: GeRM trainer; "
+                             "scale: env steps/s vs worlds per backend (mujoco_cpu, mujoco_warp) + compile time; "
+                             "vla: vision-language-action acting latency and training throughput")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
     add_json(parser, "the results")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.json:   # before the benchmark runs, not after
-        from quadforge.output_paths import check_output_file
-        check_output_file(args.json, flag="--json")
-    return int(importlib.import_module(BENCHMARKS[args.name]).main(quick=args.quick, json_path=args.json) or 0)
+    from quadforge.progress import progress_bar
+    from quadforge.tools.bench import common
+    module = importlib.import_module(BENCHMARKS[args.name])
+    # a bar of measured rows and elapsed time (a benchmark does not know its row count in advance, so
+    # there is no ETA); ticks land between measurements, never inside one
+    common.PROGRESS = progress_bar(None, desc=f"bench {args.name}", unit="row")
+    try:
+        return int(module.main(quick=args.quick, json_path=args.json) or 0)
+    finally:
+        common.PROGRESS.close()
+        common.PROGRESS = None
