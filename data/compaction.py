@@ -24,11 +24,14 @@ from typing import Any, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
-from quadforge.data.schema import IMAGE_PREFIX, StoreSchema, spec_for
+from quadforge.data.images import frame_stride_of, image_chunk_frames, is_image
+from quadforge.data.instructions import InstructionTable
+from quadforge.data.schema import StoreSchema, episode_length, spec_for
 from quadforge.data.staging import episode_id_of, fsync_dir, list_staged, read_staged, read_staged_header
 from quadforge.data.stats import RunningStats
-from quadforge.data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable, array_path,
-                        read_episode_table, read_json, read_manifest, write_json_atomic)
+from quadforge.data.store import (EPISODES_FILE, INSTRUCTIONS_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable,
+                                  array_path, read_episode_table, read_instructions, read_json, read_manifest,
+                                  write_json_atomic)
 from quadforge.data.schema import FORMAT_VERSION
 
 LOCK_FILE = ".lock"
@@ -144,8 +147,8 @@ def _fsync_written(root: Path, name: str, first_chunk: int, last_chunk: int) -> 
 
 
 def _episode_row(features: Mapping[str, np.ndarray], info: Mapping[str, Any], start: int,
-                 tasks: dict[str, list[str]]) -> dict[str, Any]:
-    length = len(next(iter(features.values())))
+                 tasks: dict[str, list[str]], instructions: InstructionTable) -> dict[str, Any]:
+    length = len(next(v for k, v in features.items() if not is_image(k)))
     success = bool(info.get("success", False))
     if "terminated" in features:
         terminated = bool(features["terminated"][-1])
@@ -165,16 +168,17 @@ def _episode_row(features: Mapping[str, np.ndarray], info: Mapping[str, Any], st
     else:
         cmd = [np.nan] * 3
     task = str(info.get("task", "locomotion"))
-    instructions = tasks.setdefault(task, [])
+    task_instructions = tasks.setdefault(task, [])
     if info.get("instruction") is not None:
-        if info["instruction"] not in instructions:
-            instructions.append(str(info["instruction"]))
-        instruction_index = instructions.index(info["instruction"])
+        if info["instruction"] not in task_instructions:
+            task_instructions.append(str(info["instruction"]))
+        instruction_index = task_instructions.index(info["instruction"])
     else:
         instruction_index = int(info.get("instruction_index", -1))
     known = {"success", "terminated", "return", "cmd_vx", "cmd_vy", "cmd_wz", "task", "instruction",
              "instruction_index", "failure_reason", "terrain_type", "terrain_level", "gait", "policy_id",
-             "seed", "collector_id", "episode_id", "label", "length", "robot", "control_dt"}
+             "seed", "collector_id", "episode_id", "label", "length", "robot", "control_dt", "task_params",
+             "instructions", "frame_stride"}
     return {
         "start": start, "end": start + length, "length": length, "success": success,
         "terminated": terminated, "return": ret,
@@ -186,17 +190,20 @@ def _episode_row(features: Mapping[str, np.ndarray], info: Mapping[str, Any], st
         "collector_id": str(info["collector_id"]), "episode_id": str(info["episode_id"]),
         "label": dict(info.get("label", {})),
         "extra": {k: v for k, v in info.items() if k not in known},
+        "instruction_id": instructions.episode_id(info),
+        "task_params": dict(info.get("task_params") or {}),
     }
 
 
 def _create_arrays(group, schema: StoreSchema) -> None:
     from zarr.codecs import BloscCodec, BloscShuffle
     for name, spec in schema.features.items():
+        chunk = image_chunk_frames(spec.shape, spec.dtype) if is_image(name) else chunk_steps(spec.shape, spec.dtype)
         # bit shuffle for multi-byte numbers (sign/exponent/high mantissa bits of smooth signals repeat);
         # single-byte bools and pixels are left as they are
         shuffle = BloscShuffle.bitshuffle if np.dtype(spec.dtype).itemsize > 1 else BloscShuffle.noshuffle
         group.create_array(array_path(name), shape=(0,) + spec.shape, dtype=spec.dtype,
-                           chunks=(chunk_steps(spec.shape, spec.dtype),) + spec.shape,
+                           chunks=(chunk,) + spec.shape,
                            compressors=BloscCodec(cname="zstd", clevel=3, shuffle=shuffle),
                            fill_value=0, overwrite=True, dimension_names=("time",) + (None,) * len(spec.shape))
 
@@ -228,6 +235,7 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
             table = read_episode_table(root, int(manifest["num_episodes"]))
             tasks = read_json(root / TASKS_FILE, "tasks table").get("tasks", {}) \
                 if (root / TASKS_FILE).exists() else {}
+        instructions = InstructionTable([] if fresh else read_instructions(root, manifest))
 
         known = set(table["episode_id"].tolist())
         staged = list_staged(root)
@@ -242,7 +250,8 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
         headers = [(p, *read_headers(p)) for p in todo]
         if schema is None:
             p0, h0, info0 = headers[0]
-            specs = {n: spec_for(n, np.empty((0,) + h.shape[1:], h.dtype), f"staging file {p0}")
+            stride0 = frame_stride_of(info0, f"staging file {p0}")
+            specs = {n: spec_for(n, np.empty((0,) + h.shape[1:], h.dtype), f"staging file {p0}", stride0)
                      for n, h in h0.items()}
             schema = StoreSchema(specs, robot=str(info0.get("robot", "")),
                                  control_dt=float(info0.get("control_dt", 0.02)))
@@ -254,9 +263,9 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
             if "control_dt" in info and abs(float(info["control_dt"]) - schema.control_dt) > 1e-9:
                 raise ValueError(f"staging file {p}: control_dt {info['control_dt']}, the store's is "
                                  f"{schema.control_dt}")
-            lengths = {len_ for len_ in (hh.shape[0] for hh in h.values())}
-            if len(lengths) != 1:
-                raise ValueError(f"staging file {p}: features have different lengths {sorted(lengths)}")
+            schema.check_stride(info, f"staging file {p}")
+            episode_length({k: hh.shape[0] for k, hh in h.items()}, frame_stride_of(info, f"staging file {p}"),
+                           f"staging file {p}")
 
         # 1. open arrays at their trusted lengths (truncating leftovers of an interrupted compaction)
         group = zarr.open_group(str(root), mode="a", zarr_format=3)
@@ -264,17 +273,16 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
             write_json_atomic(root / SCHEMA_FILE, schema.to_dict())
             _create_arrays(group, schema)
         start = int(manifest["num_steps"])
-        total_new = sum(next(iter(h.values())).shape[0] for _, h, _ in headers)
         appenders: dict[str, _Appender] = {}
         for name, spec in schema.features.items():
             arr = group[array_path(name)]
             n0 = int(manifest["lengths"].get(name, 0))
             if arr.shape[0] != n0:
                 arr.resize((n0,) + spec.shape)
-            if append_mode == "chunked":
-                arr.resize((n0 + total_new,) + spec.shape)
+            if append_mode == "chunked":   # rows to come: steps, or frames for images
+                arr.resize((n0 + sum(h[name].shape[0] for _, h, _ in headers),) + spec.shape)
             stats = None
-            if not name.startswith(IMAGE_PREFIX):
+            if not is_image(name):
                 stats = (RunningStats.from_dict(manifest["stats"][name]) if name in manifest["stats"]
                          else RunningStats.empty(spec.shape))
             appenders[name] = _Appender(arr, n0, arr.chunks[0], append_mode, stats)
@@ -286,9 +294,12 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
             features, info = read_staged(p)
             # the header promised this; check the data really agrees before appending it
             schema.check(features, where=f"staging file {p}")
+            if "instruction" in features:   # the collector's instruction numbering -> the store's
+                features = {**features, "instruction": instructions.remap(features["instruction"], info,
+                                                                          f"staging file {p}")}
             for name, app in appenders.items():
                 app.add(features[name])
-            rows.append(_episode_row(features, info, pos, tasks))
+            rows.append(_episode_row(features, info, pos, tasks, instructions))
             pos += rows[-1]["length"]
         for app in appenders.values():
             app.finish()
@@ -299,6 +310,8 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
         new_table = table.concat(rows)
         write_json_atomic(root / EPISODES_FILE, {"columns": new_table.to_lists()})
         write_json_atomic(root / TASKS_FILE, {"tasks": tasks})
+        if len(instructions):
+            write_json_atomic(root / INSTRUCTIONS_FILE, {"instructions": instructions.texts})
 
         # 6. commit
         new_manifest = {
@@ -307,6 +320,7 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
             "lengths": {name: app.pos for name, app in appenders.items()},
             "stats": {name: app.stats.to_dict() for name, app in appenders.items() if app.stats is not None},
             "chunks": {name: app.chunk for name, app in appenders.items()},
+            "num_instructions": len(instructions),
             "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         write_manifest(root, new_manifest)
