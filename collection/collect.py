@@ -30,6 +30,9 @@ from quadforge.collection.skills import SkillCommandSampler, parse_skills
 from quadforge.tools.seeding import derive_seed, seed_everything
 
 POLICY_HELP = "'gait' (the gait controller expert) or a checkpoint path"
+# vision-language tasks (seed 003, Table I); `quard:all` mixes the families per episode
+QUARD_FAMILIES = ("go_to", "go_avoid", "stop", "distinguish", "go_through")
+TASKS = ("locomotion",) + tuple(f"quard:{f}" for f in QUARD_FAMILIES + ("all",))
 
 
 @dataclass
@@ -49,6 +52,8 @@ class CollectConfig:
     push_interval_s: float = 2.0
     max_episode_s: float = 4.0          # FCNet's dataset averages 192 steps (3.8 s at 50 Hz)
     collector_id: str = "main"
+    task: str = "locomotion"            # locomotion (skills over the gait command) | quard:<family> | quard:all
+    frame_stride: int = 10              # control steps per recorded camera frame (10: 5 Hz at 50 Hz)
     compact_every: int = 100            # episodes between compactions (0: only at the end)
     num_threads: int = 1                # physics threads per env batch
     progress: bool = True
@@ -79,6 +84,10 @@ class CollectConfig:
         if self.robot not in ROBOTS:
             raise bad("robot", ", ".join(ROBOTS))
         terrain_config(self.terrain)
+        if self.task not in TASKS:
+            raise bad("task", ", ".join(TASKS))
+        if not isinstance(self.frame_stride, int) or self.frame_stride < 1:
+            raise bad("frame_stride", "an integer >= 1 (control steps per camera frame; 10 = 5 Hz at 50 Hz)")
         parse_skills(self.skills)
         if Path(self.out).exists() and not Path(self.out).is_dir():
             raise ValueError(f"--out {self.out!r} is a file; give a trajectory store directory (created if missing)")
@@ -103,8 +112,21 @@ def terrain_config(spec: str) -> Any:
     return TerrainConfig.of_types(types)
 
 
+def build_task_env(cfg: CollectConfig, seed: int) -> Any:
+    """The vision-language env of ``cfg.task`` (``quard:<family>``): scenes, camera every
+    ``cfg.frame_stride`` steps, instructions, per-episode task parameters.
+
+    The hook for the QUARD envs (issue 14, env side): the rollout and the store already take what such
+    an env emits (``images/<camera>``, ``instruction``, ``task_*`` terms; ``env.task_params(i)``,
+    ``env.instruction_table``, ``env.frame_stride``; see ``collection.rollout``)."""
+    raise NotImplementedError(f"--task {cfg.task}: the QUARD task envs are not in this build yet (issue 14's env "
+                              f"side); collect.build_task_env is where they plug in")
+
+
 def build_env(cfg: CollectConfig, seed: int) -> Any:
     """The env for one collector: commands fixed per episode (one skill each), optional pushes."""
+    if cfg.task != "locomotion":
+        return build_task_env(cfg, seed)
     from quadforge.envs.config import EnvConfig
     from quadforge.envs.vec_env import LeggedEnv
 
@@ -173,11 +195,13 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
     env = build_env(cfg, run_seed)
     try:
         policy = build_policy(cfg, env)
-        skills = SkillCommandSampler(mix, env.num_envs, run_seed)
+        # a task env sets its own commands (the policy's high-level command); skills are for locomotion
+        skills = SkillCommandSampler(mix, env.num_envs, run_seed) if cfg.task == "locomotion" else None
         info_extra = {"robot": cfg.robot, "control_dt": float(env.dt), "terrain_spec": cfg.terrain,
                       "skill_mix": mix.to_string(), "seed": run_seed, "push_vel": cfg.push,
                       "collector_id": collector_id}
         rollout = Rollout(env, policy, RolloutConfig(action_noise_std=cfg.action_noise, seed=run_seed,
+                                                     frame_stride=cfg.frame_stride,
                                                      label_rule=cfg.label_rule),
                           skills=skills, info_extra=info_extra)
         tally = Tally()
@@ -235,6 +259,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--push", type=float, default=d.push, help="max random push velocity, m/s (0: none)")
     p.add_argument("--push-interval-s", type=float, default=d.push_interval_s)
     p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
+    p.add_argument("--task", default=d.task, help=" | ".join(TASKS))
+    p.add_argument("--frame-stride", type=int, default=d.frame_stride,
+                   help="control steps per recorded camera frame (10: 5 Hz at 50 Hz control)")
     p.add_argument("--collector-id", default=d.collector_id, help="prefix of episode ids written by this run")
     p.add_argument("--compact-every", type=int, default=d.compact_every,
                    help="compact the store every N episodes (0: only at the end)")
@@ -247,7 +274,8 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         out=args.out, episodes=args.episodes, policy=args.policy, robot=args.robot, terrain=args.terrain,
         skills=args.skills, num_envs=args.num_envs, seed=args.seed, workers=args.workers,
         address=args.address, action_noise=args.action_noise, push=args.push,
-        push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s,
+        push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s, task=args.task,
+        frame_stride=args.frame_stride,
         collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
         progress=not args.no_progress,
     ).validate()
