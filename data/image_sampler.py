@@ -207,10 +207,12 @@ class ImageWindowSampler:
                ) -> Iterator[dict[str, torch.Tensor]]:
         """Endless chunk-aware batches: windows drawn from a resident set of chunks per pool (successes,
         failures), ``refresh`` chunks of each set swapped for random others after every batch.
-        ``resident_chunks`` defaults to half the cache, so the set and its history stay decoded."""
-        k = int(resident_chunks or max(1, self.caches[self.cameras[0]].capacity // 2))
-        rng = self._rng
+        ``resident_chunks`` (per pool) defaults to a quarter of the cache over the pools, so the resident
+        chunks, their neighbours (history, next frames) and the refreshed ones stay decoded."""
         pools = self._pools if self.success_ratio is not None else (np.arange(self.num_windows), np.zeros(0, np.int64))
+        used = sum(1 for p in pools if p.size)
+        k = int(resident_chunks or max(1, self.caches[self.cameras[0]].capacity // (4 * used)))
+        rng = self._rng
         by_chunk = []
         for pool in pools:
             homes = self._home[pool]
