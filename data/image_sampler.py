@@ -29,8 +29,8 @@ demonstrations / 24.31 % failures, QUARD-Auto's mix). ``stream(B)`` is the chunk
 larger than the cache: it keeps a resident set of chunks per pool, draws each batch's windows from
 windows whose frames lie in those chunks, and swaps ``refresh`` chunks after every batch, so a batch
 decodes a few chunks instead of up to B·(H+1) (a shuffle buffer over chunks; every window keeps the same
-chance over time). ``prefetch(iterator)`` builds batches on a thread (zarr/blosc decoding releases the
-GIL) while the trainer works. Everything is deterministic per (seed, rank).
+chance over time). ``prefetch(iterator)`` builds batches on a thread (zarr/blosc decoding runs without the
+GIL for the most part) while the trainer works. Everything is deterministic per (seed, rank).
 """
 from __future__ import annotations
 
