@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from quadforge.collection import evaluate as ev
+from quadforge.collection.reports import cells_table, fmt, overall_table, plot_vs_level
 
 
 def _slug(expert: str) -> str:
@@ -29,8 +30,6 @@ def _slug(expert: str) -> str:
 def expert_report(cfg: ev.EvalConfig, experts: list[str], labels: list[str] | None = None,
                   title: str = "Expert report") -> dict[str, Any]:
     """Evaluate each expert with ``cfg`` (its ``policy`` replaced) and write the joint report."""
-    from quadforge.tools.reports import cells_table, fmt, overall_table, plot_vs_level
-
     if not experts:
         raise ValueError("--experts is empty; give 'gait' and/or checkpoint paths, comma-separated")
     out = Path(cfg.out)
@@ -76,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--experts: {e!r} is no checkpoint file; give 'gait' and/or checkpoint paths")
         replace(cfg, policy=e).validate()
     report = expert_report(cfg, experts)
-    from quadforge.tools.reports import cells_table
     print(cells_table(report["results"], report["labels"]))
     print(f"expert report: {report['report']}")
     return 0

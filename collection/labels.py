@@ -36,6 +36,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from quadforge.envs.terminations import TERMINATION_REASONS  # the env's code table
+
 # Failure reasons in priority order; "success" is the label when none applies.
 FAILURE_REASONS = ("non_finite", "fall", "base_collision", "tracking_error", "no_progress")
 LABELS = ("success",) + FAILURE_REASONS
@@ -78,8 +80,6 @@ def termination_name(reason: int | str) -> str:
     """The name of an env termination reason given as its name or as its integer code."""
     if isinstance(reason, str):
         return reason
-    from quadforge.envs.terminations import TERMINATION_REASONS  # the env's code table
-
     code = int(reason)
     if not 0 <= code < len(TERMINATION_REASONS):
         raise ValueError(f"termination_reason code {code}; allowed: 0..{len(TERMINATION_REASONS) - 1} "

@@ -39,9 +39,9 @@ from quadforge.collection.labels import LabelRule, label, termination_name
 from quadforge.collection.skills import SKILLS, SkillCommandSampler
 from quadforge.data.images import DEFAULT_FRAME_STRIDE, is_image
 from quadforge.envs.config import GAITS
-from quadforge.envs.layout import COMMAND_NAMES
+from quadforge.layout import COMMAND_NAMES
 from quadforge.experts.policy import check_policy
-from quadforge.tools.seeding import torch_generator
+from quadforge.seeding import torch_generator
 
 _VX, _VY, _WZ = (COMMAND_NAMES.index(n) for n in ("lin_vel_x", "lin_vel_y", "ang_vel_yaw"))
 _GAIT = [COMMAND_NAMES.index(n) for n in ("gait_phase", "gait_offset", "gait_bound")]

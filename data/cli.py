@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         print(rep.text())
         return 0 if rep.ok else 1
     if args.action == "compact":
-        from quadforge.data.store import compact
+        from quadforge.data.compaction import compact
         r = compact(args.store)
         print(f"generation {r.generation}: appended {len(r.appended)} episode(s), {r.steps} steps; "
               f"removed {len(r.skipped)} already-stored staging file(s); {r.seconds:.2f} s")

@@ -28,8 +28,9 @@ from quadforge.data.images import is_image
 from quadforge.data.instructions import InstructionTable
 from quadforge.data.schema import TASK_PREFIX
 from quadforge.data.staging import write_staging_file
-from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore, compact
-from quadforge.envs.layout import TERM_DIMS
+from quadforge.data.compaction import compact
+from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore
+from quadforge.layout import TERM_DIMS
 
 FORMAT = "quadforge-robomimic-1"
 TOP_LEVEL = ("actions", "rewards")

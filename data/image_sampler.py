@@ -44,7 +44,7 @@ import torch
 
 from quadforge.data.episodes import EpisodeArrays, select_episodes
 from quadforge.data.images import num_frames
-from quadforge.tools.seeding import numpy_rng
+from quadforge.seeding import numpy_rng
 
 NEXT_PREFIX = "next_"
 

@@ -16,10 +16,10 @@ from tensordict import TensorDict
 
 from quadforge.envs.backends import make_backend
 from quadforge.envs.backends.base import PhysicsBackend
-from quadforge.envs.commands import yaw_from_quat
+from quadforge.envs.rotations import yaw_from_quat
 from quadforge.envs.config import EnvConfig
 from quadforge.envs.kinematics import LegKinematics
-from quadforge.envs.layout import NUM_JOINTS, get_layout
+from quadforge.layout import NUM_JOINTS, get_layout
 from quadforge.envs.observations import CompiledLayout, TermCache, ground_terms, make_term_fns, scan_points_b
 from quadforge.envs.randomization import ActionLatency, Pushes
 from quadforge.envs.robots import get_robot
@@ -27,7 +27,7 @@ from quadforge.envs.tasks.locomotion import LocomotionTask
 from quadforge.envs.tasks.terrain_levels import TerrainState
 from quadforge.envs.terminations import TERMINATION_REASONS
 from quadforge.envs.view_cache import ViewCache
-from quadforge.tools.seeding import torch_generator
+from quadforge.seeding import torch_generator
 
 _EPISODE_LONG = ("termination_reason", "length", "terrain_type", "terrain_level")
 _EPISODE_FLOAT = ("return", "distance", "commanded_distance", "lin_vel_error", "lin_vel_x_error", "ang_vel_error")

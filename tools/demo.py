@@ -99,7 +99,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
                            title="Demo: the gait expert and FCNet trained on its data")
     times["eval_s"] = time.perf_counter() - t0
 
-    from quadforge.tools.reports import overall_table
+    from quadforge.collection.reports import overall_table
     print()
     print(overall_table(report["results"], labels))
     print()

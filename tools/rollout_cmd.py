@@ -1,4 +1,4 @@
-"""`quadforge rollout`: run a policy (zero actions or the gait expert) in LeggedEnv for a few seconds and
+"""`quadforge rollout`: run a policy (zero actions, the gait expert or any checkpoint) in LeggedEnv for a few seconds and
 print a summary: env steps/s, episodes and how they ended, mean base velocity vs command, terrain levels.
 """
 from __future__ import annotations
@@ -9,39 +9,30 @@ import time
 
 import torch
 
-POLICIES = ("zero", "gait")
-TERRAINS = ("flat", "plane_grid", "mixed")
+from quadforge.envs.builder import make_env
+from quadforge.envs.config import RandomizationConfig
+from quadforge.envs.terminations import TERMINATION_REASONS
+from quadforge.envs.terrain import TERRAIN_SPEC_HELP
+from quadforge.experts.registry import check_policy_spec, policy_for_env, spec_help
+from quadforge.layout import COMMAND_NAMES
+from quadforge.seeding import seed_everything
+
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--robot", default="go1", help="go1 | aliengo")
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=5.0, help="simulated seconds per env")
-    parser.add_argument("--policy", default="zero", help=f"one of {POLICIES} (gait: experts.gait.GaitController)")
-    parser.add_argument("--gait", default="trot", help="gait of the gait expert")
-    parser.add_argument("--terrain", default="flat",
-                        help=f"one of {TERRAINS}, or comma-separated terrain types (envs.terrain.TERRAIN_TYPES)")
+    parser.add_argument("--policy", default="zero", help=spec_help())
+    parser.add_argument("--gait", default=None, help="gait of the gait expert (same as --policy gait:<gait>)")
+    parser.add_argument("--terrain", default="flat", help=TERRAIN_SPEC_HELP)
     parser.add_argument("--command", default=None, metavar="VX,VY,WZ",
                         help="pin this joystick command in every env (default: drawn per episode)")
     parser.add_argument("--no-randomization", action="store_true", help="nominal physics, no pushes, no latency")
-    parser.add_argument("--threads", type=int, default=None, help="physics threads (default: all cores)")
+    parser.add_argument("--num-threads", "--threads", dest="num_threads", type=int, default=None,
+                        help="physics threads (default: all cores); --threads is a deprecated alias")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON here")
-
-
-def _terrain(name: str):
-    if name == "flat":
-        return None
-    from quadforge.envs.terrain import TERRAIN_TYPES, TerrainConfig
-    if name == "plane_grid":
-        return TerrainConfig.flat()
-    if name == "mixed":
-        return TerrainConfig.mixed()
-    types = [t.strip() for t in name.split(",") if t.strip()]
-    bad = [t for t in types if t not in TERRAIN_TYPES]
-    if bad or not types:
-        raise ValueError(f"--terrain {name!r}: unknown terrain type {bad}; allowed: {TERRAINS} or types from {TERRAIN_TYPES}")
-    return TerrainConfig.of_types(types)
 
 
 def _command(text: str | None):
@@ -56,36 +47,18 @@ def _command(text: str | None):
     return vals
 
 
-def _policy(name: str, env, gait: str):
-    if name == "zero":
-        return None
-    if name == "gait":
-        from quadforge.experts.gait import GaitController
-        return GaitController(env.robot, env.num_envs, env.dt, device=env.device, gait=gait)
-    raise ValueError(f"--policy {name!r} is invalid; allowed: {POLICIES}")
-
-
 def build_env(args: argparse.Namespace):
-    from quadforge.envs.config import EnvConfig, RandomizationConfig
-    from quadforge.envs.vec_env import LeggedEnv
-
     if args.num_envs < 1:
         raise ValueError(f"--num-envs {args.num_envs}: allowed: an integer >= 1")
     if not args.seconds > 0:
         raise ValueError(f"--seconds {args.seconds}: allowed: > 0")
-    cfg = EnvConfig.flat(robot=args.robot, num_envs=args.num_envs, seed=args.seed)
-    cfg.terrain = _terrain(args.terrain)
-    cfg.backend.num_threads = args.threads
-    if args.no_randomization:
-        cfg.randomization = RandomizationConfig.off()
-    return LeggedEnv(cfg)
+    overrides = {"randomization": RandomizationConfig.off()} if args.no_randomization else {}
+    return make_env(args.robot, args.terrain, num_envs=args.num_envs, seed=args.seed, num_threads=args.num_threads,
+                    overrides=overrides)
 
 
 def rollout(env, policy, seconds: float, command=None) -> dict:
     """Run ``seconds`` of simulated time in every env; the summary as a dict."""
-    from quadforge.envs.layout import COMMAND_NAMES
-    from quadforge.envs.terminations import TERMINATION_REASONS
-
     n, dev = env.num_envs, env.device
     all_ids = torch.arange(n, device=dev)
     pinned = None
@@ -93,16 +66,15 @@ def rollout(env, policy, seconds: float, command=None) -> dict:
         pinned = env.commands.clone()
         pinned[:, :3] = torch.tensor(command, device=dev)
         env.set_commands(all_ids, pinned)
-    if policy is not None:
-        policy.reset(all_ids)
+    policy.reset(all_ids)
     steps = max(1, int(round(seconds / env.dt)))
     reasons = torch.zeros(len(TERMINATION_REASONS), dtype=torch.long)
     vel_sum = torch.zeros(3)
     cmd_sum = torch.zeros(3)
     t0 = time.perf_counter()
     for _ in range(steps):
-        terms = env.terms if policy is not None else None
-        actions = policy.act(terms) if policy is not None else torch.zeros(n, env.num_actions, device=dev)
+        terms = env.terms if policy.obs_terms else {}   # the zero policy reads nothing: skip building terms
+        actions = policy.act(terms)
         cmd_sum += env.commands[:, :3].sum(0).cpu()
         _, _, dones, extras = env.step(actions)
         st = env.backend.state
@@ -111,8 +83,7 @@ def rollout(env, policy, seconds: float, command=None) -> dict:
         if done_ids.numel():
             reasons += torch.bincount(extras["episode"]["termination_reason"][done_ids].cpu(),
                                       minlength=len(TERMINATION_REASONS))
-            if policy is not None:
-                policy.reset(done_ids)
+            policy.reset(done_ids)
             if pinned is not None:
                 env.set_commands(done_ids, pinned[done_ids])
     wall = time.perf_counter() - t0
@@ -144,10 +115,12 @@ def format_summary(s: dict, policy: str, terrain: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quadforge.tools.seeding import seed_everything
-
-    if args.policy not in POLICIES:
-        raise ValueError(f"--policy {args.policy!r} is invalid; allowed: {POLICIES}")
+    spec = args.policy
+    if args.gait is not None:
+        if spec != "gait":
+            raise ValueError(f"--gait {args.gait!r} applies to --policy gait only (got --policy {spec!r})")
+        spec = f"gait:{args.gait}"
+    check_policy_spec(spec)
     command = _command(args.command)
     seed_everything(args.seed)
     # The env's per-step torch work is many small batched ops: intra-op threads only add hand-off cost
@@ -155,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     env = build_env(args)
     try:
-        policy = _policy(args.policy, env, args.gait)
+        policy = policy_for_env(spec, env, args.robot)
         summary = rollout(env, policy, args.seconds, command)
     finally:
         env.close()

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 
 import argparse
-import ast
-import dataclasses
 import importlib
-from typing import Any
-from quadforge.tools.overrides import parse_overrides  # noqa: F401  (re-exported for callers)
 
-IMITATION_MODELS = ("fcnet", "transformer", "convformer", "starformer", "mlp")
+from quadforge.training.models import MODELS
+
+IMITATION_MODELS = tuple(MODELS)   # the model zoo of training.models is the one list
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu | cuda (cuda:K under torchrun picks LOCAL_RANK)")
     parser.add_argument("--preset", default=None, help="hyperparameter preset (default: the model's paper preset)")
-    parser.add_argument("--layout", default=None, help="observation layout from envs.layout (default: proprio)")
+    parser.add_argument("--layout", default=None, help="observation layout from quadforge.layout (default: proprio)")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
     parser.add_argument("--success-only", action="store_true", help="train only on episodes labelled successful")
     parser.add_argument("--batch-size", type=int, default=None, help="windows per optimizer step (per rank)")
@@ -46,36 +44,3 @@ def run(args: argparse.Namespace) -> int:
     if model not in IMITATION_MODELS:
         raise ValueError(f"--model {model!r} unknown; allowed: {IMITATION_MODELS} or a name starting with 'germ'")
     return int(importlib.import_module("quadforge.training.imitation").run_from_args(args) or 0)
-
-
-# --- key=value overrides, shared by every trainer ------------------------------------------------------
-
-def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
-    """Set (dotted) fields of a dataclass config in place; a nested dict field takes any key.
-
-    Unknown fields raise ValueError naming the allowed ones, so a typo never silently does nothing.
-    """
-    for key, value in overrides.items():
-        target, parts = cfg, key.split(".")
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            if isinstance(target, dict):
-                if last:
-                    target[part] = value
-                else:
-                    target = target.setdefault(part, {})
-                continue
-            names = [f.name for f in dataclasses.fields(target)] if dataclasses.is_dataclass(target) else []
-            if part not in names:
-                where = ".".join(parts[:i]) or "config"
-                raise ValueError(f"override {key!r}: {where} has no field {part!r}; allowed: {sorted(names)}")
-            if last:
-                current = getattr(target, part)
-                if isinstance(current, tuple) and isinstance(value, list):
-                    value = tuple(value)
-                if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-                    value = float(value)
-                setattr(target, part, value)
-            else:
-                target = getattr(target, part)
-    return cfg

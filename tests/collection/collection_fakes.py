@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from quadforge.envs.layout import COMMAND_NAMES
+from quadforge.layout import COMMAND_NAMES
 
 
 class ScriptedEnv:

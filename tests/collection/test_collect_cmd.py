@@ -76,8 +76,8 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys, args, match):
 
 
 def test_collects_with_a_trained_checkpoint(tmp_path, capsys):
-    pytest.importorskip("quadforge.training.deploy")
-    from quadforge.envs.layout import PROPRIO
+    pytest.importorskip("quadforge.experts.learned")
+    from quadforge.layout import PROPRIO
     from quadforge.training.checkpoint import Checkpoint, save_checkpoint
     from quadforge.training.models import build_model
 

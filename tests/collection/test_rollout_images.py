@@ -4,8 +4,9 @@ import pytest
 
 from quadforge.collection.background_writer import BackgroundWriter
 from quadforge.collection.rollout import Rollout, RolloutConfig
-from quadforge.data.staging import StagingWriter
-from quadforge.data.store import TrajectoryStore, compact
+from quadforge.data.writer import StagingWriter
+from quadforge.data.compaction import compact
+from quadforge.data.store import TrajectoryStore
 from quadforge.data.validate import validate
 from collection_fakes import CameraScriptedEnv, EchoPolicy
 

@@ -5,7 +5,7 @@ import numpy as np
 
 from quadforge.data.compaction import compact
 from quadforge.data.export import export_hdf5, import_hdf5
-from quadforge.data.staging import StagingWriter
+from quadforge.data.writer import StagingWriter
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.synthetic import synthetic_episode, synthetic_info
 from quadforge.data.validate import validate

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from quadforge.data.image_sampler import ChunkCache, ImageWindowSampler, prefetch
-from quadforge.data.staging import StagingWriter
-from quadforge.data.store import TrajectoryStore, compact
+from quadforge.data.writer import StagingWriter
+from quadforge.data.compaction import compact
+from quadforge.data.store import TrajectoryStore
 from quadforge.data.synthetic import synthetic_episode, synthetic_image_episode, synthetic_info, synthetic_task_params
 
 STRIDE = 3

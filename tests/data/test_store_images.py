@@ -9,8 +9,10 @@ import quadforge.data.compaction as compaction
 from quadforge.data.cli import summary
 from quadforge.data.export import export_hdf5, import_hdf5
 from quadforge.data.images import frame_starts, frame_steps, num_frames
-from quadforge.data.staging import StagingWriter, list_staged
-from quadforge.data.store import TrajectoryStore, compact
+from quadforge.data.staging import list_staged
+from quadforge.data.writer import StagingWriter
+from quadforge.data.compaction import compact
+from quadforge.data.store import TrajectoryStore
 from quadforge.data.synthetic import synthetic_episode, synthetic_image_episode, synthetic_info, synthetic_task_params
 from quadforge.data.validate import validate
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quadforge.envs.config import EnvConfig, RandomizationConfig
-from quadforge.envs.layout import COMMAND_NAMES, TERM_DIMS, get_layout
+from quadforge.layout import COMMAND_NAMES, TERM_DIMS, get_layout
 from quadforge.envs.terminations import TERMINATION_REASONS
 from quadforge.envs.vec_env import EPISODE_KEYS, LeggedEnv
 
@@ -192,7 +192,7 @@ def test_same_seed_is_bit_identical_for_200_steps():
 
 
 def test_compiled_layouts_equal_layout_build():
-    from quadforge.envs.layout import LAYOUTS, TERM_DIMS
+    from quadforge.layout import LAYOUTS, TERM_DIMS
     from quadforge.envs.observations import CompiledLayout
     g = torch.Generator().manual_seed(0)
     terms = {k: 3 * torch.randn(5, d, generator=g) for k, d in TERM_DIMS.items()}

@@ -3,7 +3,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from quadforge.tools.cli import main
-from quadforge.training.cli import apply_overrides, parse_overrides
+from quadforge.overrides import apply_overrides, parse_overrides
 
 
 @dataclass
@@ -42,8 +42,8 @@ def test_unknown_model_is_a_clean_cli_error(capsys):
 def test_train_command_on_a_real_store(tmp_path, capsys):
     import numpy as np
 
-    from quadforge.data.staging import StagingWriter
-    from quadforge.data.store import compact
+    from quadforge.data.writer import StagingWriter
+    from quadforge.data.compaction import compact
     from quadforge.data.synthetic import synthetic_episode, synthetic_info
     from quadforge.training.checkpoint import load_checkpoint
 
@@ -79,15 +79,17 @@ def test_germ_models_are_dispatched_to_qlearning(monkeypatch, tmp_path):
     import torch
     from torch import nn
 
-    from quadforge.envs.layout import get_layout
+    from quadforge.layout import get_layout
     from quadforge.training.checkpoint import Checkpoint, save_checkpoint
-    from quadforge.training.deploy import load_policy
+    from quadforge.experts import registry
+    from quadforge.experts.registry import load_policy
 
     seen = {}
     fake = types.ModuleType("quadforge.training.qlearning")
     fake.run_from_args = lambda args: seen.setdefault("train", args.model) and 0
-    fake.load_policy = lambda path, num_envs, device: ("germ-policy", num_envs)
     monkeypatch.setitem(sys.modules, "quadforge.training.qlearning", fake)
+    # the one policy registry routes GeRM checkpoints to experts.germ_policy.load_germ
+    monkeypatch.setattr(registry, "load_germ", lambda path, num_envs, device: ("germ-policy", num_envs))
     assert main(["train", "--model", "germ_small", "--data", "x", "--out", str(tmp_path)]) == 0
     assert seen["train"] == "germ_small"
     ck = Checkpoint(model_name="germ", model_config={}, state_dict=nn.Linear(1, 1).state_dict(),

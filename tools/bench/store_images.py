@@ -27,11 +27,11 @@ import torch
 
 from quadforge.data.compaction import compact
 from quadforge.data.image_sampler import ImageWindowSampler, prefetch
-from quadforge.data.staging import StagingWriter
+from quadforge.data.writer import StagingWriter
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.synthetic import synthetic_image_episode, synthetic_info, synthetic_task_params
 from quadforge.tools.bench.common import Table, report
-from quadforge.tools.seeding import numpy_rng
+from quadforge.seeding import numpy_rng
 
 STRIDE, SIZE, HISTORY, BATCH = 10, 64, 6, 64
 

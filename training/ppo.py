@@ -21,19 +21,23 @@ from __future__ import annotations
 
 
 import argparse
-import dataclasses
-import glob
-import os
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from quadforge.tools.overrides import parse_overrides  # noqa: F401  (re-exported for callers)
+
+import torch
+
+from quadforge.envs.builder import make_env
+from quadforge.envs.vec_env import RslRlLogView
+from quadforge.experts.loaders import RSL_RL_PREFIX, latest_rsl_rl_checkpoint
+from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.seeding import seed_everything
 
 PRESETS_HELP = "legged_gym (the paper's PPO settings, 4096 envs) or cpu (scaled to a 2-core machine)"
-CHECKPOINT_PREFIX = "model_"
+CHECKPOINT_PREFIX = RSL_RL_PREFIX
 
 
 @dataclass(frozen=True)
@@ -118,49 +122,15 @@ def rsl_rl_train_cfg(p: PPOPreset) -> dict[str, Any]:
     }
 
 
-# --- key=value overrides ------------------------------------------------------------------------------
+# --- key=value overrides (the one typed setter of quadforge.overrides) ---------------------------------
 def apply_preset_overrides(preset: PPOPreset, overrides: dict[str, Any]) -> PPOPreset:
-    names = {f.name: f for f in fields(PPOPreset)}
-    changes: dict[str, Any] = {}
-    for key, value in overrides.items():
-        if key.startswith("env."):
-            continue
-        if key not in names:
-            raise ValueError(f"override {key!r} is unknown; allowed: {sorted(names)} or env.<EnvConfig path>")
-        default = getattr(preset, key)
-        if isinstance(default, tuple):
-            value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-        elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        changes[key] = value
-    return replace(preset, **changes).validate()
+    """The preset with every key that is not ``env.*`` set (typed), validated."""
+    return apply_overrides(preset, {k: v for k, v in overrides.items() if not k.startswith("env.")}).validate()
 
 
-def apply_env_overrides(env_cfg: Any, overrides: dict[str, Any]) -> None:
-    """Set ``env.a.b.c=value`` on the EnvConfig (dict entries by key); unknown paths are errors."""
-    for key, value in overrides.items():
-        if not key.startswith("env."):
-            continue
-        parts = key.split(".")[1:]
-        target = env_cfg
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            where = "env." + ".".join(parts[:i + 1])
-            if isinstance(target, dict):
-                if part not in target and not last:
-                    raise ValueError(f"override {key!r}: no entry {where}; allowed keys: {sorted(target)}")
-                if last:
-                    target[part] = tuple(value) if isinstance(value, list) else value
-                else:
-                    target = target[part]
-            else:
-                allowed = [f.name for f in fields(target)] if dataclasses.is_dataclass(target) else []
-                if part not in allowed:
-                    raise ValueError(f"override {key!r}: no field {where}; allowed: {allowed}")
-                if last:
-                    setattr(target, part, tuple(value) if isinstance(value, list) else value)
-                else:
-                    target = getattr(target, part)
+def apply_env_overrides(env_cfg: Any, overrides: dict[str, Any]) -> Any:
+    """Set the ``env.a.b.c=value`` keys on the EnvConfig (dict entries by key); unknown paths are errors."""
+    return apply_overrides(env_cfg, overrides, root="env")
 
 
 # --- training -----------------------------------------------------------------------------------------
@@ -194,24 +164,12 @@ def _runner_class():
 
 
 def build_env(cfg: TrainExpertConfig, preset: PPOPreset):
-    from quadforge.collection.collect import terrain_config  # the one parser of flat | mixed | <types>
-    from quadforge.envs.config import EnvConfig
-    from quadforge.envs.vec_env import LeggedEnv
-
-    env_cfg = EnvConfig.flat(robot=cfg.robot, num_envs=preset.num_envs, seed=cfg.seed)
-    env_cfg.terrain = terrain_config(cfg.terrain)
-    env_cfg.backend.num_threads = cfg.num_threads
-    apply_env_overrides(env_cfg, cfg.overrides)
-    return LeggedEnv(env_cfg)
+    return make_env(cfg.robot, cfg.terrain, num_envs=preset.num_envs, seed=cfg.seed, num_threads=cfg.num_threads,
+                    overrides={k[len("env."):]: v for k, v in cfg.overrides.items() if k.startswith("env.")})
 
 
 def train(cfg: TrainExpertConfig) -> Path:
     """Train; returns the path of the last checkpoint. TensorBoard logs and checkpoints go to ``cfg.out``."""
-    import torch
-
-    from quadforge.envs.vec_env import RslRlLogView
-    from quadforge.tools.seeding import seed_everything
-
     if cfg.iterations < 1:
         raise ValueError(f"--iterations={cfg.iterations} is invalid; allowed: an integer >= 1")
     if cfg.resume is not None and not Path(cfg.resume).is_file():
@@ -250,12 +208,7 @@ def train(cfg: TrainExpertConfig) -> Path:
     return last
 
 
-def latest_checkpoint(directory: str | os.PathLike) -> Path:
-    """The ``model_<it>.pt`` with the highest iteration in a run directory."""
-    paths = glob.glob(os.path.join(directory, f"{CHECKPOINT_PREFIX}*.pt"))
-    if not paths:
-        raise FileNotFoundError(f"no {CHECKPOINT_PREFIX}<iteration>.pt checkpoint in {directory}")
-    return Path(max(paths, key=lambda p: int(Path(p).stem[len(CHECKPOINT_PREFIX):])))
+latest_checkpoint = latest_rsl_rl_checkpoint   # the model_<it>.pt with the highest iteration
 
 
 # --- CLI ----------------------------------------------------------------------------------------------

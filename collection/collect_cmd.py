@@ -1,0 +1,62 @@
+"""`quadforge collect`: the command line of the collection job (``collection.collect``).
+
+``--workers K`` hands the job to K Ray actors (``collection.distributed``; Ray is imported only then).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from quadforge.collection.collect import TASKS, CollectConfig, run_local
+from quadforge.experts.registry import spec_help
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = CollectConfig(out="", episodes=0)
+    p.add_argument("--out", required=True, help="trajectory store path (created if missing)")
+    p.add_argument("--episodes", type=int, required=True, help="target number of episodes in the store")
+    p.add_argument("--policy", default=d.policy, help=spec_help())
+    p.add_argument("--robot", default=d.robot, help="go1 | aliengo")
+    p.add_argument("--terrain", default=d.terrain, help="flat | mixed | comma list of terrain types")
+    p.add_argument("--skills", default=d.skills,
+                   help="'all' or a weighted mix, e.g. walking=0.5,running=0.2,turning=0.3")
+    p.add_argument("--num-envs", type=int, default=d.num_envs, help="envs per collector")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--workers", type=int, default=d.workers, help="Ray actors (0: collect in this process)")
+    p.add_argument("--address", default=d.address, help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--action-noise", type=float, default=d.action_noise,
+                   help="std of Gaussian noise added to the normalised actions (sub-optimal data)")
+    p.add_argument("--push", type=float, default=d.push, help="max random push velocity, m/s (0: none)")
+    p.add_argument("--push-interval-s", type=float, default=d.push_interval_s)
+    p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
+    p.add_argument("--task", default=d.task, help=" | ".join(TASKS))
+    p.add_argument("--frame-stride", type=int, default=d.frame_stride,
+                   help="control steps per recorded camera frame (10: 5 Hz at 50 Hz control)")
+    p.add_argument("--collector-id", default=d.collector_id, help="prefix of episode ids written by this run")
+    p.add_argument("--compact-every", type=int, default=d.compact_every,
+                   help="compact the store every N episodes (0: only at the end)")
+    p.add_argument("--num-threads", type=int, default=d.num_threads, help="physics threads per collector")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> CollectConfig:
+    return CollectConfig(
+        out=args.out, episodes=args.episodes, policy=args.policy, robot=args.robot, terrain=args.terrain,
+        skills=args.skills, num_envs=args.num_envs, seed=args.seed, workers=args.workers,
+        address=args.address, action_noise=args.action_noise, push=args.push,
+        push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s, task=args.task,
+        frame_stride=args.frame_stride,
+        collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
+        progress=not args.no_progress,
+    ).validate()
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if cfg.workers:
+        from quadforge.collection.distributed import run_distributed
+        summary = run_distributed(cfg)
+    else:
+        summary = run_local(cfg)
+    print(json.dumps(summary, indent=None, default=float))
+    return 0
