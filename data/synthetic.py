@@ -63,32 +63,42 @@ FAMILIES = ("go_to", "go_avoid", "stop", "distinguish", "go_through")
 
 def synthetic_frames(rng: np.random.Generator, frames: int, size: int = 64, depth: bool = False
                      ) -> tuple[np.ndarray, np.ndarray | None]:
-    """``frames`` camera frames shaped like a rendered QUARD scene: sky and ground halves and two coloured
-    boxes that grow as the robot approaches (flat colours + a little sensor noise, so compression sees
-    rendered-looking pixels, not white noise). RGB (F, size, size, 3) uint8; depth (F, size, size) metres."""
+    """``frames`` camera frames shaped like a rendered QUARD scene (shadows and anti-aliasing off): a sky
+    shaded by rows, MuJoCo's checker ground in perspective that slides as the robot walks toward two
+    coloured boxes (which grow), and the horizon bobbing a pixel or two with the gait. Smooth
+    rendered-looking pixels with edges, neither white noise nor a still image; a real render has more
+    texture, so bytes per frame measured on these are indicative, not the QUARD figure.
+    RGB (F, size, size, 3) uint8; depth (F, size, size) metres."""
     rows = np.arange(size)[:, None]
-    sky = np.broadcast_to(np.array([150, 190, 230], np.float32), (size, size, 3))
-    ground = np.broadcast_to(np.array([110, 100, 90], np.float32), (size, size, 3))
-    base = np.where((rows >= size // 2)[..., None], ground, sky)
-    cols = list(COLOURS.values())
-    c1, c2 = (cols[i] for i in rng.choice(len(cols), 2, replace=False))
+    cols = np.arange(size)[None, :]
+    light = rng.uniform(0.9, 1.1)
+    palette = list(COLOURS.values())
+    c1, c2 = (np.asarray(palette[i], np.float32) for i in rng.choice(len(palette), 2, replace=False))
     x1, x2 = rng.uniform(0.15, 0.35), rng.uniform(0.65, 0.85)
+    bob_phase = rng.uniform(0, 2 * np.pi)
     rgb = np.empty((frames, size, size, 3), np.uint8)
     dep = np.empty((frames, size, size), np.float32) if depth else None
-    horizon = np.maximum(rows - size // 2 + 1, 1).astype(np.float32)
     for f in range(frames):
-        dist = 3.0 * (1 - f / max(frames, 1)) + 0.5                    # metres to the boxes
+        dist = 3.0 * (1 - f / max(frames, 1)) + 0.5                      # metres to the boxes
+        travel = 3.0 * f / max(frames, 1)                                # metres walked
+        horizon = size // 2 + int(round(1.5 * np.sin(bob_phase + 2.1 * f)))
+        below = rows >= horizon
+        shade = (0.75 + 0.5 * rows / size).astype(np.float32)           # (size, 1)
+        ground_m = 0.3 * size / np.maximum(rows - horizon + 1, 1)        # metres to the ground at each row
+        checker = (np.floor(2 * (ground_m + travel)) + np.floor((cols - size / 2) / size * ground_m * 4)) % 2
+        img = np.where(below[..., None],
+                       np.array([110, 100, 90], np.float32) * (shade * (0.85 + 0.3 * checker))[..., None],
+                       np.array([150, 190, 230], np.float32) * (1.6 - shade)[..., None]) * light
+        d = np.where(below, ground_m, 20.0).astype(np.float32) * np.ones((1, size), np.float32)
         half = max(1, int(size * 0.08 / dist * 3))
-        img = base.copy()
-        d = np.broadcast_to(np.where(rows >= size // 2, 0.3 * size / horizon, 20.0), (size, size)).copy()
         for x, c in ((x1, c1), (x2, c2)):
-            cx, cy = int(x * size), size // 2
-            img[max(cy - half, 0):cy + half, max(cx - half, 0):cx + half] = c
-            d[max(cy - half, 0):cy + half, max(cx - half, 0):cx + half] = dist
-        img += rng.normal(0, 2.0, img.shape)
+            ys = slice(max(horizon - half, 0), horizon + half)
+            xs = slice(max(int(x * size) - half, 0), int(x * size) + half)
+            img[ys, xs] = c * shade[ys][..., None] * light
+            d[ys, xs] = dist
         rgb[f] = np.clip(img, 0, 255).astype(np.uint8)
         if dep is not None:
-            dep[f] = d.astype(np.float32)
+            dep[f] = d
     return rgb, dep
 
 
