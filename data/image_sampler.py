@@ -237,12 +237,11 @@ class ImageWindowSampler:
         (default half the cache) at a time, windows shuffled within each group."""
         k = int(chunks_per_group or max(1, self.caches[self.cameras[0]].capacity // 2))
         rng = numpy_rng(self.seed, f"image_window_epoch/{epoch}/rank{self.rank}")
-        chunks = rng.permutation(np.unique(self._home))
-        order = []
-        for g in range(0, len(chunks), k):
-            members = np.flatnonzero(np.isin(self._home, chunks[g:g + k]))
-            order.append(rng.permutation(members))
-        order = np.concatenate(order)
+        chunks, home = np.unique(self._home, return_inverse=True)
+        position = np.empty(len(chunks), np.int64)
+        position[rng.permutation(len(chunks))] = np.arange(len(chunks))
+        group = position[home] // k                                          # (W,) the window's group
+        order = np.lexsort((rng.random(self.num_windows), group))            # by group, shuffled within
         for i in range(0, len(order), int(batch_size)):
             yield self.batch_at(order[i:i + batch_size])
 

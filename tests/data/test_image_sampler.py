@@ -133,9 +133,14 @@ def test_filters_by_family_and_split(store):
 def test_epoch_covers_every_window_once_touching_few_chunks_per_batch(store):
     s = ImageWindowSampler(store, split="all", history=2, cache_chunks=4)
     seen = []
+    starts, chunk = store.frame_starts("images/front_rgb"), s.caches["images/front_rgb"].chunk
     for b in s.epoch(8):
         seen += list(zip(b["episode_index"].tolist(), b["frame"].tolist()))
+        homes = (starts[b["episode_index"].numpy()] + b["frame"].numpy()) // chunk
+        assert len(np.unique(homes)) <= 4      # groups of 2 chunks; a batch spans at most two groups
     assert len(seen) == s.num_windows == len(set(seen))
+    again = [(int(e), int(f)) for b in s.epoch(8) for e, f in zip(b["episode_index"], b["frame"])]
+    assert again == seen and [x for b in s.epoch(8, epoch=1) for x in b["frame"].tolist()] != [f for _, f in seen]
 
 
 def test_stream_decodes_fewer_chunks_than_uniform_draws(store):
