@@ -64,3 +64,28 @@ def test_rollout_episodes_land_in_the_store(tmp_path):
         assert s.task_params(i) == ep.info["task_params"]
     np.testing.assert_array_equal(s.load(["images/front_rgb"])["images/front_rgb"],
                                   np.concatenate([ep.features["images/front_rgb"] for ep in episodes]))
+
+
+def test_collect_job_with_a_camera_env_resumes_to_the_target(tmp_path, monkeypatch):
+    """The collection job over a camera env (the hook a QUARD env fills): a target count, then a top-up
+    that resumes after the stored ids; frames, instructions and task parameters stay consistent."""
+    import quadforge.collection.collect as collect
+    monkeypatch.setattr(collect, "build_task_env",
+                        lambda cfg, seed: CameraScriptedEnv(num_envs=cfg.num_envs, max_episode_length=9))
+    monkeypatch.setattr(collect, "build_policy", lambda cfg, env: EchoPolicy())
+    out = tmp_path / "s"
+    cfg = collect.CollectConfig(out=str(out), episodes=5, task="quard:all", num_envs=3, frame_stride=4,
+                                progress=False, compact_every=2).validate()
+    first = collect.run_local(cfg)
+    assert first["in_store"] == 5
+    again = collect.run_local(collect.CollectConfig(**{**cfg.__dict__, "episodes": 8}).validate())
+    assert again["already"] == 5 and again["in_store"] == 8
+    s = TrajectoryStore.open(out)
+    assert validate(out).ok and s.num_episodes == 8 and len(set(s.episode_ids)) == 8
+    assert s.schema.frame_stride == 4 and set(s.episodes["task"]) <= {"quard:go_to", "quard:stop", "quard:distinguish"}
+    rgb = s.load(["images/front_rgb"])["images/front_rgb"]
+    starts, counts = s.frame_starts("images/front_rgb"), s.frame_counts("images/front_rgb")
+    for e in range(8):
+        steps = rgb[starts[e]:starts[e] + counts[e], 0, 0, 2]
+        assert steps.tolist() == list(range(0, int(s.episodes["length"][e]), 4))
+        assert s.instruction_text(e) == s.task_params(e)["instruction"]
