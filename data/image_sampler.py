@@ -30,7 +30,10 @@ larger than the cache: it keeps a resident set of chunks per pool, draws each ba
 windows whose frames lie in those chunks, and swaps ``refresh`` chunks after every batch, so a batch
 decodes a few chunks instead of up to B·(H+1) (a shuffle buffer over chunks; every window keeps the same
 chance over time). ``prefetch(iterator)`` builds batches on a thread (zarr/blosc decoding runs without the
-GIL for the most part) while the trainer works. Everything is deterministic per (seed, rank).
+GIL for the most part) while the trainer works; ``ImageWindowDataset`` runs the stream in
+``torch.utils.data.DataLoader`` worker processes instead (each worker its own sampler and seed).
+Everything is deterministic per (seed, rank[, worker]). One consumer per sampler: its random stream
+and cache are not shared between threads other than the one ``prefetch`` runs.
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ import torch
 
 from quadforge.data.episodes import EpisodeArrays, select_episodes
 from quadforge.data.images import num_frames
-from quadforge.seeding import numpy_rng
+from quadforge.data.store import TrajectoryStore
+from quadforge.seeding import derive_seed, numpy_rng
 
 NEXT_PREFIX = "next_"
 
@@ -332,3 +336,24 @@ def prefetch(batches: Iterator[dict[str, torch.Tensor]], depth: int = 2) -> Iter
     finally:
         stop.set()
         thread.join(timeout=5)
+
+
+class ImageWindowDataset(torch.utils.data.IterableDataset):
+    """Endless batches of ``ImageWindowSampler.stream`` for a ``DataLoader(dataset, batch_size=None,
+    num_workers=K)``: each worker opens the store itself and samples with the seed
+    ``derive_seed(seed, "image_worker<k>")`` (the main process, with no workers, uses ``seed``), so
+    workers draw different, reproducible batches. ``sampler_kwargs`` are ``ImageWindowSampler``'s."""
+
+    def __init__(self, store_path: str, batch_size: int, seed: int = 0, **sampler_kwargs: Any) -> None:
+        super().__init__()
+        self.store_path, self.batch_size, self.seed = str(store_path), int(batch_size), int(seed)
+        self.sampler_kwargs = sampler_kwargs
+
+    def sampler(self) -> ImageWindowSampler:
+        info = torch.utils.data.get_worker_info()
+        seed = self.seed if info is None else derive_seed(self.seed, f"image_worker{info.id}") % (2 ** 31)
+        # the store is opened in the worker (a path pickles; an open zarr group need not)
+        return ImageWindowSampler(TrajectoryStore.open(self.store_path), seed=seed, **self.sampler_kwargs)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return self.sampler().stream(self.batch_size)

@@ -184,3 +184,28 @@ def test_clear_errors(tmp_path, store):
     compact(plain)
     with pytest.raises(ValueError, match="not in the store's image features"):
         ImageWindowSampler(TrajectoryStore.open(plain))
+
+
+def test_dataloader_workers_draw_different_reproducible_batches(store):
+    from torch.utils.data import DataLoader
+    from quadforge.data.image_sampler import ImageWindowDataset
+    ds = ImageWindowDataset(store.root, batch_size=8, seed=2, split="all", history=2)
+    inline = next(iter(DataLoader(ds, batch_size=None, num_workers=0)))
+    direct = next(ImageWindowSampler(store, split="all", history=2, seed=2).stream(8))
+    assert torch.equal(inline["frame"], direct["frame"]) and torch.equal(inline["images/front_rgb"],
+                                                                          direct["images/front_rgb"])
+
+
+@pytest.mark.slow
+def test_dataloader_with_two_worker_processes(store):
+    from torch.utils.data import DataLoader
+    from quadforge.data.image_sampler import ImageWindowDataset
+    ds = ImageWindowDataset(store.root, batch_size=8, seed=2, split="all", history=2)
+
+    def first_four():
+        it = iter(DataLoader(ds, batch_size=None, num_workers=2))
+        return [next(it) for _ in range(4)]
+    a, b = first_four(), first_four()
+    for x, y in zip(a, b):                                   # reproducible
+        assert torch.equal(x["frame"], y["frame"]) and torch.equal(x["episode_index"], y["episode_index"])
+    assert not (torch.equal(a[0]["frame"], a[1]["frame"]) and torch.equal(a[0]["episode_index"], a[1]["episode_index"]))
