@@ -96,7 +96,7 @@ class CollectConfig:
             raise bad("frame_stride", "an integer >= 1 (control steps per camera frame; 10 = 5 Hz at 50 Hz)")
         parse_skills(self.skills)
         if Path(self.out).exists() and not Path(self.out).is_dir():
-            raise ValueError(f"--out {self.out!r} is a file; give a trajectory store directory (created if missing)")
+            raise ValueError(f"--store {self.out!r} is a file; give a trajectory store directory (created if missing)")
         check_policy_spec(self.policy)
         return self
 

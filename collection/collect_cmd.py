@@ -8,26 +8,28 @@ import argparse
 import json
 
 from quadforge.collection.collect import TASKS, CollectConfig, run_local
+from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, add_store, require
+from quadforge.envs.terrain import TERRAIN_SPEC_HELP
 from quadforge.experts.registry import spec_help
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = CollectConfig(out="", episodes=0)
-    p.add_argument("--out", required=True, help="trajectory store path (created if missing)")
-    p.add_argument("--episodes", type=int, required=True, help="target number of episodes in the store")
+    add_store(p, "written to (created if missing)", old="--out")
+    p.add_argument("--episodes", type=int, required=True, help="target number of episodes in the store (a total)")
     p.add_argument("--policy", default=d.policy, help=spec_help())
-    p.add_argument("--robot", default=d.robot, help="go1 | aliengo")
-    p.add_argument("--terrain", default=d.terrain, help="flat | mixed | comma list of terrain types")
+    add_robot(p, d.robot)
+    p.add_argument("--terrain", default=d.terrain, help=TERRAIN_SPEC_HELP)
     p.add_argument("--skills", default=d.skills,
                    help="'all' or a weighted mix, e.g. walking=0.5,running=0.2,turning=0.3")
-    p.add_argument("--num-envs", type=int, default=d.num_envs, help="envs per collector")
-    p.add_argument("--seed", type=int, default=d.seed)
+    add_num_envs(p, d.num_envs, "envs per collector")
+    add_seed(p, d.seed)
     p.add_argument("--workers", type=int, default=d.workers, help="Ray actors (0: collect in this process)")
     p.add_argument("--address", default=d.address, help="Ray cluster address (default: start a local Ray)")
     p.add_argument("--action-noise", type=float, default=d.action_noise,
                    help="std of Gaussian noise added to the normalised actions (sub-optimal data)")
     p.add_argument("--push", type=float, default=d.push, help="max random push velocity, m/s (0: none)")
-    p.add_argument("--push-interval-s", type=float, default=d.push_interval_s)
+    p.add_argument("--push-interval-s", type=float, default=d.push_interval_s, help="seconds between pushes")
     p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
     p.add_argument("--task", default=d.task, help=" | ".join(TASKS))
     p.add_argument("--frame-stride", type=int, default=d.frame_stride,
@@ -35,13 +37,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--collector-id", default=d.collector_id, help="prefix of episode ids written by this run")
     p.add_argument("--compact-every", type=int, default=d.compact_every,
                    help="compact the store every N episodes (0: only at the end)")
-    p.add_argument("--num-threads", type=int, default=d.num_threads, help="physics threads per collector")
+    add_num_threads(p, d.num_threads, "physics threads per collector")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def config_from_args(args: argparse.Namespace) -> CollectConfig:
     return CollectConfig(
-        out=args.out, episodes=args.episodes, policy=args.policy, robot=args.robot, terrain=args.terrain,
+        out=require(args, "store", "--store"), episodes=args.episodes, policy=args.policy, robot=args.robot, terrain=args.terrain,
         skills=args.skills, num_envs=args.num_envs, seed=args.seed, workers=args.workers,
         address=args.address, action_noise=args.action_noise, push=args.push,
         push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s, task=args.task,

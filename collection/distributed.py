@@ -9,7 +9,6 @@ cluster; an actor asks for ``num_threads`` CPUs.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import replace
 from typing import Any
 

@@ -1,6 +1,6 @@
 """`quadforge eval`: closed-loop evaluation of any policy over terrain types x levels x command sets.
 
-    quadforge eval --policy gait|CHECKPOINT --terrain stairs_up,slope_up --levels 0-3 --episodes 8
+    quadforge eval --policy gait|CHECKPOINT --terrain stairs_up,slope_up --levels 0-3 --episodes-per-cell 8
                    [--commands walking] [--commands turning] [--num-envs 16] [--seed 0] --out DIR [--video]
 
 The policy comes from the one registry (``experts.registry.load_policy``: the gait expert, outside/PPO
@@ -39,6 +39,7 @@ from quadforge.collection.labels import LabelRule
 from quadforge.collection.metrics import episode_metrics, summarize
 from quadforge.collection.reports import cells_table, eval_report_markdown, plot_vs_level
 from quadforge.collection.rollout import Rollout, RolloutConfig
+from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, deprecated
 from quadforge.collection.skills import SkillCommandSampler, parse_skills
 from quadforge.envs.builder import make_env
 from quadforge.envs.robots import ROBOTS
@@ -272,19 +273,22 @@ def write_outputs(result: dict[str, Any], out: str | Path, title: str | None = N
 # --- the CLI -----------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = EvalConfig()
-    p.add_argument("--policy", default=d.policy, help="'gait' (the gait expert) or a checkpoint path")
-    p.add_argument("--out", required=True, help="report directory (eval.json, report.md, PNG plots)")
-    p.add_argument("--robot", default=d.robot, help="go1 | aliengo")
-    p.add_argument("--terrain", default=d.terrain, help="'mixed' (every type) or a comma list of terrain types")
+    p.add_argument("--policy", default=d.policy, help=spec_help())
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory: eval.json, report.md, PNG plots")
+    add_robot(p, d.robot)
+    p.add_argument("--terrain", default=d.terrain, help="'mixed' (every type) or a comma list of terrain types, "
+                   "one grid column each")
     p.add_argument("--levels", default=d.levels, help="levels to evaluate: '0-3', '0,2,5' or '4'")
     p.add_argument("--num-levels", type=int, default=d.num_levels, help="rows of the terrain grid (difficulty scale)")
-    p.add_argument("--episodes", type=int, default=d.episodes, help="episodes per type x level x command set")
+    p.add_argument("--episodes-per-cell", type=int, default=d.episodes, dest="episodes",
+                   help="episodes per terrain type x level x command set")
+    deprecated(p, "--episodes", "--episodes-per-cell", "episodes", type=int)
     p.add_argument("--commands", action="append", default=None,
                    help="command set: a skill or a skill mix (repeatable; default: walking)")
-    p.add_argument("--num-envs", type=int, default=d.num_envs)
-    p.add_argument("--seed", type=int, default=d.seed)
+    add_num_envs(p, d.num_envs)
+    add_seed(p, d.seed)
     p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
-    p.add_argument("--num-threads", type=int, default=d.num_threads, help="physics threads")
+    add_num_threads(p, d.num_threads)
     p.add_argument("--video", action="store_true", help="also render a short GIF of env 0 (MUJOCO_GL=egl)")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from quadforge.collection import evaluate as ev
+from quadforge.experts.registry import check_policy_spec
 from quadforge.collection.reports import cells_table, fmt, overall_table, plot_vs_level
 
 
@@ -64,15 +65,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for action in p._actions:  # --policy is replaced by --experts here
         if action.dest == "policy":
             action.help = argparse.SUPPRESS
-    p.add_argument("--experts", default="gait", help="comma-separated experts: 'gait' and/or checkpoint paths")
+    p.add_argument("--experts", default="gait", help="comma-separated policy specs: 'gait' and/or checkpoint paths")
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = ev.config_from_args(args)
     experts = [e.strip() for e in str(args.experts).split(",") if e.strip()]
     for e in experts:  # every bad expert path fails before any evaluation runs
-        if e != "gait" and not Path(e).exists():
-            raise FileNotFoundError(f"--experts: {e!r} is no checkpoint file; give 'gait' and/or checkpoint paths")
+        check_policy_spec(e)
         replace(cfg, policy=e).validate()
     report = expert_report(cfg, experts)
     print(cells_table(report["results"], report["labels"]))

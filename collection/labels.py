@@ -40,7 +40,6 @@ from quadforge.envs.terminations import TERMINATION_REASONS  # the env's code ta
 
 # Failure reasons in priority order; "success" is the label when none applies.
 FAILURE_REASONS = ("non_finite", "fall", "base_collision", "tracking_error", "no_progress")
-LABELS = ("success",) + FAILURE_REASONS
 # Env termination reasons that are failures in themselves (``envs.terminations.TERMINATION_REASONS``).
 _TERMINAL_FAILURES = ("non_finite", "fall", "base_collision")
 _NON_FAILING_TERMINATIONS = ("none", "time_out")
@@ -96,7 +95,7 @@ def _number(info: Mapping[str, Any], key: str) -> float:
 def label(info: Mapping[str, Any], rule: LabelRule = LabelRule()) -> tuple[bool, str, dict[str, float]]:
     """(success, reason, numbers) for one finished episode's info.
 
-    ``info`` carries the env's ``extras["episode"]`` entries for the episode (``termination_reason``
+    ``info`` carries the env's ``extras["episode_end"]`` entries for the episode (``termination_reason``
     as a name or code, ``lin_vel_error``, ``ang_vel_error``, ``distance``) and
     ``commanded_displacement`` (m) - or, if absent, ``commanded_distance``, the path length.
     ``reason`` is "success" or one of ``FAILURE_REASONS``.

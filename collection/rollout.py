@@ -9,7 +9,7 @@ high-level command it acted with (a ``hl_commands`` attribute, (N, 12), as hiera
 Buffers are preallocated numpy arrays (num_envs, max_episode_length, width) written in place each
 step (``PackedSteps``: a step's features side by side, so a step costs one concatenation and one
 copy). When env i is done, its episode - arrays sliced to its length - is yielded with the env's
-``extras["episode"]`` numbers, the skill it ran, its label (``collection.labels``) and what perturbed
+``extras["episode_end"]`` numbers, the skill it ran, its label (``collection.labels``) and what perturbed
 it; the policy is reset for the done envs and the loop carries on (the env has already auto-reset
 them). An episode that hits the time limit ends with ``time_outs`` True and ``terminated`` False
 (truncated, not terminal).
@@ -302,7 +302,7 @@ class Rollout:
         if self.cfg.record and self._image_names:
             features.update(self._frames.episode(i, length))
         info: dict[str, Any] = dict(self.info_extra)
-        for key, value in extras.get("episode", {}).items():
+        for key, value in extras.get("episode_end", {}).items():
             info[key] = value[i].item() if isinstance(value, torch.Tensor) else value[i]
         if "length" in info and int(info["length"]) != length:
             raise RuntimeError(f"env {i}: the env counts {int(info['length'])} steps in the episode, the rollout "

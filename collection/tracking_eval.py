@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -26,11 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from quadforge.cli_flags import add_json, add_num_threads, add_robot, add_seed, write_json
 from quadforge.collection.reports import markdown_table
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.envs.builder import make_env
 from quadforge.envs.terrain import TERRAIN_TYPES
-from quadforge.experts.registry import policy_for_env, spec_help
+from quadforge.experts.registry import check_policy_spec, policy_for_env, spec_help
 from quadforge.overrides import parse_overrides
 
 FAILURES = ("fall", "base_collision", "non_finite")
@@ -113,18 +113,19 @@ def evaluate(policy_spec: str, robot: str = "go1", level: int = 0, envs_per_type
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", required=True, help=spec_help())
-    p.add_argument("--robot", default="go1", help="go1 | aliengo")
+    add_robot(p)
     p.add_argument("--level", type=int, default=0, help="terrain difficulty level (0 easiest)")
     p.add_argument("--envs-per-type", type=int, default=16, help="envs (= scored episodes) per terrain type")
     p.add_argument("--episode-s", type=float, default=10.0, help="episode length, s")
-    p.add_argument("--seed", type=int, default=0, help="seed of the env (terrain, commands, randomization)")
-    p.add_argument("--num-threads", type=int, default=1, help="physics threads")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON here")
+    add_seed(p)
+    add_num_threads(p)
+    add_json(p, "the results")
     p.add_argument("overrides", nargs="*", metavar="env.KEY=VALUE",
                    help="env settings (default: those the checkpoint was trained with)")
 
 
 def run(args: argparse.Namespace) -> int:
+    check_policy_spec(args.policy)   # a bad spec fails before any env is built
     torch.set_num_threads(1)
     t0 = time.time()
     overrides = parse_overrides(args.overrides) if args.overrides else training_overrides(args.policy)
@@ -135,9 +136,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"### {args.policy} on {args.robot}, level {args.level}\n")
     print(markdown_table(["terrain"] + columns, [[name, *row.values()] for name, row in res.items()]))
     print(f"\n({time.time() - t0:.0f} s wall)")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"policy": args.policy, "args": vars(args),
-                                                  "env_overrides": {k: repr(v) for k, v in overrides.items()},
-                                                  "results": res}, indent=2))
+    write_json(args.json, {"policy": args.policy, "args": vars(args),
+                           "env_overrides": {k: repr(v) for k, v in overrides.items()}, "results": res})
     return 0

@@ -33,7 +33,6 @@ from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore
 from quadforge.layout import TERM_DIMS
 
 FORMAT = "quadforge-robomimic-1"
-TOP_LEVEL = ("actions", "rewards")
 DERIVED_COLUMNS = ("start", "end", "length", "instruction_id")
 
 

@@ -16,7 +16,6 @@ from quadforge.envs.cpu_arrays import cpu_arrays
 from quadforge.envs.view_cache import ViewCache
 
 TERMINATION_REASONS = ("none", "time_out", "fall", "base_collision", "non_finite")
-REASON_CODE = {name: i for i, name in enumerate(TERMINATION_REASONS)}
 NONE, TIME_OUT, FALL, BASE_COLLISION, NON_FINITE = range(len(TERMINATION_REASONS))
 
 

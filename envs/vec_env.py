@@ -178,7 +178,7 @@ class LeggedEnv(VecEnv):
             self._obs = self._compute_obs(yaw=self.task.yaw, known=None if pushed else ground, noise=self._noise)
         else:
             self._obs = self._compute_obs(noise=self._noise)
-        self.extras = {"time_outs": res.time_outs, "log": log, "episode": episode}
+        self.extras = {"time_outs": res.time_outs, "log": log, "episode_end": episode}
         return self._obs, res.rewards, res.dones, self.extras
 
     # --- contract extras -------------------------------------------------------------------------------
@@ -297,27 +297,3 @@ class LeggedEnv(VecEnv):
             log[f"Episode_Termination/{name}"] = reasons[i].item() / done_ids.numel()
         return log
 
-
-class RslRlLogView(VecEnv):
-    """``LeggedEnv`` for ``OnPolicyRunner``: rsl_rl's logger averages ``extras["episode"]`` over *all*
-    envs when present (our entries are only valid where done), so this view hides it and the runner
-    logs ``extras["log"]`` (done-env means) instead. Everything else is the wrapped env."""
-
-    def __init__(self, env: LeggedEnv):
-        self.env = env
-
-    def __getattr__(self, name: str):
-        return getattr(self.env, name)
-
-    def __setattr__(self, name: str, value) -> None:
-        if name == "env":
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.env, name, value)
-
-    def get_observations(self) -> TensorDict:
-        return self.env.get_observations()
-
-    def step(self, actions: torch.Tensor):
-        obs, rew, dones, extras = self.env.step(actions)
-        return obs, rew, dones, {k: v for k, v in extras.items() if k != "episode"}

@@ -22,7 +22,8 @@ FOLDERS = {"quadforge": "quadforge", "envs": "quadforge.envs", "experts": "quadf
 
 # Lowest first. A module belongs to the layer of its longest matching prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundations", ("quadforge", "quadforge.seeding", "quadforge.overrides", "quadforge.layout")),
+    ("foundations", ("quadforge", "quadforge.seeding", "quadforge.overrides", "quadforge.layout",
+                     "quadforge.cli_flags")),
     ("envs", ("quadforge.envs",)),
     ("data", ("quadforge.data",)),
     ("models", ("quadforge.training.models", "quadforge.training.checkpoint", "quadforge.training.binning")),

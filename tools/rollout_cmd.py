@@ -4,11 +4,11 @@ print a summary: env steps/s, episodes and how they ended, mean base velocity vs
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 
+from quadforge.cli_flags import add_json, add_num_envs, add_num_threads, add_robot, add_seed, write_json
 from quadforge.envs.builder import make_env
 from quadforge.envs.config import RandomizationConfig
 from quadforge.envs.terminations import TERMINATION_REASONS
@@ -20,8 +20,8 @@ from quadforge.seeding import seed_everything
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--robot", default="go1", help="go1 | aliengo")
-    parser.add_argument("--num-envs", type=int, default=16)
+    add_robot(parser)
+    add_num_envs(parser, 16)
     parser.add_argument("--seconds", type=float, default=5.0, help="simulated seconds per env")
     parser.add_argument("--policy", default="zero", help=spec_help())
     parser.add_argument("--gait", default=None, help="gait of the gait expert (same as --policy gait:<gait>)")
@@ -29,10 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--command", default=None, metavar="VX,VY,WZ",
                         help="pin this joystick command in every env (default: drawn per episode)")
     parser.add_argument("--no-randomization", action="store_true", help="nominal physics, no pushes, no latency")
-    parser.add_argument("--num-threads", "--threads", dest="num_threads", type=int, default=None,
-                        help="physics threads (default: all cores); --threads is a deprecated alias")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON here")
+    add_num_threads(parser, None)
+    add_seed(parser)
+    add_json(parser, "the summary")
 
 
 def _command(text: str | None):
@@ -81,7 +80,7 @@ def rollout(env, policy, seconds: float, command=None) -> dict:
         vel_sum += torch.cat([st.root_lin_vel_b[:, :2], st.root_ang_vel_b[:, 2:3]], 1).sum(0).cpu()
         done_ids = dones.nonzero(as_tuple=False).flatten()
         if done_ids.numel():
-            reasons += torch.bincount(extras["episode"]["termination_reason"][done_ids].cpu(),
+            reasons += torch.bincount(extras["episode_end"]["termination_reason"][done_ids].cpu(),
                                       minlength=len(TERMINATION_REASONS))
             policy.reset(done_ids)
             if pinned is not None:
@@ -134,8 +133,7 @@ def run(args: argparse.Namespace) -> int:
         env.close()
     print(format_summary(summary, args.policy, args.terrain))
     if args.json:
-        from pathlib import Path
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(summary, indent=2))
-        print(f"wrote {args.json}")
+        write_json(args.json, summary)
+        if args.json != "-":
+            print(f"wrote {args.json}")
     return 0

@@ -1,7 +1,7 @@
 """`quadforge train`: imitation models here, GeRM (any model name starting with "germ") in
 ``training.qlearning``.
 
-    quadforge train --model fcnet --data STORE --out DIR [--max-steps N] [--seed S] [--device cpu|cuda]
+    quadforge train --model fcnet --store STORE --out DIR [--max-steps N] [--seed S] [--device cpu|cuda]
                     [--preset NAME] [--layout NAME] [--resume] [key=value ...]
 
 ``key=value`` overrides address the trainer config by (dotted) field name, e.g. ``batch_size=256``,
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from quadforge.cli_flags import add_out, add_resume, add_seed, add_store
 from quadforge.training.models import MODELS
 
 IMITATION_MODELS = tuple(MODELS)   # the model zoo of training.models is the one list
@@ -22,14 +23,14 @@ IMITATION_MODELS = tuple(MODELS)   # the model zoo of training.models is the one
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
                         help=f"one of {', '.join(IMITATION_MODELS)}, or a GeRM model (name starting with 'germ')")
-    parser.add_argument("--data", help="trajectory store (zarr) to train on")
-    parser.add_argument("--out", help="output directory: checkpoints, TensorBoard logs, config")
+    add_store(parser, "trained on", old="--data")
+    add_out(parser, "checkpoints, TensorBoard logs, config")
     parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps (default: the preset's)")
-    parser.add_argument("--seed", type=int, default=0)
+    add_seed(parser)
     parser.add_argument("--device", default="cpu", help="cpu | cuda (cuda:K under torchrun picks LOCAL_RANK)")
     parser.add_argument("--preset", default=None, help="hyperparameter preset (default: the model's paper preset)")
     parser.add_argument("--layout", default=None, help="observation layout from quadforge.layout (default: proprio)")
-    parser.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
+    add_resume(parser, "its last checkpoint (OUT/last.pt)")
     parser.add_argument("--success-only", action="store_true", help="train only on episodes labelled successful")
     parser.add_argument("--batch-size", type=int, default=None, help="windows per optimizer step (per rank)")
     parser.add_argument("--log-every", type=int, default=None, help="print/log every N steps")

@@ -30,6 +30,7 @@ from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
 from quadforge.training.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
+from quadforge.training.loop import RunLog, save_run_checkpoint
 from quadforge.training.models import SequenceModel, build_model
 from quadforge.training.optim import build_optimizer, build_scheduler, clip_gradients
 from quadforge.training.presets import TrainConfig, preset
@@ -43,10 +44,10 @@ def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
         return data, {"store": None, "source": "in-memory EpisodeArrays", "episodes": data.num_episodes,
                       "steps": data.num_steps}
     if data is None:
-        raise ValueError("--data is required: the trajectory store to train on")
+        raise ValueError("--store is required: the trajectory store to train on")
     path = Path(data)
     if not path.exists():
-        raise FileNotFoundError(f"--data {path}: no trajectory store there")
+        raise FileNotFoundError(f"--store {path}: no trajectory store there")
     store = TrajectoryStore.open(path)
     return store, {"store": str(path.resolve()), "generation": store.generation,
                    "episodes": store.num_episodes, "steps": store.num_steps}
@@ -164,11 +165,11 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     ddp = dist.wrap_model(objective, info)
     to_inputs = Batches(obs_mean.to(info.device), obs_std.to(info.device), cfg.rtg_scale, info.device)
     val_batches = _fixed_val_batches(cfg, val_s)
-    writer = _writer(out, info) if info.is_main and cfg.tensorboard else None
+    log = RunLog(out, info.is_main, cfg.tensorboard, who="imitation")
     history: list[dict[str, float]] = []
     best_val = math.inf
 
-    def checkpoint(step: int, name: str) -> Path | None:
+    def checkpoint(step: int, name: str, keep: bool = False) -> Path | None:
         if out is None or not info.is_main:
             return None
         extra = {"rtg_scale": cfg.rtg_scale, "target_return": target_return, "loss": cfg.loss,
@@ -181,6 +182,8 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
                         action_stats={"mean": act_mean, "std": act_std}, provenance=provenance,
                         optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=step,
                         seed=cfg.seed, train_config=cfg.to_dict(), extra=extra)
+        if name == "last.pt":
+            return save_run_checkpoint(out, ck, step, keep)
         return save_checkpoint(out / name, ck)
 
     if info.is_main:
@@ -217,17 +220,11 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
             if info.is_main:
                 print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items()),
                       flush=True)
-                if writer is not None:
-                    for k, v in rec.items():
-                        if k != "step":
-                            writer.add_scalar(f"train/{k}", v, done)
+                log.scalars("train", rec, done)
             t0, windows = time.perf_counter(), 0
         if validate:
-            last_path = checkpoint(done, "last.pt") or last_path
-            if cfg.keep_checkpoints:
-                checkpoint(done, f"step_{done}.pt")
-    if writer is not None:
-        writer.close()
+            last_path = checkpoint(done, "last.pt", keep=cfg.keep_checkpoints) or last_path
+    log.close()
     dist.barrier(info)
     return TrainResult(model=model, step=max(start, max_steps), checkpoint=last_path, history=history)
 
@@ -248,17 +245,6 @@ def _validate(objective: ImitationObjective, batches, to_inputs) -> float:
     losses = [float(objective(*to_inputs(b))) for b in batches]
     objective.train()
     return float(np.mean(losses))
-
-
-def _writer(out: Path | None, info: dist.DistInfo):
-    if out is None:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:   # tensorboard is a dependency; without it training still runs
-        print("imitation: tensorboard not importable; no TensorBoard logs")
-        return None
-    return SummaryWriter(log_dir=str(out / "tb"))
 
 
 # --- CLI glue --------------------------------------------------------------------------------------------
@@ -287,7 +273,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not args.out:
         raise ValueError("--out is required: the directory for checkpoints and logs")
     cfg = config_from_args(args)
-    result = train(cfg, args.data, args.out, device=args.device, resume=args.resume)
+    result = train(cfg, args.store, args.out, device=args.device, resume=args.resume)
     if result.checkpoint is not None:
         print(f"wrote {result.checkpoint}")
     return 0

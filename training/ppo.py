@@ -30,14 +30,14 @@ from typing import Any
 
 import torch
 
+from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed
 from quadforge.envs.builder import make_env
-from quadforge.envs.vec_env import RslRlLogView
-from quadforge.experts.loaders import RSL_RL_PREFIX, latest_rsl_rl_checkpoint
+from quadforge.envs.terrain import TERRAIN_SPEC_HELP
+from quadforge.experts.loaders import latest_rsl_rl_checkpoint
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
 
 PRESETS_HELP = "legged_gym (the paper's PPO settings, 4096 envs) or cpu (scaled to a 2-core machine)"
-CHECKPOINT_PREFIX = RSL_RL_PREFIX
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def train(cfg: TrainExpertConfig) -> Path:
     if cfg.iterations < 1:
         raise ValueError(f"--iterations={cfg.iterations} is invalid; allowed: an integer >= 1")
     if cfg.resume is not None and not Path(cfg.resume).is_file():
-        raise FileNotFoundError(f"--resume {cfg.resume!r}: no such checkpoint file")
+        raise FileNotFoundError(f"--resume-from {cfg.resume!r}: no such checkpoint file")
     preset = get_preset(cfg.preset)
     if cfg.num_envs is not None:
         preset = replace(preset, num_envs=cfg.num_envs)
@@ -185,7 +185,7 @@ def train(cfg: TrainExpertConfig) -> Path:
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     train_cfg = rsl_rl_train_cfg(preset)
     train_cfg["seed"] = cfg.seed
-    runner = _runner_class()(RslRlLogView(env), train_cfg, log_dir=cfg.out, device=cfg.device)
+    runner = _runner_class()(env, train_cfg, log_dir=cfg.out, device=cfg.device)
     runner.quadforge_meta = {
         "format": 1, "robot": cfg.robot, "terrain": cfg.terrain, "preset": cfg.preset,
         "preset_config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(preset).items()},
@@ -213,18 +213,22 @@ latest_checkpoint = latest_rsl_rl_checkpoint   # the model_<it>.pt with the high
 
 # --- CLI ----------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--robot", default="go1", help="go1 or aliengo")
-    parser.add_argument("--terrain", default="flat", help="flat, mixed, or a comma list of terrain types")
-    parser.add_argument("--num-envs", type=int, default=None, help="parallel envs (default: the preset's)")
+    add_robot(parser)
+    parser.add_argument("--terrain", default="flat", help=TERRAIN_SPEC_HELP)
+    add_num_envs(parser, None, "parallel envs (default: the preset's)")
     parser.add_argument("--iterations", type=int, default=1000, help="PPO iterations to run")
-    parser.add_argument("--out", required=True, help="run directory: TensorBoard logs and model_<it>.pt")
-    parser.add_argument("--resume", default=None, help="continue from this rsl_rl checkpoint (model_<it>.pt)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory: TensorBoard logs and model_<it>.pt")
+    parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="",
+                        help="continue the run in --out from its highest model_<it>.pt ('--resume PATH' is a "
+                             "deprecated spelling of --resume-from PATH)")
+    parser.add_argument("--resume-from", default=None, metavar="PATH",
+                        help="continue from this rsl_rl checkpoint (model_<it>.pt)")
+    add_seed(parser)
     parser.add_argument("--preset", default="cpu", help=PRESETS_HELP)
     parser.add_argument("--save-interval", type=int, default=None,
                         help="checkpoint every this many iterations (default: the preset's)")
     parser.add_argument("--device", default="cpu", help="torch device for the networks")
-    parser.add_argument("--num-threads", type=int, default=1, help="MuJoCo and torch threads (shared machine: 1)")
+    add_num_threads(parser, 1, "MuJoCo and torch threads (shared machine: 1)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="preset fields (learning_rate=3e-4) or env.<EnvConfig path> "
                              "(env.commands.ranges.lin_vel_x=(0.0,1.0))")
@@ -234,8 +238,14 @@ def run(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
     if args.save_interval is not None:
         overrides["save_interval"] = args.save_interval
+    resume = args.resume_from
+    if isinstance(args.resume, str):
+        print("quadforge: warning: --resume PATH is deprecated; use --resume-from PATH", file=sys.stderr)
+        resume = args.resume
+    elif args.resume:
+        resume = str(latest_checkpoint(args.out))
     cfg = TrainExpertConfig(out=args.out, robot=args.robot, terrain=args.terrain, preset=args.preset,
-                            num_envs=args.num_envs, iterations=args.iterations, resume=args.resume,
+                            num_envs=args.num_envs, iterations=args.iterations, resume=resume,
                             seed=args.seed, device=args.device, num_threads=args.num_threads,
                             overrides=overrides)
     train(cfg)

@@ -1,6 +1,6 @@
 """GeRM's conservative discretized Q-learning (seed 003 §III Eq. 2-3, Q-Transformer) and its baselines.
 
-    quadforge train --model germ|germ-il|germ-dense --data STORE --out DIR [--max-steps N] [--seed S]
+    quadforge train --model germ|germ-il|germ-dense --store STORE --out DIR [--max-steps N] [--seed S]
 
 Per transition (window ending at t, dataset action a_t binned per dimension, reward, next window):
 - targets (Eq. 2, from the EMA target network, teacher-forced on the dataset's bins):
@@ -47,10 +47,11 @@ from quadforge.data.episodes import as_episode_arrays
 from quadforge.data.samplers import TransitionSampler
 from quadforge.data.store import TrajectoryStore
 from quadforge.training.binning import BIN_METHODS, ActionBinner, fit_binner
-from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
+from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state
 from quadforge.training.distributed import (DistInfo, all_reduce_mean, barrier, broadcast_object, cleanup, init_distributed,
                                   wrap_model)
 from quadforge.experts.germ_policy import action_space_of
+from quadforge.training.loop import RunLog, save_run_checkpoint
 from quadforge.training.models.germ import GeRM, GeRMConfig
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
 from quadforge.overrides import apply_overrides, parse_overrides
@@ -222,7 +223,7 @@ def ema_update(target: nn.Module, online: nn.Module, tau: float) -> None:
 def open_source(path: str | Path) -> Any:
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"--data {path}: no trajectory store there")
+        raise FileNotFoundError(f"--store {path}: no trajectory store there")
     return TrajectoryStore.open(str(path))
 
 
@@ -337,19 +338,13 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
     prov = {"episodes": int(data.num_episodes), "steps": int(data.num_steps),
             "successes": int(np.asarray(data.episode_info["success"]).astype(bool).sum()),
             "train_transitions": len(sampler) * info.world_size, **dict(provenance or {})}
-    writer = None
-    if info.is_main and cfg.tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
-        writer = SummaryWriter(str(out / "tb"))
+    log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name)
 
     def log_row(group: str, head: str, row: dict[str, float], step: int) -> None:
         """Print a progress line and write the same scalars to TensorBoard under ``group/``."""
         print(f"[{cfg.model_name}] {head} " + " ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "step"),
               flush=True)
-        if writer is not None:
-            for k, v in row.items():
-                if k != "step":
-                    writer.add_scalar(f"{group}/{k}", v, step)
+        log.scalars(group, row, step)
 
     def save(step: int) -> None:
         rngs = [_rng_state(sampler, info.device)]
@@ -373,9 +368,7 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
                        action_stats={"mean": a_mean, "std": a_std}, provenance=prov,
                        optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=step,
                        seed=cfg.seed, train_config=dataclasses.asdict(cfg), extra=extra)
-        save_checkpoint(out / "last.pt", c)
-        if cfg.keep_every and step % cfg.keep_every == 0:
-            save_checkpoint(out / f"step_{step}.pt", c)
+        save_run_checkpoint(out, c, step, keep=bool(cfg.keep_every) and step % cfg.keep_every == 0)
 
     history: list[dict[str, float]] = []
     val_history: list[dict[str, float]] = []
@@ -412,8 +405,7 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
             barrier(info)
     if start >= cfg.max_steps:
         save(start)
-    if writer is not None:
-        writer.close()
+    log.close()
     cleanup(info)
     return {"history": history, "val": val_history, "checkpoint": str(out / "last.pt"), "model": model, "target": target,
             "active_parameters": model.active_parameters(), "total_parameters": model.total_parameters()}
@@ -439,13 +431,13 @@ def config_from_args(args: argparse.Namespace) -> GeRMTrainConfig:
 
 def run_from_args(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    if not getattr(args, "data", None):
-        raise ValueError("--data STORE is required for GeRM training")
+    if not getattr(args, "store", None):
+        raise ValueError("--store STORE is required for GeRM training")
     if not getattr(args, "out", None):
         raise ValueError("--out DIR is required for GeRM training")
-    source = open_source(args.data)
+    source = open_source(args.store)
     summary = train(cfg, source, args.out, device=getattr(args, "device", "cpu"),
-                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.data).resolve())})
+                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.store).resolve())})
     print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {summary['active_parameters']:,} / "
           f"total {summary['total_parameters']:,} parameters)")
     return 0

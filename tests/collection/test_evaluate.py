@@ -115,7 +115,7 @@ class _CellEnv:
                    "terrain_type": self.cols.clone(), "terrain_level": self.levels.clone()}
         self.k += dones.long()
         self.episode_length_buf[dones] = 0
-        return None, torch.ones(n), dones, {"time_outs": dones.clone(), "episode": episode}
+        return None, torch.ones(n), dones, {"time_outs": dones.clone(), "episode_end": episode}
 
 
 class _ZeroPolicy:

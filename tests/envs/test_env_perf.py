@@ -158,7 +158,7 @@ def test_work_overlapped_with_the_physics_changes_nothing():
             o2, r2, d2, e2 = serial.step(a)
             assert torch.equal(o1["policy"], o2["policy"]) and torch.equal(o1["critic"], o2["critic"])
             assert torch.equal(r1, r2) and torch.equal(d1, d2) and torch.equal(e1["time_outs"], e2["time_outs"])
-            assert all(torch.equal(e1["episode"][k], e2["episode"][k]) for k in e1["episode"])
+            assert all(torch.equal(e1["episode_end"][k], e2["episode_end"][k]) for k in e1["episode_end"])
     finally:
         overlapped.close()
         serial.close()

@@ -103,7 +103,7 @@ def test_same_seed_same_weights(tmp_path):
 def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["train-expert", "--out", str(tmp_path), "--preset", "gpu"]) == 2
     assert "--preset='gpu' is invalid; allowed: ['cpu', 'legged_gym']" in capsys.readouterr().err
-    assert main(["train-expert", "--out", str(tmp_path), "--resume", str(tmp_path / "none.pt")]) == 2
+    assert main(["train-expert", "--out", str(tmp_path), "--resume-from", str(tmp_path / "none.pt")]) == 2
     assert "no such checkpoint file" in capsys.readouterr().err
     assert main(["train-expert", "--out", str(tmp_path), "--terrain", "lava"]) == 2
     assert "unknown terrain types ['lava']" in capsys.readouterr().err

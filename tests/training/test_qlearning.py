@@ -308,7 +308,7 @@ def test_cli_trains_on_a_store_resumes_and_deploys(tmp_path, capsys):
     from quadforge.tools.cli import main
     from quadforge.experts.registry import load_policy as deploy_load_policy
     store, out = _store(tmp_path / "store"), tmp_path / "run"
-    args = ["train", "--model", "germ", "--data", str(store), "--out", str(out), "--max-steps", "2",
+    args = ["train", "--model", "germ", "--store", str(store), "--out", str(out), "--max-steps", "2",
             "--batch-size", "8", *TINY_OVERRIDES]
     assert main(args) == 0
     assert list((out / "tb").glob("events.*")), "TensorBoard events"
@@ -324,10 +324,10 @@ def test_cli_trains_on_a_store_resumes_and_deploys(tmp_path, capsys):
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
     from quadforge.tools.cli import main
-    assert main(["train", "--model", "germ", "--data", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
+    assert main(["train", "--model", "germ", "--store", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
     assert "no trajectory store" in capsys.readouterr().err
     store = _store(tmp_path / "store", n=4)
-    assert main(["train", "--model", "germ", "--data", str(store), "--out", str(tmp_path / "o"), "alpah=1"]) == 2
+    assert main(["train", "--model", "germ", "--store", str(store), "--out", str(tmp_path / "o"), "alpah=1"]) == 2
     assert "no field 'alpah'" in capsys.readouterr().err
-    assert main(["train", "--model", "germ-huge", "--data", str(store), "--out", str(tmp_path / "o")]) == 2
+    assert main(["train", "--model", "germ-huge", "--store", str(store), "--out", str(tmp_path / "o")]) == 2
     assert "allowed" in capsys.readouterr().err

@@ -35,7 +35,7 @@ def test_bad_overrides_name_the_field():
 
 
 def test_unknown_model_is_a_clean_cli_error(capsys):
-    assert main(["train", "--model", "resnet", "--data", "x", "--out", "y"]) == 2
+    assert main(["train", "--model", "resnet", "--store", "x", "--out", "y"]) == 2
     assert "--model 'resnet' unknown" in capsys.readouterr().err
 
 
@@ -54,7 +54,7 @@ def test_train_command_on_a_real_store(tmp_path, capsys):
         writer.write_episode(synthetic_episode(rng, 20, success=i != 0), synthetic_info(i, success=i != 0))
     compact(store)
     out = tmp_path / "run"
-    argv = ["train", "--model", "mlp", "--data", str(store), "--out", str(out), "--preset", "cpu",
+    argv = ["train", "--model", "mlp", "--store", str(store), "--out", str(out), "--preset", "cpu",
             "--max-steps", "4", "--batch-size", "8", "--val-every", "2", "--success-only",
             "model.hidden=8", "optim.lr=0.01", "tensorboard=False"]
     assert main(argv) == 0
@@ -64,11 +64,11 @@ def test_train_command_on_a_real_store(tmp_path, capsys):
     assert ck.provenance["success_only"] is True
     assert "step 4" in capsys.readouterr().out
     assert main(argv + ["--resume", "--max-steps", "6"]) == 0 and load_checkpoint(out).step == 6
-    assert main(["train", "--model", "mlp", "--data", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert main(["train", "--model", "mlp", "--store", str(tmp_path / "nope"), "--out", str(out)]) == 2
     assert "no trajectory store" in capsys.readouterr().err
-    assert main(["train", "--model", "mlp", "--data", str(store), "--out", str(out), "--layout", "bogus"]) == 2
+    assert main(["train", "--model", "mlp", "--store", str(store), "--out", str(out), "--layout", "bogus"]) == 2
     assert "unknown observation layout 'bogus'" in capsys.readouterr().err
-    assert main(["train", "--model", "mlp", "--data", str(store), "--out", str(out), "bogus=1"]) == 2
+    assert main(["train", "--model", "mlp", "--store", str(store), "--out", str(out), "bogus=1"]) == 2
     assert "has no field 'bogus'" in capsys.readouterr().err
 
 
@@ -90,7 +90,7 @@ def test_germ_models_are_dispatched_to_qlearning(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "quadforge.training.qlearning", fake)
     # the one policy registry routes GeRM checkpoints to experts.germ_policy.load_germ
     monkeypatch.setattr(registry, "load_germ", lambda path, num_envs, device: ("germ-policy", num_envs))
-    assert main(["train", "--model", "germ_small", "--data", "x", "--out", str(tmp_path)]) == 0
+    assert main(["train", "--model", "germ_small", "--store", "x", "--out", str(tmp_path)]) == 0
     assert seen["train"] == "germ_small"
     ck = Checkpoint(model_name="germ", model_config={}, state_dict=nn.Linear(1, 1).state_dict(),
                     layout=get_layout("proprio").to_dict())

@@ -76,7 +76,7 @@ def _run(sweep: Sweep, robot: str, episode_s: float, seed: int) -> list[dict]:
         _, _, dones, extras = env.step(ctrl.act(env.terms))
         new = dones & ~done
         if new.any():
-            ep = extras["episode"]
+            ep = extras["episode_end"]
             stats["fall"][new] = (~extras["time_outs"][new]).float()
             off_tile = ((before - spawn_tile).abs() > half_tile).any(-1)
             stats["fall_off_tile"][new] = (stats["fall"] * off_tile)[new]
