@@ -34,6 +34,7 @@ from quadforge.training.loop import RunLog, save_run_checkpoint
 from quadforge.training.models import SequenceModel, build_model
 from quadforge.training.optim import build_optimizer, build_scheduler, clip_gradients
 from quadforge.training.presets import TrainConfig, preset
+from quadforge.progress import progress_bar
 
 
 # --- data ----------------------------------------------------------------------------------------------
@@ -50,7 +51,8 @@ def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
         raise FileNotFoundError(f"--store {path}: no trajectory store there")
     store = TrajectoryStore.open(path)
     return store, {"store": str(path.resolve()), "generation": store.generation,
-                   "episodes": store.num_episodes, "steps": store.num_steps}
+                   "episodes": store.num_episodes, "steps": store.num_steps,
+                   "robot": store.schema.robot, "control_dt": store.schema.control_dt}
 
 
 def make_samplers(cfg: TrainConfig, source: Any, info: dist.DistInfo, use_rtg: bool):
@@ -196,6 +198,8 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     ddp.train()
     t0, windows = time.perf_counter(), 0
     last_path = None
+    last_saved = time.monotonic()
+    bar = progress_bar(max_steps, start, desc=f"train {cfg.model}", enabled=info.is_main)
     for step in range(start, max_steps):
         rng = numpy_rng(cfg.seed, f"imitation/batch/rank{info.rank}/step{step}")
         ends = info.rank + info.world_size * rng.integers(0, per_rank, size=cfg.batch_size)
@@ -224,6 +228,16 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
             t0, windows = time.perf_counter(), 0
         if validate:
             last_path = checkpoint(done, "last.pt", keep=cfg.keep_checkpoints) or last_path
+            last_saved = time.monotonic()
+        elif cfg.checkpoint_every_s and time.monotonic() - last_saved >= cfg.checkpoint_every_s:
+            # by wall time too: a slow run never goes long without a resumable last.pt (the batches of
+            # step s derive from (seed, rank, s), so --resume from here is exact)
+            last_path = checkpoint(done, "last.pt") or last_path
+            last_saved = time.monotonic()
+        bar.update(1)
+        if not bar.disable:   # (reading the loss syncs a GPU: only when the bar is shown)
+            bar.set_postfix(loss=f"{float(loss):.4g}", refresh=False)
+    bar.close()
     log.close()
     dist.barrier(info)
     return TrainResult(model=model, step=max(start, max_steps), checkpoint=last_path, history=history)

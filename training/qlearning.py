@@ -56,6 +56,7 @@ from quadforge.training.models.germ import GeRM, GeRMConfig
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
+from quadforge.progress import progress_bar
 
 GERM_MODELS = ("germ", "germ-il", "germ-dense")
 OBJECTIVES = ("q", "il")
@@ -87,6 +88,7 @@ class GeRMTrainConfig:
     log_every: int = 50
     val_every: int = 500                 # validate and checkpoint every N steps (and at the end)
     keep_every: int = 0                  # also keep step_N.pt every N steps (0: only last.pt)
+    checkpoint_every_s: float = 600.0    # also write last.pt after this much wall time (0: off; one process only)
     tensorboard: bool = True
     seed: int = 0
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-4, weight_decay=0.01, warmup_frac=0.05))
@@ -374,6 +376,8 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
     val_history: list[dict[str, float]] = []
     model.train()
     t0, seen = time.perf_counter(), 0
+    last_saved = time.monotonic()
+    bar = progress_bar(cfg.max_steps, start, desc=f"train {cfg.model_name}", enabled=info.is_main)
     for step in range(start, cfg.max_steps):
         batch = _to(sampler.sample(cfg.batch_size), info.device)
         terms = losses(ddp_model, target, batch, binner, cfg)
@@ -402,7 +406,14 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
                 val_history.append(v)
                 log_row("val", f"val step {done}", v, done)
             save(done)
+            last_saved = time.monotonic()
             barrier(info)
+        elif (cfg.checkpoint_every_s and not info.enabled   # (save gathers every rank's RNG: one process)
+              and time.monotonic() - last_saved >= cfg.checkpoint_every_s):
+            save(done)   # by wall time too; resuming restores the sampler's RNG, so it is exact
+            last_saved = time.monotonic()
+        bar.update(1)
+    bar.close()
     if start >= cfg.max_steps:
         save(start)
     log.close()
@@ -436,8 +447,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not getattr(args, "out", None):
         raise ValueError("--out DIR is required for GeRM training")
     source = open_source(args.store)
+    schema = getattr(source, "schema", None)
+    provenance = {"data": str(Path(args.store).resolve())}
+    if schema is not None:   # the robot the data came from: deploying on another one is refused
+        provenance.update(robot=schema.robot, control_dt=schema.control_dt)
     summary = train(cfg, source, args.out, device=getattr(args, "device", "cpu"),
-                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.store).resolve())})
+                    resume=bool(getattr(args, "resume", False)), provenance=provenance)
     print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {summary['active_parameters']:,} / "
           f"total {summary['total_parameters']:,} parameters)")
     return 0

@@ -9,7 +9,7 @@ import quadforge.data.compaction as compaction
 from quadforge.data.cli import summary
 from quadforge.data.export import export_hdf5, import_hdf5
 from quadforge.data.images import frame_starts, frame_steps, num_frames
-from quadforge.data.staging import list_staged
+from quadforge.data.staging import list_quarantined, list_staged
 from quadforge.data.writer import StagingWriter
 from quadforge.data.compaction import compact
 from quadforge.data.store import TrajectoryStore
@@ -104,9 +104,10 @@ def test_stride_is_honoured_and_checked(tmp_path):
     compact(store)
     other = synthetic_image_episode(rng, 20, True, stride=4, size=8)
     w.write_episode(other, {**info, "frame_stride": 4})
-    with pytest.raises(ValueError, match=r"frame_stride 4, the store records images every 10 steps"):
-        compact(store)
-    assert TrajectoryStore.open(store).num_episodes == 1 and len(list_staged(store)) == 1
+    r = compact(store)                       # set aside with its reason; the store is untouched
+    assert r.appended == [] and len(r.quarantined) == 1 and not list_staged(store)
+    assert "frame_stride 4, the store records images every 10 steps" in list_quarantined(store)[0][1]
+    assert TrajectoryStore.open(store).num_episodes == 1
     with pytest.raises(ValueError, match="float32 depth"):
         w.write_episode({**other, "images/front_rgb": np.zeros((5, 8, 8, 2), np.uint8)},
                         {**info, "frame_stride": 4})
@@ -129,8 +130,8 @@ def test_instruction_indices_follow_the_store_table(tmp_path):
     info = {**synthetic_info(0, True), "frame_stride": 10, "instructions": {"1": "x"}, "episode_id": "c-00000000",
             "collector_id": "c", "length": 12}
     write_episode_file(store / "staging" / "c-00000000.episode", feats, info)
-    with pytest.raises(ValueError, match=r"c-00000000.episode: per-step instruction indices \[7\] have no text"):
-        compact(store)
+    assert len(compact(store).quarantined) == 1
+    assert "c-00000000.episode: per-step instruction indices [7] have no text" in list_quarantined(store)[0][1]
 
 
 def test_crash_before_manifest_keeps_images_consistent_and_resumes(tmp_path, small_image_chunks, monkeypatch):
@@ -218,3 +219,16 @@ def test_hdf5_roundtrip_with_images(tmp_path, small_image_chunks):
     assert [c.task_params(i) for i in range(5)] == [s.task_params(i) for i in range(5)]
     export_hdf5(copy, h5b)
     assert h5a.read_bytes() == h5b.read_bytes()
+
+
+def test_a_damaged_instruction_table_is_caught(tmp_path):
+    store = tmp_path / "s"
+    write_image_episodes(store, n=2, seed=0, depth=False)
+    compact(store)
+    path = store / "meta" / "instructions.json"
+    table = json.loads(path.read_text())
+    table["instructions"][0] = "go to the blue cube"          # same length, other text
+    path.write_text(json.dumps(table))
+    with pytest.raises(ValueError, match="instructions.json: instruction table differs from the one the manifest"):
+        TrajectoryStore.open(store)
+    assert any("instructions.json" in p for p in validate(store).problems)
