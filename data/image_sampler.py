@@ -47,6 +47,7 @@ import torch
 
 from quadforge.data.episodes import EpisodeArrays, select_episodes
 from quadforge.data.images import num_frames
+from quadforge.data.integrity import crc_rows
 from quadforge.data.store import TrajectoryStore
 from quadforge.seeding import derive_seed, numpy_rng
 
@@ -54,14 +55,18 @@ NEXT_PREFIX = "next_"
 
 
 class ChunkCache:
-    """Rows of one time-chunked zarr array through an LRU cache of ``capacity`` decompressed chunks."""
+    """Rows of one time-chunked zarr array through an LRU cache of ``capacity`` decompressed chunks.
 
-    def __init__(self, array: Any, length: int, capacity: int = 32) -> None:
+    ``crcs``: the manifest's CRC32C of each chunk's committed rows (``data.integrity``); every decoded
+    chunk is checked against it, as ``TrajectoryStore.load`` checks what it loads."""
+
+    def __init__(self, array: Any, length: int, capacity: int = 32, crcs: Sequence[int] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"ChunkCache: capacity={capacity}; must be >= 1 chunk")
         self.array, self.length, self.capacity = array, int(length), int(capacity)
         self.chunk = int(array.chunks[0])
         self.shape, self.dtype = tuple(array.shape[1:]), np.dtype(array.dtype)
+        self.crcs = None if crcs is None else [int(c) for c in crcs]
         self._chunks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
@@ -80,6 +85,9 @@ class ChunkCache:
         except Exception as err:  # a damaged chunk surfaces as a codec/checksum error from zarr
             raise ValueError(f"{getattr(self.array, 'path', 'image array')}: chunk {c} unreadable "
                              f"({type(err).__name__}: {err})") from err
+        if self.crcs is not None and (c >= len(self.crcs) or crc_rows(block) != self.crcs[c]):
+            raise ValueError(f"{getattr(self.array, 'path', 'image array')}: chunk {c} fails its CRC32C checksum "
+                             f"(damaged or swapped); run `quadforge dataset validate`")
         with self._lock:
             self._chunks[c] = block
             self._chunks.move_to_end(c)
@@ -173,7 +181,8 @@ class ImageWindowSampler:
                     raise ValueError(f"{who}: success_ratio={success_ratio} needs {name} episodes; the selection "
                                      f"({len(self.episodes)} episodes, filters={dict(filters or {})}) has none")
         n_frames = {c: int(source.manifest["lengths"][c]) for c in cameras}
-        self.caches = {c: ChunkCache(source.array(c), n_frames[c], cache_chunks) for c in cameras}
+        checksums = source.manifest.get("checksums") or {}
+        self.caches = {c: ChunkCache(source.array(c), n_frames[c], cache_chunks, checksums.get(c)) for c in cameras}
         # a window's home chunk (that of its last frame), per camera the same rows: use the first camera's
         self._home = (self._frame_start[self._win_ep] + self._win_j) // self.caches[cameras[0]].chunk
         self._rng = numpy_rng(self.seed, f"image_window_sampler/rank{self.rank}")

@@ -88,6 +88,13 @@ def test_chunk_cache_reads_each_chunk_once_per_gather(store):
     assert cache.misses == len(np.unique(rows // cache.chunk)) and len(cache._chunks) == 3
     with pytest.raises(ValueError, match="capacity=0"):
         ChunkCache(arr, n, capacity=0)
+    # every decoded chunk is checked against the manifest's CRC32C of its rows
+    crcs = list(store.manifest["checksums"]["images/front_rgb"])
+    assert len(crcs) == -(-n // cache.chunk)
+    np.testing.assert_array_equal(ChunkCache(arr, n, 2, crcs).gather(rows), everything[rows])
+    crcs[int(rows[0]) // cache.chunk] ^= 1
+    with pytest.raises(ValueError, match=f"chunk {int(rows[0]) // cache.chunk} fails its CRC32C checksum"):
+        ChunkCache(arr, n, 2, crcs).gather(rows)
 
 
 def test_same_seed_same_batches_and_ranks_are_disjoint(store):
