@@ -30,7 +30,7 @@ from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
 from quadforge.training.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
-from quadforge.training.loop import RunLog, save_run_checkpoint
+from quadforge.training.loop import RunLog, rng_state, save_run_checkpoint, set_rng_state
 from quadforge.training.models import SequenceModel, build_model
 from quadforge.training.optim import build_optimizer, build_scheduler, clip_gradients
 from quadforge.training.presets import TrainConfig, preset
@@ -145,7 +145,7 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     act_mean, act_std = train_s.action_stats()
     optimizer = build_optimizer(objective, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, max_steps)
-    start = 0
+    start, saved_rng = 0, None
     if resume:
         if out is None:
             raise ValueError("--resume needs --out (the run directory holding last.pt)")
@@ -157,7 +157,7 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
         optimizer.load_state_dict(ckpt.optimizer)
         scheduler.load_state_dict(ckpt.scheduler)
         obs_mean, obs_std = ckpt.obs_stats["mean"], ckpt.obs_stats["std"]
-        start = ckpt.step
+        start, saved_rng = ckpt.step, ckpt.extra.get("rng")
     provenance.update(layout=layout.name, success_only=cfg.success_only, train_episodes=train_s.num_episodes,
                       val_episodes=val_s.num_episodes if val_s else 0, train_windows=train_s.num_windows)
     target_return = None
@@ -171,13 +171,15 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     history: list[dict[str, float]] = []
     best_val = math.inf
 
-    def checkpoint(step: int, name: str, keep: bool = False) -> Path | None:
+    def checkpoint(step: int, name: str, keep: bool = False, rngs: dict | None = None) -> Path | None:
         if out is None or not info.is_main:
             return None
         extra = {"rtg_scale": cfg.rtg_scale, "target_return": target_return, "loss": cfg.loss,
                  "term_dims": {n: TERM_DIMS[n] for n in layout.term_names}}
         if objective.log_std is not None:
             extra["log_std"] = objective.log_std.detach().cpu()
+        if rngs is not None:
+            extra["rng"] = rngs
         ck = Checkpoint(model_name=cfg.model, model_config=model.config,
                         state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
                         layout=layout.to_dict(), obs_stats={"mean": obs_mean, "std": obs_std},
@@ -195,6 +197,7 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+    set_rng_state(saved_rng, info)   # torch's stream (dropout) as it was when the checkpoint was written
     ddp.train()
     t0, windows = time.perf_counter(), 0
     last_path = None
@@ -227,12 +230,14 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
                 log.scalars("train", rec, done)
             t0, windows = time.perf_counter(), 0
         if validate:
-            last_path = checkpoint(done, "last.pt", keep=cfg.keep_checkpoints) or last_path
+            rngs = rng_state(info)   # a collective: every rank reaches it at the same steps
+            last_path = checkpoint(done, "last.pt", keep=cfg.keep_checkpoints, rngs=rngs) or last_path
             last_saved = time.monotonic()
         elif cfg.checkpoint_every_s and time.monotonic() - last_saved >= cfg.checkpoint_every_s:
             # by wall time too: a slow run never goes long without a resumable last.pt (the batches of
-            # step s derive from (seed, rank, s), so --resume from here is exact)
-            last_path = checkpoint(done, "last.pt") or last_path
+            # step s derive from (seed, rank, s), so --resume from here is exact). Ranks reach this at
+            # different steps, so no collective here: one process saves its torch stream, DDP none.
+            last_path = checkpoint(done, "last.pt", rngs=None if info.enabled else rng_state(info)) or last_path
             last_saved = time.monotonic()
         bar.update(1)
         if not bar.disable:   # (reading the loss syncs a GPU: only when the bar is shown)

@@ -6,16 +6,21 @@ Both trainers (``training.imitation``, ``training.qlearning``) write
   only disables them),
 - ``OUT/last.pt`` at every validation/checkpoint step and ``OUT/step_<n>.pt`` when kept;
 
-and resume from ``OUT/last.pt`` (``training.checkpoint.latest_checkpoint``). How each restores its
-random streams on resume is still its own: imitation draws each step's batch from a stream derived from
-(seed, rank, step), GeRM saves its sampler's generator state per rank.
+and resume from ``OUT/last.pt`` (``training.checkpoint.latest_checkpoint``) with the random streams
+of every rank restored (``rng_state`` / ``set_rng_state``, in the checkpoint's ``extra["rng"]``): torch's
+generator (dropout, MoE gating noise) and any named numpy generator (GeRM's transition sampler).
+Imitation batches come from streams derived from (seed, rank, step), so they need no saved state.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
+
+import numpy as np
+import torch
 
 from quadforge.training.checkpoint import Checkpoint, save_checkpoint
+from quadforge.training.distributed import DistInfo
 
 
 class RunLog:
@@ -51,3 +56,36 @@ def save_run_checkpoint(out: Path, ckpt: Checkpoint, step: int, keep: bool) -> P
     if keep:
         save_checkpoint(Path(out) / f"step_{step}.pt", ckpt)
     return last
+
+
+# --- random streams on resume ----------------------------------------------------------------------------
+def rng_state(info: DistInfo, generators: Mapping[str, np.random.Generator] | None = None) -> dict[str, Any]:
+    """Every rank's random streams, gathered (a collective: call it on every rank): ``{"rank<r>": {"torch":
+    CPU generator state, ["cuda": ...,] <name>: numpy generator state}}``. What a bit-exact resume needs
+    beyond streams derived from (seed, rank, step)."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if info.device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(info.device)
+    for name, gen in (generators or {}).items():
+        state[name] = gen.bit_generator.state
+    states = [state]
+    if info.enabled:
+        import torch.distributed as dist
+        states = [None] * info.world_size
+        dist.all_gather_object(states, state)
+    return {f"rank{r}": s for r, s in enumerate(states)}
+
+
+def set_rng_state(saved: Mapping[str, Any] | None, info: DistInfo,
+                  generators: Mapping[str, np.random.Generator] | None = None) -> bool:
+    """Restore this rank's streams from ``rng_state``'s dict; False when the checkpoint has none for it."""
+    state = (saved or {}).get(f"rank{info.rank}")
+    if state is None:
+        return False
+    torch.set_rng_state(state["torch"])
+    if info.device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], info.device)
+    for name, gen in (generators or {}).items():
+        if name in state:
+            gen.bit_generator.state = state[name]
+    return True

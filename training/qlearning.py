@@ -51,7 +51,7 @@ from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkp
 from quadforge.training.distributed import (DistInfo, all_reduce_mean, barrier, broadcast_object, cleanup, init_distributed,
                                   wrap_model)
 from quadforge.experts.germ_policy import action_space_of
-from quadforge.training.loop import RunLog, save_run_checkpoint
+from quadforge.training.loop import RunLog, rng_state, save_run_checkpoint, set_rng_state
 from quadforge.training.models.germ import GeRM, GeRMConfig
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
 from quadforge.overrides import apply_overrides, parse_overrides
@@ -277,21 +277,6 @@ def validate(model: GeRM, target: GeRM | None, sampler: Any, binner: ActionBinne
     return sums
 
 
-def _rng_state(sampler: Any, device: torch.device) -> dict[str, Any]:
-    """What a bit-exact resume needs: torch's generator (MoE gating noise) and the sampler's stream."""
-    state = {"torch": torch.get_rng_state(), "sampler": sampler._rng.bit_generator.state}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(sampler: Any, state: Mapping[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-    sampler._rng.bit_generator.state = state["sampler"]
-
-
 def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = "cpu", resume: bool = False,
           provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Train on ``source`` (a TrajectoryStore or EpisodeArrays); returns a summary dict."""
@@ -333,9 +318,7 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
         start = ckpt.step
         if target is not None:
             target.load_state_dict(ckpt.extra["target_state_dict"])
-        rng = ckpt.extra.get("rng", {}).get(f"rank{info.rank}")
-        if rng is not None:
-            _set_rng_state(sampler, rng, info.device)
+        set_rng_state(ckpt.extra.get("rng"), info, {"sampler": sampler._rng})
 
     prov = {"episodes": int(data.num_episodes), "steps": int(data.num_steps),
             "successes": int(np.asarray(data.episode_info["success"]).astype(bool).sum()),
@@ -349,17 +332,12 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
         log.scalars(group, row, step)
 
     def save(step: int) -> None:
-        rngs = [_rng_state(sampler, info.device)]
-        if info.enabled:
-            import torch.distributed as dist
-            gathered: list[Any] = [None] * info.world_size
-            dist.all_gather_object(gathered, rngs[0])
-            rngs = gathered
+        rngs = rng_state(info, {"sampler": sampler._rng})   # every rank's streams (a collective)
         if not info.is_main:
             return
         extra = {"binner": {"edges": binner.edges.cpu()}, "action_feature": cfg.action_feature,
                  "action_space": action_space_of(cfg.action_feature),
-                 "rng": {f"rank{r}": s for r, s in enumerate(rngs)}}
+                 "rng": rngs}
         if target is not None:
             extra["target_state_dict"] = {k: v.detach().cpu() for k, v in target.state_dict().items()}
         mean, std = model.encoder.obs_mean.cpu(), model.encoder.obs_std.cpu()
