@@ -219,6 +219,7 @@ def test_hdf5_roundtrip_with_images(tmp_path, small_image_chunks):
     assert [c.task_params(i) for i in range(5)] == [s.task_params(i) for i in range(5)]
     export_hdf5(copy, h5b)
     assert h5a.read_bytes() == h5b.read_bytes()
+    assert export_hdf5(copy, h5b) == 5          # replacing an existing export is fine
 
 
 def test_a_damaged_instruction_table_is_caught(tmp_path):
