@@ -72,7 +72,7 @@ def test_collect_job_with_a_camera_env_resumes_to_the_target(tmp_path, monkeypat
     import quadforge.collection.collect as collect
     monkeypatch.setattr(collect, "build_task_env",
                         lambda cfg, seed: CameraScriptedEnv(num_envs=cfg.num_envs, max_episode_length=9))
-    monkeypatch.setattr(collect, "build_policy", lambda cfg, env: EchoPolicy())
+    monkeypatch.setattr(collect, "build_policy", lambda cfg, env, *seed: EchoPolicy())
     out = tmp_path / "s"
     cfg = collect.CollectConfig(out=str(out), episodes=5, task="quard:all", num_envs=3, frame_stride=4,
                                 progress=False, compact_every=2).validate()
