@@ -216,3 +216,14 @@ def test_dataloader_with_two_worker_processes(store):
     for x, y in zip(a, b):                                   # reproducible
         assert torch.equal(x["frame"], y["frame"]) and torch.equal(x["episode_index"], y["episode_index"])
     assert not (torch.equal(a[0]["frame"], a[1]["frame"]) and torch.equal(a[0]["episode_index"], a[1]["episode_index"]))
+
+
+def test_the_vla_trainer_reads_windows_from_an_image_store(store):
+    from quadforge.training.vla_data import check_batch, open_image_source
+    src = open_image_source(store.root, history=3, seed=0, split="all", success_ratio=0.75)
+    batch = src.sample(16)
+    check_batch(batch, 3, (4, 4))
+    assert int(batch["success"].sum()) == 12 and src.settings["image_every"] == STRIDE
+    assert src.instructions == store.instructions
+    with pytest.raises(ValueError, match="no 'images/side' frames"):
+        open_image_source(store.root, history=3, camera="images/side")
