@@ -272,8 +272,11 @@ class Rollout:
         if "terrain_type" in info and terrain_types:
             info["terrain_type"] = terrain_types[int(info["terrain_type"])]
         info.update(self._commands.take(i))
+        if "quard_outcome" in info:  # a task with its own rule (QUARD): the outcome's name, not its code
+            from quadforge.envs.quard.rules import OUTCOMES
+            info["quard_outcome"] = OUTCOMES[int(info["quard_outcome"])]
         success, reason, numbers = label(info, self.cfg.label_rule)
-        if not math.isfinite(numbers["progress"]):
+        if "progress" in numbers and not math.isfinite(numbers["progress"]):
             numbers["progress"] = None  # no commanded displacement: progress is undefined
         info.update({
             "env_id": i, "length": length, "task": self._skill[i], "policy_id": self.policy.policy_id,
@@ -284,6 +287,9 @@ class Rollout:
             "terminated": info["termination_reason"] not in ("none", "time_out"),
             "label": {"reason": reason, "numbers": numbers, "rule": self.cfg.label_rule.to_dict()},
         })
+        task_info = getattr(self.env, "episode_task_info", None)
+        if task_info is not None:  # an env with per-episode tasks (QUARD): task name, instruction, parameters
+            info.update(task_info(i))
         return Episode(features, info)
 
     def _restart(self, done_ids: list[int]) -> None:
