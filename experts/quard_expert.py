@@ -5,16 +5,18 @@ distractor, the obstacle, the named tunnel, the family / speed / gait codes) and
 command ``[vx, vy, wz, theta1, theta2, theta3, f, h_z, pitch, s_y, h_z^f, T]`` for
 ``HierarchicalPolicy(QuardExpert(...), GaitController(...))``. Per family it plans:
 
-- go_to: walk at the target; go_avoid: first to a waypoint beside the obstacle (1.25 m off the line to
-  the target, on the side away from the distractor, 0.4 m past it), then to the target;
+- go_to: walk at the target; go_avoid: to a waypoint beside the obstacle (1.25 m off the line to the
+  target, on the side away from the distractor) 0.3 m short of it, then to one 0.4 m past it, then to
+  the target;
 - stop: intercept the rolling ball - aim where the ball will be when the robot can get there
   (constant ball velocity, the robot at its speed band), and meet it before it passes the 1 m line;
 - distinguish: turn on the spot until the named letter box is straight ahead;
-- go_through: to a point on the named tunnel's axis 0.7 m before its entrance, then along the axis
+- go_through: to a point on the named tunnel's axis 0.9 m before its entrance (slowing down on the
+  last 0.8 m), turn to the axis there, then along the axis
   through the tunnel to the point 1 m past it (the lateral error to the axis is steered out with vy).
 
-Walking is holonomic: the velocity points at the current goal in the body frame and the yaw rate
-turns the body toward it. The speed word sets the band of ground speed the expert holds
+Walking turns toward the current goal (yaw rate) and walks at it, the speed falling with the bearing
+error, half of the goal direction's sideways part commanded as vy (the rest is turned out). The speed word sets the band of ground speed the expert holds
 (``SPEED_BANDS``): the commanded speed is the band plus an integral of the measured shortfall (bound
 and pronk lose 0.2-0.3 m/s of the commanded speed in the gait controller, docs/experts.md), capped
 at ``MAX_COMMAND_SPEED``. The gait word sets (theta1..3) to walk-these-ways' named gait. T is raised
@@ -32,15 +34,19 @@ from quadforge.envs.quard.rules import FAMILY_CODE, SUCCESS_RADIUS
 from quadforge.experts.gait import GAITS
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES
 
-SPEED_BANDS = {"slowly": 0.35, "normally": 0.6, "quickly": 0.9}   # m/s of ground speed per speed word
+SPEED_BANDS = {"slowly": 0.45, "normally": 0.7, "quickly": 1.0}   # m/s of ground speed per speed word
 MAX_COMMAND_SPEED = 1.4           # m/s: the integral may ask for at most this
-SPEED_KI = 1.0                    # 1/s, integral gain on the speed shortfall
+SPEED_KI = 2.0                    # 1/s, integral gain on the speed shortfall
 YAW_GAIN, MAX_YAW_RATE = 1.5, 1.0
+LATERAL_SHARE = 0.5               # of the goal direction's sideways part that is commanded as vy
 AVOID_OFFSET = 1.25               # m beside the obstacle centre: the straight path from the spawn clears the panel end (0.46 m) by ~0.45 m
 AVOID_BEYOND = 0.4                # m past it along the line to the target
-TUNNEL_APPROACH = 0.7             # m before the tunnel entrance
+AVOID_BEFORE = 0.3                # m short of it: the first waypoint
+TUNNEL_APPROACH = 0.9             # m before the tunnel entrance
+APPROACH_SLOWDOWN = 0.8           # m: closer than this to the approach point the speed falls with the distance
 TUNNEL_SPEED = 0.6                # m/s commanded at most inside a tunnel
 TUNNEL_LOOKAHEAD = 0.5            # m: the goal point on the tunnel axis ahead of the robot
+TUNNEL_MAX_YAW = 0.35             # rad: short of the entrance the speed falls to 0 at this heading error
 GAIT_FREQUENCY = 3.0              # Hz
 _COL = {n: i for i, n in enumerate(HL_COMMAND_NAMES)}
 
@@ -63,6 +69,7 @@ class QuardExpert:
         n = self.num_envs
         self.speed_integral = torch.zeros(n, device=self.device)
         self.passed_obstacle = torch.zeros(n, dtype=torch.bool, device=self.device)
+        self.cleared_side = torch.zeros(n, dtype=torch.bool, device=self.device)
         self.in_tunnel_phase = torch.zeros(n, dtype=torch.bool, device=self.device)
         self._bands = torch.tensor([SPEED_BANDS[s] for s in SPEEDS], device=self.device)
         self._gaits = torch.tensor([GAITS[GAIT_OF_WORD[w]] for w in GAIT_WORDS], device=self.device)
@@ -71,6 +78,7 @@ class QuardExpert:
         ids = torch.as_tensor(env_ids, dtype=torch.long, device=self.device).flatten()
         self.speed_integral[ids] = 0.0
         self.passed_obstacle[ids] = False
+        self.cleared_side[ids] = False
         self.in_tunnel_phase[ids] = False
 
     @torch.no_grad()
@@ -96,10 +104,16 @@ class QuardExpert:
             normal = torch.stack((-line[:, 1], line[:, 0]), dim=1)
             side = torch.sign(((target - distractor) * normal).sum(dim=1))       # away from the distractor
             side = torch.where(side == 0, torch.ones_like(side), side)
-            # beside the panel and a little past it, so that reaching it means being past the obstacle
-            waypoint = obstacle + normal * (AVOID_OFFSET * side)[:, None] + line * AVOID_BEYOND
+            # first beside the panel short of it (however the robot drifted while turning, it gets
+            # clear sideways before it reaches the panel's line), then beside it and a little past it,
+            # then to the target
+            beside = obstacle + normal * (AVOID_OFFSET * side)[:, None]
+            before, past = beside - line * AVOID_BEFORE, beside + line * AVOID_BEYOND
+            lateral = ((xy - obstacle) * normal).sum(dim=1) * side
             progress = ((xy - obstacle) * line).sum(dim=1)
-            self.passed_obstacle |= avoid & (progress > AVOID_BEYOND - 0.1)
+            self.cleared_side |= avoid & (lateral > AVOID_OFFSET - 0.3)
+            self.passed_obstacle |= avoid & self.cleared_side & (progress > AVOID_BEYOND - 0.1)
+            waypoint = torch.where(self.cleared_side[:, None], past, before)
             goal = torch.where((avoid & ~self.passed_obstacle)[:, None], waypoint, goal)
         # stop: intercept the rolling ball
         stop = family == FAMILY_CODE["stop"]
@@ -132,12 +146,26 @@ class QuardExpert:
         self.speed_integral = (self.speed_integral + SPEED_KI * (band - speed) * self.dt).clamp(
             0.0, MAX_COMMAND_SPEED)
         command_speed = torch.minimum(band + self.speed_integral, torch.full_like(band, MAX_COMMAND_SPEED))
-        # inside a tunnel no faster than TUNNEL_SPEED: a fast pace sways the base into the walls
-        command_speed = torch.where(self.in_tunnel_phase & through,
-                                    torch.clamp(command_speed, max=TUNNEL_SPEED), command_speed)
-        # slow down when the goal is behind (turn first) and near a waypoint (do not overshoot)
-        command_speed = command_speed * torch.clamp(torch.cos(bearing), min=0.0) ** 0.5
-        v = direction * command_speed[:, None]
+        # inside a tunnel no faster than TUNNEL_SPEED (a fast pace sways the base into the walls), and
+        # short of the entrance only once the body points along the axis: a robot arriving at the
+        # approach point at an angle turns there instead of walking in crooked
+        if through.any():
+            aligned = torch.clamp(1.0 - _wrap(yaw).abs() / TUNNEL_MAX_YAW, min=0.0)
+            before_entry = xy[:, 0] < entry[:, 0]
+            tunnel_speed = torch.clamp(command_speed, max=TUNNEL_SPEED) * torch.where(before_entry, aligned, 1.0)
+            command_speed = torch.where(self.in_tunnel_phase & through, tunnel_speed, command_speed)
+        # arrive at a tunnel's approach point slowly: a fast trot coasts ~0.4 m past a goal and sideways
+        # (bound and pronk never get fast enough to coast, and need every second of the 15 s limit)
+        if through.any():
+            slow = torch.clamp(dist / APPROACH_SLOWDOWN, min=0.25, max=1.0)
+            fast_gait = (gait_word == GAIT_WORDS.index("trotting")) | (gait_word == GAIT_WORDS.index("pacing"))
+            command_speed = torch.where(through & ~self.in_tunnel_phase & fast_gait, command_speed * slow,
+                                        command_speed)
+        # turn, then walk: the speed falls with the bearing error (zero beyond 90 degrees), and only a
+        # share of it goes sideways - the pace and bound track a lateral command poorly (a pacing robot
+        # commanded sideways at the start walked straight on into the go_avoid obstacle)
+        command_speed = command_speed * torch.clamp(torch.cos(bearing), min=0.0)
+        v = torch.stack((direction[:, 0], LATERAL_SHARE * direction[:, 1]), dim=1) * command_speed[:, None]
         wz = (YAW_GAIN * bearing).clamp(-MAX_YAW_RATE, MAX_YAW_RATE)
         # in the tunnel the body keeps facing along the axis (the goal point is on it)
         # distinguish: turn on the spot toward the named letter

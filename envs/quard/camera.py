@@ -70,7 +70,6 @@ def make_renderer(model: mujoco.MjModel, height: int, width: int):
         raise gl_error(err) from err
     renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
     renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
-    renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SKYBOX] = 0
     return renderer
 
 

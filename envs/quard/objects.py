@@ -132,10 +132,18 @@ class ObjectLibrary:
         # cheap rendering: no shadows, no reflections, no multisampling (MuJoCo's defaults cost ~20x)
         spec.visual.quality.offsamples = 0
         spec.visual.quality.shadowsize = 0
+        # the parked objects (100 m away) would make MuJoCo's automatic extent ~100 m and its near
+        # clipping plane (znear x extent) ~1 m, cutting the ground in front of the camera away
+        spec.stat.extent = 5.0
+        spec.visual.map.znear = 0.01
         spec.visual.headlight.ambient = [0.45, 0.45, 0.45]
         spec.visual.headlight.diffuse = [0.5, 0.5, 0.5]
         spec.worldbody.add_light(name="quard_sun", pos=[0, 0, 6], dir=[0.3, 0.2, -1],
                                  type=int(mujoco.mjtLightType.mjLIGHT_DIRECTIONAL), castshadow=0, diffuse=[0.45, 0.45, 0.45])
+        sky = spec.add_texture(name="quard_sky", type=mujoco.mjtTexture.mjTEXTURE_SKYBOX,
+                               builtin=mujoco.mjtBuiltin.mjBUILTIN_GRADIENT, width=64, height=64,
+                               rgb1=[0.55, 0.70, 0.90], rgb2=[0.92, 0.93, 0.96])
+        del sky
         tex = spec.add_texture(name="quard_ground", type=mujoco.mjtTexture.mjTEXTURE_2D,
                                builtin=mujoco.mjtBuiltin.mjBUILTIN_CHECKER, width=64, height=64,
                                rgb1=[0.42, 0.40, 0.36], rgb2=[0.48, 0.46, 0.42])
@@ -212,9 +220,10 @@ class ObjectLibrary:
 
     def _letter(self, spec: mujoco.MjSpec, letter: str) -> None:
         size = 64
-        # a cube texture: six square faces stacked; the glyph is turned so it reads upright on the
-        # vertical faces (MuJoCo lays the face images a quarter turn from the camera's up)
-        face = np.rot90(letter_image(letter, size), 1)
+        # a cube texture: six square faces stacked; MuJoCo lays a face image on a vertical box face a
+        # quarter turn from upright and flipped, so the glyph is flipped and turned back first
+        # (checked by eye on A and F in docs/quard_frames.png: the letters read upright from the robot)
+        face = np.rot90(np.fliplr(np.flipud(letter_image(letter, size))), 1)
         tex = spec.add_texture(name=f"quard_letter_{letter}", type=mujoco.mjtTexture.mjTEXTURE_CUBE,
                                width=size, height=6 * size, nchannel=3)
         tex.data = np.ascontiguousarray(np.concatenate([face] * 6, axis=0)).tobytes()

@@ -215,3 +215,22 @@ def test_camera_config_errors():
         CameraConfig(width=1000).validate()
     with pytest.raises(ValueError, match="depth_source"):
         CameraConfig(depth_source="lidar").validate()
+
+
+def test_rollout_command_runs_a_quard_task(tmp_path, capsys):
+    import argparse
+
+    from quadforge.tools import rollout_cmd
+    p = argparse.ArgumentParser()
+    rollout_cmd.add_arguments(p)
+    args = p.parse_args(["--task", "quard:distinguish", "--policy", "expert", "--num-envs", "2", "--seconds", "3",
+                         "--json", str(tmp_path / "s.json")])
+    assert rollout_cmd.run(args) == 0
+    import json
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["task"] == "quard:distinguish" and summary["num_envs"] == 2
+    fams = summary["families"]
+    assert set(fams) <= {"quard:distinguish"} and sum(f["episodes"] for f in fams.values()) >= 1
+    bad = p.parse_args(["--task", "quard:jump"])
+    with pytest.raises(ValueError, match="unknown QUARD family"):
+        rollout_cmd.run(bad)

@@ -11,6 +11,7 @@ BENCHMARKS = {
     "models": "quadforge.tools.bench.models",
     "germ": "quadforge.tools.bench.germ",
     "env_step": "quadforge.tools.bench.env_step",
+    "quard": "quadforge.tools.bench.quard",
 }
 
 
@@ -18,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(BENCHMARKS),
                         help="sim: env vs raw MuJoCo throughput; env_step: where an env step's time goes; "
                              "experts: gait controller falls and tracking; store: compaction and sampling; "
-                             "models: step latency and training throughput; germ: GeRM trainer")
+                             "models: step latency and training throughput; germ: GeRM trainer; "
+                             "quard: QUARD expert success, speeds, gaits and camera frames/s")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
 
