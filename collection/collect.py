@@ -1,4 +1,5 @@
-"""`quadforge collect`: labelled episodes into a zarr trajectory store, to a target count.
+"""The collection job: labelled episodes into a zarr trajectory store, to a target count
+(``quadforge collect``, whose command line is ``collection.collect_cmd``).
 
 The job is a count, not a loop: on start it counts the episodes already in the store or staged and
 collects only the missing number, so re-running the same command after a crash (or after it finished)
@@ -10,26 +11,32 @@ still running in the envs and the few queued for writing. The run's seed is deri
 the collector id and the counter the run starts at, so a resumed run never replays the episodes it
 already has.
 
-``--workers K`` hands the job to K Ray actors (``collection.distributed``).
+``--workers K`` hands the job to K Ray actors (``collection.distributed``, over ``collect_episodes``).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from quadforge.collection.background_writer import BackgroundWriter
 from quadforge.collection.labels import LabelRule
 from quadforge.collection.progress import Progress, Tally
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.collection.skills import SkillCommandSampler, parse_skills
-from quadforge.tools.seeding import derive_seed, seed_everything
+from quadforge.data.compaction import compact as compact_staged
+from quadforge.data.store import TrajectoryStore
+from quadforge.data.writer import StagingWriter
+from quadforge.envs.builder import make_env
+from quadforge.envs.robots import ROBOTS
+from quadforge.envs.terrain import terrain_types
+from quadforge.experts.registry import check_policy_spec, policy_for_env
+from quadforge.seeding import derive_seed, seed_everything
 
-POLICY_HELP = "'gait' (the gait controller expert) or a checkpoint path"
 
 
 @dataclass
@@ -75,82 +82,38 @@ class CollectConfig:
             raise bad("compact_every", "an integer >= 0")
         if self.num_threads < 1:
             raise bad("num_threads", "an integer >= 1")
-        from quadforge.envs.robots import ROBOTS
         if self.robot not in ROBOTS:
             raise bad("robot", ", ".join(ROBOTS))
-        terrain_config(self.terrain)
+        terrain_types(self.terrain)
         parse_skills(self.skills)
         if Path(self.out).exists() and not Path(self.out).is_dir():
-            raise ValueError(f"--out {self.out!r} is a file; give a trajectory store directory (created if missing)")
-        if self.policy != "gait" and not Path(self.policy).exists():
-            raise FileNotFoundError(f"--policy {self.policy!r}: no such checkpoint file; use {POLICY_HELP}")
+            raise ValueError(f"--store {self.out!r} is a file; give a trajectory store directory (created if missing)")
+        check_policy_spec(self.policy)
         return self
-
-
-def terrain_config(spec: str) -> Any:
-    """``flat`` -> None (a plane), ``mixed`` -> the legged_gym mix, else a comma list of types."""
-    spec = spec.strip()
-    if spec == "flat":
-        return None
-    from quadforge.envs.terrain import TERRAIN_TYPES, TerrainConfig
-    if spec == "mixed":
-        return TerrainConfig.mixed()
-    types = [t.strip() for t in spec.split(",") if t.strip()]
-    unknown = [t for t in types if t not in TERRAIN_TYPES]
-    if unknown or not types:
-        raise ValueError(f"--terrain={spec!r}: unknown terrain types {unknown}; allowed: 'flat', 'mixed' "
-                         f"or a comma list of {', '.join(TERRAIN_TYPES)}")
-    return TerrainConfig.of_types(types)
 
 
 def build_env(cfg: CollectConfig, seed: int) -> Any:
     """The env for one collector: commands fixed per episode (one skill each), optional pushes."""
-    from quadforge.envs.config import EnvConfig
-    from quadforge.envs.vec_env import LeggedEnv
-
-    env_cfg = EnvConfig.flat(robot=cfg.robot, num_envs=cfg.num_envs, seed=seed)
-    env_cfg.terrain = terrain_config(cfg.terrain)
-    env_cfg.backend.num_threads = cfg.num_threads
-    env_cfg.episode_length_s = cfg.max_episode_s
-    env_cfg.commands.resample = False
-    env_cfg.randomization.push_robots = cfg.push > 0
-    env_cfg.randomization.max_push_vel_xy = cfg.push
-    env_cfg.randomization.push_interval_s = cfg.push_interval_s
-    return LeggedEnv(env_cfg)
+    return make_env(cfg.robot, cfg.terrain, num_envs=cfg.num_envs, seed=seed, num_threads=cfg.num_threads,
+                    overrides={"episode_length_s": cfg.max_episode_s, "commands.resample": False,
+                               "randomization.push_robots": cfg.push > 0,
+                               "randomization.max_push_vel_xy": cfg.push,
+                               "randomization.push_interval_s": cfg.push_interval_s})
 
 
 def build_policy(cfg: CollectConfig, env: Any) -> Any:
-    return make_policy(cfg.policy, env, cfg.robot)
-
-
-def make_policy(spec: str, env: Any, robot: str | None = None) -> Any:
-    """The gait expert (``spec == "gait"``), or a checkpoint through ``training.deploy.load_policy``
-    (outside/PPO experts and models trained here alike); a policy emitting high-level commands runs
-    over the gait expert."""
-    from quadforge.experts.gait import GaitController
-    from quadforge.experts.hierarchical import HierarchicalPolicy
-    from quadforge.training.deploy import load_policy
-
-    def gait() -> GaitController:
-        return GaitController(env.robot, env.num_envs, env.dt, device=str(env.device))
-
-    if spec == "gait":
-        return gait()
-    policy = load_policy(spec, env.num_envs, str(env.device), robot=robot)
-    return HierarchicalPolicy(policy, gait()) if policy.action_space == "command" else policy
+    return policy_for_env(cfg.policy, env, cfg.robot)
 
 
 def store_count(out: str) -> int:
     """Episodes already in the store or staged (complete staging files only)."""
-    from quadforge.data.store import TrajectoryStore
     return len(TrajectoryStore.existing_episode_ids(out))
 
 
 def compact_store(out: str) -> None:
     """Compact what is staged (a no-op store-wise when nothing is)."""
-    from quadforge.data.store import compact
     if Path(out).is_dir():
-        compact(out)
+        compact_staged(out)
 
 
 def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
@@ -162,9 +125,6 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
     called after every stored episode (steps_per_s: env-steps simulated per second of rollout). With
     ``compact`` it compacts every ``cfg.compact_every`` episodes.
     """
-    import torch
-    from quadforge.data.staging import StagingWriter
-
     torch.set_num_threads(cfg.num_threads)
     writer = StagingWriter(cfg.out, collector_id)
     run_seed = derive_seed(cfg.seed, f"collect:{collector_id}:{writer.counter}") % (2**31)
@@ -214,51 +174,3 @@ def run_local(cfg: CollectConfig) -> dict[str, Any]:
     compact_store(cfg.out)
     summary["in_store"] = store_count(cfg.out)
     return summary
-
-
-# --- the CLI -----------------------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = CollectConfig(out="", episodes=0)
-    p.add_argument("--out", required=True, help="trajectory store path (created if missing)")
-    p.add_argument("--episodes", type=int, required=True, help="target number of episodes in the store")
-    p.add_argument("--policy", default=d.policy, help=POLICY_HELP)
-    p.add_argument("--robot", default=d.robot, help="go1 | aliengo")
-    p.add_argument("--terrain", default=d.terrain, help="flat | mixed | comma list of terrain types")
-    p.add_argument("--skills", default=d.skills,
-                   help="'all' or a weighted mix, e.g. walking=0.5,running=0.2,turning=0.3")
-    p.add_argument("--num-envs", type=int, default=d.num_envs, help="envs per collector")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--workers", type=int, default=d.workers, help="Ray actors (0: collect in this process)")
-    p.add_argument("--address", default=d.address, help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--action-noise", type=float, default=d.action_noise,
-                   help="std of Gaussian noise added to the normalised actions (sub-optimal data)")
-    p.add_argument("--push", type=float, default=d.push, help="max random push velocity, m/s (0: none)")
-    p.add_argument("--push-interval-s", type=float, default=d.push_interval_s)
-    p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
-    p.add_argument("--collector-id", default=d.collector_id, help="prefix of episode ids written by this run")
-    p.add_argument("--compact-every", type=int, default=d.compact_every,
-                   help="compact the store every N episodes (0: only at the end)")
-    p.add_argument("--num-threads", type=int, default=d.num_threads, help="physics threads per collector")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def config_from_args(args: argparse.Namespace) -> CollectConfig:
-    return CollectConfig(
-        out=args.out, episodes=args.episodes, policy=args.policy, robot=args.robot, terrain=args.terrain,
-        skills=args.skills, num_envs=args.num_envs, seed=args.seed, workers=args.workers,
-        address=args.address, action_noise=args.action_noise, push=args.push,
-        push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s,
-        collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
-        progress=not args.no_progress,
-    ).validate()
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    if cfg.workers:
-        from quadforge.collection.distributed import run_distributed
-        summary = run_distributed(cfg)
-    else:
-        summary = run_local(cfg)
-    print(json.dumps(summary, indent=None, default=float))
-    return 0

@@ -1,12 +1,11 @@
 """`quadforge eval`: closed-loop evaluation of any policy over terrain types x levels x command sets.
 
-    quadforge eval --policy gait|CHECKPOINT --terrain stairs_up,slope_up --levels 0-3 --episodes 8
+    quadforge eval --policy gait|CHECKPOINT --terrain stairs_up,slope_up --levels 0-3 --episodes-per-cell 8
                    [--commands walking] [--commands turning] [--num-envs 16] [--seed 0] --out DIR [--video]
 
-The policy runs through the policy protocol (``collection.collect.build_policy``: the gait expert,
-outside/PPO experts through ``experts.loaders``, models trained here through ``training.deploy``, which
-rebuilds the observation layout and normalisation from the checkpoint and checks the env's terms against
-it) in the same rollout loop as collection (``collection.rollout.Rollout``).
+The policy comes from the one registry (``experts.registry.load_policy``: the gait expert, outside/PPO
+experts through ``experts.loaders``, models trained here through ``experts.learned``, which rebuilds the
+observation layout and normalisation from the checkpoint and checks the env's terms against it) in the same rollout loop as collection (``collection.rollout.Rollout``).
 
 Sweep. The terrain is one grid with one column per requested type and ``--num-levels`` rows (10 by
 default, as in training, so "level 3" is the same difficulty whatever levels are evaluated); the
@@ -38,8 +37,15 @@ import torch
 
 from quadforge.collection.labels import LabelRule
 from quadforge.collection.metrics import episode_metrics, summarize
+from quadforge.collection.reports import cells_table, eval_report_markdown, plot_vs_level
 from quadforge.collection.rollout import Rollout, RolloutConfig
-from quadforge.tools.seeding import derive_seed, seed_everything
+from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, deprecated
+from quadforge.collection.skills import SkillCommandSampler, parse_skills
+from quadforge.envs.builder import make_env
+from quadforge.envs.robots import ROBOTS
+from quadforge.envs.terrain import terrain_types
+from quadforge.experts.registry import check_policy_spec, policy_for_env, spec_help
+from quadforge.seeding import derive_seed, seed_everything
 
 
 @dataclass
@@ -69,7 +75,6 @@ class EvalConfig:
                 raise bad(name, "an integer >= 1")
         if not (self.max_episode_s > 0 and math.isfinite(self.max_episode_s)):
             raise bad("max_episode_s", "a finite number > 0 (seconds)")
-        from quadforge.envs.robots import ROBOTS
         if self.robot not in ROBOTS:
             raise bad("robot", ", ".join(ROBOTS))
         terrain_types(self.terrain)
@@ -77,13 +82,11 @@ class EvalConfig:
         if max(levels) >= self.num_levels:
             raise ValueError(f"--levels={self.levels!r} reaches level {max(levels)}; the grid has --num-levels="
                              f"{self.num_levels} (levels 0..{self.num_levels - 1})")
-        from quadforge.collection.skills import parse_skills
         if not self.commands:
             raise bad("commands", "one or more skills or skill mixes, e.g. walking or walking=0.5,turning=0.5")
         for c in self.commands:
             parse_skills(c)
-        if self.policy != "gait" and not Path(self.policy).exists():
-            raise FileNotFoundError(f"--policy {self.policy!r}: no such checkpoint; use 'gait' or a checkpoint path")
+        check_policy_spec(self.policy)
         if Path(self.out).exists() and not Path(self.out).is_dir():
             raise ValueError(f"--out {self.out!r} is a file; give a directory for the report")
         return self
@@ -109,36 +112,13 @@ def parse_levels(text: str) -> list[int]:
     return sorted(set(levels))
 
 
-def terrain_types(spec: str) -> list[str]:
-    """The terrain types of ``--terrain``: a comma list, or 'mixed' for every type."""
-    from quadforge.envs.terrain import TERRAIN_TYPES
-    spec = spec.strip()
-    if spec == "mixed":
-        return list(TERRAIN_TYPES)
-    types = list(dict.fromkeys(t.strip() for t in spec.split(",") if t.strip()))
-    unknown = [t for t in types if t not in TERRAIN_TYPES]
-    if unknown or not types:
-        raise ValueError(f"--terrain={spec!r}: unknown terrain types {unknown}; allowed: 'mixed' or a comma list "
-                         f"of {', '.join(TERRAIN_TYPES)}")
-    return types
-
-
 def build_env(cfg: EvalConfig, seed: int) -> Any:
     """One column per type, ``num_levels`` rows, curriculum off, commands held per episode, no pushes."""
-    from quadforge.envs.config import EnvConfig
-    from quadforge.envs.terrain import TerrainConfig
-    from quadforge.envs.vec_env import LeggedEnv
-
-    types = terrain_types(cfg.terrain)
-    env_cfg = EnvConfig.flat(robot=cfg.robot, num_envs=cfg.num_envs, seed=seed)
-    env_cfg.terrain = TerrainConfig.of_types(types, num_levels=cfg.num_levels, num_cols=len(types),
-                                             seed=derive_seed(seed, "eval/terrain") % (2**31))
-    env_cfg.curriculum = False
-    env_cfg.backend.num_threads = cfg.num_threads
-    env_cfg.episode_length_s = cfg.max_episode_s
-    env_cfg.commands.resample = False
-    env_cfg.randomization.push_robots = False
-    return LeggedEnv(env_cfg)
+    return make_env(cfg.robot, cfg.terrain, num_envs=cfg.num_envs, seed=seed, num_threads=cfg.num_threads,
+                    one_column_per_type=True,
+                    terrain_grid={"num_levels": cfg.num_levels, "seed": derive_seed(seed, "eval/terrain") % (2**31)},
+                    overrides={"curriculum": False, "episode_length_s": cfg.max_episode_s,
+                               "commands.resample": False, "randomization.push_robots": False})
 
 
 class TimedPolicy:
@@ -206,8 +186,7 @@ def run_round(env: Any, rollout: Rollout, cells: list[tuple[str, int]], episodes
 
 
 def load_policy(cfg: EvalConfig, env: Any) -> Any:
-    from quadforge.collection.collect import CollectConfig, build_policy
-    policy = build_policy(CollectConfig(out="", episodes=1, policy=cfg.policy, robot=cfg.robot), env)
+    policy = policy_for_env(cfg.policy, env, cfg.robot)
     check = getattr(policy, "check_terms", None)
     if callable(check):  # a checkpoint whose terms the env does not provide: a clear error before running
         check(env.terms)
@@ -216,8 +195,6 @@ def load_policy(cfg: EvalConfig, env: Any) -> Any:
 
 def evaluate(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the sweep; the result dict that ``write_outputs`` saves (see the module doc)."""
-    from quadforge.collection.skills import SkillCommandSampler, parse_skills
-
     cfg.validate()
     if cfg.video:
         from quadforge.collection.video import prepare_gl
@@ -283,7 +260,6 @@ def evaluate(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, A
 
 def write_outputs(result: dict[str, Any], out: str | Path, title: str | None = None) -> dict[str, Path]:
     """eval.json, report.md and the PNG plots into ``out``; the paths written."""
-    from quadforge.tools.reports import eval_report_markdown, plot_vs_level
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "eval.json", "report": out / "report.md"}
@@ -297,19 +273,22 @@ def write_outputs(result: dict[str, Any], out: str | Path, title: str | None = N
 # --- the CLI -----------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = EvalConfig()
-    p.add_argument("--policy", default=d.policy, help="'gait' (the gait expert) or a checkpoint path")
-    p.add_argument("--out", required=True, help="report directory (eval.json, report.md, PNG plots)")
-    p.add_argument("--robot", default=d.robot, help="go1 | aliengo")
-    p.add_argument("--terrain", default=d.terrain, help="'mixed' (every type) or a comma list of terrain types")
+    p.add_argument("--policy", default=d.policy, help=spec_help())
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory: eval.json, report.md, PNG plots")
+    add_robot(p, d.robot)
+    p.add_argument("--terrain", default=d.terrain, help="'mixed' (every type) or a comma list of terrain types, "
+                   "one grid column each")
     p.add_argument("--levels", default=d.levels, help="levels to evaluate: '0-3', '0,2,5' or '4'")
     p.add_argument("--num-levels", type=int, default=d.num_levels, help="rows of the terrain grid (difficulty scale)")
-    p.add_argument("--episodes", type=int, default=d.episodes, help="episodes per type x level x command set")
+    p.add_argument("--episodes-per-cell", type=int, default=d.episodes, dest="episodes",
+                   help="episodes per terrain type x level x command set")
+    deprecated(p, "--episodes", "--episodes-per-cell", "episodes", type=int)
     p.add_argument("--commands", action="append", default=None,
                    help="command set: a skill or a skill mix (repeatable; default: walking)")
-    p.add_argument("--num-envs", type=int, default=d.num_envs)
-    p.add_argument("--seed", type=int, default=d.seed)
+    add_num_envs(p, d.num_envs)
+    add_seed(p, d.seed)
     p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
-    p.add_argument("--num-threads", type=int, default=d.num_threads, help="physics threads")
+    add_num_threads(p, d.num_threads)
     p.add_argument("--video", action="store_true", help="also render a short GIF of env 0 (MUJOCO_GL=egl)")
 
 
@@ -324,7 +303,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args).validate()
     result = evaluate(cfg)
     paths = write_outputs(result, cfg.out)
-    from quadforge.tools.reports import cells_table
     print(cells_table([result]))
     print(f"report: {paths['report']}  json: {paths['json']}")
     return 0

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from quadforge.collection import evaluate as ev
+from quadforge.experts.registry import check_policy_spec
+from quadforge.collection.reports import cells_table, fmt, overall_table, plot_vs_level
 
 
 def _slug(expert: str) -> str:
@@ -29,8 +31,6 @@ def _slug(expert: str) -> str:
 def expert_report(cfg: ev.EvalConfig, experts: list[str], labels: list[str] | None = None,
                   title: str = "Expert report") -> dict[str, Any]:
     """Evaluate each expert with ``cfg`` (its ``policy`` replaced) and write the joint report."""
-    from quadforge.tools.reports import cells_table, fmt, overall_table, plot_vs_level
-
     if not experts:
         raise ValueError("--experts is empty; give 'gait' and/or checkpoint paths, comma-separated")
     out = Path(cfg.out)
@@ -65,18 +65,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for action in p._actions:  # --policy is replaced by --experts here
         if action.dest == "policy":
             action.help = argparse.SUPPRESS
-    p.add_argument("--experts", default="gait", help="comma-separated experts: 'gait' and/or checkpoint paths")
+    p.add_argument("--experts", default="gait", help="comma-separated policy specs: 'gait' and/or checkpoint paths")
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = ev.config_from_args(args)
     experts = [e.strip() for e in str(args.experts).split(",") if e.strip()]
     for e in experts:  # every bad expert path fails before any evaluation runs
-        if e != "gait" and not Path(e).exists():
-            raise FileNotFoundError(f"--experts: {e!r} is no checkpoint file; give 'gait' and/or checkpoint paths")
+        check_policy_spec(e)
         replace(cfg, policy=e).validate()
     report = expert_report(cfg, experts)
-    from quadforge.tools.reports import cells_table
     print(cells_table(report["results"], report["labels"]))
     print(f"expert report: {report['report']}")
     return 0

@@ -36,6 +36,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from quadforge.envs.quard.rules import OUTCOMES  # a QUARD task's outcome codes
+from quadforge.envs.terminations import TERMINATION_REASONS  # the env's code table
+
 # Failure reasons in priority order; "success" is the label when none applies.
 FAILURE_REASONS = ("non_finite", "fall", "base_collision", "tracking_error", "no_progress")
 # A task with its own success rule (QUARD, ``envs.quard.rules``) labels by its outcome instead of
@@ -81,8 +84,6 @@ def termination_name(reason: int | str) -> str:
     """The name of an env termination reason given as its name or as its integer code."""
     if isinstance(reason, str):
         return reason
-    from quadforge.envs.terminations import TERMINATION_REASONS  # the env's code table
-
     code = int(reason)
     if not 0 <= code < len(TERMINATION_REASONS):
         raise ValueError(f"termination_reason code {code}; allowed: 0..{len(TERMINATION_REASONS) - 1} "
@@ -99,7 +100,7 @@ def _number(info: Mapping[str, Any], key: str) -> float:
 def label(info: Mapping[str, Any], rule: LabelRule = LabelRule()) -> tuple[bool, str, dict[str, float]]:
     """(success, reason, numbers) for one finished episode's info.
 
-    ``info`` carries the env's ``extras["episode"]`` entries for the episode (``termination_reason``
+    ``info`` carries the env's ``extras["episode_end"]`` entries for the episode (``termination_reason``
     as a name or code, ``lin_vel_error``, ``ang_vel_error``, ``distance``) and
     ``commanded_displacement`` (m) - or, if absent, ``commanded_distance``, the path length.
     ``reason`` is "success" or one of ``FAILURE_REASONS``.
@@ -132,8 +133,6 @@ def label(info: Mapping[str, Any], rule: LabelRule = LabelRule()) -> tuple[bool,
 
 def _task_label(info: Mapping[str, Any]) -> tuple[bool, str, dict[str, float]]:
     """A QUARD episode: its outcome (name or code into ``envs.quard.rules.OUTCOMES``) is the label."""
-    from quadforge.envs.quard.rules import OUTCOMES  # the task's code table
-
     outcome = info["quard_outcome"]
     if not isinstance(outcome, str):
         code = int(outcome)

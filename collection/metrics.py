@@ -1,7 +1,7 @@
 """Evaluation metrics: per-episode numbers from a rollout ``Episode`` and their summary per cell.
 
 Per episode (``episode_metrics``):
-- ``return``: the env's task reward summed over the episode (``extras["episode"]["return"]``);
+- ``return``: the env's task reward summed over the episode (``extras["episode_end"]["return"]``);
 - ``success``: the labelling rule of ``collection.labels`` (the rollout labels every episode);
 - ``fall``: the episode ended with the robot down - a ``fall`` or a ``base_collision`` termination
   (``non_finite`` physics is counted apart, as ``non_finite``);

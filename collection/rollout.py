@@ -9,7 +9,7 @@ high-level command it acted with (a ``hl_commands`` attribute, (N, 12), as hiera
 Buffers are preallocated numpy arrays (num_envs, max_episode_length, width) written in place each
 step (``PackedSteps``: a step's features side by side, so a step costs one concatenation and one
 copy). When env i is done, its episode - arrays sliced to its length - is yielded with the env's
-``extras["episode"]`` numbers, the skill it ran, its label (``collection.labels``) and what perturbed
+``extras["episode_end"]`` numbers, the skill it ran, its label (``collection.labels``) and what perturbed
 it; the policy is reset for the done envs and the loop carries on (the env has already auto-reset
 them). An episode that hits the time limit ends with ``time_outs`` True and ``terminated`` False
 (truncated, not terminal).
@@ -29,9 +29,10 @@ import torch
 from quadforge.collection.labels import LabelRule, label, termination_name
 from quadforge.collection.skills import SKILLS, SkillCommandSampler
 from quadforge.envs.config import GAITS
-from quadforge.envs.layout import COMMAND_NAMES
+from quadforge.envs.quard.rules import OUTCOMES
+from quadforge.layout import COMMAND_NAMES
 from quadforge.experts.policy import check_policy
-from quadforge.tools.seeding import torch_generator
+from quadforge.seeding import torch_generator
 
 _VX, _VY, _WZ = (COMMAND_NAMES.index(n) for n in ("lin_vel_x", "lin_vel_y", "ang_vel_yaw"))
 _GAIT = [COMMAND_NAMES.index(n) for n in ("gait_phase", "gait_offset", "gait_bound")]
@@ -262,7 +263,7 @@ class Rollout:
         length = int(self._step_count[i])
         features = {**self._before.episode(i, length), **self._after.episode(i, length)} if self.cfg.record else {}
         info: dict[str, Any] = dict(self.info_extra)
-        for key, value in extras.get("episode", {}).items():
+        for key, value in extras.get("episode_end", {}).items():
             info[key] = value[i].item() if isinstance(value, torch.Tensor) else value[i]
         if "length" in info and int(info["length"]) != length:
             raise RuntimeError(f"env {i}: the env counts {int(info['length'])} steps in the episode, the rollout "
@@ -273,7 +274,6 @@ class Rollout:
             info["terrain_type"] = terrain_types[int(info["terrain_type"])]
         info.update(self._commands.take(i))
         if "quard_outcome" in info:  # a task with its own rule (QUARD): the outcome's name, not its code
-            from quadforge.envs.quard.rules import OUTCOMES
             info["quard_outcome"] = OUTCOMES[int(info["quard_outcome"])]
         success, reason, numbers = label(info, self.cfg.label_rule)
         if "progress" in numbers and not math.isfinite(numbers["progress"]):

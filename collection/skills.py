@@ -2,7 +2,7 @@
 
 FCNet's legged dataset covers remote-control "skills" - standing, walking/rushing, running, crawling,
 squeezing, tilting, turning - on rough terrain, stairs, slopes and obstacles. Here a skill is a
-distribution over the 15-D gait-conditioned command (``envs.layout.COMMAND_NAMES``): each entry is
+distribution over the 15-D gait-conditioned command (``quadforge.layout.COMMAND_NAMES``): each entry is
 either fixed or drawn uniformly from a range once per episode (commands stay fixed for the episode,
 which keeps an episode one skill). Terrain is not a skill: ``--terrain`` picks it.
 
@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from quadforge.envs.config import DEFAULT_GAIT_COMMAND
-from quadforge.envs.layout import COMMAND_NAMES
-from quadforge.tools.seeding import numpy_rng
+from quadforge.layout import COMMAND_NAMES
+from quadforge.seeding import numpy_rng
 
 _INDEX = {name: i for i, name in enumerate(COMMAND_NAMES)}
 

@@ -20,9 +20,13 @@ from typing import Any
 
 import torch
 
+from quadforge.collection.background_writer import BackgroundWriter
+from quadforge.collection.collect import CollectConfig, build_env, build_policy
+from quadforge.collection.rollout import Rollout, RolloutConfig
+from quadforge.data.writer import StagingWriter
+
 
 def _env_and_policy(num_envs: int, robot: str, terrain: str | None, episode_s: float, seed: int) -> tuple[Any, Any]:
-    from quadforge.collection.collect import CollectConfig, build_env, build_policy
     cfg = CollectConfig(out="", episodes=1, robot=robot, terrain=terrain or "flat", num_envs=num_envs,
                         max_episode_s=episode_s, seed=seed)
     env = build_env(cfg, seed)
@@ -32,10 +36,6 @@ def _env_and_policy(num_envs: int, robot: str, terrain: str | None, episode_s: f
 def measure(num_envs: int, steps: int, robot: str = "go1", terrain: str | None = None, repeats: int = 3,
             episode_s: float = 1.0, seed: int = 0) -> dict[str, Any]:
     """Env-steps per second of the bare env loop and of the full collection, and their ratio."""
-    from quadforge.collection.background_writer import BackgroundWriter
-    from quadforge.collection.rollout import Rollout, RolloutConfig
-    from quadforge.data.staging import StagingWriter
-
     if steps < 1 or num_envs < 1 or repeats < 1:
         raise ValueError(f"measure: num_envs={num_envs}, steps={steps}, repeats={repeats}; each must be >= 1")
     env, policy = _env_and_policy(num_envs, robot, terrain, episode_s, seed)

@@ -1,32 +1,41 @@
-"""`quadforge dataset info [--json] | validate | compact | export-hdf5 | import-hdf5`."""
+"""`quadforge dataset info [--json [PATH]] | validate | compact | export-hdf5 | import-hdf5`, each on ``--store PATH``."""
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from quadforge.cli_flags import add_store, require, write_json
+
 ACTIONS = ("info", "validate", "compact", "export-hdf5", "import-hdf5")
+
+
+def _store(p: argparse.ArgumentParser, what: str) -> None:
+    add_store(p, what)
+    # the old positional spelling (dataset info PATH), kept as a deprecated alias of --store
+    p.add_argument("store_positional", nargs="?", default=None, metavar="STORE", help=argparse.SUPPRESS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = sub.add_parser("info", help="summary of a store: episodes, steps, features, success, terrains")
-    p.add_argument("store")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _store(p, "the one to summarise")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="write the summary as JSON to PATH ('-' or no PATH: stdout) instead of the text")
     p = sub.add_parser("validate", help="check every store invariant; exit 1 if any is broken")
-    p.add_argument("store")
+    _store(p, "the one to check")
     p.add_argument("--no-values", action="store_true", help="skip reading the data (finite, stats)")
     p = sub.add_parser("compact", help="append staged episodes to the store")
-    p.add_argument("store")
+    _store(p, "the one to compact")
     p = sub.add_parser("export-hdf5", help="write the store as robomimic-style HDF5")
-    p.add_argument("store")
-    p.add_argument("output")
-    p.add_argument("--compression", choices=("gzip", "lzf"), default=None)
+    _store(p, "the one to export")
+    p.add_argument("--output", required=True, metavar="FILE", help="the HDF5 file to write")
+    p.add_argument("--compression", choices=("gzip", "lzf"), default=None, help="HDF5 compression (default none)")
     p = sub.add_parser("import-hdf5", help="append an exported HDF5 file's demos to a store")
-    p.add_argument("input")
-    p.add_argument("store")
+    p.add_argument("--input", required=True, metavar="FILE", help="the HDF5 file to read")
+    add_store(p, "appended to (created if missing)")
 
 
 def summary(store_path: str | Path) -> dict[str, Any]:
@@ -68,10 +77,15 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    positional = getattr(args, "store_positional", None)
+    if positional is not None:
+        print("quadforge: warning: the positional store is deprecated; use --store PATH", file=sys.stderr)
+        args.store = args.store or positional
+    require(args, "store", "--store")
     if args.action == "info":
         s = summary(args.store)
         if args.json:
-            print(json.dumps(s, indent=2))
+            write_json(args.json, s)
         else:
             _print_summary(s)
         return 0
@@ -81,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         print(rep.text())
         return 0 if rep.ok else 1
     if args.action == "compact":
-        from quadforge.data.store import compact
+        from quadforge.data.compaction import compact
         r = compact(args.store)
         print(f"generation {r.generation}: appended {len(r.appended)} episode(s), {r.steps} steps; "
               f"removed {len(r.skipped)} already-stored staging file(s); {r.seconds:.2f} s")

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from quadforge.tools.seeding import numpy_rng
+from quadforge.seeding import numpy_rng
 
 SPLITS = ("train", "val", "all")
 FILTER_KEYS = ("success_only", "failure_only", "terrain_types", "tasks", "policy_ids", "terrain_levels",

@@ -22,8 +22,9 @@ import numpy as np
 
 from quadforge.data.schema import IMAGE_PREFIX
 from quadforge.data.staging import write_staging_file
-from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore, compact
-from quadforge.envs.layout import TERM_DIMS
+from quadforge.data.compaction import compact
+from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore
+from quadforge.layout import TERM_DIMS
 
 FORMAT = "quadforge-robomimic-1"
 TOP_LEVEL = ("actions", "rewards")

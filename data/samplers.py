@@ -17,8 +17,8 @@ import torch
 
 from quadforge.data.episodes import (EpisodeArrays, as_episode_arrays, discounted_returns, select_episodes,
                            SPLITS)
-from quadforge.envs.layout import ObsLayout
-from quadforge.tools.seeding import numpy_rng
+from quadforge.layout import ObsLayout
+from quadforge.seeding import numpy_rng
 
 __all__ = ["EpisodeArrays", "WindowSampler", "TransitionSampler", "SPLITS"]
 

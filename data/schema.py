@@ -1,7 +1,7 @@
 """The store's feature catalogue and schema: what each per-step feature is (dtype, shape, names, units).
 
 A store's schema is fixed by its first compacted episode and every later episode must agree with it.
-Features are the raw observation terms of ``envs.layout.TERM_DIMS`` plus the per-step signals below;
+Features are the raw observation terms of ``quadforge.layout.TERM_DIMS`` plus the per-step signals below;
 camera images (when present) are features named ``images/<camera>`` (uint8, (H, W, C)).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from quadforge.envs.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, JOINT_NAMES, LEGS, TERM_DIMS
+from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, JOINT_NAMES, LEGS, TERM_DIMS
 
 FORMAT_VERSION = 1
 IMAGE_PREFIX = "images/"

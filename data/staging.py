@@ -25,7 +25,7 @@ STAGING_DIR = "staging"
 SUFFIX = ".episode"
 MAGIC = b"QFEPISODE1\n"
 _ALIGN = 64
-_COLLECTOR_RE = re.compile(r"^[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*$")
+COLLECTOR_ID_RE = re.compile(r"^[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*$")
 
 
 def staging_dir(store_path: str | Path) -> Path:
@@ -131,33 +131,6 @@ def read_staged(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             raise ValueError(f"staging file {path}: truncated data (feature {name!r})")
         out[name] = np.frombuffer(raw, dtype=dtype, count=nbytes // dtype.itemsize, offset=lo).reshape(shape)
     return out, info
-
-
-class StagingWriter:
-    """One per collector process; never shares files with another writer."""
-
-    def __init__(self, store_path: str | Path, collector_id: str):
-        if not _COLLECTOR_RE.match(str(collector_id)):
-            raise ValueError(f"collector_id={collector_id!r}: use letters, digits, '_', '.', '-' only")
-        self.store_path = Path(store_path)
-        self.collector_id = str(collector_id)
-        self.dir = staging_dir(self.store_path)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        from quadforge.data.store import TrajectoryStore  # the store module imports this one
-        prefix = self.collector_id + "-"
-        counters = [int(eid[len(prefix):]) for eid in TrajectoryStore.existing_episode_ids(self.store_path)
-                    if eid.startswith(prefix) and eid[len(prefix):].isdigit()]
-        self.counter = max(counters) + 1 if counters else 0
-
-    def next_episode_id(self) -> str:
-        return f"{self.collector_id}-{self.counter:08d}"
-
-    def write_episode(self, episode: Mapping[str, np.ndarray], info: Mapping[str, Any]) -> str:
-        """Write one episode durably; returns its episode id."""
-        episode_id = self.next_episode_id()
-        write_staging_file(self.store_path, episode_id, self.collector_id, episode, info)
-        self.counter += 1
-        return episode_id
 
 
 def write_staging_file(store_path: str | Path, episode_id: str, collector_id: str,

@@ -286,8 +286,3 @@ class TrajectoryStore:
         return (f"TrajectoryStore({str(self.root)!r}, generation={self.generation}, "
                 f"episodes={self.num_episodes}, steps={self.num_steps})")
 
-
-def compact(store_path: str | Path, **kwargs: Any):
-    """Append staged episodes to the store under its lock (see ``data.compaction.compact``)."""
-    from quadforge.data.compaction import compact as _compact  # compaction builds on this module
-    return _compact(store_path, **kwargs)

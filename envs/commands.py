@@ -14,31 +14,13 @@ from typing import Callable
 import torch
 
 from quadforge.envs.config import GAITS, CommandsConfig
-from quadforge.envs.cpu_arrays import cpu_arrays
-from quadforge.envs.layout import COMMAND_NAMES
+from quadforge.envs.rotations import yaw_from_quat
+from quadforge.layout import COMMAND_NAMES
 
 _NEVER = 2**62  # a due step no episode reaches
 CommandSampler = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 NUM_COMMANDS = len(COMMAND_NAMES)
 _IDX = {n: i for i, n in enumerate(COMMAND_NAMES)}
-
-
-def wrap_to_pi(x: torch.Tensor) -> torch.Tensor:
-    return torch.remainder(x + math.pi, 2 * math.pi) - math.pi
-
-
-def yaw_from_quat(q: torch.Tensor) -> torch.Tensor:
-    """Heading of the base's x axis, from (..., 4) wxyz quaternions: atan2(2(wz + xy), 1 - 2(yy + zz)).
-
-    On the CPU the two atan2 arguments are computed with numpy on the tensor's memory: the same
-    IEEE-rounded float products and sums as torch's (bit for bit, tested) at a fraction of the cost of
-    ten small torch calls; atan2 itself stays torch's, on contiguous inputs as before."""
-    arrays = cpu_arrays(q) if q.dtype in (torch.float32, torch.float64) else None
-    if arrays is not None:
-        w, x, y, z = (arrays[0][..., i] for i in range(4))
-        return torch.atan2(torch.from_numpy(2 * (w * z + x * y)), torch.from_numpy(1 - 2 * (y * y + z * z)))
-    w, x, y, z = q.unbind(-1)
-    return torch.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
 
 
 class CommandManager:
@@ -127,7 +109,7 @@ class CommandManager:
         commands = torch.as_tensor(commands, dtype=torch.float32, device=self.device)
         if commands.shape != (env_ids.numel(), NUM_COMMANDS):
             raise ValueError(f"set_commands: commands shape {tuple(commands.shape)}; "
-                             f"expected ({env_ids.numel()}, {NUM_COMMANDS}) in envs.layout.COMMAND_NAMES order")
+                             f"expected ({env_ids.numel()}, {NUM_COMMANDS}) in quadforge.layout.COMMAND_NAMES order")
         self.commands[env_ids] = commands
         self.pinned[env_ids] = True
         self.due_at[env_ids] = _NEVER

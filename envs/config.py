@@ -12,14 +12,18 @@ from typing import Any
 
 from quadforge.envs.backends.base import BackendConfig
 from quadforge.envs.backends.base import RandomizationConfig as PhysicsRandomizationConfig
-from quadforge.envs.layout import COMMAND_NAMES, LAYOUTS, TERM_DIMS
+from quadforge.layout import COMMAND_NAMES, LAYOUTS, TERM_DIMS
 
 COMMAND_MODES = ("joystick", "gait")
-GAITS: dict[str, tuple[float, float, float]] = {  # (phase, offset, bound), walk-these-ways
+# The one definition of the named gaits: (phase, offset, bound) of walk-these-ways' four, plus a walk.
+GAITS: dict[str, tuple[float, float, float]] = {
     "trot": (0.5, 0.0, 0.0),
     "pronk": (0.0, 0.0, 0.0),
     "pace": (0.0, 0.0, 0.5),
     "bound": (0.0, 0.5, 0.0),
+    # lateral-sequence walk: RL, FL, RR, FR touch down a quarter cycle apart (with duty 0.75, three
+    # feet stand at any time)
+    "walk": (0.5, 0.25, 0.0),
 }
 
 # The first three are legged_gym's joystick ranges; the rest walk-these-ways' Go1 ranges.

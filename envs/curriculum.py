@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from quadforge.envs.terrain import TERRAIN_TYPES, Terrain
-from quadforge.tools.seeding import torch_generator
+from quadforge.seeding import torch_generator
 
 
 def next_levels(levels: torch.Tensor, distance: torch.Tensor, commanded_distance: torch.Tensor,

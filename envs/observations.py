@@ -1,4 +1,4 @@
-"""One function per observation term of ``envs.layout.TERM_DIMS``, computed from the robot state and
+"""One function per observation term of ``quadforge.layout.TERM_DIMS``, computed from the robot state and
 the task state; ``TermCache`` evaluates them lazily so a step only pays for the terms it uses.
 
 Terms are raw (SI units, body frame, unscaled); policies flatten them with an ``ObsLayout``. Noise is
@@ -15,8 +15,8 @@ from typing import Callable, Mapping
 import torch
 
 from quadforge.envs.backends.base import RobotState
-from quadforge.envs.commands import yaw_from_quat
-from quadforge.envs.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, TERM_DIMS
+from quadforge.envs.rotations import yaw_from_quat
+from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, TERM_DIMS
 from quadforge.envs.view_cache import ViewCache
 
 _C = {n: i for i, n in enumerate(COMMAND_NAMES)}

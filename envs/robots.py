@@ -3,7 +3,7 @@
 The MJCF files under ``envs/assets/`` are written in this repository from published figures (link
 lengths, masses, inertias, joint ranges, motor limits); ``RobotSpec.published`` carries each figure with
 its source so tests and docs can check the model against them. Everything is in SI units and in the
-project joint order (``envs.layout.JOINT_NAMES``: legs FR, FL, RR, RL x hip, thigh, calf).
+project joint order (``quadforge.layout.JOINT_NAMES``: legs FR, FL, RR, RL x hip, thigh, calf).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quadforge.envs.layout import JOINT_NAMES, LEGS
+from quadforge.layout import JOINT_NAMES, LEGS
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 ROBOTS = ("go1", "aliengo")

@@ -19,7 +19,7 @@ import mujoco
 import numpy as np
 
 from quadforge.envs.backends.base import RandomizationConfig
-from quadforge.envs.layout import JOINT_NAMES, LEGS
+from quadforge.layout import JOINT_NAMES, LEGS
 
 # The tracked bodies of RobotState.contact_forces, in this order. Calf entries exclude the foot
 # sphere (a geom of the calf body), so a foot on the ground is never a "calf collision".

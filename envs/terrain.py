@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from quadforge.tools.seeding import numpy_rng
+from quadforge.seeding import numpy_rng
 
 TERRAIN_TYPES = ("flat", "slope_up", "slope_down", "rough_slope", "stairs_up", "stairs_down",
                  "obstacles", "stepping_stones", "gaps")
@@ -393,3 +393,42 @@ def generate(cfg: TerrainConfig) -> Terrain:
             origins[level, col] = (b + level * n + c - (nx - 1) / 2) * hs, \
                 (b + col * n + c - (ny - 1) / 2) * hs, tile[c - p + 1: c + p, c - p + 1: c + p].max()
     return Terrain(cfg=cfg, heights=heights, origins=torch.from_numpy(origins), col_types=col_types)
+
+
+# --- the one terrain-spec parser (every --terrain flag) ------------------------------------------------
+TERRAIN_SPEC_HELP = ("flat (a plane), plane_grid (a plane with a tile grid of spawn origins), mixed "
+                     "(legged_gym's mix) or a comma list of terrain types: " + ", ".join(TERRAIN_TYPES))
+
+
+def terrain_types(spec: str) -> list[str]:
+    """The terrain types a spec names, in order, without repeats: ``mixed`` is every type."""
+    spec = str(spec).strip()
+    if spec == "mixed":
+        return list(TERRAIN_TYPES)
+    if spec == "plane_grid":
+        return ["flat"]
+    types = list(dict.fromkeys(t.strip() for t in spec.split(",") if t.strip()))
+    unknown = [t for t in types if t not in TERRAIN_TYPES]
+    if unknown or not types:
+        raise ValueError(f"--terrain={spec!r}: unknown terrain types {unknown}; allowed: {TERRAIN_SPEC_HELP}")
+    return types
+
+
+def terrain_config(spec: str, one_column_per_type: bool = False, **grid) -> "TerrainConfig | None":
+    """The ``EnvConfig.terrain`` of a ``--terrain`` spec.
+
+    ``flat`` is a plane (None); ``plane_grid`` a plane with spawn tiles; ``mixed`` legged_gym's mix; a comma
+    list equal shares of those types. ``one_column_per_type`` lays out one grid column per named type
+    (``mixed``: every type; ``flat``: flat tiles), which evaluation needs to pin envs to cells. ``grid``
+    are further ``TerrainConfig`` fields (``num_levels``, ``seed``, ...)."""
+    spec = str(spec).strip()
+    types = terrain_types(spec)   # validates every spec
+    if one_column_per_type:
+        return TerrainConfig.of_types(types, **{"num_cols": len(types), **grid})
+    if spec == "flat":
+        return None
+    if spec == "plane_grid":
+        return TerrainConfig.flat(**grid)
+    if spec == "mixed":
+        return TerrainConfig.mixed(**grid)
+    return TerrainConfig.of_types(types, **grid)

@@ -16,10 +16,10 @@ from tensordict import TensorDict
 
 from quadforge.envs.backends import make_backend
 from quadforge.envs.backends.base import PhysicsBackend
-from quadforge.envs.commands import yaw_from_quat
+from quadforge.envs.rotations import yaw_from_quat
 from quadforge.envs.config import EnvConfig
 from quadforge.envs.kinematics import LegKinematics
-from quadforge.envs.layout import NUM_JOINTS, get_layout
+from quadforge.layout import NUM_JOINTS, get_layout
 from quadforge.envs.observations import CompiledLayout, TermCache, ground_terms, make_term_fns, scan_points_b
 from quadforge.envs.randomization import ActionLatency, Pushes
 from quadforge.envs.robots import get_robot
@@ -27,7 +27,7 @@ from quadforge.envs.tasks.locomotion import LocomotionTask
 from quadforge.envs.tasks.terrain_levels import TerrainState
 from quadforge.envs.terminations import TERMINATION_REASONS
 from quadforge.envs.view_cache import ViewCache
-from quadforge.tools.seeding import torch_generator
+from quadforge.seeding import torch_generator
 
 _EPISODE_LONG = ("termination_reason", "length", "terrain_type", "terrain_level")
 _EPISODE_FLOAT = ("return", "distance", "commanded_distance", "lin_vel_error", "lin_vel_x_error", "ang_vel_error")
@@ -182,7 +182,7 @@ class LeggedEnv(VecEnv):
             self._obs = self._compute_obs(yaw=self.task.yaw, known=None if pushed else ground, noise=self._noise)
         else:
             self._obs = self._compute_obs(noise=self._noise)
-        self.extras = {"time_outs": res.time_outs, "log": log, "episode": episode}
+        self.extras = {"time_outs": res.time_outs, "log": log, "episode_end": episode}
         return self._obs, res.rewards, res.dones, self.extras
 
     # --- contract extras -------------------------------------------------------------------------------
@@ -302,27 +302,3 @@ class LeggedEnv(VecEnv):
             log[f"Episode_Termination/{name}"] = reasons[i].item() / done_ids.numel()
         return log
 
-
-class RslRlLogView(VecEnv):
-    """``LeggedEnv`` for ``OnPolicyRunner``: rsl_rl's logger averages ``extras["episode"]`` over *all*
-    envs when present (our entries are only valid where done), so this view hides it and the runner
-    logs ``extras["log"]`` (done-env means) instead. Everything else is the wrapped env."""
-
-    def __init__(self, env: LeggedEnv):
-        self.env = env
-
-    def __getattr__(self, name: str):
-        return getattr(self.env, name)
-
-    def __setattr__(self, name: str, value) -> None:
-        if name == "env":
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.env, name, value)
-
-    def get_observations(self) -> TensorDict:
-        return self.env.get_observations()
-
-    def step(self, actions: torch.Tensor):
-        obs, rew, dones, extras = self.env.step(actions)
-        return obs, rew, dones, {k: v for k, v in extras.items() if k != "episode"}

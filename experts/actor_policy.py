@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from quadforge.envs.layout import JOINT_NAMES, LEGS, NUM_JOINTS, TERM_DIMS, ObsLayout
+from quadforge.layout import JOINT_NAMES, LEGS, NUM_JOINTS, TERM_DIMS, ObsLayout
 
 # Terms indexed by joint (12, leg-major) or by foot (4) - what a joint-order change must permute.
 JOINT_TERMS = frozenset({"dof_pos", "dof_vel", "dof_pos_sin", "dof_pos_cos", "last_action", "last_last_action"})

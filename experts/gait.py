@@ -1,6 +1,6 @@
 """The gait-conditioned model-based controller: the embedded default expert (no training).
 
-It reads the 15-D walk-these-ways command (``envs.layout.COMMAND_NAMES``) and proprioception, and
+It reads the 15-D walk-these-ways command (``quadforge.layout.COMMAND_NAMES``) and proprioception, and
 returns normalised joint actions. Per env and step:
 
 1. a phase oscillator ``t <- t + f*dt (mod 1)``; foot phases follow walk-these-ways,
@@ -35,19 +35,9 @@ from typing import Mapping
 
 import torch
 
+from quadforge.envs.config import GAITS
 from quadforge.envs.kinematics import LegKinematics
-from quadforge.envs.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, LEGS, NUM_JOINTS
-
-# (phase, offset, bound) of walk-these-ways' four named gaits.
-GAITS: dict[str, tuple[float, float, float]] = {
-    "trot": (0.5, 0.0, 0.0),
-    "pronk": (0.0, 0.0, 0.0),
-    "pace": (0.0, 0.0, 0.5),
-    "bound": (0.0, 0.5, 0.0),
-    # lateral-sequence walk: RL, FL, RR, FR touch down a quarter cycle apart (with duty 0.75, three
-    # feet stand at any time)
-    "walk": (0.5, 0.25, 0.0),
-}
+from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, LEGS, NUM_JOINTS
 
 _CMD = {name: i for i, name in enumerate(COMMAND_NAMES)}
 _GRAVITY = 9.81

@@ -6,7 +6,7 @@ GeRM (seed 003, Eq. 9) drives a walk-these-ways-style low-level controller with
 
 velocities, the gait pattern (theta = walk-these-ways' phase, offset, bound), gait frequency, body
 height, pitch, foot (stance) width, foot swing height and a termination signal. ``HierarchicalPolicy``
-maps it onto the 15-D gait command (``envs.layout.COMMAND_NAMES``), writes that into the ``commands``
+maps it onto the 15-D gait command (``quadforge.layout.COMMAND_NAMES``), writes that into the ``commands``
 term the low level reads, and keeps the last high-level command (the store's ``hl_commands``) and the
 terminate flag. Entries the 12-D command does not carry (stance duration, roll, stance length, aux)
 keep the values of the env's own command.
@@ -20,7 +20,7 @@ from typing import Mapping
 
 import torch
 
-from quadforge.envs.layout import COMMAND_NAMES, NUM_JOINTS
+from quadforge.layout import COMMAND_NAMES, NUM_JOINTS
 from quadforge.experts.policy import check_policy
 
 # seed 003 Eq. 9, in order

@@ -23,7 +23,6 @@ walk-these-ways' hip action reduction (0.5), action clip (10) and command observ
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import warnings
 import zipfile
@@ -34,8 +33,10 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from quadforge.envs.layout import LAYOUTS, LEGS, NUM_JOINTS, WTW_70, ObsLayout, get_layout
+from quadforge.layout import LAYOUTS, LEGS, NUM_JOINTS, WTW_70, ObsLayout, get_layout
+from quadforge.envs.robots import get_robot
 from quadforge.experts.actor_policy import ISAAC_GYM_LEGS, ActorPolicy, FrameObs, HistoryObs, JointOrder
+from quadforge.experts.policy import checkpoint_policy_id
 
 KINDS = ("auto", "rsl_rl", "torchscript", "wtw")
 
@@ -48,6 +49,7 @@ WTW_HIP_SCALE_REDUCTION = 0.5
 WTW_CLIP_ACTIONS = 10.0
 WTW_HISTORY = 30
 WTW_COMMAND_SCALES = (2.0, 2.0, 0.25, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.15, 0.3, 0.3, 1.0, 1.0, 1.0)
+RSL_RL_PREFIX = "model_"    # rsl_rl run directories hold model_<iteration>.pt
 WTW_BODY = "body_latest.jit"
 WTW_ADAPTATION = "adaptation_module_latest.jit"
 # rsl_rl's EmpiricalNormalization: (x - mean) / (std + eps)
@@ -55,7 +57,7 @@ RSL_RL_NORM_EPS = 1e-2
 
 
 def wtw_layout() -> ObsLayout:
-    """``envs.layout.WTW_70`` with walk-these-ways' command scales (the named layout keeps raw commands)."""
+    """``quadforge.layout.WTW_70`` with walk-these-ways' command scales (the named layout keeps raw commands)."""
     terms = tuple(replace(t, scale=WTW_COMMAND_SCALES) if t.name == "commands" else t for t in WTW_70.terms)
     return ObsLayout("wtw_70_scaled_commands", terms, clip=100.0)
 
@@ -124,7 +126,7 @@ def detect_kind(path: Path) -> str:
     if path.is_dir():
         if (path / WTW_BODY).is_file() or (path / "checkpoints" / WTW_BODY).is_file():
             return "wtw"
-        if list(path.glob("model_*.pt")):
+        if list(path.glob(f"{RSL_RL_PREFIX}*.pt")):
             return "rsl_rl"
         if (path / "last.pt").is_file() or list(path.glob("step_*.pt")):
             return "quadforge"
@@ -189,16 +191,18 @@ def _check_dims(source: str, layout: ObsLayout, in_dim: int | None, out_dim: int
 
 
 def _action_gain(robot: str, source_scale: float, hip_reduction: float = 1.0) -> torch.Tensor:
-    from quadforge.envs.robots import get_robot
     gain = torch.full((NUM_JOINTS,), source_scale / float(get_robot(robot).action_scale))
     gain[0::3] *= hip_reduction  # hips are every third joint in any leg-major order
     return gain
 
 
-def _policy_id(kind: str, path: Path) -> str:
-    stat = path.stat()
-    digest = hashlib.sha1(f"{path.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:10]
-    return f"{kind}:{path.name}:{digest}"
+def latest_rsl_rl_checkpoint(directory: str | Path) -> Path:
+    """The ``model_<it>.pt`` with the highest iteration in an rsl_rl run directory."""
+    paths = list(Path(directory).glob(f"{RSL_RL_PREFIX}*.pt"))
+    paths = [p for p in paths if p.stem[len(RSL_RL_PREFIX):].isdigit()]
+    if not paths:
+        raise FileNotFoundError(f"no {RSL_RL_PREFIX}<iteration>.pt checkpoint in {directory}")
+    return max(paths, key=lambda p: int(p.stem[len(RSL_RL_PREFIX):]))
 
 
 # --- the loaders -------------------------------------------------------------------------------------
@@ -242,7 +246,7 @@ def load_rsl_rl(path: Path, layout: str | ObsLayout | None, robot: str, num_envs
         order, scale = joint_order or ISAAC_GYM_LEGS, source_action_scale or SOURCE_ACTION_SCALE
     gen = "v5" if prefix == "mlp." else "v1"
     return ActorPolicy(actor, FrameObs(lay, num_envs, torch.device(device)), num_envs, device,
-                       policy_id=_policy_id(f"rsl_rl_{gen}", path), action_gain=_action_gain(robot or "go1", scale),
+                       policy_id=checkpoint_policy_id(f"rsl_rl_{gen}", path), action_gain=_action_gain(robot or "go1", scale),
                        joint_order=JointOrder(order))
 
 
@@ -284,7 +288,7 @@ def load_torchscript(path: Path, layout: str | ObsLayout | None, robot: str, num
     _check_dims(str(path), lay, in_dim, NUM_JOINTS)  # the input width first: the probe needs it right
     _check_dims(str(path), lay, in_dim, _probe(net, lay.dim, str(path), "scripted actor"))
     return ActorPolicy(net, FrameObs(lay, num_envs, torch.device(device)), num_envs, device,
-                       policy_id=_policy_id("torchscript", path),
+                       policy_id=checkpoint_policy_id("torchscript", path),
                        action_gain=_action_gain(robot, source_action_scale or SOURCE_ACTION_SCALE),
                        joint_order=JointOrder(joint_order or ISAAC_GYM_LEGS))
 
@@ -341,7 +345,7 @@ def load_wtw(path: Path, layout: str | ObsLayout | None, robot: str, num_envs: i
     out = _probe(body, history * lay.dim + latent, str(body_path), "body")
     _check_dims(str(body_path), lay, None, out)
     return ActorPolicy(WtwNet(body, adaptation), HistoryObs(lay, num_envs, torch.device(device), history),
-                       num_envs, device, policy_id=_policy_id("wtw", body_path), clip_actions=clip_actions,
+                       num_envs, device, policy_id=checkpoint_policy_id("wtw", body_path), clip_actions=clip_actions,
                        action_gain=_action_gain(robot, source_action_scale or SOURCE_ACTION_SCALE,
                                                 hip_scale_reduction),
                        joint_order=JointOrder(joint_order or ISAAC_GYM_LEGS))
@@ -360,10 +364,9 @@ def load_expert(path: str | Path, kind: str = "auto", layout: str | ObsLayout | 
         kind = detect_kind(path)
         if kind == "quadforge":
             raise ValueError(f"{path} is a quadforge trained-model checkpoint; load it with "
-                             "quadforge.training.deploy.load_policy")
+                             "quadforge.experts.registry.load_policy")
     if kind == "rsl_rl" and path.is_dir():
-        from quadforge.experts.ppo import latest_checkpoint
-        path = latest_checkpoint(path)
+        path = latest_rsl_rl_checkpoint(path)
     loaders = {"rsl_rl": load_rsl_rl, "torchscript": load_torchscript, "wtw": load_wtw}
     if kind != "rsl_rl" and robot is None:
         robot = "go1"
@@ -374,9 +377,3 @@ def load_expert(path: str | Path, kind: str = "auto", layout: str | ObsLayout | 
             raise ValueError(f"load_expert(kind={kind!r}): {err}") from err
         raise
 
-
-def load_policy(path: str | Path, num_envs: int, device: str = "cpu"):
-    """The entry point for any checkpoint; ``training.deploy.load_policy`` does the routing (experts
-    here, models trained by ``quadforge train`` there) so there is one place that decides."""
-    from quadforge.training.deploy import load_policy as load_any
-    return load_any(path, num_envs, device)

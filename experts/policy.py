@@ -1,7 +1,7 @@
 """The one policy protocol: experts, learned models and (later) VLAs all meet it.
 
 A policy is reset for a set of env ids and acts on a batch of *named* observation terms (see
-``envs.layout``), keeping whatever recurrent state it needs (gait phase, FCNet's frequency cache, a KV
+``quadforge.layout``), keeping whatever recurrent state it needs (gait phase, FCNet's frequency cache, a KV
 cache). Collection and evaluation use only this protocol.
 
 Action spaces:
@@ -12,6 +12,8 @@ Action spaces:
 """
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Mapping, Protocol, runtime_checkable
 
 import torch
@@ -23,7 +25,7 @@ ACTION_SPACES = ("joint", "command")
 class Policy(Protocol):
     #: a stable identifier recorded with every episode it produces (e.g. "gait:trot", "fcnet:<hash>")
     policy_id: str
-    #: the raw observation terms it reads (names from envs.layout.TERM_DIMS)
+    #: the raw observation terms it reads (names from quadforge.layout.TERM_DIMS)
     obs_terms: tuple[str, ...]
     #: "joint" or "command"
     action_space: str
@@ -45,3 +47,15 @@ def check_policy(policy: object) -> Policy:
     if policy.action_space not in ACTION_SPACES:
         raise ValueError(f"{type(policy).__name__}.action_space={policy.action_space!r}; allowed: {ACTION_SPACES}")
     return policy  # type: ignore[return-value]
+
+
+def checkpoint_policy_id(kind: str, path: str | Path) -> str:
+    """The one policy-id scheme for policies loaded from files: ``<kind>:<file name>:<digest>``.
+
+    ``kind`` names what the file holds (``rsl_rl_v5``, ``wtw``, a model name such as ``fcnet`` or
+    ``germ``); the digest covers the resolved path, modification time and size, so a retrained file in the
+    same place gets a new id. Built-in policies use ``<kind>:<variant>`` (``gait:trot``, ``zero``)."""
+    path = Path(path)
+    stat = path.stat()
+    digest = hashlib.sha1(f"{path.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:10]
+    return f"{kind}:{path.name}:{digest}"

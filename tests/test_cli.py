@@ -25,3 +25,60 @@ def test_version_is_one_line(capsys):
 def test_console_script_runs():
     r = subprocess.run([sys.executable, "-m", "quadforge.tools.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "quadforge" in r.stdout
+
+
+def _actions(parser):
+    """(subcommand path, action) of every flag and positional, sub-subcommands (dataset info, ...) included."""
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                for path, a in _actions(sub):
+                    yield (name, *path), a
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield (), action
+
+
+def _subcommand_parsers():
+    from quadforge.tools.cli import build_parser
+    for name in COMMANDS:
+        parser = build_parser(with_subcommand=name)
+        sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+        yield name, sub.choices[name]
+
+
+def test_every_flag_has_help_and_follows_the_convention():
+    """docs/cli.md: help text on every flag; one name per shared thing (old names only as hidden aliases)."""
+    import argparse
+    old_names = {"--data", "--threads", "--num_threads", "--output-dir", "--out-dir", "--json-out"}
+    for name, parser in _subcommand_parsers():
+        for path, action in _actions(parser):
+            where = " ".join((name, *path, *action.option_strings)) or f"{name} {action.dest}"
+            if action.help == argparse.SUPPRESS:
+                continue  # a deprecated alias (hidden) or a flag this subcommand replaces
+            assert action.help, f"quadforge {where}: no --help text"
+            assert not set(action.option_strings) & old_names, f"quadforge {where}: use the docs/cli.md name"
+        dests = {a.dest: a for _, a in _actions(parser) if a.help != argparse.SUPPRESS}
+        if "store" in dests:
+            assert "--store" in dests["store"].option_strings, f"quadforge {name}: the store is --store"
+        if "num_threads" in dests:
+            assert "--num-threads" in dests["num_threads"].option_strings
+
+
+def test_deprecated_spellings_still_work(tmp_path, capsys):
+    from quadforge.tools.cli import build_parser
+    args = build_parser("rollout").parse_args(["rollout", "--threads", "2"])
+    assert args.num_threads == 2 and "--threads is deprecated" in capsys.readouterr().err
+    args = build_parser("collect").parse_args(["collect", "--out", "S", "--episodes", "1"])
+    assert args.store == "S"
+    args = build_parser("train").parse_args(["train", "--model", "mlp", "--data", "S"])
+    assert args.store == "S"
+    args = build_parser("eval").parse_args(["eval", "--out", "D", "--episodes", "3"])
+    assert args.episodes == 3
+    assert main(["dataset", "info", str(tmp_path / "missing")]) == 2   # the old positional store
+    assert "positional store is deprecated" in capsys.readouterr().err
+
+
+def test_tracking_eval_is_a_subcommand(capsys):
+    assert main(["eval-tracking", "--policy", "nope.pt"]) == 2
+    assert "nope.pt" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from quadforge.envs.layout import LAYOUTS, TERM_DIMS, JOINT_NAMES, ObsLayout, get_layout
+from quadforge.layout import LAYOUTS, TERM_DIMS, JOINT_NAMES, ObsLayout, get_layout
 
 
 def _terms(batch=5):

@@ -14,12 +14,13 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("quadforge.tools.demo", "end-to-end demo: collect with the gait expert, train FCNet, evaluate both"),
     "rollout": ("quadforge.tools.rollout_cmd", "run a policy in the env for a few seconds and print a summary"),
-    "collect": ("quadforge.collection.collect", "collect labelled episodes into a zarr trajectory store"),
+    "collect": ("quadforge.collection.collect_cmd", "collect labelled episodes into a zarr trajectory store"),
     "dataset": ("quadforge.data.cli", "inspect, validate, export or import a trajectory store"),
     "train": ("quadforge.training.cli", "train an imitation model or GeRM on a trajectory store"),
-    "train-expert": ("quadforge.experts.ppo", "train a PPO expert with rsl_rl on the locomotion task"),
+    "train-expert": ("quadforge.training.ppo", "train a PPO expert with rsl_rl on the locomotion task"),
     "eval": ("quadforge.collection.evaluate", "closed-loop evaluation of a policy across terrain types and levels"),
     "eval-expert": ("quadforge.collection.evaluate_expert", "evaluate an expert per terrain type x level"),
+    "eval-tracking": ("quadforge.collection.tracking_eval", "velocity tracking and fall rate of an expert per terrain type"),
     "reproduce": ("quadforge.tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency)"),
     "bench": ("quadforge.tools.bench.cli", "benchmarks: sim | env_step | experts | store | models | germ"),
 }

@@ -99,7 +99,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
                            title="Demo: the gait expert and FCNet trained on its data")
     times["eval_s"] = time.perf_counter() - t0
 
-    from quadforge.tools.reports import overall_table
+    from quadforge.collection.reports import overall_table
     print()
     print(overall_table(report["results"], labels))
     print()
@@ -112,10 +112,12 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     return summary
 
 
+from quadforge.cli_flags import add_out, add_seed  # noqa: E402  (the CLI layer: beside its flags)
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = DemoConfig()
-    p.add_argument("--out", default=d.out, help="output directory (store, checkpoint, report)")
-    p.add_argument("--seed", type=int, default=d.seed)
+    add_out(p, "store, checkpoint, report", d.out)
+    add_seed(p, d.seed)
     p.add_argument("--tiny", action="store_true", help="a seconds-long smoke run of every stage")
     p.add_argument("--episodes", type=int, default=None, help=f"episodes to collect (default {d.episodes})")
     p.add_argument("--train-steps", type=int, default=None, help=f"FCNet optimizer steps (default {d.train_steps})")

@@ -31,7 +31,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-IMITATION_MODELS = ("fcnet", "transformer", "convformer", "mlp")
+from quadforge.training.models import MODELS
+
+# the imitation models the report trains by default: a subset of training.models.MODELS, the one list
+DEFAULT_MODELS = ("fcnet", "transformer", "convformer", "mlp")
 GERM_VARIANTS = ("germ", "germ-il", "germ-dense")
 
 
@@ -40,7 +43,7 @@ class ReproduceConfig:
     out: str = "runs/reproduce"
     docs: str = "docs/results.md"
     sizes: tuple[int, ...] = (50_000, 250_000, 1_000_000)   # env steps of imitation data (seed 000 Fig. 4 scale)
-    models: tuple[str, ...] = IMITATION_MODELS
+    models: tuple[str, ...] = DEFAULT_MODELS
     seeds: tuple[int, ...] = (0, 1, 2)
     train_steps: int = 2000
     batch_size: int = 64
@@ -68,9 +71,9 @@ class ReproduceConfig:
     def validate(self) -> "ReproduceConfig":
         if not self.sizes or any(s < 100 for s in self.sizes):
             raise ValueError(f"--sizes={self.sizes}; give env-step counts >= 100, e.g. 50000,250000,1000000")
-        unknown = [m for m in self.models if m not in IMITATION_MODELS]
+        unknown = [m for m in self.models if m not in MODELS]
         if unknown:
-            raise ValueError(f"--models: unknown {unknown}; allowed: {IMITATION_MODELS}")
+            raise ValueError(f"--models: unknown {unknown}; allowed: {', '.join(MODELS)}")
         if not self.seeds:
             raise ValueError("--seeds is empty; give e.g. 0,1,2")
         for name in ("train_steps", "batch_size", "germ_steps", "eval_episodes", "num_envs"):
@@ -314,7 +317,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--docs", default="docs/results.md", help="the report to (re)write")
     p.add_argument("--sizes", default=None, help="imitation dataset sizes in env steps, e.g. 50000,250000,1000000")
     p.add_argument("--seeds", default=None, help="training seeds, e.g. 0,1,2")
-    p.add_argument("--models", default=None, help=f"imitation models (default {','.join(IMITATION_MODELS)})")
+    p.add_argument("--models", default=None, help=f"imitation models (default {','.join(DEFAULT_MODELS)})")
     p.add_argument("--train-steps", type=int, default=None, help="optimizer steps per imitation run")
     p.add_argument("--germ-steps", type=int, default=None, help="optimizer steps per GeRM run")
     p.add_argument("--germ-episodes", type=int, default=None, help="GeRM data: clean episodes (and as many perturbed)")

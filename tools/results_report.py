@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from quadforge.tools.reports import fmt, markdown_table
+from quadforge.collection.reports import fmt, markdown_table
 
 
 def _ms(values: Sequence[float]) -> str:

@@ -1,4 +1,4 @@
-"""`quadforge rollout`: run a policy (zero actions or the gait expert) in LeggedEnv for a few seconds and
+"""`quadforge rollout`: run a policy (zero actions, the gait expert or any checkpoint) in LeggedEnv for a few seconds and
 print a summary: env steps/s, episodes and how they ended, mean base velocity vs command, terrain levels.
 """
 from __future__ import annotations
@@ -9,43 +9,34 @@ import time
 
 import torch
 
-POLICIES = ("zero", "gait", "expert")
-TERRAINS = ("flat", "plane_grid", "mixed")
+from quadforge.cli_flags import add_json, add_num_envs, add_num_threads, add_robot, add_seed, write_json
+from quadforge.envs.builder import make_env
+from quadforge.envs.config import RandomizationConfig
+from quadforge.envs.terminations import TERMINATION_REASONS
+from quadforge.envs.terrain import TERRAIN_SPEC_HELP
+from quadforge.experts.registry import check_policy_spec, policy_for_env, spec_help
+from quadforge.layout import COMMAND_NAMES
+from quadforge.seeding import seed_everything
+
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="locomotion",
                         help="locomotion (joystick commands), or a QUARD task: quard:<family> | quard:all "
-                             "(families go_to, go_avoid, stop, distinguish, go_through; policy expert or zero)")
+                             "(families go_to, go_avoid, stop, distinguish, go_through; --policy expert or zero)")
     parser.add_argument("--images", action="store_true", help="QUARD tasks: render the front camera (5 Hz)")
-    parser.add_argument("--robot", default="go1", help="go1 | aliengo")
-    parser.add_argument("--num-envs", type=int, default=16)
+    add_robot(parser)
+    add_num_envs(parser, 16)
     parser.add_argument("--seconds", type=float, default=5.0, help="simulated seconds per env")
-    parser.add_argument("--policy", default="zero", help=f"one of {POLICIES} (gait: experts.gait.GaitController)")
-    parser.add_argument("--gait", default="trot", help="gait of the gait expert")
-    parser.add_argument("--terrain", default="flat",
-                        help=f"one of {TERRAINS}, or comma-separated terrain types (envs.terrain.TERRAIN_TYPES)")
+    parser.add_argument("--policy", default="zero", help=spec_help())
+    parser.add_argument("--gait", default=None, help="gait of the gait expert (same as --policy gait:<gait>)")
+    parser.add_argument("--terrain", default="flat", help=TERRAIN_SPEC_HELP)
     parser.add_argument("--command", default=None, metavar="VX,VY,WZ",
                         help="pin this joystick command in every env (default: drawn per episode)")
     parser.add_argument("--no-randomization", action="store_true", help="nominal physics, no pushes, no latency")
-    parser.add_argument("--threads", type=int, default=None, help="physics threads (default: all cores)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="PATH", help="also write the summary as JSON here")
-
-
-def _terrain(name: str):
-    if name == "flat":
-        return None
-    from quadforge.envs.terrain import TERRAIN_TYPES, TerrainConfig
-    if name == "plane_grid":
-        return TerrainConfig.flat()
-    if name == "mixed":
-        return TerrainConfig.mixed()
-    types = [t.strip() for t in name.split(",") if t.strip()]
-    bad = [t for t in types if t not in TERRAIN_TYPES]
-    if bad or not types:
-        raise ValueError(f"--terrain {name!r}: unknown terrain type {bad}; allowed: {TERRAINS} or types from {TERRAIN_TYPES}")
-    return TerrainConfig.of_types(types)
+    add_num_threads(parser, None)
+    add_seed(parser)
+    add_json(parser, "the summary")
 
 
 def _command(text: str | None):
@@ -60,36 +51,18 @@ def _command(text: str | None):
     return vals
 
 
-def _policy(name: str, env, gait: str):
-    if name == "zero":
-        return None
-    if name == "gait":
-        from quadforge.experts.gait import GaitController
-        return GaitController(env.robot, env.num_envs, env.dt, device=env.device, gait=gait)
-    raise ValueError(f"--policy {name!r} is invalid; allowed: {POLICIES}")
-
-
 def build_env(args: argparse.Namespace):
-    from quadforge.envs.config import EnvConfig, RandomizationConfig
-    from quadforge.envs.vec_env import LeggedEnv
-
     if args.num_envs < 1:
         raise ValueError(f"--num-envs {args.num_envs}: allowed: an integer >= 1")
     if not args.seconds > 0:
         raise ValueError(f"--seconds {args.seconds}: allowed: > 0")
-    cfg = EnvConfig.flat(robot=args.robot, num_envs=args.num_envs, seed=args.seed)
-    cfg.terrain = _terrain(args.terrain)
-    cfg.backend.num_threads = args.threads
-    if args.no_randomization:
-        cfg.randomization = RandomizationConfig.off()
-    return LeggedEnv(cfg)
+    overrides = {"randomization": RandomizationConfig.off()} if args.no_randomization else {}
+    return make_env(args.robot, args.terrain, num_envs=args.num_envs, seed=args.seed, num_threads=args.num_threads,
+                    overrides=overrides)
 
 
 def rollout(env, policy, seconds: float, command=None) -> dict:
     """Run ``seconds`` of simulated time in every env; the summary as a dict."""
-    from quadforge.envs.layout import COMMAND_NAMES
-    from quadforge.envs.terminations import TERMINATION_REASONS
-
     n, dev = env.num_envs, env.device
     all_ids = torch.arange(n, device=dev)
     pinned = None
@@ -97,26 +70,24 @@ def rollout(env, policy, seconds: float, command=None) -> dict:
         pinned = env.commands.clone()
         pinned[:, :3] = torch.tensor(command, device=dev)
         env.set_commands(all_ids, pinned)
-    if policy is not None:
-        policy.reset(all_ids)
+    policy.reset(all_ids)
     steps = max(1, int(round(seconds / env.dt)))
     reasons = torch.zeros(len(TERMINATION_REASONS), dtype=torch.long)
     vel_sum = torch.zeros(3)
     cmd_sum = torch.zeros(3)
     t0 = time.perf_counter()
     for _ in range(steps):
-        terms = env.terms if policy is not None else None
-        actions = policy.act(terms) if policy is not None else torch.zeros(n, env.num_actions, device=dev)
+        terms = env.terms if policy.obs_terms else {}   # the zero policy reads nothing: skip building terms
+        actions = policy.act(terms)
         cmd_sum += env.commands[:, :3].sum(0).cpu()
         _, _, dones, extras = env.step(actions)
         st = env.backend.state
         vel_sum += torch.cat([st.root_lin_vel_b[:, :2], st.root_ang_vel_b[:, 2:3]], 1).sum(0).cpu()
         done_ids = dones.nonzero(as_tuple=False).flatten()
         if done_ids.numel():
-            reasons += torch.bincount(extras["episode"]["termination_reason"][done_ids].cpu(),
+            reasons += torch.bincount(extras["episode_end"]["termination_reason"][done_ids].cpu(),
                                       minlength=len(TERMINATION_REASONS))
-            if policy is not None:
-                policy.reset(done_ids)
+            policy.reset(done_ids)
             if pinned is not None:
                 env.set_commands(done_ids, pinned[done_ids])
     wall = time.perf_counter() - t0
@@ -148,14 +119,14 @@ def format_summary(s: dict, policy: str, terrain: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quadforge.tools.seeding import seed_everything
-
-    if args.policy not in POLICIES:
-        raise ValueError(f"--policy {args.policy!r} is invalid; allowed: {POLICIES}")
     if args.task != "locomotion":
         return run_quard(args)
-    if args.policy == "expert":
-        raise ValueError("--policy expert is the QUARD expert: give --task quard:<family>|quard:all")
+    spec = args.policy
+    if args.gait is not None:
+        if spec != "gait":
+            raise ValueError(f"--gait {args.gait!r} applies to --policy gait only (got --policy {spec!r})")
+        spec = f"gait:{args.gait}"
+    check_policy_spec(spec)
     command = _command(args.command)
     seed_everything(args.seed)
     # The env's per-step torch work is many small batched ops: intra-op threads only add hand-off cost
@@ -163,16 +134,15 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     env = build_env(args)
     try:
-        policy = _policy(args.policy, env, args.gait)
+        policy = policy_for_env(spec, env, args.robot)
         summary = rollout(env, policy, args.seconds, command)
     finally:
         env.close()
     print(format_summary(summary, args.policy, args.terrain))
     if args.json:
-        from pathlib import Path
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(summary, indent=2))
-        print(f"wrote {args.json}")
+        write_json(args.json, summary)
+        if args.json != "-":
+            print(f"wrote {args.json}")
     return 0
 
 
@@ -184,7 +154,7 @@ def run_quard(args: argparse.Namespace) -> int:
     from quadforge.collection.rollout import Rollout, RolloutConfig
     from quadforge.envs.quard.env import QuardConfig, QuardEnv
     from quadforge.envs.quard.instructions import task_families
-    from quadforge.tools.seeding import seed_everything
+    from quadforge.envs.terrain import terrain_config
 
     task_families(args.task)   # a one-line error for a bad task name
     if args.policy not in ("expert", "zero"):
@@ -193,16 +163,14 @@ def run_quard(args: argparse.Namespace) -> int:
         raise ValueError("--num-envs must be >= 1 and --seconds > 0")
     seed_everything(args.seed)
     torch.set_num_threads(1)
-    terrain = _terrain(args.terrain)
     env = QuardEnv(QuardConfig.make(args.task, robot=args.robot, num_envs=args.num_envs, seed=args.seed,
-                                    terrain=terrain, images=args.images))
+                                    terrain=terrain_config(args.terrain), images=args.images))
     try:
         if args.policy == "expert":
             from quadforge.experts.quard_expert import make_quard_expert
             policy = make_quard_expert(env)
         else:
-            from quadforge.experts.gait import GaitController
-            policy = GaitController(env.robot, env.num_envs, env.dt, device=env.device)
+            policy = policy_for_env("zero", env, args.robot)
         steps = max(1, int(round(args.seconds / env.dt)))
         t0 = time.perf_counter()
         outcomes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -221,8 +189,5 @@ def run_quard(args: argparse.Namespace) -> int:
         print(f"  {t:18s} episodes {f['episodes']:4d}  success {f['success_rate']:.3f}  "
               + "  ".join(f"{k}={v}" for k, v in sorted(f["outcomes"].items())))
     if args.json:
-        from pathlib import Path
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(summary, indent=2))
-        print(f"wrote {args.json}")
+        write_json(args.json, summary)
     return 0

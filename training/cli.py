@@ -1,7 +1,7 @@
 """`quadforge train`: imitation models here, GeRM (any model name starting with "germ") in
 ``training.qlearning``.
 
-    quadforge train --model fcnet --data STORE --out DIR [--max-steps N] [--seed S] [--device cpu|cuda]
+    quadforge train --model fcnet --store STORE --out DIR [--max-steps N] [--seed S] [--device cpu|cuda]
                     [--preset NAME] [--layout NAME] [--resume] [key=value ...]
 
 ``key=value`` overrides address the trainer config by (dotted) field name, e.g. ``batch_size=256``,
@@ -12,26 +12,25 @@ from __future__ import annotations
 
 
 import argparse
-import ast
-import dataclasses
 import importlib
-from typing import Any
-from quadforge.tools.overrides import parse_overrides  # noqa: F401  (re-exported for callers)
 
-IMITATION_MODELS = ("fcnet", "transformer", "convformer", "starformer", "mlp")
+from quadforge.cli_flags import add_out, add_resume, add_seed, add_store
+from quadforge.training.models import MODELS
+
+IMITATION_MODELS = tuple(MODELS)   # the model zoo of training.models is the one list
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
                         help=f"one of {', '.join(IMITATION_MODELS)}, or a GeRM model (name starting with 'germ')")
-    parser.add_argument("--data", help="trajectory store (zarr) to train on")
-    parser.add_argument("--out", help="output directory: checkpoints, TensorBoard logs, config")
+    add_store(parser, "trained on", old="--data")
+    add_out(parser, "checkpoints, TensorBoard logs, config")
     parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps (default: the preset's)")
-    parser.add_argument("--seed", type=int, default=0)
+    add_seed(parser)
     parser.add_argument("--device", default="cpu", help="cpu | cuda (cuda:K under torchrun picks LOCAL_RANK)")
     parser.add_argument("--preset", default=None, help="hyperparameter preset (default: the model's paper preset)")
-    parser.add_argument("--layout", default=None, help="observation layout from envs.layout (default: proprio)")
-    parser.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
+    parser.add_argument("--layout", default=None, help="observation layout from quadforge.layout (default: proprio)")
+    add_resume(parser, "its last checkpoint (OUT/last.pt)")
     parser.add_argument("--success-only", action="store_true", help="train only on episodes labelled successful")
     parser.add_argument("--batch-size", type=int, default=None, help="windows per optimizer step (per rank)")
     parser.add_argument("--log-every", type=int, default=None, help="print/log every N steps")
@@ -46,36 +45,3 @@ def run(args: argparse.Namespace) -> int:
     if model not in IMITATION_MODELS:
         raise ValueError(f"--model {model!r} unknown; allowed: {IMITATION_MODELS} or a name starting with 'germ'")
     return int(importlib.import_module("quadforge.training.imitation").run_from_args(args) or 0)
-
-
-# --- key=value overrides, shared by every trainer ------------------------------------------------------
-
-def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
-    """Set (dotted) fields of a dataclass config in place; a nested dict field takes any key.
-
-    Unknown fields raise ValueError naming the allowed ones, so a typo never silently does nothing.
-    """
-    for key, value in overrides.items():
-        target, parts = cfg, key.split(".")
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            if isinstance(target, dict):
-                if last:
-                    target[part] = value
-                else:
-                    target = target.setdefault(part, {})
-                continue
-            names = [f.name for f in dataclasses.fields(target)] if dataclasses.is_dataclass(target) else []
-            if part not in names:
-                where = ".".join(parts[:i]) or "config"
-                raise ValueError(f"override {key!r}: {where} has no field {part!r}; allowed: {sorted(names)}")
-            if last:
-                current = getattr(target, part)
-                if isinstance(current, tuple) and isinstance(value, list):
-                    value = tuple(value)
-                if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-                    value = float(value)
-                setattr(target, part, value)
-            else:
-                target = getattr(target, part)
-    return cfg

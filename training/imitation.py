@@ -6,7 +6,7 @@ actions (or a Gaussian NLL with a learned per-dimension log-std) over every real
 window - FCNet's objective (seed 000 Eq. 4). One process or DDP under torchrun: each rank draws its
 batches from a disjoint shard of the window index with its own seeded stream; the stream of step s
 is derived from (seed, rank, s), so a resumed run draws exactly the batches the uninterrupted run
-would have. Checkpoints carry everything ``training.deploy.load_policy`` needs.
+would have. Checkpoints carry everything ``experts.learned.load_policy`` needs.
 """
 from __future__ import annotations
 
@@ -22,8 +22,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from quadforge.envs.layout import NUM_JOINTS, TERM_DIMS, get_layout
-from quadforge.tools.seeding import numpy_rng, seed_everything
+from quadforge.layout import NUM_JOINTS, TERM_DIMS, get_layout
+from quadforge.data.episodes import EpisodeArrays
+from quadforge.data.samplers import WindowSampler
+from quadforge.data.store import TrajectoryStore
+from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
 from quadforge.training.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
 from quadforge.training.models import SequenceModel, build_model
@@ -35,23 +39,20 @@ from quadforge.training.presets import TrainConfig, preset
 
 def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
     """A TrajectoryStore (opened from a path) or in-memory EpisodeArrays, with its provenance."""
-    from quadforge.data.episodes import EpisodeArrays
     if isinstance(data, EpisodeArrays):
         return data, {"store": None, "source": "in-memory EpisodeArrays", "episodes": data.num_episodes,
                       "steps": data.num_steps}
     if data is None:
-        raise ValueError("--data is required: the trajectory store to train on")
+        raise ValueError("--store is required: the trajectory store to train on")
     path = Path(data)
     if not path.exists():
-        raise FileNotFoundError(f"--data {path}: no trajectory store there")
-    from quadforge.data.store import TrajectoryStore
+        raise FileNotFoundError(f"--store {path}: no trajectory store there")
     store = TrajectoryStore.open(path)
     return store, {"store": str(path.resolve()), "generation": store.generation,
                    "episodes": store.num_episodes, "steps": store.num_steps}
 
 
 def make_samplers(cfg: TrainConfig, source: Any, info: dist.DistInfo, use_rtg: bool):
-    from quadforge.data.samplers import WindowSampler
     layout = get_layout(cfg.layout)
     filters = {"success_only": True} if cfg.success_only else None
     common = dict(layout=layout, context=cfg.context, val_fraction=cfg.val_fraction, filters=filters,
@@ -263,7 +264,6 @@ def _writer(out: Path | None, info: dist.DistInfo):
 # --- CLI glue --------------------------------------------------------------------------------------------
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    from quadforge.training.cli import apply_overrides, parse_overrides
     cfg = preset(args.model, args.preset)
     cfg.seed = int(args.seed)
     if args.layout:
@@ -287,7 +287,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not args.out:
         raise ValueError("--out is required: the directory for checkpoints and logs")
     cfg = config_from_args(args)
-    result = train(cfg, args.data, args.out, device=args.device, resume=args.resume)
+    result = train(cfg, args.store, args.out, device=args.device, resume=args.resume)
     if result.checkpoint is not None:
         print(f"wrote {result.checkpoint}")
     return 0

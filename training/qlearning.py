@@ -1,6 +1,6 @@
 """GeRM's conservative discretized Q-learning (seed 003 §III Eq. 2-3, Q-Transformer) and its baselines.
 
-    quadforge train --model germ|germ-il|germ-dense --data STORE --out DIR [--max-steps N] [--seed S]
+    quadforge train --model germ|germ-il|germ-dense --store STORE --out DIR [--max-steps N] [--seed S]
 
 Per transition (window ending at t, dataset action a_t binned per dimension, reward, next window):
 - targets (Eq. 2, from the EMA target network, teacher-forced on the dataset's bins):
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,15 +42,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quadforge.envs.layout import ObsLayout, get_layout
+from quadforge.layout import ObsLayout, get_layout
+from quadforge.data.episodes import as_episode_arrays
+from quadforge.data.samplers import TransitionSampler
+from quadforge.data.store import TrajectoryStore
 from quadforge.training.binning import BIN_METHODS, ActionBinner, fit_binner
 from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
 from quadforge.training.distributed import (DistInfo, all_reduce_mean, barrier, broadcast_object, cleanup, init_distributed,
                                   wrap_model)
-from quadforge.training.germ_policy import GeRMPolicy, action_space_of
+from quadforge.experts.germ_policy import action_space_of
 from quadforge.training.models.germ import GeRM, GeRMConfig
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
-from quadforge.tools.seeding import seed_everything
+from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.seeding import seed_everything
 
 GERM_MODELS = ("germ", "germ-il", "germ-dense")
 OBJECTIVES = ("q", "il")
@@ -219,15 +222,11 @@ def ema_update(target: nn.Module, online: nn.Module, tau: float) -> None:
 def open_source(path: str | Path) -> Any:
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"--data {path}: no trajectory store there")
-    from quadforge.data.store import TrajectoryStore   # imported here: the store package is only needed for files
+        raise FileNotFoundError(f"--store {path}: no trajectory store there")
     return TrajectoryStore.open(str(path))
 
 
 def make_samplers(source: Any, layout: ObsLayout, cfg: GeRMTrainConfig, info: DistInfo):
-    from quadforge.data.episodes import as_episode_arrays
-    from quadforge.data.samplers import TransitionSampler
-
     data = as_episode_arrays(source, list(layout.term_names) + [cfg.action_feature, "terminated"])
     common = dict(layout=layout, context=cfg.model.context, gamma=cfg.gamma, reward="sparse",
                   success_only=cfg.success_only, n_step=cfg.n_step, seed=cfg.seed,
@@ -423,7 +422,6 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
 # --- CLI -----------------------------------------------------------------------------------------
 
 def config_from_args(args: argparse.Namespace) -> GeRMTrainConfig:
-    from quadforge.training.cli import apply_overrides, parse_overrides
 
     cfg = default_config(str(args.model), getattr(args, "preset", None))
     cfg.seed = int(getattr(args, "seed", 0) or 0)
@@ -441,31 +439,13 @@ def config_from_args(args: argparse.Namespace) -> GeRMTrainConfig:
 
 def run_from_args(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    if not getattr(args, "data", None):
-        raise ValueError("--data STORE is required for GeRM training")
+    if not getattr(args, "store", None):
+        raise ValueError("--store STORE is required for GeRM training")
     if not getattr(args, "out", None):
         raise ValueError("--out DIR is required for GeRM training")
-    source = open_source(args.data)
+    source = open_source(args.store)
     summary = train(cfg, source, args.out, device=getattr(args, "device", "cpu"),
-                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.data).resolve())})
+                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.store).resolve())})
     print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {summary['active_parameters']:,} / "
           f"total {summary['total_parameters']:,} parameters)")
     return 0
-
-
-# --- deployment ----------------------------------------------------------------------------------
-
-def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "cpu") -> GeRMPolicy:
-    """A GeRM checkpoint (file or run directory) as a Policy for ``num_envs`` envs."""
-    ckpt = load_checkpoint(path)
-    if not ckpt.model_name.startswith("germ"):
-        raise ValueError(f"{path}: checkpoint holds model {ckpt.model_name!r}, not a GeRM model")
-    if "binner" not in ckpt.extra:
-        raise ValueError(f"{path}: GeRM checkpoint lacks its bin edges (extra['binner'])")
-    model = GeRM(GeRMConfig.from_dict(ckpt.model_config))
-    load_state(model, ckpt)
-    layout = ObsLayout.from_dict(ckpt.layout)
-    digest = hashlib.sha256(f"{Path(path).resolve()}:{ckpt.step}".encode()).hexdigest()[:8]
-    return GeRMPolicy(model, ActionBinner.from_dict(ckpt.extra["binner"]), layout, num_envs,
-                      action_space=ckpt.extra.get("action_space", "joint"),
-                      policy_id=f"{ckpt.model_name}:{digest}", device=device)

@@ -7,7 +7,7 @@ MuJoCo Warp backend (thousands of worlds on one GPU) or an Isaac Gym adapter imp
 protocol with tensors living on the GPU.
 
 Conventions: quaternions are (w, x, y, z); "_w" is the world frame, "_b" the base (body) frame; joint
-order is ``envs.layout.JOINT_NAMES``; foot order is ``envs.layout.LEGS``.
+order is ``quadforge.layout.JOINT_NAMES``; foot order is ``quadforge.layout.LEGS``.
 """
 from __future__ import annotations
 

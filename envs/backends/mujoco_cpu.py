@@ -30,9 +30,9 @@ import torch
 
 from quadforge.envs.backends.base import BackendConfig, RobotState
 from quadforge.envs.backends.env_pool import EnvPool
-from quadforge.envs.layout import NUM_FEET, NUM_JOINTS
+from quadforge.layout import NUM_FEET, NUM_JOINTS
 from quadforge.envs.scene import TRACKED, Scene, build_scene, make_variants
-from quadforge.tools.seeding import numpy_rng
+from quadforge.seeding import numpy_rng
 
 # A state entry beyond this magnitude (m, rad, m/s, rad/s) is a diverged simulation, like a NaN.
 MAX_ABS_STATE = 1e6

@@ -13,7 +13,7 @@ env's own fall / base collision / non-finite terminations. Beyond the locomotion
 - privileged ``task_*`` terms (``envs.layout.TERM_DIMS``): base pose, target, distractor, obstacle,
   named tunnel, family / speed / gait codes.
 
-``extras["episode"]`` adds ``quard_outcome`` (code into ``envs.quard.rules.OUTCOMES``), ``quard_family``,
+``extras["episode_end"]`` adds ``quard_outcome`` (code into ``envs.quard.rules.OUTCOMES``), ``quard_family``,
 ``obstacle_contacts`` (steps touching the obstacle), ``time_to_success`` (s, -1 without success) and
 ``path_length`` (m of base travel); ``env.episode_task_info(i)`` gives a finished episode's JSON-able
 task parameters (family, instruction, target, distractor, slots, speed and gait words, ball speed,
@@ -41,7 +41,7 @@ from quadforge.envs.quard.rules import (FAMILY_CODE, OUTCOME_CODE, OUTCOMES, TIM
 from quadforge.envs.tasks.locomotion import LocomotionTask, StepResult
 from quadforge.envs.terminations import BASE_COLLISION, FALL, NON_FINITE, TASK_END, TIME_OUT
 from quadforge.envs.vec_env import LeggedEnv
-from quadforge.tools.seeding import numpy_rng
+from quadforge.seeding import numpy_rng
 
 COLOUR_SETS = {"train": TRAIN_COLOURS, "held_out": HELD_OUT_COLOURS, "all": TRAIN_COLOURS + HELD_OUT_COLOURS}
 OBSTACLE_CONTACT_FORCE = 1e-6   # N: any contact force on the obstacle (only the robot can touch it)

@@ -11,7 +11,7 @@ import torch
 from quadforge.envs.backends.base import RobotState
 from quadforge.envs.commands import CommandManager
 from quadforge.envs.config import EnvConfig
-from quadforge.envs.layout import COMMAND_NAMES
+from quadforge.layout import COMMAND_NAMES
 from quadforge.envs.observations import TaskView
 from quadforge.envs.rewards import FeetAirTime, RewardManager, RewardView
 from quadforge.envs.terminations import Terminations, contact_body_indices

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from quadforge.envs.layout import COMMAND_NAMES
+from quadforge.layout import COMMAND_NAMES
 
 
 class ScriptedEnv:
@@ -81,7 +81,7 @@ class ScriptedEnv:
         done_ids = dones.nonzero().flatten()
         if done_ids.numel():
             self.reset_envs(done_ids)  # auto-reset: the returned obs is already the next episode's
-        extras = {"time_outs": time_outs, "log": {}, "episode": episode}
+        extras = {"time_outs": time_outs, "log": {}, "episode_end": episode}
         return None, rewards, dones, extras
 
 

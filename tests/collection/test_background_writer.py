@@ -40,11 +40,12 @@ def test_a_write_error_reaches_the_caller_and_never_hangs():
 
 
 def test_staging_files_are_complete_after_close(tmp_path):
-    staging = pytest.importorskip("quadforge.data.staging")
+    from quadforge.data import staging
+    from quadforge.data.writer import StagingWriter
     from collection_fakes import EchoPolicy, ScriptedEnv
     from quadforge.collection.rollout import Rollout
 
-    writer = staging.StagingWriter(tmp_path, "t")
+    writer = StagingWriter(tmp_path, "t")
     with BackgroundWriter(writer) as bg:
         for ep in Rollout(ScriptedEnv(), EchoPolicy()).episodes(max_episodes=5):
             bg.submit(ep.features, ep.info)

@@ -17,7 +17,7 @@ SMALL = ["--num-envs", "2", "--max-episode-s", "0.4", "--no-progress", "--seed",
 
 
 def collect(capsys, out, episodes, *extra):
-    assert main(["collect", "--out", str(out), "--episodes", str(episodes), *SMALL, *extra]) == 0
+    assert main(["collect", "--store", str(out), "--episodes", str(episodes), *SMALL, *extra]) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -66,7 +66,7 @@ def test_collects_to_a_target_and_resumes_without_replaying(tmp_path, capsys):
     (["--workers", "-1"], "--workers"),
 ])
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys, args, match):
-    argv = ["collect", "--out", str(tmp_path / "s"), "--episodes", "2", *args]
+    argv = ["collect", "--store", str(tmp_path / "s"), "--episodes", "2", *args]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -74,8 +74,8 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys, args, match):
 
 
 def test_collects_with_a_trained_checkpoint(tmp_path, capsys):
-    pytest.importorskip("quadforge.training.deploy")
-    from quadforge.envs.layout import PROPRIO
+    pytest.importorskip("quadforge.experts.learned")
+    from quadforge.layout import PROPRIO
     from quadforge.training.checkpoint import Checkpoint, save_checkpoint
     from quadforge.training.models import build_model
 
@@ -106,5 +106,5 @@ def test_same_seed_same_episodes(tmp_path, capsys):
 def test_out_must_not_be_a_file(tmp_path, capsys):
     f = tmp_path / "file"
     f.write_text("x")
-    assert main(["collect", "--out", str(f), "--episodes", "1"]) == 2
+    assert main(["collect", "--store", str(f), "--episodes", "1"]) == 2
     assert "is a file" in capsys.readouterr().err

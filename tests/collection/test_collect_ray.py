@@ -20,7 +20,7 @@ def test_quotas_split_evenly():
 @pytest.mark.slow
 def test_two_ray_workers_reach_the_target_and_a_rerun_tops_up(tmp_path, capsys):
     out = tmp_path / "store"
-    argv = ["collect", "--out", str(out), "--num-envs", "2", "--max-episode-s", "0.3", "--workers", "2",
+    argv = ["collect", "--store", str(out), "--num-envs", "2", "--max-episode-s", "0.3", "--workers", "2",
             "--compact-every", "2", "--no-progress"]
     assert main(argv + ["--episodes", "6"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

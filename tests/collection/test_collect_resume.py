@@ -21,7 +21,7 @@ TARGET = 10
 
 
 def command(out):
-    return [sys.executable, "-m", "quadforge.tools.cli", "collect", "--out", str(out), "--episodes", str(TARGET),
+    return [sys.executable, "-m", "quadforge.tools.cli", "collect", "--store", str(out), "--episodes", str(TARGET),
             "--num-envs", "2", "--max-episode-s", "0.3", "--compact-every", "3", "--no-progress", "--seed", "5"]
 
 

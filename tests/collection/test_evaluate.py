@@ -83,7 +83,7 @@ class _CellEnv:
     episode lasts 2 + (i + k) % 3 steps, so envs finish episodes at different rates."""
 
     def __init__(self, num_envs: int):
-        from quadforge.envs.layout import COMMAND_NAMES
+        from quadforge.layout import COMMAND_NAMES
         self.num_envs, self.dt, self.max_episode_length = num_envs, 0.02, 10
         self.device = torch.device("cpu")
         self.terrain_types = ("flat", "stairs_up")
@@ -115,7 +115,7 @@ class _CellEnv:
                    "terrain_type": self.cols.clone(), "terrain_level": self.levels.clone()}
         self.k += dones.long()
         self.episode_length_buf[dones] = 0
-        return None, torch.ones(n), dones, {"time_outs": dones.clone(), "episode": episode}
+        return None, torch.ones(n), dones, {"time_outs": dones.clone(), "episode_end": episode}
 
 
 class _ZeroPolicy:

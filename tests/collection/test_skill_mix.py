@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from quadforge.collection.skills import DEFAULT_COMMAND, SKILLS, SkillCommandSampler, parse_skills, tasks_table
-from quadforge.envs.layout import COMMAND_NAMES
+from quadforge.layout import COMMAND_NAMES
 
 IDX = {n: i for i, n in enumerate(COMMAND_NAMES)}
 

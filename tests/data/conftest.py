@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from quadforge.data.staging import StagingWriter
+from quadforge.data.writer import StagingWriter
 from quadforge.data.synthetic import synthetic_episode, synthetic_info
 
 

@@ -5,7 +5,7 @@ import numpy as np
 
 from quadforge.data.compaction import compact
 from quadforge.data.export import export_hdf5, import_hdf5
-from quadforge.data.staging import StagingWriter
+from quadforge.data.writer import StagingWriter
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.synthetic import synthetic_episode, synthetic_info
 from quadforge.data.validate import validate
@@ -65,9 +65,9 @@ def test_hdf5_roundtrip_is_bit_identical(tmp_path, write_episodes):
 def test_dataset_info_json(tmp_path, write_episodes, capsys):
     store = tmp_path / "s"
     write_episodes(store, "c0", n=6, seed=1)
-    assert main(["dataset", "compact", str(store)]) == 0
+    assert main(["dataset", "compact", "--store", str(store)]) == 0
     capsys.readouterr()
-    assert main(["dataset", "info", "--json", str(store)]) == 0
+    assert main(["dataset", "info", "--store", str(store), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["episodes"] == 6 and info["generation"] == 1 and info["robot"] == "go1"
     assert info["steps"] == TrajectoryStore.open(store).num_steps
@@ -76,9 +76,9 @@ def test_dataset_info_json(tmp_path, write_episodes, capsys):
     assert info["failure_reasons"] == {"none": 4, "fall": 2}
     assert info["features"]["dof_pos"] == {"dtype": "float32", "shape": [12]}
     assert info["control_rate_hz"] == 50.0 and info["staged"] == 0
-    assert main(["dataset", "validate", str(store)]) == 0
-    assert main(["dataset", "info", str(tmp_path / "missing")]) == 2
+    assert main(["dataset", "validate", "--store", str(store)]) == 0
+    assert main(["dataset", "info", "--store", str(tmp_path / "missing")]) == 2
     assert "no such trajectory store" in capsys.readouterr().err
     (store / "manifest.json").unlink()
-    assert main(["dataset", "validate", str(store)]) == 1
+    assert main(["dataset", "validate", "--store", str(store)]) == 1
     assert "missing manifest" in capsys.readouterr().out

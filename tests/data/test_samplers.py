@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from quadforge.data.samplers import EpisodeArrays, TransitionSampler, WindowSampler
-from quadforge.envs.layout import LayoutTerm, ObsLayout, get_layout
+from quadforge.layout import LayoutTerm, ObsLayout, get_layout
 
 torch.set_num_threads(1)
 
@@ -141,7 +141,7 @@ def test_obs_stats_and_errors():
 
 def test_real_layout_matches_layout_build():
     rng = np.random.default_rng(0)
-    from quadforge.envs.layout import TERM_DIMS
+    from quadforge.layout import TERM_DIMS
     total = 30
     feats = {k: rng.normal(size=(total, d)).astype(np.float32) for k, d in TERM_DIMS.items()}
     feats["actions"] = rng.normal(size=(total, 12)).astype(np.float32)

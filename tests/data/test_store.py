@@ -7,10 +7,12 @@ import pytest
 import quadforge.data.compaction as compaction
 from quadforge.data.compaction import store_lock
 from quadforge.data.samplers import EpisodeArrays, WindowSampler
-from quadforge.data.staging import StagingWriter, list_staged
-from quadforge.data.store import TrajectoryStore, compact
+from quadforge.data.staging import list_staged
+from quadforge.data.writer import StagingWriter
+from quadforge.data.compaction import compact
+from quadforge.data.store import TrajectoryStore
 from quadforge.data.validate import validate
-from quadforge.envs.layout import JOINT_NAMES, get_layout
+from quadforge.layout import JOINT_NAMES, get_layout
 
 
 def _concat(episodes, name):

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quadforge.data.staging import StagingWriter
-from quadforge.data.store import TrajectoryStore, compact
+from quadforge.data.writer import StagingWriter
+from quadforge.data.compaction import compact
+from quadforge.data.store import TrajectoryStore
 from quadforge.data.synthetic import synthetic_episode, synthetic_info
 from quadforge.data.validate import validate
 
@@ -24,7 +25,7 @@ def _stage(store, collector, n, seed):
     return [w.write_episode(synthetic_episode(rng, 400, True), synthetic_info(i, True)) for i in range(n)]
 
 
-SCRIPT = ("import sys, zarr; from data.store import compact; print('ready', flush=True); "
+SCRIPT = ("import sys, zarr; from quadforge.data.compaction import compact; print('ready', flush=True); "
           "sys.stdin.readline(); compact(sys.argv[1]); print('done', flush=True)")
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quadforge.envs.config import EnvConfig, RandomizationConfig
-from quadforge.envs.layout import COMMAND_NAMES, TERM_DIMS, get_layout
+from quadforge.layout import COMMAND_NAMES, TERM_DIMS, get_layout
 from quadforge.envs.terminations import TERMINATION_REASONS
 from quadforge.envs.vec_env import EPISODE_KEYS, LeggedEnv
 
@@ -29,8 +29,8 @@ def test_shapes_and_contract_attributes():
     obs, rew, dones, extras = env.step(torch.zeros(4, 12))
     assert rew.shape == (4,) and dones.shape == (4,) and dones.dtype == torch.bool
     assert extras["time_outs"].shape == (4,) and isinstance(extras["log"], dict)
-    assert set(extras["episode"]) == set(EPISODE_KEYS)
-    assert all(v.shape == (4,) for v in extras["episode"].values())
+    assert set(extras["episode_end"]) == set(EPISODE_KEYS)
+    assert all(v.shape == (4,) for v in extras["episode_end"].values())
     assert set(env.terms) == set(TERM_DIMS)
     assert all(env.terms[k].shape == (4, d) for k, d in TERM_DIMS.items())
     torch.testing.assert_close(env.joint_targets, env.default_joint_pos.expand(4, -1))
@@ -75,7 +75,7 @@ def test_time_out_auto_reset_and_episode_info():
     pos_before = env.backend.state.root_pos_w.clone()
     obs, rew, dones, extras = env.step(torch.zeros(4, 12))
     assert dones.all() and extras["time_outs"].all()
-    ep = extras["episode"]
+    ep = extras["episode_end"]
     assert (ep["termination_reason"] == TERMINATION_REASONS.index("time_out")).all()
     assert (ep["length"] == 10).all()
     assert (ep["terrain_type"] == 0).all() and (ep["terrain_level"] == 0).all()
@@ -99,7 +99,7 @@ def test_falls_terminate_with_reason():
     reasons = set()
     for _ in range(150):
         _, _, dones, extras = env.step(a)
-        reasons.update(extras["episode"]["termination_reason"][dones].tolist())
+        reasons.update(extras["episode_end"]["termination_reason"][dones].tolist())
     assert reasons and reasons <= {TERMINATION_REASONS.index("fall"), TERMINATION_REASONS.index("base_collision")}
     env.close()
 
@@ -192,7 +192,7 @@ def test_same_seed_is_bit_identical_for_200_steps():
 
 
 def test_compiled_layouts_equal_layout_build():
-    from quadforge.envs.layout import LAYOUTS, TERM_DIMS
+    from quadforge.layout import LAYOUTS, TERM_DIMS
     from quadforge.envs.observations import CompiledLayout
     g = torch.Generator().manual_seed(0)
     terms = {k: 3 * torch.randn(5, d, generator=g) for k, d in TERM_DIMS.items()}
@@ -234,7 +234,7 @@ def test_terrain_spawn_levels_curriculum_and_height_scan():
     before = env.terrain.levels.clone()
     for _ in range(4):
         _, _, dones, extras = env.step(torch.zeros(6, 12))
-    ep = extras["episode"]
+    ep = extras["episode_end"]
     assert dones.all() and torch.equal(ep["terrain_level"], before)
     assert torch.equal(ep["terrain_type"], env.terrain.type_idx)
     # standing still while commanded to walk -> down a level (never below 0)
@@ -252,7 +252,7 @@ def test_terrain_spawn_levels_curriculum_and_height_scan():
 
 def test_rollout_command_summary_and_errors(capsys):
     from quadforge.tools.cli import main
-    assert main(["rollout", "--num-envs", "2", "--seconds", "0.2", "--threads", "1", "--command", "0.5,0,0",
+    assert main(["rollout", "--num-envs", "2", "--seconds", "0.2", "--num-threads", "1", "--command", "0.5,0,0",
                  "--no-randomization"]) == 0
     out = capsys.readouterr().out
     assert "env steps/s" in out and "lin_vel_x=+0.500" in out and "time_out=0" in out
@@ -273,7 +273,7 @@ def test_non_finite_physics_terminates_with_reason():
     env.backend.step = flag_env_1
     _, rew, dones, extras = env.step(torch.zeros(3, 12))
     assert dones.tolist() == [False, True, False] and not extras["time_outs"].any()
-    assert extras["episode"]["termination_reason"][1] == TERMINATION_REASONS.index("non_finite")
+    assert extras["episode_end"]["termination_reason"][1] == TERMINATION_REASONS.index("non_finite")
     assert torch.isfinite(rew).all()
     env.close()
 

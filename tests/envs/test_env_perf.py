@@ -100,7 +100,7 @@ def test_env_sets_torch_threads_and_validates_them():
 def test_scan_points_match_the_batched_rotation_matmul():
     from types import SimpleNamespace
 
-    from quadforge.envs.commands import yaw_from_quat
+    from quadforge.envs.rotations import yaw_from_quat
     from quadforge.envs.observations import scan_points_w
     g = torch.Generator().manual_seed(2)
     pb = scan_points_b()
@@ -117,7 +117,8 @@ def test_scan_points_match_the_batched_rotation_matmul():
 
 
 def test_in_place_heading_steering_is_the_yaw_command_formula():
-    from quadforge.envs.commands import CommandManager, wrap_to_pi, yaw_from_quat
+    from quadforge.envs.commands import CommandManager
+    from quadforge.envs.rotations import wrap_to_pi, yaw_from_quat
     from quadforge.envs.config import CommandsConfig
     cfg = CommandsConfig()
     g = torch.Generator().manual_seed(4)
@@ -157,14 +158,14 @@ def test_work_overlapped_with_the_physics_changes_nothing():
             o2, r2, d2, e2 = serial.step(a)
             assert torch.equal(o1["policy"], o2["policy"]) and torch.equal(o1["critic"], o2["critic"])
             assert torch.equal(r1, r2) and torch.equal(d1, d2) and torch.equal(e1["time_outs"], e2["time_outs"])
-            assert all(torch.equal(e1["episode"][k], e2["episode"][k]) for k in e1["episode"])
+            assert all(torch.equal(e1["episode_end"][k], e2["episode_end"][k]) for k in e1["episode_end"])
     finally:
         overlapped.close()
         serial.close()
 
 
 def test_yaw_cpu_fast_path_is_bitwise_the_torch_formula():
-    from quadforge.envs.commands import yaw_from_quat
+    from quadforge.envs.rotations import yaw_from_quat
     g = torch.Generator().manual_seed(6)
     q = torch.nn.functional.normalize(torch.randn(20000, 4, generator=g), dim=1)
     q[:100, 1:3] = 0.0                                             # exact zeros and signs too

@@ -10,7 +10,7 @@ import torch
 from quadforge.envs.quard import instructions as ins
 from quadforge.envs.quard.families import sample_episode
 from quadforge.envs.quard.rules import FAMILY_CODE, OUTCOME_CODE, RuleState, judge
-from quadforge.tools.seeding import numpy_rng
+from quadforge.seeding import numpy_rng
 
 
 # ---------------------------------------------------------------- instructions
@@ -154,7 +154,7 @@ def test_task_terms_and_instruction(go_to_env):
         assert env.instruction_table[int(terms["instruction"][i])] == p["instruction"]
         np.testing.assert_allclose(terms["task_target_pos"][i, :2].numpy(), p["target_slot"], atol=1e-5)
         assert int(terms["task_info"][i, 0]) == FAMILY_CODE["go_to"]
-    from quadforge.envs.layout import PRIVILEGED_TERMS
+    from quadforge.layout import PRIVILEGED_TERMS
     assert {k for k in terms if k.startswith("task_")} <= PRIVILEGED_TERMS
 
 
@@ -186,7 +186,7 @@ def test_env_ends_an_episode_on_success_and_reports_it(go_to_env):
                       st.joint_pos[1:2].clone(), torch.zeros(1, 12))
     _, rew, dones, extras = env.step(torch.zeros(3, 12))
     assert bool(dones[1]) and float(rew[1]) == 1.0
-    ep = extras["episode"]
+    ep = extras["episode_end"]
     assert int(ep["quard_outcome"][1]) == OUTCOME_CODE["success"]
     assert float(ep["time_to_success"][1]) == pytest.approx(env.dt * int(ep["length"][1]))
     info = env.episode_task_info(1)

@@ -7,7 +7,7 @@ import mujoco
 import numpy as np
 import pytest
 
-from quadforge.envs.layout import JOINT_NAMES, LEGS
+from quadforge.layout import JOINT_NAMES, LEGS
 from quadforge.envs.robots import ROBOTS, get_robot
 
 

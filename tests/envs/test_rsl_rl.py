@@ -2,12 +2,13 @@
 import glob
 import os
 
+import pytest
 import torch
 from rsl_rl.env import VecEnv
 from rsl_rl.runners import OnPolicyRunner
 
 from quadforge.envs.config import EnvConfig
-from quadforge.envs.vec_env import LeggedEnv, RslRlLogView
+from quadforge.envs.vec_env import LeggedEnv
 
 torch.set_num_threads(1)
 
@@ -31,8 +32,7 @@ def test_on_policy_runner_two_iterations(tmp_path):
     cfg.backend.num_threads = 1
     env = LeggedEnv(cfg)
     assert isinstance(env, VecEnv)
-    view = RslRlLogView(env)
-    runner = OnPolicyRunner(view, _train_cfg(), log_dir=str(tmp_path), device="cpu")
+    runner = OnPolicyRunner(env, _train_cfg(), log_dir=str(tmp_path), device="cpu")
     runner.learn(num_learning_iterations=2, init_at_random_ep_len=True)
     assert runner.current_learning_iteration == 1
     saved = sorted(glob.glob(os.path.join(tmp_path, "model_*.pt")))
@@ -43,7 +43,7 @@ def test_on_policy_runner_two_iterations(tmp_path):
     policy = runner.get_inference_policy()
     actions = policy(env.get_observations())
     assert actions.shape == (16, 12) and torch.isfinite(actions).all()
-    # setting episode_length_buf through the view reached the env
+    # the runner's random episode start reached the env
     assert env.episode_length_buf.max() < env.max_episode_length
     env.close()
 
@@ -56,3 +56,42 @@ def test_runner_accepts_the_env_itself(tmp_path):
     runner.learn(num_learning_iterations=1)
     assert glob.glob(os.path.join(tmp_path, "model_*.pt"))
     env.close()
+
+
+def test_rsl_rl_logs_the_episode_statistics_of_finished_episodes(tmp_path, monkeypatch):
+    """The env handed to OnPolicyRunner as it is: what rsl_rl writes as Episode/length and the
+    termination shares are the means over the episodes that ended (not over all envs, zeros included)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    logged: dict[str, list[float]] = {}
+    original = SummaryWriter.add_scalar
+
+    def record(self, tag, value, *args, **kwargs):
+        logged.setdefault(tag, []).append(float(value))
+        return original(self, tag, value, *args, **kwargs)
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", record)
+    cfg = EnvConfig.flat(num_envs=8, seed=3, episode_length_s=0.1)  # 5-step episodes
+    cfg.backend.num_threads = 1
+    env = LeggedEnv(cfg)
+    per_step: list[dict] = []
+    step = env.step
+
+    def watched(actions):
+        out = step(actions)
+        per_step.append(dict(out[3]["log"]))
+        return out
+
+    env.step = watched
+    runner = OnPolicyRunner(env, _train_cfg(), log_dir=str(tmp_path), device="cpu")
+    runner.learn(num_learning_iterations=1)
+    env.close()
+    # the mean rsl_rl computes from extras["log"]: over the steps where episodes ended
+    lengths = [d["Episode/length"] for d in per_step if "Episode/length" in d]
+    assert lengths, "no episode ended during the iteration"
+    assert logged["Episode/length"][0] == pytest.approx(sum(lengths) / len(lengths), rel=1e-5)
+    assert 1.0 <= logged["Episode/length"][0] <= 5.0   # 5-step episodes (earlier on a fall)
+    shares = [d["Episode_Termination/time_out"] for d in per_step if "Episode_Termination/time_out" in d]
+    assert logged["Episode_Termination/time_out"][0] == pytest.approx(sum(shares) / len(shares), rel=1e-5)
+    # the per-env numbers stay out of rsl_rl's logs (they would be averaged with zeros)
+    assert "Episode/termination_reason" not in logged and "Episode/terrain_level" not in logged

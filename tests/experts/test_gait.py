@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from quadforge.envs.layout import COMMAND_NAMES, LEGS
+from quadforge.layout import COMMAND_NAMES, LEGS
 from quadforge.envs.robots import get_robot
 from quadforge.experts.gait import (GAITS, GaitController, GaitDefaults, GaitGains, cycloid, distribute_wrench,
                           foot_offsets, foot_phases, resolve_params, skew, swing_lift, tilt_from_gravity,

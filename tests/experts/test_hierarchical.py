@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quadforge.envs.layout import COMMAND_NAMES
+from quadforge.layout import COMMAND_NAMES
 from quadforge.envs.robots import get_robot
 from quadforge.experts.gait import GaitController
 from quadforge.experts.hierarchical import HL_COMMAND_NAMES, HierarchicalPolicy, gait_command

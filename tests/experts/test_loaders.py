@@ -5,9 +5,10 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from quadforge.envs.layout import LEGGED_GYM_48, LEGGED_GYM_235, TERM_DIMS
+from quadforge.layout import LEGGED_GYM_48, LEGGED_GYM_235, TERM_DIMS
 from quadforge.experts.actor_policy import JointOrder
-from quadforge.experts.loaders import WTW_COMMAND_SCALES, detect_kind, load_expert, load_policy, wtw_layout
+from quadforge.experts.loaders import WTW_COMMAND_SCALES, detect_kind, load_expert, wtw_layout
+from quadforge.experts.registry import load_policy
 from quadforge.experts.policy import check_policy
 
 torch.set_num_threads(1)
@@ -257,12 +258,12 @@ def test_load_policy_routes_experts_and_refuses_trained_models_in_load_expert(tm
     assert load_policy(tmp_path / "m.pt", num_envs=N).policy_id.startswith("rsl_rl_v1:")
     torch.save({"kind": "quadforge-policy", "format": 1}, tmp_path / "q.pt")
     assert detect_kind(tmp_path / "q.pt") == "quadforge"
-    with pytest.raises(ValueError, match="quadforge.training.deploy.load_policy"):
+    with pytest.raises(ValueError, match="quadforge.experts.registry.load_policy"):
         load_expert(tmp_path / "q.pt", num_envs=N)
 
 
 def test_training_deploy_routes_expert_checkpoints_here(tmp_path):
-    from quadforge.training.deploy import load_policy as deploy_load_policy
+    from quadforge.experts.registry import load_policy as deploy_load_policy
     actor = _mlp([48, 16, 12])
     _save_v1(tmp_path / "m.pt", actor, _mlp([48, 16, 1]))
     policy = deploy_load_policy(tmp_path / "m.pt", num_envs=N)

@@ -5,10 +5,10 @@ import torch
 from tensordict import TensorDict
 
 from quadforge.envs.config import EnvConfig
-from quadforge.envs.layout import LEGGED_GYM_48
+from quadforge.layout import LEGGED_GYM_48
 from quadforge.experts.loaders import load_expert
 from quadforge.experts.policy import check_policy
-from quadforge.experts.ppo import (PRESETS, TrainExpertConfig, apply_env_overrides, apply_preset_overrides,
+from quadforge.training.ppo import (PRESETS, TrainExpertConfig, apply_env_overrides, apply_preset_overrides,
                          latest_checkpoint, parse_overrides, rsl_rl_train_cfg, train)
 from quadforge.tools.cli import main
 
@@ -103,7 +103,7 @@ def test_same_seed_same_weights(tmp_path):
 def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["train-expert", "--out", str(tmp_path), "--preset", "gpu"]) == 2
     assert "--preset='gpu' is invalid; allowed: ['cpu', 'legged_gym']" in capsys.readouterr().err
-    assert main(["train-expert", "--out", str(tmp_path), "--resume", str(tmp_path / "none.pt")]) == 2
+    assert main(["train-expert", "--out", str(tmp_path), "--resume-from", str(tmp_path / "none.pt")]) == 2
     assert "no such checkpoint file" in capsys.readouterr().err
     assert main(["train-expert", "--out", str(tmp_path), "--terrain", "lava"]) == 2
     assert "unknown terrain types ['lava']" in capsys.readouterr().err
@@ -111,7 +111,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 def test_tracking_eval_scores_one_first_episode_per_env_on_every_terrain(tmp_path):
     from quadforge.envs.terrain import TERRAIN_TYPES
-    from quadforge.experts.tracking_eval import evaluate, training_overrides
+    from quadforge.collection.tracking_eval import evaluate, training_overrides
     last = _train(tmp_path / "run", iterations=1, **{"env.commands.ranges.lin_vel_y": (0.0, 0.0)})
     overrides = training_overrides(str(last))
     assert overrides["env.commands.ranges.lin_vel_y"] == (0.0, 0.0) and overrides["env.episode_length_s"] == 0.1

@@ -3,7 +3,7 @@ steps' joint positions, so a model with history can fit them and the loss must f
 import numpy as np
 
 from quadforge.data.episodes import EpisodeArrays
-from quadforge.envs.layout import TERM_DIMS, get_layout
+from quadforge.layout import TERM_DIMS, get_layout
 
 
 def learnable_arrays(num_episodes: int = 12, seed: int = 0) -> EpisodeArrays:

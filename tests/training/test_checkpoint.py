@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from quadforge.envs.layout import get_layout
+from quadforge.layout import get_layout
 from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
 
 torch.set_num_threads(1)

@@ -4,7 +4,7 @@ import torch
 from quadforge.envs.config import EnvConfig
 from quadforge.envs.vec_env import LeggedEnv
 from quadforge.experts.policy import check_policy
-from quadforge.training.deploy import load_policy
+from quadforge.experts.registry import load_policy
 from quadforge.training.imitation import train
 from quadforge.training.presets import preset
 

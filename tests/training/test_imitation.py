@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from quadforge.envs.layout import TERM_DIMS
+from quadforge.layout import TERM_DIMS
 from quadforge.training.checkpoint import load_checkpoint
-from quadforge.training.deploy import load_policy
+from quadforge.experts.registry import load_policy
 from quadforge.training.imitation import train
 from quadforge.training.presets import PRESETS, preset
 

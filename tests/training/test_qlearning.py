@@ -12,11 +12,12 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from quadforge.data.episodes import EpisodeArrays
-from quadforge.envs.layout import PROPRIO, TERM_DIMS
+from quadforge.layout import PROPRIO, TERM_DIMS
 from quadforge.experts.policy import check_policy
+from quadforge.experts.registry import load_policy
 from quadforge.training.checkpoint import load_checkpoint
 from quadforge.training.models.germ import GeRMConfig, GeRMOutput
-from quadforge.training.qlearning import (bellman_targets, conservative_loss, default_config, ema_update, load_policy,
+from quadforge.training.qlearning import (bellman_targets, conservative_loss, default_config, ema_update,
                                 q_targets, td_loss, train, with_mc_lower_bound)
 
 torch.set_num_threads(1)
@@ -288,7 +289,7 @@ def test_two_cpu_ranks_train_and_checkpoint(tmp_path):
 # --- the command line, on a real zarr store ------------------------------------------------------
 def _store(path, n=8):
     from quadforge.data.compaction import compact
-    from quadforge.data.staging import StagingWriter
+    from quadforge.data.writer import StagingWriter
     from quadforge.data.synthetic import synthetic_episode, synthetic_info
     rng = np.random.default_rng(0)
     w = StagingWriter(path, "c0")
@@ -305,9 +306,9 @@ TINY_OVERRIDES = ["model.num_layers=1", "model.d_model=16", "model.num_heads=2",
 
 def test_cli_trains_on_a_store_resumes_and_deploys(tmp_path, capsys):
     from quadforge.tools.cli import main
-    from quadforge.training.deploy import load_policy as deploy_load_policy
+    from quadforge.experts.registry import load_policy as deploy_load_policy
     store, out = _store(tmp_path / "store"), tmp_path / "run"
-    args = ["train", "--model", "germ", "--data", str(store), "--out", str(out), "--max-steps", "2",
+    args = ["train", "--model", "germ", "--store", str(store), "--out", str(out), "--max-steps", "2",
             "--batch-size", "8", *TINY_OVERRIDES]
     assert main(args) == 0
     assert list((out / "tb").glob("events.*")), "TensorBoard events"
@@ -323,10 +324,10 @@ def test_cli_trains_on_a_store_resumes_and_deploys(tmp_path, capsys):
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
     from quadforge.tools.cli import main
-    assert main(["train", "--model", "germ", "--data", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
+    assert main(["train", "--model", "germ", "--store", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
     assert "no trajectory store" in capsys.readouterr().err
     store = _store(tmp_path / "store", n=4)
-    assert main(["train", "--model", "germ", "--data", str(store), "--out", str(tmp_path / "o"), "alpah=1"]) == 2
+    assert main(["train", "--model", "germ", "--store", str(store), "--out", str(tmp_path / "o"), "alpah=1"]) == 2
     assert "no field 'alpah'" in capsys.readouterr().err
-    assert main(["train", "--model", "germ-huge", "--data", str(store), "--out", str(tmp_path / "o")]) == 2
+    assert main(["train", "--model", "germ-huge", "--store", str(store), "--out", str(tmp_path / "o")]) == 2
     assert "allowed" in capsys.readouterr().err

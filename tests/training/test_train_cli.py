@@ -3,7 +3,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from quadforge.tools.cli import main
-from quadforge.training.cli import apply_overrides, parse_overrides
+from quadforge.overrides import apply_overrides, parse_overrides
 
 
 @dataclass
@@ -35,15 +35,15 @@ def test_bad_overrides_name_the_field():
 
 
 def test_unknown_model_is_a_clean_cli_error(capsys):
-    assert main(["train", "--model", "resnet", "--data", "x", "--out", "y"]) == 2
+    assert main(["train", "--model", "resnet", "--store", "x", "--out", "y"]) == 2
     assert "--model 'resnet' unknown" in capsys.readouterr().err
 
 
 def test_train_command_on_a_real_store(tmp_path, capsys):
     import numpy as np
 
-    from quadforge.data.staging import StagingWriter
-    from quadforge.data.store import compact
+    from quadforge.data.writer import StagingWriter
+    from quadforge.data.compaction import compact
     from quadforge.data.synthetic import synthetic_episode, synthetic_info
     from quadforge.training.checkpoint import load_checkpoint
 
@@ -54,7 +54,7 @@ def test_train_command_on_a_real_store(tmp_path, capsys):
         writer.write_episode(synthetic_episode(rng, 20, success=i != 0), synthetic_info(i, success=i != 0))
     compact(store)
     out = tmp_path / "run"
-    argv = ["train", "--model", "mlp", "--data", str(store), "--out", str(out), "--preset", "cpu",
+    argv = ["train", "--model", "mlp", "--store", str(store), "--out", str(out), "--preset", "cpu",
             "--max-steps", "4", "--batch-size", "8", "--val-every", "2", "--success-only",
             "model.hidden=8", "optim.lr=0.01", "tensorboard=False"]
     assert main(argv) == 0
@@ -64,11 +64,11 @@ def test_train_command_on_a_real_store(tmp_path, capsys):
     assert ck.provenance["success_only"] is True
     assert "step 4" in capsys.readouterr().out
     assert main(argv + ["--resume", "--max-steps", "6"]) == 0 and load_checkpoint(out).step == 6
-    assert main(["train", "--model", "mlp", "--data", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert main(["train", "--model", "mlp", "--store", str(tmp_path / "nope"), "--out", str(out)]) == 2
     assert "no trajectory store" in capsys.readouterr().err
-    assert main(["train", "--model", "mlp", "--data", str(store), "--out", str(out), "--layout", "bogus"]) == 2
+    assert main(["train", "--model", "mlp", "--store", str(store), "--out", str(out), "--layout", "bogus"]) == 2
     assert "unknown observation layout 'bogus'" in capsys.readouterr().err
-    assert main(["train", "--model", "mlp", "--data", str(store), "--out", str(out), "bogus=1"]) == 2
+    assert main(["train", "--model", "mlp", "--store", str(store), "--out", str(out), "bogus=1"]) == 2
     assert "has no field 'bogus'" in capsys.readouterr().err
 
 
@@ -79,16 +79,18 @@ def test_germ_models_are_dispatched_to_qlearning(monkeypatch, tmp_path):
     import torch
     from torch import nn
 
-    from quadforge.envs.layout import get_layout
+    from quadforge.layout import get_layout
     from quadforge.training.checkpoint import Checkpoint, save_checkpoint
-    from quadforge.training.deploy import load_policy
+    from quadforge.experts import registry
+    from quadforge.experts.registry import load_policy
 
     seen = {}
     fake = types.ModuleType("quadforge.training.qlearning")
     fake.run_from_args = lambda args: seen.setdefault("train", args.model) and 0
-    fake.load_policy = lambda path, num_envs, device: ("germ-policy", num_envs)
     monkeypatch.setitem(sys.modules, "quadforge.training.qlearning", fake)
-    assert main(["train", "--model", "germ_small", "--data", "x", "--out", str(tmp_path)]) == 0
+    # the one policy registry routes GeRM checkpoints to experts.germ_policy.load_germ
+    monkeypatch.setattr(registry, "load_germ", lambda path, num_envs, device: ("germ-policy", num_envs))
+    assert main(["train", "--model", "germ_small", "--store", "x", "--out", str(tmp_path)]) == 0
     assert seen["train"] == "germ_small"
     ck = Checkpoint(model_name="germ", model_config={}, state_dict=nn.Linear(1, 1).state_dict(),
                     layout=get_layout("proprio").to_dict())

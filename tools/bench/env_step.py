@@ -29,7 +29,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 # the env and the raw-rollout layer exactly as `bench sim` builds them (team backend's module)
-from quadforge.tools.bench.sim import _make_env, _Raw, _terrain_config
+from quadforge.tools.bench.sim import _make_env, _Raw
 from quadforge.tools.bench.common import Table, report
 
 
@@ -56,7 +56,7 @@ def _wrap(obj, name: str, acc: dict[str, float], label: str, clock: Callable[[],
 
 
 def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dict[str, float]:
-    env = _make_env(n, threads, _terrain_config(terrain))
+    env = _make_env(n, threads, terrain)
     zeros = torch.zeros(n, env.num_actions)
     for _ in range(20):  # settle from the drop, as bench sim does
         env.step(zeros)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from quadforge.tools.bench.common import Table, report
-from quadforge.tools.seeding import seed_everything
+from quadforge.seeding import seed_everything
 
 FLAT_VX = (-0.5, 0.0, 0.5, 1.0)
 FLAT_YAW = (-0.5, 0.0, 0.5)
@@ -44,20 +44,15 @@ class Sweep:
 
 
 def _run(sweep: Sweep, robot: str, episode_s: float, seed: int) -> list[dict]:
-    from quadforge.envs.config import EnvConfig
-    from quadforge.envs.terrain import TerrainConfig
-    from quadforge.envs.vec_env import LeggedEnv
-    from quadforge.experts.gait import GaitController
+    from quadforge.envs.builder import make_env
+    from quadforge.experts.gait import GAITS, GaitController
 
     n = len(sweep.rows) * sweep.envs_per_row
-    terrain = None if sweep.terrain is None else TerrainConfig.of_types([sweep.terrain], num_cols=1)
-    cfg = EnvConfig.flat(robot=robot, num_envs=n, seed=seed)
-    cfg.terrain = terrain
-    cfg.curriculum = False
-    cfg.episode_length_s = episode_s
-    cfg.commands.resample = False
-    cfg.randomization.push_robots = False
-    env = LeggedEnv(cfg)
+    env = make_env(robot, sweep.terrain or "flat", num_envs=n, seed=seed, num_threads=None,
+                   one_column_per_type=sweep.terrain is not None,
+                   overrides={"curriculum": False, "episode_length_s": episode_s, "commands.resample": False,
+                              "randomization.push_robots": False})
+    terrain = env.cfg.terrain
     ids = torch.arange(n)
     row_of = ids // sweep.envs_per_row
     if terrain is not None:
@@ -66,7 +61,6 @@ def _run(sweep: Sweep, robot: str, episode_s: float, seed: int) -> list[dict]:
     cmd = env.commands.clone()
     cmd[:, :3] = torch.tensor([sweep.rows[int(r)][1] for r in row_of])
     if sweep.gait != "trot":   # the gait is carried by the command, as walk-these-ways does
-        from quadforge.envs.config import GAITS
         cmd[:, 5:8] = torch.tensor(GAITS[sweep.gait])
     env.set_commands(ids, cmd)
     ctrl = GaitController(env.robot, n, env.dt, gait=sweep.gait)
@@ -82,7 +76,7 @@ def _run(sweep: Sweep, robot: str, episode_s: float, seed: int) -> list[dict]:
         _, _, dones, extras = env.step(ctrl.act(env.terms))
         new = dones & ~done
         if new.any():
-            ep = extras["episode"]
+            ep = extras["episode_end"]
             stats["fall"][new] = (~extras["time_outs"][new]).float()
             off_tile = ((before - spawn_tile).abs() > half_tile).any(-1)
             stats["fall_off_tile"][new] = (stats["fall"] * off_tile)[new]

@@ -20,9 +20,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from quadforge.envs.layout import PROPRIO, TERM_DIMS
+from quadforge.layout import PROPRIO, TERM_DIMS
 from quadforge.tools.bench.common import Table, report
-from quadforge.tools.seeding import seed_everything
+from quadforge.seeding import seed_everything
 
 
 def _synthetic(num_episodes: int, length: int, seed: int = 0):

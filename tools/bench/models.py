@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from quadforge.envs.layout import NUM_JOINTS, get_layout
+from quadforge.layout import NUM_JOINTS, get_layout
 from quadforge.tools.bench.common import Table, report
 from quadforge.training.models import SequenceModel, build_model
 

@@ -28,27 +28,24 @@ from mujoco import rollout
 
 from quadforge.envs.backends.base import BackendConfig
 from quadforge.envs.backends.mujoco_cpu import MujocoCpuBackend
+from quadforge.envs.builder import make_env
+from quadforge.envs.config import InitConfig, RandomizationConfig
+from quadforge.envs.terrain import terrain_config
 from quadforge.tools.bench.common import Table, report
 
 STATE_SPEC = mujoco.mjtState.mjSTATE_FULLPHYSICS
 
 
 def _terrain_config(name: str):
-    if name == "flat":
-        return None
-    from quadforge.envs.terrain import TerrainConfig  # team robots+terrain
-
-    return TerrainConfig.mixed()
+    """flat (a plane) or mixed (legged_gym's mix): the one terrain-spec parser."""
+    return terrain_config(name)
 
 
-def _make_env(num_envs: int, threads: int, terrain_cfg):
-    from quadforge.envs.config import EnvConfig, InitConfig, RandomizationConfig
-    from quadforge.envs.vec_env import LeggedEnv
-
+def _make_env(num_envs: int, threads: int, terrain: str):
     # robots spawn standing still in the default pose, as the backend-only rows do
-    cfg = EnvConfig(backend=BackendConfig(num_envs=num_envs, num_threads=threads), terrain=terrain_cfg,
-                    randomization=RandomizationConfig.off(), init=InitConfig(joint_pos_scale=(1.0, 1.0), root_vel=0.0))
-    return LeggedEnv(cfg)
+    return make_env("go1", terrain, num_envs=num_envs, num_threads=threads,
+                    overrides={"randomization": RandomizationConfig.off(),
+                               "init": InitConfig(joint_pos_scale=(1.0, 1.0), root_vel=0.0)})
 
 
 class _Raw:
@@ -90,7 +87,7 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int, with_e
     env, env_note = None, ""
     if with_env:
         try:
-            env = _make_env(n, threads, tcfg)
+            env = _make_env(n, threads, terrain)
         except Exception as err:  # the env layer belongs to another team: report, do not crash
             env_note = f"env unavailable: {type(err).__name__}: {err}"
     backend = env.backend if env is not None else \

@@ -18,12 +18,12 @@ import zarr.codecs  # noqa: F401  (zarr's ~0.3 s first import is start-up, not c
 
 from quadforge.data.compaction import compact
 from quadforge.data.samplers import TransitionSampler, WindowSampler
-from quadforge.data.staging import StagingWriter
+from quadforge.data.writer import StagingWriter
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.synthetic import PROPRIO_FEATURES, synthetic_episode, synthetic_info
-from quadforge.envs.layout import get_layout
+from quadforge.layout import get_layout
 from quadforge.tools.bench.common import Table, report
-from quadforge.tools.seeding import numpy_rng
+from quadforge.seeding import numpy_rng
 
 
 def _timed(fn) -> tuple[Any, float, float]:

@@ -21,19 +21,24 @@ from __future__ import annotations
 
 
 import argparse
-import dataclasses
-import glob
-import os
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from quadforge.tools.overrides import parse_overrides  # noqa: F401  (re-exported for callers)
+
+import torch
+
+from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed
+from quadforge.envs.builder import make_env
+from quadforge.envs.terrain import TERRAIN_SPEC_HELP
+from quadforge.experts.loaders import RSL_RL_PREFIX, latest_rsl_rl_checkpoint
+from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.seeding import seed_everything
 
 PRESETS_HELP = "legged_gym (the paper's PPO settings, 4096 envs) or cpu (scaled to a 2-core machine)"
-CHECKPOINT_PREFIX = "model_"
+CHECKPOINT_PREFIX = RSL_RL_PREFIX
 
 
 @dataclass(frozen=True)
@@ -118,49 +123,15 @@ def rsl_rl_train_cfg(p: PPOPreset) -> dict[str, Any]:
     }
 
 
-# --- key=value overrides ------------------------------------------------------------------------------
+# --- key=value overrides (the one typed setter of quadforge.overrides) ---------------------------------
 def apply_preset_overrides(preset: PPOPreset, overrides: dict[str, Any]) -> PPOPreset:
-    names = {f.name: f for f in fields(PPOPreset)}
-    changes: dict[str, Any] = {}
-    for key, value in overrides.items():
-        if key.startswith("env."):
-            continue
-        if key not in names:
-            raise ValueError(f"override {key!r} is unknown; allowed: {sorted(names)} or env.<EnvConfig path>")
-        default = getattr(preset, key)
-        if isinstance(default, tuple):
-            value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-        elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        changes[key] = value
-    return replace(preset, **changes).validate()
+    """The preset with every key that is not ``env.*`` set (typed), validated."""
+    return apply_overrides(preset, {k: v for k, v in overrides.items() if not k.startswith("env.")}).validate()
 
 
-def apply_env_overrides(env_cfg: Any, overrides: dict[str, Any]) -> None:
-    """Set ``env.a.b.c=value`` on the EnvConfig (dict entries by key); unknown paths are errors."""
-    for key, value in overrides.items():
-        if not key.startswith("env."):
-            continue
-        parts = key.split(".")[1:]
-        target = env_cfg
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            where = "env." + ".".join(parts[:i + 1])
-            if isinstance(target, dict):
-                if part not in target and not last:
-                    raise ValueError(f"override {key!r}: no entry {where}; allowed keys: {sorted(target)}")
-                if last:
-                    target[part] = tuple(value) if isinstance(value, list) else value
-                else:
-                    target = target[part]
-            else:
-                allowed = [f.name for f in fields(target)] if dataclasses.is_dataclass(target) else []
-                if part not in allowed:
-                    raise ValueError(f"override {key!r}: no field {where}; allowed: {allowed}")
-                if last:
-                    setattr(target, part, tuple(value) if isinstance(value, list) else value)
-                else:
-                    target = getattr(target, part)
+def apply_env_overrides(env_cfg: Any, overrides: dict[str, Any]) -> Any:
+    """Set the ``env.a.b.c=value`` keys on the EnvConfig (dict entries by key); unknown paths are errors."""
+    return apply_overrides(env_cfg, overrides, root="env")
 
 
 # --- training -----------------------------------------------------------------------------------------
@@ -194,28 +165,16 @@ def _runner_class():
 
 
 def build_env(cfg: TrainExpertConfig, preset: PPOPreset):
-    from quadforge.collection.collect import terrain_config  # the one parser of flat | mixed | <types>
-    from quadforge.envs.config import EnvConfig
-    from quadforge.envs.vec_env import LeggedEnv
-
-    env_cfg = EnvConfig.flat(robot=cfg.robot, num_envs=preset.num_envs, seed=cfg.seed)
-    env_cfg.terrain = terrain_config(cfg.terrain)
-    env_cfg.backend.num_threads = cfg.num_threads
-    apply_env_overrides(env_cfg, cfg.overrides)
-    return LeggedEnv(env_cfg)
+    return make_env(cfg.robot, cfg.terrain, num_envs=preset.num_envs, seed=cfg.seed, num_threads=cfg.num_threads,
+                    overrides={k[len("env."):]: v for k, v in cfg.overrides.items() if k.startswith("env.")})
 
 
 def train(cfg: TrainExpertConfig) -> Path:
     """Train; returns the path of the last checkpoint. TensorBoard logs and checkpoints go to ``cfg.out``."""
-    import torch
-
-    from quadforge.envs.vec_env import RslRlLogView
-    from quadforge.tools.seeding import seed_everything
-
     if cfg.iterations < 1:
         raise ValueError(f"--iterations={cfg.iterations} is invalid; allowed: an integer >= 1")
     if cfg.resume is not None and not Path(cfg.resume).is_file():
-        raise FileNotFoundError(f"--resume {cfg.resume!r}: no such checkpoint file")
+        raise FileNotFoundError(f"--resume-from {cfg.resume!r}: no such checkpoint file")
     preset = get_preset(cfg.preset)
     if cfg.num_envs is not None:
         preset = replace(preset, num_envs=cfg.num_envs)
@@ -227,7 +186,7 @@ def train(cfg: TrainExpertConfig) -> Path:
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     train_cfg = rsl_rl_train_cfg(preset)
     train_cfg["seed"] = cfg.seed
-    runner = _runner_class()(RslRlLogView(env), train_cfg, log_dir=cfg.out, device=cfg.device)
+    runner = _runner_class()(env, train_cfg, log_dir=cfg.out, device=cfg.device)
     runner.quadforge_meta = {
         "format": 1, "robot": cfg.robot, "terrain": cfg.terrain, "preset": cfg.preset,
         "preset_config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(preset).items()},
@@ -250,28 +209,27 @@ def train(cfg: TrainExpertConfig) -> Path:
     return last
 
 
-def latest_checkpoint(directory: str | os.PathLike) -> Path:
-    """The ``model_<it>.pt`` with the highest iteration in a run directory."""
-    paths = glob.glob(os.path.join(directory, f"{CHECKPOINT_PREFIX}*.pt"))
-    if not paths:
-        raise FileNotFoundError(f"no {CHECKPOINT_PREFIX}<iteration>.pt checkpoint in {directory}")
-    return Path(max(paths, key=lambda p: int(Path(p).stem[len(CHECKPOINT_PREFIX):])))
+latest_checkpoint = latest_rsl_rl_checkpoint   # the model_<it>.pt with the highest iteration
 
 
 # --- CLI ----------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--robot", default="go1", help="go1 or aliengo")
-    parser.add_argument("--terrain", default="flat", help="flat, mixed, or a comma list of terrain types")
-    parser.add_argument("--num-envs", type=int, default=None, help="parallel envs (default: the preset's)")
+    add_robot(parser)
+    parser.add_argument("--terrain", default="flat", help=TERRAIN_SPEC_HELP)
+    add_num_envs(parser, None, "parallel envs (default: the preset's)")
     parser.add_argument("--iterations", type=int, default=1000, help="PPO iterations to run")
-    parser.add_argument("--out", required=True, help="run directory: TensorBoard logs and model_<it>.pt")
-    parser.add_argument("--resume", default=None, help="continue from this rsl_rl checkpoint (model_<it>.pt)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory: TensorBoard logs and model_<it>.pt")
+    parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="",
+                        help="continue the run in --out from its highest model_<it>.pt ('--resume PATH' is a "
+                             "deprecated spelling of --resume-from PATH)")
+    parser.add_argument("--resume-from", default=None, metavar="PATH",
+                        help="continue from this rsl_rl checkpoint (model_<it>.pt)")
+    add_seed(parser)
     parser.add_argument("--preset", default="cpu", help=PRESETS_HELP)
     parser.add_argument("--save-interval", type=int, default=None,
                         help="checkpoint every this many iterations (default: the preset's)")
     parser.add_argument("--device", default="cpu", help="torch device for the networks")
-    parser.add_argument("--num-threads", type=int, default=1, help="MuJoCo and torch threads (shared machine: 1)")
+    add_num_threads(parser, 1, "MuJoCo and torch threads (shared machine: 1)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="preset fields (learning_rate=3e-4) or env.<EnvConfig path> "
                              "(env.commands.ranges.lin_vel_x=(0.0,1.0))")
@@ -281,8 +239,14 @@ def run(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
     if args.save_interval is not None:
         overrides["save_interval"] = args.save_interval
+    resume = args.resume_from
+    if isinstance(args.resume, str):
+        print("quadforge: warning: --resume PATH is deprecated; use --resume-from PATH", file=sys.stderr)
+        resume = args.resume
+    elif args.resume:
+        resume = str(latest_checkpoint(args.out))
     cfg = TrainExpertConfig(out=args.out, robot=args.robot, terrain=args.terrain, preset=args.preset,
-                            num_envs=args.num_envs, iterations=args.iterations, resume=args.resume,
+                            num_envs=args.num_envs, iterations=args.iterations, resume=resume,
                             seed=args.seed, device=args.device, num_threads=args.num_threads,
                             overrides=overrides)
     train(cfg)

@@ -1,26 +1,25 @@
-"""Deploy any trained checkpoint as an ``experts.policy.Policy``.
+"""Deploy a sequence model trained by ``quadforge train`` as an ``experts.policy.Policy``.
 
-``load_policy(path, num_envs, device)`` rebuilds the model from the checkpoint alone (model name +
+``load_learned(path, num_envs, device)`` rebuilds the model from the checkpoint alone (model name +
 config, observation layout, normalisation stats), checks the env's term widths against the ones the
 model was trained on, and acts through the model's recurrent ``step`` with one cache row per env:
 ``reset(env_ids)`` clears those rows (episode start), and each row restarts every ``context`` steps
 (the block protocol of ``training.models.base``). Return-conditioned models are driven with the
 constant target return stored at training time (the Policy protocol carries no rewards, so the
-return-to-go is not decremented online). GeRM checkpoints (model name starting with "germ") are
-routed to ``training.qlearning.load_policy``.
+return-to-go is not decremented online). GeRM checkpoints load through ``experts.germ_policy``; the
+one entry point for any policy is ``experts.registry.load_policy``.
 """
 from __future__ import annotations
 
-import hashlib
-import importlib
 from pathlib import Path
 from typing import Mapping
 
 import torch
 
-from quadforge.envs.layout import TERM_DIMS, ObsLayout
+from quadforge.layout import TERM_DIMS, ObsLayout
 from quadforge.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
 from quadforge.training.models import build_model
+from quadforge.experts.policy import checkpoint_policy_id
 
 
 class LearnedPolicy:
@@ -75,28 +74,10 @@ class LearnedPolicy:
         return self.model.step(x, self.cache, rtg_t=self.rtg)
 
 
-def _policy_id(path: Path, ckpt: Checkpoint) -> str:
-    digest = hashlib.sha1(f"{path.resolve()}:{path.stat().st_mtime_ns}:{ckpt.step}".encode()).hexdigest()[:10]
-    return f"{ckpt.model_name}:{digest}"
-
-
-def load_policy(path: str | Path, num_envs: int, device: str | torch.device = "cpu", robot: str | None = None):
-    """A Policy for any checkpoint file (or run directory): models trained by ``quadforge train`` here,
-    expert checkpoints (rsl_rl PPO, TorchScript, walk-these-ways) through ``experts.loaders.load_expert``
-    (``robot`` names the robot an outside checkpoint drives; None lets the loader decide)."""
+def load_learned(path: str | Path, num_envs: int, device: str | torch.device = "cpu") -> LearnedPolicy:
+    """A model trained by ``quadforge train`` (file or run directory) as a Policy."""
     path = Path(path)
-    # Expert checkpoints (rsl_rl PPO, TorchScript, walk-these-ways) load through experts.loaders.
-    from quadforge.experts.loaders import detect_kind, load_expert
-    try:
-        kind = detect_kind(path)
-    except (ValueError, FileNotFoundError):
-        kind = "quadforge"  # load_checkpoint below reports what is wrong with it
-    if kind != "quadforge":
-        return load_expert(path, num_envs=num_envs, device=str(device),
-                           **({"robot": robot} if robot is not None else {}))
     if path.is_dir():
         path = latest_checkpoint(path)
     ckpt = load_checkpoint(path)
-    if ckpt.model_name.startswith("germ"):
-        return importlib.import_module("quadforge.training.qlearning").load_policy(path, num_envs, device)
-    return LearnedPolicy(ckpt, num_envs, device, policy_id=_policy_id(path, ckpt))
+    return LearnedPolicy(ckpt, num_envs, device, policy_id=checkpoint_policy_id(ckpt.model_name, path))

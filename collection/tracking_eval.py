@@ -1,6 +1,7 @@
-"""Velocity tracking and fall rate of an expert per terrain type: the measurement behind MODEL_CARD.md.
+"""`quadforge eval-tracking`: velocity tracking and fall rate of an expert per terrain type, the
+measurement behind MODEL_CARD.md.
 
-``python -m quadforge.experts.tracking_eval --policy PATH|gait [--level L] [--envs-per-type K] [--json OUT]``
+    quadforge eval-tracking --policy PATH|gait [--level L] [--envs-per-type K] [--json OUT] [env.KEY=VALUE ...]
 
 One ``LeggedEnv`` with a plane row (``flat`` plane) or a tile grid of every terrain type, the curriculum
 off and every env pinned to (level L, a column of its type); the policy runs through
@@ -25,14 +26,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from quadforge.experts.ppo import apply_env_overrides, parse_overrides
+from quadforge.cli_flags import add_json, add_num_threads, add_robot, add_seed, write_json
+from quadforge.collection.reports import markdown_table
+from quadforge.collection.rollout import Rollout, RolloutConfig
+from quadforge.envs.builder import make_env
+from quadforge.envs.terrain import TERRAIN_TYPES
+from quadforge.experts.registry import check_policy_spec, policy_for_env, spec_help
+from quadforge.overrides import parse_overrides
 
 FAILURES = ("fall", "base_collision", "non_finite")
 
 
 def _policy(spec: str, env: Any):
-    from quadforge.collection.collect import make_policy
-    return make_policy(spec, env)
+    return policy_for_env(spec, env)
 
 
 def training_overrides(policy_spec: str) -> dict[str, Any]:
@@ -52,22 +58,15 @@ def training_overrides(policy_spec: str) -> dict[str, Any]:
 
 def _env(terrain: str, num_envs: int, robot: str, seed: int, episode_s: float, num_threads: int,
          overrides: dict[str, Any]):
-    from quadforge.envs.config import EnvConfig
-    from quadforge.envs.terrain import TERRAIN_TYPES, TerrainConfig
-    from quadforge.envs.vec_env import LeggedEnv
-
-    cfg = EnvConfig.flat(robot=robot, num_envs=num_envs, seed=seed)
-    cfg.terrain = None if terrain == "plane" else TerrainConfig.of_types(list(TERRAIN_TYPES), num_cols=len(TERRAIN_TYPES))
-    cfg.curriculum = False
-    cfg.episode_length_s = episode_s
-    cfg.backend.num_threads = num_threads
-    apply_env_overrides(cfg, overrides)
-    return LeggedEnv(cfg)
+    """A plane row (``plane``) or a grid with one column per terrain type; curriculum off."""
+    env_overrides = {k[len("env."):]: v for k, v in overrides.items() if k.startswith("env.")}
+    spec = "flat" if terrain == "plane" else ",".join(TERRAIN_TYPES)
+    return make_env(robot, spec, num_envs=num_envs, seed=seed, num_threads=num_threads,
+                    one_column_per_type=terrain != "plane",
+                    overrides={"curriculum": False, "episode_length_s": episode_s, **env_overrides})
 
 
 def _first_episodes(env: Any, policy: Any) -> list[dict[str, Any]]:
-    from quadforge.collection.rollout import Rollout, RolloutConfig
-
     rollout = Rollout(env, policy, RolloutConfig(record=False))
     first: dict[int, dict[str, Any]] = {}
     for ep in rollout.episodes(max_steps=int(env.max_episode_length)):
@@ -89,8 +88,6 @@ def evaluate(policy_spec: str, robot: str = "go1", level: int = 0, envs_per_type
              overrides: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
     """{terrain: summary}: "plane" plus every terrain type at ``level``. ``overrides``: ``env.*`` settings
     (default: the ones the checkpoint was trained with, e.g. its command ranges)."""
-    from quadforge.envs.terrain import TERRAIN_TYPES
-
     overrides = training_overrides(policy_spec) if overrides is None else overrides
 
     results: dict[str, dict[str, float]] = {}
@@ -115,37 +112,31 @@ def evaluate(policy_spec: str, robot: str = "go1", level: int = 0, envs_per_type
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--policy", required=True, help="an expert checkpoint (see experts.loaders) or 'gait'")
-    p.add_argument("--robot", default="go1")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", required=True, help=spec_help())
+    add_robot(p)
     p.add_argument("--level", type=int, default=0, help="terrain difficulty level (0 easiest)")
-    p.add_argument("--envs-per-type", type=int, default=16)
-    p.add_argument("--episode-s", type=float, default=10.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--envs-per-type", type=int, default=16, help="envs (= scored episodes) per terrain type")
+    p.add_argument("--episode-s", type=float, default=10.0, help="episode length, s")
+    add_seed(p)
+    add_num_threads(p)
+    add_json(p, "the results")
     p.add_argument("overrides", nargs="*", metavar="env.KEY=VALUE",
                    help="env settings (default: those the checkpoint was trained with)")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_policy_spec(args.policy)   # a bad spec fails before any env is built
     torch.set_num_threads(1)
-    from quadforge.tools.bench.common import Table
     t0 = time.time()
     overrides = parse_overrides(args.overrides) if args.overrides else training_overrides(args.policy)
     print(f"env overrides: {overrides}")
     res = evaluate(args.policy, args.robot, args.level, args.envs_per_type, args.seed, args.episode_s,
-                   overrides=overrides)
-    table = Table(f"{args.policy} on {args.robot}, level {args.level}", ["terrain"] + list(next(iter(res.values()))))
-    for name, row in res.items():
-        table.add(name, *row.values())
-    print(table.markdown())
+                   num_threads=args.num_threads, overrides=overrides)
+    columns = list(next(iter(res.values())))
+    print(f"### {args.policy} on {args.robot}, level {args.level}\n")
+    print(markdown_table(["terrain"] + columns, [[name, *row.values()] for name, row in res.items()]))
     print(f"\n({time.time() - t0:.0f} s wall)")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"policy": args.policy, "args": vars(args),
-                                                  "env_overrides": {k: repr(v) for k, v in overrides.items()},
-                                                  "results": res}, indent=2))
+    write_json(args.json, {"policy": args.policy, "args": vars(args),
+                           "env_overrides": {k: repr(v) for k, v in overrides.items()}, "results": res})
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

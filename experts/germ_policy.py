@@ -7,13 +7,16 @@ command (``"command"``, for a low-level policy to execute).
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping
 
 import torch
 
-from quadforge.envs.layout import ObsLayout
+from quadforge.experts.policy import checkpoint_policy_id
+from quadforge.layout import ObsLayout
 from quadforge.training.binning import ActionBinner
-from quadforge.training.models.germ import ContextWindow, GeRM
+from quadforge.training.checkpoint import latest_checkpoint, load_checkpoint, load_state
+from quadforge.training.models.germ import ContextWindow, GeRM, GeRMConfig
 
 ACTION_FEATURES = {"actions": "joint", "hl_commands": "command"}
 
@@ -49,3 +52,20 @@ class GeRMPolicy:
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         x = self.layout.build({k: v.to(self.device).float() for k, v in obs.items() if k in self.obs_terms})
         return self.binner.decode(self.model.step(x, self.window))
+
+
+def load_germ(path: str | Path, num_envs: int, device: str | torch.device = "cpu") -> GeRMPolicy:
+    """A GeRM checkpoint (file or run directory) as a Policy for ``num_envs`` envs."""
+    path = Path(path)
+    if path.is_dir():
+        path = latest_checkpoint(path)
+    ckpt = load_checkpoint(path)
+    if not ckpt.model_name.startswith("germ"):
+        raise ValueError(f"{path}: checkpoint holds model {ckpt.model_name!r}, not a GeRM model")
+    if "binner" not in ckpt.extra:
+        raise ValueError(f"{path}: GeRM checkpoint lacks its bin edges (extra['binner'])")
+    model = GeRM(GeRMConfig.from_dict(ckpt.model_config))
+    load_state(model, ckpt)
+    return GeRMPolicy(model, ActionBinner.from_dict(ckpt.extra["binner"]), ObsLayout.from_dict(ckpt.layout), num_envs,
+                      action_space=ckpt.extra.get("action_space", "joint"),
+                      policy_id=checkpoint_policy_id(ckpt.model_name, path), device=device)

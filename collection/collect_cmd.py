@@ -1,0 +1,60 @@
+"""`quadforge collect`: the command line of the collection job (``collection.collect``).
+
+``--workers K`` hands the job to K Ray actors (``collection.distributed``; Ray is imported only then).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from quadforge.collection.collect import CollectConfig, run_local
+from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, add_store, require
+from quadforge.envs.terrain import TERRAIN_SPEC_HELP
+from quadforge.experts.registry import spec_help
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = CollectConfig(out="", episodes=0)
+    add_store(p, "written to (created if missing)", old="--out")
+    p.add_argument("--episodes", type=int, required=True, help="target number of episodes in the store (a total)")
+    p.add_argument("--policy", default=d.policy, help=spec_help())
+    add_robot(p, d.robot)
+    p.add_argument("--terrain", default=d.terrain, help=TERRAIN_SPEC_HELP)
+    p.add_argument("--skills", default=d.skills,
+                   help="'all' or a weighted mix, e.g. walking=0.5,running=0.2,turning=0.3")
+    add_num_envs(p, d.num_envs, "envs per collector")
+    add_seed(p, d.seed)
+    p.add_argument("--workers", type=int, default=d.workers, help="Ray actors (0: collect in this process)")
+    p.add_argument("--address", default=d.address, help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--action-noise", type=float, default=d.action_noise,
+                   help="std of Gaussian noise added to the normalised actions (sub-optimal data)")
+    p.add_argument("--push", type=float, default=d.push, help="max random push velocity, m/s (0: none)")
+    p.add_argument("--push-interval-s", type=float, default=d.push_interval_s, help="seconds between pushes")
+    p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
+    p.add_argument("--collector-id", default=d.collector_id, help="prefix of episode ids written by this run")
+    p.add_argument("--compact-every", type=int, default=d.compact_every,
+                   help="compact the store every N episodes (0: only at the end)")
+    add_num_threads(p, d.num_threads, "physics threads per collector")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> CollectConfig:
+    return CollectConfig(
+        out=require(args, "store", "--store"), episodes=args.episodes, policy=args.policy, robot=args.robot, terrain=args.terrain,
+        skills=args.skills, num_envs=args.num_envs, seed=args.seed, workers=args.workers,
+        address=args.address, action_noise=args.action_noise, push=args.push,
+        push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s,
+        collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
+        progress=not args.no_progress,
+    ).validate()
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if cfg.workers:
+        from quadforge.collection.distributed import run_distributed
+        summary = run_distributed(cfg)
+    else:
+        summary = run_local(cfg)
+    print(json.dumps(summary, indent=None, default=float))
+    return 0

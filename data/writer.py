@@ -1,0 +1,40 @@
+"""``StagingWriter``: the one writer per collector process (episode ids ``<collector_id>-<counter>``).
+
+It sits above both the staging format and the store: its counter resumes after the highest id the store
+already holds or has staged, so a resumed collector never reuses an id.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from quadforge.data.staging import COLLECTOR_ID_RE, staging_dir, write_staging_file
+from quadforge.data.store import TrajectoryStore
+
+
+class StagingWriter:
+    """One per collector process; never shares files with another writer."""
+
+    def __init__(self, store_path: str | Path, collector_id: str):
+        if not COLLECTOR_ID_RE.match(str(collector_id)):
+            raise ValueError(f"collector_id={collector_id!r}: use letters, digits, '_', '.', '-' only")
+        self.store_path = Path(store_path)
+        self.collector_id = str(collector_id)
+        self.dir = staging_dir(self.store_path)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        prefix = self.collector_id + "-"
+        counters = [int(eid[len(prefix):]) for eid in TrajectoryStore.existing_episode_ids(self.store_path)
+                    if eid.startswith(prefix) and eid[len(prefix):].isdigit()]
+        self.counter = max(counters) + 1 if counters else 0
+
+    def next_episode_id(self) -> str:
+        return f"{self.collector_id}-{self.counter:08d}"
+
+    def write_episode(self, episode: Mapping[str, np.ndarray], info: Mapping[str, Any]) -> str:
+        """Write one episode durably; returns its episode id."""
+        episode_id = self.next_episode_id()
+        write_staging_file(self.store_path, episode_id, self.collector_id, episode, info)
+        self.counter += 1
+        return episode_id

@@ -1,0 +1,180 @@
+"""The one policy registry: every way of getting a ``Policy`` goes through ``load_policy(spec, num_envs)``.
+
+A spec is one of
+
+- a registered kind, optionally with an argument: ``gait`` / ``gait:pace`` (the gait controller expert),
+  ``zero`` (zero joint actions), ``rsl_rl:PATH``, ``torchscript:PATH``, ``wtw:PATH``, ``model:PATH``
+  (a model trained by ``quadforge train``, GeRM included), or any kind another module registered with
+  ``register_policy_kind`` (a VLA checkpoint loader, say);
+- a checkpoint path (file or run directory): its kind is detected from the file
+  (``experts.loaders.detect_kind``; a ``quadforge train`` checkpoint is ``model``).
+
+Adding a policy kind is one ``register_policy_kind(name, loader, help)`` call in the module that
+implements it; the CLI's ``--policy`` help and errors list the registered kinds. Policy ids follow one
+scheme (``experts.policy.checkpoint_policy_id``): ``<kind>:<file name>:<digest>`` for files,
+``<kind>:<variant>`` for built-ins.
+
+``policy_for_env(spec, env)`` is what the rollout callers use: it loads for the env's batch, robot, control
+period and device, and runs a policy whose action space is ``command`` over the gait controller
+(``HierarchicalPolicy``).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from quadforge.envs.robots import ROBOTS, get_robot
+from quadforge.experts.gait import GAITS, GaitController
+from quadforge.experts.germ_policy import load_germ
+from quadforge.experts.hierarchical import HierarchicalPolicy
+from quadforge.experts.learned import load_learned
+from quadforge.experts.loaders import detect_kind, load_expert
+from quadforge.layout import NUM_JOINTS
+from quadforge.training.checkpoint import load_checkpoint
+
+DEFAULT_CONTROL_DT = 0.02  # s; the env's default (sim dt 0.005 x decimation 4)
+
+
+@dataclass(frozen=True)
+class LoadContext:
+    """What a loader may need besides its argument."""
+
+    num_envs: int
+    device: str = "cpu"
+    robot: str | None = None          # None: the checkpoint's own (or go1)
+    control_dt: float = DEFAULT_CONTROL_DT
+
+
+@dataclass(frozen=True)
+class PolicyKind:
+    name: str
+    load: Callable[[str, LoadContext], Any]   # (argument after "kind:", context) -> Policy
+    help: str
+    needs_path: bool = True                   # the argument is a file or directory that must exist
+
+
+POLICY_KINDS: dict[str, PolicyKind] = {}
+# Kind -> the module that registers it when imported (imported on first use: a kind's heavy optional
+# dependencies never load for another's user), e.g. {"vla": "quadforge.experts.vla"}.
+POLICY_KIND_MODULES: dict[str, str] = {}
+
+
+def register_policy_kind(name: str, load: Callable[[str, LoadContext], Any], help: str,
+                         needs_path: bool = True) -> None:
+    """Make ``name`` / ``name:ARG`` a policy spec everywhere a ``--policy`` is accepted."""
+    if not name.isidentifier():
+        raise ValueError(f"policy kind {name!r}: use letters, digits and '_'")
+    if name in POLICY_KINDS:
+        raise ValueError(f"policy kind {name!r} is already registered")
+    POLICY_KINDS[name] = PolicyKind(name, load, help, needs_path)
+
+
+def spec_help() -> str:
+    kinds = ", ".join([f"{k.name}{':PATH' if k.needs_path else ''}" for k in POLICY_KINDS.values()]
+                      + [f"{k}:..." for k in POLICY_KIND_MODULES if k not in POLICY_KINDS])
+    return f"a checkpoint path, or one of {kinds}"
+
+
+# --- built-in kinds ----------------------------------------------------------------------------------
+class ZeroPolicy:
+    """Zero joint actions: the robot holds its default pose (the env's standing targets)."""
+
+    obs_terms: tuple[str, ...] = ()
+    action_space = "joint"
+    action_dim = NUM_JOINTS
+
+    def __init__(self, num_envs: int, device: str | torch.device = "cpu"):
+        self.num_envs, self.device = int(num_envs), torch.device(device)
+        self.policy_id = "zero"
+
+    def reset(self, env_ids: torch.Tensor) -> None:
+        pass
+
+    def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return torch.zeros(self.num_envs, NUM_JOINTS, device=self.device)
+
+
+def _gait(arg: str, ctx: LoadContext) -> GaitController:
+    gait = arg or "trot"
+    if gait not in GAITS:
+        raise ValueError(f"--policy gait:{gait}: unknown gait; allowed: {', '.join(GAITS)}")
+    return GaitController(get_robot(ctx.robot or "go1"), ctx.num_envs, ctx.control_dt, device=ctx.device, gait=gait)
+
+
+def _model(arg: str, ctx: LoadContext) -> Any:
+    ckpt = load_checkpoint(arg)
+    loader = load_germ if ckpt.model_name.startswith("germ") else load_learned
+    return loader(arg, ctx.num_envs, ctx.device)
+
+
+def _expert(kind: str) -> Callable[[str, LoadContext], Any]:
+    def load(arg: str, ctx: LoadContext) -> Any:
+        return load_expert(arg, kind=kind, num_envs=ctx.num_envs, device=str(ctx.device),
+                           **({"robot": ctx.robot} if ctx.robot is not None else {}))
+    return load
+
+
+register_policy_kind("gait", _gait, "the gait controller expert (gait:trot, gait:pace, ...)", needs_path=False)
+register_policy_kind("zero", lambda arg, ctx: ZeroPolicy(ctx.num_envs, ctx.device), "zero joint actions",
+                     needs_path=False)
+register_policy_kind("model", _model, "a model trained by `quadforge train` (imitation or GeRM)")
+register_policy_kind("rsl_rl", _expert("rsl_rl"), "an rsl_rl PPO checkpoint (v1-3 or v5; `train-expert` writes these)")
+register_policy_kind("torchscript", _expert("torchscript"), "a scripted actor (legged_gym policy_1.pt)")
+register_policy_kind("wtw", _expert("wtw"), "walk-these-ways body + adaptation module")
+
+
+# --- the entry points --------------------------------------------------------------------------------
+def parse_policy_spec(spec: str) -> tuple[str, str]:
+    """(kind, argument); an existing path is detected as its kind. Errors name the allowed specs."""
+    spec = str(spec).strip()
+    if not spec:
+        raise ValueError(f"--policy is empty; give {spec_help()}")
+    path = Path(spec)
+    if path.exists():
+        kind = detect_kind(path)
+        return ("model" if kind == "quadforge" else kind), spec
+    kind, _, arg = spec.partition(":")
+    if kind not in POLICY_KINDS and kind in POLICY_KIND_MODULES:
+        importlib.import_module(POLICY_KIND_MODULES[kind])
+    if kind in POLICY_KINDS:
+        entry = POLICY_KINDS[kind]
+        if entry.needs_path and not Path(arg).exists():
+            raise FileNotFoundError(f"--policy {spec!r}: no such checkpoint {arg!r}")
+        return kind, arg
+    if "/" in spec or spec.endswith((".pt", ".jit")):
+        raise FileNotFoundError(f"--policy {spec!r}: no such checkpoint file; use {spec_help()}")
+    raise ValueError(f"--policy {spec!r} is unknown; use {spec_help()}")
+
+
+def check_policy_spec(spec: str) -> None:
+    """Validate a spec without loading anything heavy (config validation: fail before any env is built)."""
+    kind, arg = parse_policy_spec(spec)
+    if kind == "gait" and arg and arg not in GAITS:
+        raise ValueError(f"--policy {spec!r}: unknown gait {arg!r}; allowed: {', '.join(GAITS)}")
+
+
+def load_policy(spec: str | Path, num_envs: int, device: str | torch.device = "cpu", robot: str | None = None,
+                control_dt: float = DEFAULT_CONTROL_DT) -> Any:
+    """The Policy a spec names, for ``num_envs`` envs, in the action space the policy has."""
+    if int(num_envs) < 1:
+        raise ValueError(f"num_envs={num_envs}; must be >= 1")
+    if robot is not None and robot not in ROBOTS:
+        raise ValueError(f"robot={robot!r} is invalid; allowed: {', '.join(ROBOTS)}")
+    kind, arg = parse_policy_spec(str(spec))
+    ctx = LoadContext(int(num_envs), str(device), robot, float(control_dt))
+    return POLICY_KINDS[kind].load(arg, ctx)
+
+
+def policy_for_env(spec: str | Path, env: Any, robot: str | None = None) -> Any:
+    """``load_policy`` for this env's batch, robot, control period and device; a ``command`` policy runs
+    over the gait controller. ``robot`` (default: the env's) names the robot an outside checkpoint drives."""
+    robot = robot or getattr(getattr(env, "robot", None), "name", None)
+    policy = load_policy(spec, env.num_envs, str(env.device), robot=robot, control_dt=float(env.dt))
+    if policy.action_space == "command":
+        low = GaitController(env.robot, env.num_envs, env.dt, device=str(env.device))
+        policy = HierarchicalPolicy(policy, low)
+    return policy

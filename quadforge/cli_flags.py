@@ -1,0 +1,89 @@
+"""The flags every subcommand shares, defined once (the convention of docs/cli.md).
+
+Each ``add_*`` adds one flag with its one name, meaning and help; old spellings are kept as hidden
+deprecated aliases that print a one-line warning on stderr and set the same value.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+class _Deprecated(argparse.Action):
+    """A hidden old spelling: warns, then stores into the new flag's dest."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kw: Any):
+        self.new = new
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"quadforge: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+
+def deprecated(p: argparse.ArgumentParser, old: str, new: str, dest: str, **kw: Any) -> None:
+    p.add_argument(old, dest=dest, action=_Deprecated, new=new, help=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                   **kw)
+
+
+def require(args: argparse.Namespace, dest: str, flag: str) -> Any:
+    """The value of a flag that is required (checked after parsing, so a deprecated alias counts)."""
+    value = getattr(args, dest, None)
+    if value is None:
+        raise ValueError(f"{flag} is required")
+    return value
+
+
+def add_store(p: argparse.ArgumentParser, what: str, old: str | None = None) -> None:
+    p.add_argument("--store", default=None, metavar="PATH", help=f"trajectory store (zarr): {what}")
+    if old:
+        deprecated(p, old, "--store", "store")
+
+
+def add_out(p: argparse.ArgumentParser, what: str, default: str | None = None) -> None:
+    p.add_argument("--out", default=default, metavar="DIR", help=f"output directory: {what}"
+                   + (f" (default {default})" if default else ""))
+
+
+def add_seed(p: argparse.ArgumentParser, default: int = 0) -> None:
+    p.add_argument("--seed", type=int, default=default,
+                   help=f"root seed of the run; every random stream derives from it (default {default})")
+
+
+def add_num_threads(p: argparse.ArgumentParser, default: int | None = 1, what: str = "physics threads") -> None:
+    p.add_argument("--num-threads", type=int, default=default, metavar="N",
+                   help=f"{what} (default {default if default is not None else 'all cores'})")
+    deprecated(p, "--threads", "--num-threads", "num_threads", type=int)
+
+
+def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:
+    p.add_argument("--json", default=None, metavar="PATH", help=f"also write {what} as JSON to PATH ('-': stdout)")
+
+
+def add_resume(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--resume", action="store_true", help=f"continue the run in --out from {what}")
+
+
+def add_robot(p: argparse.ArgumentParser, default: str = "go1") -> None:
+    p.add_argument("--robot", default=default, help=f"go1 | aliengo (default {default})")
+
+
+def add_num_envs(p: argparse.ArgumentParser, default: int | None, what: str = "parallel envs") -> None:
+    p.add_argument("--num-envs", type=int, default=default, metavar="N",
+                   help=f"{what}" + (f" (default {default})" if default is not None else ""))
+
+
+def write_json(path: str | None, obj: Any) -> None:
+    """``--json PATH``: write ``obj`` there ('-': stdout)."""
+    import json
+    from pathlib import Path
+
+    if not path:
+        return
+    text = json.dumps(obj, indent=2, default=str)
+    if path == "-":
+        print(text)
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
