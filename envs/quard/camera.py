@@ -88,6 +88,7 @@ class MujocoCamera:
         self.colour_geoms = np.zeros(0, dtype=np.int64)
         self.env_rgba: np.ndarray | None = None   # (N, G, 4) per env, set by the task
         self._ray_dirs_cam = self._pixel_rays()
+        self._depth_raw: np.ndarray | None = None
 
     # -------------------------------------------------------------------- colours
     def set_colour_geoms(self, geom_ids: np.ndarray, env_rgba: np.ndarray) -> None:
@@ -119,12 +120,33 @@ class MujocoCamera:
                 if self.cfg.depth_source == "rays":
                     out_depth[i] = np.minimum(self.ray_depth(i), self.cfg.max_depth)
                 else:
-                    r.enable_depth_rendering()
-                    try:
-                        r.render(out=out_depth[i])
-                    finally:
-                        r.disable_depth_rendering()
+                    self._gl_depth(r, out_depth[i])
                     np.minimum(out_depth[i], self.cfg.max_depth, out=out_depth[i])
+
+    def _gl_depth(self, r, out: np.ndarray) -> None:
+        """The depth (m) of the frame just rendered, read from the same pass's depth buffer (a second
+        ``render`` in depth mode would draw the scene again). Uses the renderer's context and viewport;
+        a renderer without them (another MuJoCo version) falls back to its own depth pass."""
+        ctx, rect = getattr(r, "_mjr_context", None), getattr(r, "_rect", None)
+        if ctx is None or rect is None:
+            r.enable_depth_rendering()
+            try:
+                r.render(out=out)
+            finally:
+                r.disable_depth_rendering()
+            return
+        raw = self._depth_raw
+        if raw is None or raw.shape != out.shape:
+            raw = self._depth_raw = np.empty(out.shape, dtype=np.float32)
+        mujoco.mjr_readPixels(None, raw, rect, ctx)
+        # reversed-Z perspective depth (the renderer's mjDEPTH_ZEROFAR) back to metres, as
+        # mujoco.Renderer does it; rows come bottom-up from OpenGL
+        extent = self.model.stat.extent
+        znear = np.float32(self.model.vis.map.znear * extent)
+        zfar = np.float32(self.model.vis.map.zfar * extent)
+        c = np.float32(-0.5) * (-(zfar + znear) / (zfar - znear)) - np.float32(0.5)
+        d = np.float32(-0.5) * (-(np.float32(2) * zfar * znear) / (zfar - znear))
+        out[:] = (d / (raw.astype(np.float64) + c))[::-1]
 
     # -------------------------------------------------------------------- rays (no OpenGL)
     def _pixel_rays(self) -> np.ndarray:
