@@ -28,7 +28,10 @@ from quadforge.collection.labels import LabelRule
 from quadforge.collection.progress import Progress, Tally
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.collection.skills import SkillCommandSampler, parse_skills
+from quadforge.data.admission import check_store_accepts
 from quadforge.data.compaction import compact as compact_staged
+from quadforge.data.locks import acquire
+from quadforge.data.staging import list_quarantined
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.writer import StagingWriter
 from quadforge.envs.builder import make_env
@@ -36,6 +39,7 @@ from quadforge.envs.robots import ROBOTS
 from quadforge.envs.terrain import terrain_types
 from quadforge.experts.registry import check_policy_spec, policy_for_env
 from quadforge.seeding import derive_seed, seed_everything
+from quadforge.output_paths import check_output_dir, is_store_dir
 
 
 
@@ -59,6 +63,7 @@ class CollectConfig:
     compact_every: int = 100            # episodes between compactions (0: only at the end)
     num_threads: int = 1                # physics threads per env batch
     progress: bool = True
+    allow_robot_mismatch: bool = False  # drive --robot with a policy trained for another robot
     label_rule: LabelRule = field(default_factory=LabelRule)
 
     def validate(self) -> "CollectConfig":
@@ -86,9 +91,9 @@ class CollectConfig:
             raise bad("robot", ", ".join(ROBOTS))
         terrain_types(self.terrain)
         parse_skills(self.skills)
-        if Path(self.out).exists() and not Path(self.out).is_dir():
-            raise ValueError(f"--store {self.out!r} is a file; give a trajectory store directory (created if missing)")
+        check_output_dir(self.out, "trajectory store", owns=is_store_dir, flag="--store")
         check_policy_spec(self.policy)
+        check_store_accepts(self.out, robot=self.robot, what=f"--robot {self.robot}")
         return self
 
 
@@ -102,7 +107,7 @@ def build_env(cfg: CollectConfig, seed: int) -> Any:
 
 
 def build_policy(cfg: CollectConfig, env: Any) -> Any:
-    return policy_for_env(cfg.policy, env, cfg.robot)
+    return policy_for_env(cfg.policy, env, cfg.robot, allow_robot_mismatch=cfg.allow_robot_mismatch)
 
 
 def store_count(out: str) -> int:
@@ -132,6 +137,7 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
     mix = parse_skills(cfg.skills)
     env = build_env(cfg, run_seed)
     try:
+        check_store_accepts(cfg.out, robot=cfg.robot, control_dt=float(env.dt), what=f"collector {collector_id}")
         policy = build_policy(cfg, env)
         skills = SkillCommandSampler(mix, env.num_envs, run_seed)
         info_extra = {"robot": cfg.robot, "control_dt": float(env.dt), "terrain_spec": cfg.terrain,
@@ -144,6 +150,8 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
         t0 = time.perf_counter()
         with BackgroundWriter(writer) as background:
             for episode in rollout.episodes(max_episodes=quota):
+                if tally.episodes == 0:   # the feature set, before the first episode reaches the store
+                    check_store_accepts(cfg.out, features=episode.features, what=f"collector {collector_id}")
                 background.submit(episode.features, episode.info)
                 tally.add(episode.info)
                 if on_episode is not None:
@@ -160,7 +168,20 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
             **tally.to_dict()}
 
 
+def collect_lock(out: str):
+    """One collect job per store at a time (``data.locks``): the target is the store's total, so a
+    second job would overshoot it; it is refused with an error naming the running one."""
+    return acquire(Path(out) / ".collect.lock", "collect",
+                   hint="one collect per store at a time: wait for it to finish (a re-run resumes to the target), "
+                        "or collect into another --store")
+
+
 def run_local(cfg: CollectConfig) -> dict[str, Any]:
+    with collect_lock(cfg.out):
+        return _run_local(cfg)
+
+
+def _run_local(cfg: CollectConfig) -> dict[str, Any]:
     done = store_count(cfg.out)
     missing = max(cfg.episodes - done, 0)
     summary: dict[str, Any] = {"target": cfg.episodes, "already": done, "collected": 0}
@@ -173,4 +194,7 @@ def run_local(cfg: CollectConfig) -> dict[str, Any]:
         summary.update(collected=result["episodes"], run=result)
     compact_store(cfg.out)
     summary["in_store"] = store_count(cfg.out)
+    quarantined = list_quarantined(cfg.out)
+    if quarantined:   # set aside by compaction (docs/data.md): say so, the target counts only merged episodes
+        summary["quarantined"] = [str(p) for p, _ in quarantined]
     return summary

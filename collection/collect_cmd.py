@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compact the store every N episodes (0: only at the end)")
     add_num_threads(p, d.num_threads, "physics threads per collector")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--allow-robot-mismatch", action="store_true",
+                   help="drive --robot with a checkpoint trained for another robot (refused otherwise)")
 
 
 def config_from_args(args: argparse.Namespace) -> CollectConfig:
@@ -45,7 +47,7 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         address=args.address, action_noise=args.action_noise, push=args.push,
         push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s,
         collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
-        progress=not args.no_progress,
+        progress=not args.no_progress, allow_robot_mismatch=args.allow_robot_mismatch,
     ).validate()
 
 

@@ -9,12 +9,13 @@ cluster; an actor asks for ``num_threads`` CPUs.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import replace
 from typing import Any
 
-from quadforge.collection.collect import CollectConfig, collect_episodes, compact_store, store_count
+from quadforge.collection.collect import (CollectConfig, collect_episodes, collect_lock, compact_store,
+                                          store_count)
 from quadforge.collection.progress import Progress, Tally
+from quadforge.data.staging import list_quarantined
 
 POLL_S = 1.0
 
@@ -43,6 +44,11 @@ def quotas(missing: int, workers: int) -> list[int]:
 
 
 def run_distributed(cfg: CollectConfig) -> dict[str, Any]:
+    with collect_lock(cfg.out):   # the driver holds the store for the whole job
+        return _run_distributed(cfg)
+
+
+def _run_distributed(cfg: CollectConfig) -> dict[str, Any]:
     import ray
 
     done = store_count(cfg.out)
@@ -63,6 +69,9 @@ def run_distributed(cfg: CollectConfig) -> dict[str, Any]:
                 ray.shutdown()
     compact_store(cfg.out)
     summary["in_store"] = store_count(cfg.out)
+    quarantined = list_quarantined(cfg.out)
+    if quarantined:   # set aside by compaction (docs/data.md): say so, the target counts only merged episodes
+        summary["quarantined"] = [str(p) for p, _ in quarantined]
     return summary
 
 

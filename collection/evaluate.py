@@ -46,6 +46,8 @@ from quadforge.envs.robots import ROBOTS
 from quadforge.envs.terrain import terrain_types
 from quadforge.experts.registry import check_policy_spec, policy_for_env, spec_help
 from quadforge.seeding import derive_seed, seed_everything
+from quadforge.output_paths import check_output_dir, is_eval_dir
+from quadforge.progress import progress_bar
 
 
 @dataclass
@@ -65,6 +67,7 @@ class EvalConfig:
     video: bool = False
     video_steps: int = 150                    # 3 s of env 0 at 50 Hz
     progress: bool = True
+    allow_robot_mismatch: bool = False        # a checkpoint trained for another robot (refused otherwise)
     label_rule: LabelRule = field(default_factory=LabelRule)
 
     def validate(self) -> "EvalConfig":
@@ -87,8 +90,7 @@ class EvalConfig:
         for c in self.commands:
             parse_skills(c)
         check_policy_spec(self.policy)
-        if Path(self.out).exists() and not Path(self.out).is_dir():
-            raise ValueError(f"--out {self.out!r} is a file; give a directory for the report")
+        check_output_dir(self.out, "evaluation report", owns=is_eval_dir)   # before the sweep, not after it
         return self
 
 
@@ -186,7 +188,7 @@ def run_round(env: Any, rollout: Rollout, cells: list[tuple[str, int]], episodes
 
 
 def load_policy(cfg: EvalConfig, env: Any) -> Any:
-    policy = policy_for_env(cfg.policy, env, cfg.robot)
+    policy = policy_for_env(cfg.policy, env, cfg.robot, allow_robot_mismatch=cfg.allow_robot_mismatch)
     check = getattr(policy, "check_terms", None)
     if callable(check):  # a checkpoint whose terms the env does not provide: a clear error before running
         check(env.terms)
@@ -216,6 +218,8 @@ def evaluate(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, A
         cells = [(t, lv) for t in terrain_types(cfg.terrain) for lv in parse_levels(cfg.levels)]
         episodes: list[dict[str, Any]] = []
         summaries: list[dict[str, Any]] = []
+        bar = progress_bar(len(cfg.commands) * len(cells) * cfg.episodes, desc=f"eval {policy.policy_id}",
+                           unit="ep", enabled=cfg.progress)
         for ci, command_set in enumerate(cfg.commands):
             mix = parse_skills(command_set)
             skills = SkillCommandSampler(mix, env.num_envs, derive_seed(cfg.seed, f"eval/commands/{ci}"))
@@ -234,10 +238,12 @@ def evaluate(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, A
                     episodes.extend(rows)
                     summaries.append({"terrain_type": ttype, "terrain_level": level, "command_set": command_set,
                                       **summarize(rows)})
+                bar.update(len(cells_now) * cfg.episodes)
                 if cfg.progress:
                     done = ", ".join(f"{t}/{lv}" for t, lv in cells_now)
                     log(f"eval {policy.policy_id}: [{command_set}] {done}: {len(cells_now) * cfg.episodes} episodes "
                         f"in {time.perf_counter() - t0:.1f}s")
+        bar.close()
         video = recorder.save(Path(cfg.out)) if recorder is not None else None
     finally:
         env.close()
@@ -290,13 +296,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
     add_num_threads(p, d.num_threads)
     p.add_argument("--video", action="store_true", help="also render a short GIF of env 0 (MUJOCO_GL=egl)")
+    p.add_argument("--allow-robot-mismatch", action="store_true",
+                   help="evaluate a checkpoint on --robot although it was trained for another robot")
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return EvalConfig(policy=args.policy, out=args.out, robot=args.robot, terrain=args.terrain, levels=args.levels,
                       num_levels=args.num_levels, episodes=args.episodes, commands=args.commands or ["walking"],
                       num_envs=args.num_envs, seed=args.seed, max_episode_s=args.max_episode_s,
-                      num_threads=args.num_threads, video=args.video)
+                      num_threads=args.num_threads, video=args.video,
+                      allow_robot_mismatch=args.allow_robot_mismatch)
 
 
 def run(args: argparse.Namespace) -> int:

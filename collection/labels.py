@@ -44,7 +44,6 @@ FAILURE_REASONS = ("non_finite", "fall", "base_collision", "tracking_error", "no
 # A task with its own success rule (QUARD, ``envs.quard.rules``) labels by its outcome instead of
 # tracking; these are its failure reasons besides the physics ones above.
 TASK_FAILURE_REASONS = ("timeout", "wrong_target", "obstacle_collision", "missed")
-LABELS = ("success",) + FAILURE_REASONS + TASK_FAILURE_REASONS
 # Env termination reasons that are failures in themselves (``envs.terminations.TERMINATION_REASONS``).
 _TERMINAL_FAILURES = ("non_finite", "fall", "base_collision")
 _NON_FAILING_TERMINATIONS = ("none", "time_out")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import time
 from pathlib import Path
 from typing import Any

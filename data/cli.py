@@ -24,9 +24,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _store(p, "the one to summarise")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write the summary as JSON to PATH ('-' or no PATH: stdout) instead of the text")
-    p = sub.add_parser("validate", help="check every store invariant; exit 1 if any is broken")
+    p = sub.add_parser("validate", help="check every store invariant and every chunk's checksum; exit 1 if any "
+                                        "is broken")
     _store(p, "the one to check")
-    p.add_argument("--no-values", action="store_true", help="skip reading the data (finite, stats)")
+    level = p.add_mutually_exclusive_group()
+    level.add_argument("--deep", action="store_true",
+                       help="also check the values: finite, stats equal a recomputation (a full read)")
+    level.add_argument("--quick", action="store_true",
+                       help="metadata, digests and chunk files only: no chunk is read (seconds for any size)")
+    level.add_argument("--no-values", action="store_true", help="the default (checksums, no value checks)")
     p = sub.add_parser("compact", help="append staged episodes to the store")
     _store(p, "the one to compact")
     p = sub.add_parser("export-hdf5", help="write the store as robomimic-style HDF5")
@@ -39,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def summary(store_path: str | Path) -> dict[str, Any]:
-    from quadforge.data.staging import list_staged
+    from quadforge.data.staging import list_quarantined, list_staged
     from quadforge.data.store import TrajectoryStore
     store = TrajectoryStore.open(store_path)
     t = store.episodes
@@ -62,6 +68,7 @@ def summary(store_path: str | Path) -> dict[str, Any]:
         "mean_length": float(t["length"].mean()) if len(t) else 0.0,
         "features": {k: {"dtype": v.dtype, "shape": list(v.shape)} for k, v in sorted(store.schema.features.items())},
         "staged": len(list_staged(store.root)),
+        "quarantined": [{"file": str(p), "reason": r} for p, r in list_quarantined(store.root)],
     }
 
 
@@ -74,6 +81,8 @@ def _print_summary(s: dict[str, Any]) -> None:
     print("policies: " + ", ".join(f"{k or '?'} {v}" for k, v in s["policies"].items()))
     print("failure reasons: " + ", ".join(f"{k} {v}" for k, v in s["failure_reasons"].items()))
     print("features: " + ", ".join(f"{k}{tuple(v['shape'])}" for k, v in s["features"].items()))
+    for q in s["quarantined"]:
+        print(f"WARNING: quarantined staging file {q['file']} (not merged): {q['reason']}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "validate":
         from quadforge.data.validate import validate
-        rep = validate(args.store, check_values=not args.no_values)
+        rep = validate(args.store, check_values=args.deep, checksums=not args.quick)
         print(rep.text())
         return 0 if rep.ok else 1
     if args.action == "compact":
@@ -99,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         r = compact(args.store)
         print(f"generation {r.generation}: appended {len(r.appended)} episode(s), {r.steps} steps; "
               f"removed {len(r.skipped)} already-stored staging file(s); {r.seconds:.2f} s")
+        for q in r.quarantined:
+            print(f"WARNING: quarantined {q} (see {q}.reason.txt)")
         return 0
     if args.action == "export-hdf5":
         from quadforge.data.export import export_hdf5

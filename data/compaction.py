@@ -18,17 +18,22 @@ import fcntl
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
+from quadforge.data.integrity import (INTEGRITY_VERSION, ChunkCrcs, array_meta_digest, chunk_crcs, manifest_digest,
+                                     read_array_meta, table_digest, tasks_counts, tasks_digest, canonical_digest)
 from quadforge.data.schema import IMAGE_PREFIX, StoreSchema, spec_for
-from quadforge.data.staging import episode_id_of, fsync_dir, list_staged, read_staged, read_staged_header
+from quadforge.data.staging import (episode_id_of, fsync_dir, list_staged, quarantine_staged, read_staged,
+                                    read_staged_header)
 from quadforge.data.stats import RunningStats
+from quadforge.data.integrity import DIGEST_KEY
 from quadforge.data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable, array_path,
-                        read_episode_table, read_json, read_manifest, write_json_atomic)
+                                  read_episode_table, read_json, read_manifest, read_schema, read_tasks,
+                                  verify_metadata, write_json_atomic)
 from quadforge.data.schema import FORMAT_VERSION
 
 LOCK_FILE = ".lock"
@@ -50,6 +55,7 @@ class CompactionResult:
     skipped: list[str]                # staged ids already in the store (deleted)
     steps: int                        # steps appended
     seconds: float
+    quarantined: list[str] = field(default_factory=list)   # staging files set aside (paths)
 
 
 @contextmanager
@@ -85,10 +91,11 @@ def chunk_steps(spec_shape: tuple[int, ...], dtype: str) -> int:
 
 
 class _Appender:
-    """Writes one feature's rows from ``pos`` on, in blocks that end on chunk boundaries."""
+    """Writes one feature's rows from ``pos`` on, in blocks that end on chunk boundaries, keeping its
+    running stats and per-chunk CRCs (``data.integrity``) up to date with exactly the rows written."""
 
-    def __init__(self, arr, pos: int, chunk: int, mode: str, stats: RunningStats | None):
-        self.arr, self.pos, self.chunk, self.mode, self.stats = arr, pos, chunk, mode, stats
+    def __init__(self, arr, pos: int, chunk: int, mode: str, stats: RunningStats | None, crcs: ChunkCrcs):
+        self.arr, self.pos, self.chunk, self.mode, self.stats, self.crcs = arr, pos, chunk, mode, stats, crcs
         self.first_chunk = pos // chunk
         self.pending: list[np.ndarray] = []
         self.pending_n = 0
@@ -97,7 +104,7 @@ class _Appender:
         if self.mode == "episode":
             self.arr.append(x, axis=0)   # resize + write per episode: the slow path, for the benchmark
             self.pos += len(x)
-            self._stats(x)
+            self._account(x)
             return
         self.pending.append(x)
         self.pending_n += len(x)
@@ -113,14 +120,15 @@ class _Appender:
         block = self.pending[0] if len(self.pending) == 1 else np.concatenate(self.pending)
         k = end - self.pos
         self.arr[self.pos:end] = block[:k]
-        self._stats(block[:k])
+        self._account(block[:k])
         rest = block[k:]
         self.pending, self.pending_n = ([rest], len(rest)) if len(rest) else ([], 0)
         self.pos = end
 
-    def _stats(self, x: np.ndarray) -> None:
+    def _account(self, x: np.ndarray) -> None:
         if self.stats is not None:
             self.stats.update(x)
+        self.crcs.update(x)
 
 
 def _fsync_tree(path: Path) -> None:
@@ -190,14 +198,15 @@ def _episode_row(features: Mapping[str, np.ndarray], info: Mapping[str, Any], st
 
 
 def _create_arrays(group, schema: StoreSchema) -> None:
-    from zarr.codecs import BloscCodec, BloscShuffle
+    from zarr.codecs import BloscCodec, BloscShuffle, Crc32cCodec
     for name, spec in schema.features.items():
         # bit shuffle for multi-byte numbers (sign/exponent/high mantissa bits of smooth signals repeat);
         # single-byte bools and pixels are left as they are
         shuffle = BloscShuffle.bitshuffle if np.dtype(spec.dtype).itemsize > 1 else BloscShuffle.noshuffle
         group.create_array(array_path(name), shape=(0,) + spec.shape, dtype=spec.dtype,
                            chunks=(chunk_steps(spec.shape, spec.dtype),) + spec.shape,
-                           compressors=BloscCodec(cname="zstd", clevel=3, shuffle=shuffle),
+                           # the CRC32C after the compressor: zarr refuses a chunk with flipped bytes on read
+                           compressors=[BloscCodec(cname="zstd", clevel=3, shuffle=shuffle), Crc32cCodec()],
                            fill_value=0, overwrite=True, dimension_names=("time",) + (None,) * len(spec.shape))
 
 
@@ -205,9 +214,23 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
     write_json_atomic(root / MANIFEST, manifest)
 
 
+class Unmergeable(ValueError):
+    """A staging file that cannot join this store (damaged, or another schema/robot/rate)."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(reason)
+        self.path = path
+
+
 def compact(store_path: str | Path, *, lock_timeout: float | None = None,
             append_mode: str = "chunked") -> CompactionResult:
-    """Append every staged episode to the store; returns what was done."""
+    """Append every staged episode to the store; returns what was done.
+
+    A staging file that cannot be merged (damaged, or written for another schema, robot or control
+    rate) is moved to ``<store>/quarantine/`` with a ``.reason.txt`` beside it and the compaction
+    starts over without it: it never blocks the store. ``validate`` and ``info`` report quarantined
+    files; ``CompactionResult.quarantined`` lists them.
+    """
     import zarr
     if append_mode not in APPEND_MODES:
         raise ValueError(f"append_mode={append_mode!r}; allowed: {APPEND_MODES}")
@@ -215,106 +238,179 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such trajectory store directory")
     t0 = time.perf_counter()
-    # every chunk is written, even all-fill ones, so the validator can tell a lost chunk from zeros
+    quarantined: list[str] = []
+    # every chunk is written, even all-fill ones, so a lost chunk is never mistaken for zeros
     with store_lock(root, lock_timeout), zarr.config.set({"array.write_empty_chunks": True}):
-        fresh = not (root / MANIFEST).is_file()
-        if fresh:
-            manifest = {"format_version": FORMAT_VERSION, "generation": 0, "num_steps": 0,
-                        "num_episodes": 0, "lengths": {}, "stats": {}}
-            schema, table, tasks = None, EpisodeTable.from_rows([]), {}
-        else:
-            manifest = read_manifest(root)
-            schema = StoreSchema.from_dict(read_json(root / SCHEMA_FILE, "schema"))
-            table = read_episode_table(root, int(manifest["num_episodes"]))
-            tasks = read_json(root / TASKS_FILE, "tasks table").get("tasks", {}) \
-                if (root / TASKS_FILE).exists() else {}
+        while True:
+            try:
+                result = _compact_locked(root, append_mode, t0)
+            except Unmergeable as bad:
+                # nothing was committed (the manifest is written last): set the file aside, start over
+                quarantined.append(str(quarantine_staged(root, bad.path, str(bad))))
+                continue
+            result.quarantined = quarantined
+            return result
 
-        known = set(table["episode_id"].tolist())
-        staged = list_staged(root)
-        skipped = [p for p in staged if episode_id_of(p) in known]
-        todo = [p for p in staged if episode_id_of(p) not in known]
-        if not todo:
-            _delete(skipped, root)
-            return CompactionResult(int(manifest["generation"]), [], [episode_id_of(p) for p in skipped], 0,
-                                    time.perf_counter() - t0)
 
-        # 3. every header against the schema before the first write
-        headers = [(p, *read_headers(p)) for p in todo]
-        if schema is None:
-            p0, h0, info0 = headers[0]
+def _check_integrity_start(root: Path, manifest: dict[str, Any], schema: StoreSchema, group) -> dict[str, list[int]]:
+    """The committed chunk CRCs per feature; recorded now (one full read) for a store that predates them."""
+    recorded = manifest.get("checksums") or {}
+    out: dict[str, list[int]] = {}
+    for name in schema.features:
+        n0 = int(manifest["lengths"].get(name, 0))
+        if name in recorded:
+            out[name] = [int(c) for c in recorded[name]]
+            continue
+        arr = group[array_path(name)]
+        chunk = arr.chunks[0]
+        crcs: list[int] = []
+        step = chunk * max(1, (64 << 20) // max(1, chunk * int(np.prod(arr.shape[1:], dtype=np.int64))
+                                                  * arr.dtype.itemsize))
+        for lo in range(0, n0, step):
+            crcs += chunk_crcs(np.asarray(arr[lo:min(n0, lo + step)]), chunk)
+        out[name] = crcs
+    return out
+
+
+def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult:
+    import zarr
+    fresh = not (root / MANIFEST).is_file()
+    if fresh:
+        manifest = {"format_version": FORMAT_VERSION, "generation": 0, "num_steps": 0,
+                    "num_episodes": 0, "lengths": {}, "stats": {}}
+        schema, table, tasks = None, EpisodeTable.from_rows([]), {}
+    else:
+        manifest = read_manifest(root)
+        schema = read_schema(root)
+        table = read_episode_table(root, int(manifest["num_episodes"]))
+        tasks = read_tasks(root, required=bool(manifest.get("meta")))
+        # appending to a store whose committed metadata is damaged would bury the damage
+        verify_metadata(root, manifest, schema, table, tasks)
+        counts = manifest.get("meta", {}).get("tasks_counts")
+        if counts is not None:   # instructions beyond the committed ones are leftovers of a crash
+            tasks = {t: list(tasks.get(t, []))[:int(counts.get(t, 0))] for t in set(tasks) | set(counts)}
+            tasks = {t: v for t, v in tasks.items() if t in counts}
+
+    known = set(table["episode_id"].tolist())
+    staged = list_staged(root)
+    skipped = [p for p in staged if episode_id_of(p) in known]
+    todo = [p for p in staged if episode_id_of(p) not in known]
+    if not todo:
+        _delete(skipped, root)
+        return CompactionResult(int(manifest["generation"]), [], [episode_id_of(p) for p in skipped], 0,
+                                time.perf_counter() - t0)
+
+    # 3. every header against the schema before the first write
+    headers = []
+    for p in todo:
+        try:
+            headers.append((p, *read_headers(p)))
+        except ValueError as err:
+            raise Unmergeable(p, str(err)) from err
+    if schema is None:
+        p0, h0, info0 = headers[0]
+        try:
             specs = {n: spec_for(n, np.empty((0,) + h.shape[1:], h.dtype), f"staging file {p0}")
                      for n, h in h0.items()}
-            schema = StoreSchema(specs, robot=str(info0.get("robot", "")),
-                                 control_dt=float(info0.get("control_dt", 0.02)))
-        for p, h, info in headers:
-            schema.check(h, where=f"staging file {p}")
-            if info.get("robot") and schema.robot and str(info["robot"]) != schema.robot:
-                raise ValueError(f"staging file {p}: robot {info['robot']!r}, the store holds {schema.robot!r} "
-                                 f"(one robot per store)")
-            if "control_dt" in info and abs(float(info["control_dt"]) - schema.control_dt) > 1e-9:
-                raise ValueError(f"staging file {p}: control_dt {info['control_dt']}, the store's is "
-                                 f"{schema.control_dt}")
-            lengths = {len_ for len_ in (hh.shape[0] for hh in h.values())}
-            if len(lengths) != 1:
-                raise ValueError(f"staging file {p}: features have different lengths {sorted(lengths)}")
+        except ValueError as err:
+            raise Unmergeable(p0, str(err)) from err
+        schema = StoreSchema(specs, robot=str(info0.get("robot", "")),
+                             control_dt=float(info0.get("control_dt", 0.02)))
+    for p, h, info in headers:
+        problem = staging_mismatch(schema, h, info, f"staging file {p}")
+        if problem:
+            raise Unmergeable(p, problem)
 
-        # 1. open arrays at their trusted lengths (truncating leftovers of an interrupted compaction)
-        group = zarr.open_group(str(root), mode="a", zarr_format=3)
-        if fresh:
-            write_json_atomic(root / SCHEMA_FILE, schema.to_dict())
-            _create_arrays(group, schema)
-        start = int(manifest["num_steps"])
-        total_new = sum(next(iter(h.values())).shape[0] for _, h, _ in headers)
-        appenders: dict[str, _Appender] = {}
-        for name, spec in schema.features.items():
-            arr = group[array_path(name)]
-            n0 = int(manifest["lengths"].get(name, 0))
-            if arr.shape[0] != n0:
-                arr.resize((n0,) + spec.shape)
-            if append_mode == "chunked":
-                arr.resize((n0 + total_new,) + spec.shape)
-            stats = None
-            if not name.startswith(IMAGE_PREFIX):
-                stats = (RunningStats.from_dict(manifest["stats"][name]) if name in manifest["stats"]
-                         else RunningStats.empty(spec.shape))
-            appenders[name] = _Appender(arr, n0, arr.chunks[0], append_mode, stats)
+    # 1. open arrays at their trusted lengths (truncating leftovers of an interrupted compaction)
+    group = zarr.open_group(str(root), mode="a", zarr_format=3)
+    if fresh:
+        write_json_atomic(root / SCHEMA_FILE, schema.to_dict())
+        _create_arrays(group, schema)
+    committed_crcs = {} if fresh else _check_integrity_start(root, manifest, schema, group)
+    start = int(manifest["num_steps"])
+    total_new = sum(next(iter(h.values())).shape[0] for _, h, _ in headers)
+    appenders: dict[str, _Appender] = {}
+    for name, spec in schema.features.items():
+        arr = group[array_path(name)]
+        n0 = int(manifest["lengths"].get(name, 0))
+        if arr.shape[0] != n0:
+            arr.resize((n0,) + spec.shape)
+        if append_mode == "chunked":
+            arr.resize((n0 + total_new,) + spec.shape)
+        stats = None
+        if not name.startswith(IMAGE_PREFIX):
+            stats = (RunningStats.from_dict(manifest["stats"][name]) if name in manifest["stats"]
+                     else RunningStats.empty(spec.shape))
+        crcs = ChunkCrcs(arr.chunks[0], committed_crcs.get(name, []), n0)
+        appenders[name] = _Appender(arr, n0, arr.chunks[0], append_mode, stats, crcs)
 
-        # 4. buffered appends
-        rows = []
-        pos = start
-        for p, _, _ in headers:
+    # 4. buffered appends
+    rows = []
+    pos = start
+    for p, _, _ in headers:
+        try:
             features, info = read_staged(p)
             # the header promised this; check the data really agrees before appending it
             schema.check(features, where=f"staging file {p}")
-            for name, app in appenders.items():
-                app.add(features[name])
-            rows.append(_episode_row(features, info, pos, tasks))
-            pos += rows[-1]["length"]
-        for app in appenders.values():
-            app.finish()
-
-        # 5. durability of the data, then the tables
+        except ValueError as err:
+            raise Unmergeable(p, str(err)) from err
         for name, app in appenders.items():
-            _fsync_written(root, name, app.first_chunk, max(app.pos - 1, 0) // app.chunk)
-        new_table = table.concat(rows)
-        write_json_atomic(root / EPISODES_FILE, {"columns": new_table.to_lists()})
-        write_json_atomic(root / TASKS_FILE, {"tasks": tasks})
+            app.add(features[name])
+        rows.append(_episode_row(features, info, pos, tasks))
+        pos += rows[-1]["length"]
+    for app in appenders.values():
+        app.finish()
 
-        # 6. commit
-        new_manifest = {
-            "format_version": FORMAT_VERSION, "generation": int(manifest["generation"]) + 1,
-            "num_steps": pos, "num_episodes": len(new_table),
-            "lengths": {name: app.pos for name, app in appenders.items()},
-            "stats": {name: app.stats.to_dict() for name, app in appenders.items() if app.stats is not None},
-            "chunks": {name: app.chunk for name, app in appenders.items()},
-            "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        write_manifest(root, new_manifest)
+    # 5. durability of the data, then the tables
+    for name, app in appenders.items():
+        _fsync_written(root, name, app.first_chunk, max(app.pos - 1, 0) // app.chunk)
+    new_table = table.concat(rows)
+    table_lists = new_table.to_lists()
+    write_json_atomic(root / EPISODES_FILE, {"columns": table_lists})
+    write_json_atomic(root / TASKS_FILE, {"tasks": tasks})
 
-        # 7. the staged copies are now redundant
-        _delete(todo + skipped, root)
-        return CompactionResult(new_manifest["generation"], [r["episode_id"] for r in rows],
-                                [episode_id_of(p) for p in skipped], pos - start, time.perf_counter() - t0)
+    # 6. commit
+    new_manifest = {
+        "format_version": FORMAT_VERSION, "generation": int(manifest["generation"]) + 1,
+        "num_steps": pos, "num_episodes": len(new_table),
+        "lengths": {name: app.pos for name, app in appenders.items()},
+        "stats": {name: app.stats.to_dict() for name, app in appenders.items() if app.stats is not None},
+        "chunks": {name: app.chunk for name, app in appenders.items()},
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "integrity": INTEGRITY_VERSION,
+        "checksums": {name: app.crcs.crcs for name, app in appenders.items()},
+        "meta": {"schema": canonical_digest(schema.to_dict()), "episodes": table_digest(table_lists),
+                 "tasks_counts": tasks_counts(tasks), "tasks": tasks_digest(tasks, tasks_counts(tasks)),
+                 "arrays": {name: array_meta_digest(read_array_meta(root / array_path(name)))
+                            for name in appenders}},
+    }
+    new_manifest[DIGEST_KEY] = manifest_digest(new_manifest)
+    write_manifest(root, new_manifest)
+
+    # 7. the staged copies are now redundant
+    _delete(todo + skipped, root)
+    return CompactionResult(new_manifest["generation"], [r["episode_id"] for r in rows],
+                            [episode_id_of(p) for p in skipped], pos - start, time.perf_counter() - t0)
+
+
+def staging_mismatch(schema: StoreSchema, headers: Mapping[str, ArrayHeader], info: Mapping[str, Any],
+                     where: str) -> str | None:
+    """Why a staged episode (headers + info) cannot join a store of ``schema``, or None."""
+    try:
+        schema.check(headers, where=where)
+    except ValueError as err:
+        return str(err)
+    if info.get("robot") and schema.robot and str(info["robot"]) != schema.robot:
+        return f"{where}: robot {info['robot']!r}, the store holds {schema.robot!r} (one robot per store)"
+    try:
+        if "control_dt" in info and abs(float(info["control_dt"]) - schema.control_dt) > 1e-9:
+            return f"{where}: control_dt {info['control_dt']}, the store's is {schema.control_dt}"
+    except (TypeError, ValueError):
+        return f"{where}: control_dt {info.get('control_dt')!r} is not a number"
+    lengths = {hh.shape[0] if hh.shape else -1 for hh in headers.values()}
+    if len(lengths) != 1:
+        return f"{where}: features have different lengths {sorted(lengths)}"
+    return None
 
 
 def _delete(paths: list[Path], root: Path) -> None:

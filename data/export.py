@@ -20,14 +20,15 @@ from typing import Any
 
 import numpy as np
 
+from quadforge.data.admission import check_store_accepts
 from quadforge.data.schema import IMAGE_PREFIX
 from quadforge.data.staging import write_staging_file
 from quadforge.data.compaction import compact
 from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore
 from quadforge.layout import TERM_DIMS
+from quadforge.output_paths import check_output_dir, check_output_file, is_store_dir
 
 FORMAT = "quadforge-robomimic-1"
-TOP_LEVEL = ("actions", "rewards")
 DERIVED_COLUMNS = ("start", "end", "length")
 
 
@@ -38,10 +39,10 @@ def _is_obs(name: str) -> bool:
 def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | None = None) -> int:
     """Write the whole store to ``h5_path``; returns the number of demos."""
     import h5py
+    out = check_output_file(h5_path, flag="export-hdf5 OUTPUT")   # before reading a byte of the store
     store = TrajectoryStore.open(store_path)
     data = store.load()
     table = store.episodes
-    out = Path(h5_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with h5py.File(out, "w", track_order=True) as f:
         g = f.create_group("data", track_order=True)
@@ -86,12 +87,23 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
     src = Path(h5_path)
     if not src.is_file():
         raise FileNotFoundError(f"{src}: no such HDF5 file")
+    if not h5py.is_hdf5(str(src)):
+        raise ValueError(f"{src}: not an HDF5 file (no HDF5 signature); import-hdf5 reads files written by "
+                         f"`quadforge dataset export-hdf5`")
+    check_output_dir(store_path, "trajectory store", owns=is_store_dir, flag="import-hdf5 STORE")
+    try:
+        with h5py.File(src, "r") as f:
+            if "data" not in f or _attr(f["data"].attrs.get("format")) != FORMAT:
+                raise ValueError(f"{src}: not a quadforge HDF5 export (want /data with format={FORMAT!r})")
+            env_args = json.loads(_attr(f["data"].attrs["env_args"]))
+            check_store_accepts(store_path, robot=env_args.get("robot"), control_dt=env_args.get("control_dt"),
+                                what=f"{src}")
+    except (KeyError, OSError, TypeError) as err:
+        raise ValueError(f"{src}: damaged or not a quadforge HDF5 export ({type(err).__name__}: {err})") from err
     Path(store_path).mkdir(parents=True, exist_ok=True)
     known = TrajectoryStore.existing_episode_ids(store_path)
     imported = 0
     with h5py.File(src, "r") as f:
-        if "data" not in f or _attr(f["data"].attrs.get("format")) != FORMAT:
-            raise ValueError(f"{src}: not a quadforge HDF5 export (want /data with format={FORMAT!r})")
         g = f["data"]
         env_args = json.loads(_attr(g.attrs["env_args"]))
         tasks = json.loads(_attr(g.attrs.get("tasks", "{}")))
@@ -120,7 +132,10 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
             info.update(robot=env_args.get("robot", ""), control_dt=env_args.get("control_dt", 0.02))
             write_staging_file(store_path, eid, str(attrs["collector_id"]), features, info)
             imported += 1
-    compact(store_path)
+    result = compact(store_path)
+    if result.quarantined:
+        raise ValueError(f"{src}: {len(result.quarantined)} demo(s) could not join {store_path} and were "
+                         f"quarantined: {result.quarantined[:3]} (see the .reason.txt files)")
     return imported
 
 

@@ -19,9 +19,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from quadforge.data.integrity import crc_rows
 from quadforge.data.schema import CATALOGUE, IMAGE_PREFIX, check_episode
 
 STAGING_DIR = "staging"
+QUARANTINE_DIR = "quarantine"
 SUFFIX = ".episode"
 MAGIC = b"QFEPISODE1\n"
 _ALIGN = 64
@@ -38,6 +40,41 @@ def list_staged(store_path: str | Path) -> list[Path]:
     if not d.is_dir():
         return []
     return sorted(p for p in d.iterdir() if p.suffix == SUFFIX and not p.name.startswith("."))
+
+
+def quarantine_staged(store_path: str | Path, path: Path, reason: str) -> Path:
+    """Move a staging file that cannot be merged to ``<store>/quarantine/`` (never deleted: it may be
+    the only copy of an episode), with the reason in ``<name>.reason.txt`` beside it."""
+    qdir = Path(store_path) / QUARANTINE_DIR
+    qdir.mkdir(parents=True, exist_ok=True)
+    target = qdir / path.name
+    k = 1
+    while target.exists():
+        target = qdir / f"{path.stem}.{k}{path.suffix}"
+        k += 1
+    os.replace(path, target)
+    target.with_name(target.name + ".reason.txt").write_text(reason.strip() + "\n")
+    fsync_dir(qdir)
+    fsync_dir(path.parent)
+    return target
+
+
+def list_quarantined(store_path: str | Path) -> list[tuple[Path, str]]:
+    """(file, reason) of every staging file compaction set aside."""
+    qdir = Path(store_path) / QUARANTINE_DIR
+    if not qdir.is_dir():
+        return []
+    out = []
+    for p in sorted(qdir.iterdir()):
+        if p.name.endswith(".reason.txt") or p.name.startswith("."):
+            continue
+        reason_file = p.with_name(p.name + ".reason.txt")
+        try:
+            reason = reason_file.read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            reason = "reason unknown"
+        out.append((p, reason))
+    return out
 
 
 def episode_id_of(path: Path) -> str:
@@ -75,7 +112,8 @@ def write_episode_file(path: Path, arrays: Mapping[str, np.ndarray], info: Mappi
     """Write arrays + info in the staging format, durably (fsync); no validation here."""
     layout, offset = {}, 0
     for name, a in arrays.items():
-        layout[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "offset": offset}
+        # a CRC32C per array: a staging file damaged on disk is refused (and quarantined), not merged
+        layout[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "offset": offset, "crc32c": crc_rows(a)}
         offset += -(-a.nbytes // _ALIGN) * _ALIGN
     header = json.dumps({"info": info, "features": layout}).encode()
     header += b" " * (-(len(MAGIC) + 8 + len(header)) % _ALIGN)   # data starts aligned
@@ -97,6 +135,8 @@ def _parse_header(raw: bytes, path: Path) -> tuple[dict[str, Any], dict[str, Any
         raise ValueError(f"staging file {path}: truncated header")
     try:
         head = json.loads(raw[start:start + n])
+        if not isinstance(head["info"], dict) or not isinstance(head["features"], dict):
+            raise ValueError("info and features must be JSON objects")
         return head["info"], head["features"], start + n
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"staging file {path}: corrupt header ({err})") from err
@@ -112,7 +152,13 @@ def read_staged_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], np.
     except OSError as err:
         raise ValueError(f"staging file {path}: unreadable ({err})") from err
     info, feats, _ = _parse_header(raw, path)
-    return {k: (tuple(v["shape"]), np.dtype(v["dtype"])) for k, v in feats.items()}, info
+    try:
+        out = {k: (tuple(int(n) for n in v["shape"]), np.dtype(v["dtype"])) for k, v in feats.items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(f"staging file {path}: corrupt header ({type(err).__name__}: {err})") from err
+    if not isinstance(info, dict) or any(not shape or min(shape) < 0 for shape, _ in out.values()):
+        raise ValueError(f"staging file {path}: corrupt header (info or shapes)")
+    return out, info
 
 
 def read_staged(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -124,12 +170,19 @@ def read_staged(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     info, feats, data_start = _parse_header(raw, path)
     out = {}
     for name, f in feats.items():
-        dtype, shape = np.dtype(f["dtype"]), tuple(f["shape"])
-        lo = data_start + int(f["offset"])
+        try:
+            dtype, shape = np.dtype(f["dtype"]), tuple(int(n) for n in f["shape"])
+            lo = data_start + int(f["offset"])
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"staging file {path}: corrupt header ({type(err).__name__}: {err})") from err
+        if not shape or min(shape) < 0 or lo < data_start:
+            raise ValueError(f"staging file {path}: corrupt header (feature {name!r})")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if lo + nbytes > len(raw):
             raise ValueError(f"staging file {path}: truncated data (feature {name!r})")
         out[name] = np.frombuffer(raw, dtype=dtype, count=nbytes // dtype.itemsize, offset=lo).reshape(shape)
+        if "crc32c" in f and crc_rows(out[name]) != int(f["crc32c"]):
+            raise ValueError(f"staging file {path}: feature {name!r} fails its CRC32C checksum (damaged on disk)")
     return out, info
 
 

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from quadforge.data import integrity
 from quadforge.data.schema import FORMAT_VERSION, IMAGE_PREFIX, StoreSchema
 from quadforge.data.staging import episode_id_of, fsync_dir, list_staged
 from quadforge.data.stats import RunningStats
@@ -150,7 +151,17 @@ def read_episode_table(root: Path, num_episodes: int) -> EpisodeTable:
     return table.head(num_episodes)
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
+def read_schema(root: Path) -> StoreSchema:
+    raw = read_json(root / SCHEMA_FILE, "schema")
+    try:
+        return StoreSchema.from_dict(raw)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(f"{root / SCHEMA_FILE}: corrupt schema ({type(err).__name__}: {err})") from err
+
+
+def read_manifest(root: Path, verify: bool = True) -> dict[str, Any]:
+    """The manifest, checked (keys, types, digest); ``verify=False`` skips the digest (the validator
+    reports a mismatch as one problem among others instead of stopping there)."""
     path = root / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing manifest (not a trajectory store, or never compacted: "
@@ -161,7 +172,53 @@ def read_manifest(root: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: corrupt manifest: missing keys {missing}")
     if m["format_version"] != FORMAT_VERSION:
         raise ValueError(f"{path}: format_version {m['format_version']}; this code reads {FORMAT_VERSION}")
+    if verify and integrity.DIGEST_KEY in m and m[integrity.DIGEST_KEY] != integrity.manifest_digest(m):
+        raise ValueError(f"{path}: corrupt manifest (its digest does not match its content)")
+    if "integrity" in m and integrity.DIGEST_KEY not in m:
+        raise ValueError(f"{path}: corrupt manifest (integrity records without a digest)")
+    try:
+        ok = (isinstance(m["lengths"], dict) and isinstance(m["stats"], dict)
+              and all(int(v) >= 0 for v in m["lengths"].values())
+              and int(m["num_steps"]) >= 0 and int(m["num_episodes"]) >= 0 and int(m["generation"]) >= 0)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{path}: corrupt manifest (lengths, counts or stats of the wrong type)")
     return m
+
+
+def read_tasks(root: Path, required: bool = False) -> dict[str, list[str]]:
+    """The tasks table; a missing file reads as empty unless ``required`` (a store with integrity
+    records always has one)."""
+    if not (root / TASKS_FILE).exists() and not required:
+        return {}
+    raw = read_json(root / TASKS_FILE, "tasks table")
+    tasks = raw.get("tasks", {}) if isinstance(raw, dict) else None
+    if not isinstance(tasks, dict) or not all(isinstance(v, list) for v in tasks.values()):
+        raise ValueError(f"{root / TASKS_FILE}: corrupt tasks table (expected {{'tasks': {{task: [instruction, ...]}}}})")
+    return tasks
+
+
+def verify_metadata(root: Path, manifest: Mapping[str, Any], schema: StoreSchema, table: "EpisodeTable",
+                    tasks: Mapping[str, Any]) -> None:
+    """Compare the committed metadata with the digests in the manifest (``data.integrity``); a store
+    written before the digests existed passes (the validator notes it has none)."""
+    meta = manifest.get("meta")
+    if not meta:
+        return
+    if meta.get("schema") != integrity.canonical_digest(schema.to_dict()):
+        raise ValueError(f"{root / SCHEMA_FILE}: schema differs from the one the manifest committed (damaged)")
+    if meta.get("episodes") != integrity.table_digest(table.to_lists()):
+        raise ValueError(f"{root / EPISODES_FILE}: episode table differs from the one the manifest committed "
+                         f"(damaged)")
+    counts = meta.get("tasks_counts") or {}
+    if meta.get("tasks") != integrity.tasks_digest(tasks, counts):
+        raise ValueError(f"{root / TASKS_FILE}: tasks table differs from the one the manifest committed (damaged)")
+    for name, digest in (meta.get("arrays") or {}).items():
+        where = root / array_path(name)
+        if integrity.array_meta_digest(integrity.read_array_meta(where)) != digest:
+            raise ValueError(f"{where / 'zarr.json'}: array metadata differs from what the manifest committed "
+                             f"(damaged)")
 
 
 class TrajectoryStore:
@@ -179,30 +236,43 @@ class TrajectoryStore:
         if not root.is_dir():
             raise FileNotFoundError(f"{root}: no such trajectory store directory")
         manifest = read_manifest(root)
-        try:
-            schema = StoreSchema.from_dict(read_json(root / SCHEMA_FILE, "schema"))
-        except (KeyError, TypeError) as err:
-            raise ValueError(f"{root / SCHEMA_FILE}: corrupt schema ({err})") from err
+        schema = read_schema(root)
         table = read_episode_table(root, int(manifest["num_episodes"]))
-        tasks = read_json(root / TASKS_FILE, "tasks table").get("tasks", {}) if (root / TASKS_FILE).exists() else {}
+        tasks = read_tasks(root, required=bool(manifest.get("meta")))
+        verify_metadata(root, manifest, schema, table, tasks)
         store = cls(root, manifest, schema, table, tasks)
         store._check_arrays()
         return store
 
     def _check_arrays(self) -> None:
+        """Every array present with the schema's dtype and shape, its manifest length on disk and, the
+        cheap part of integrity, a file for every chunk under that length (one stat per chunk)."""
         lengths = self.manifest["lengths"]
         if set(lengths) != set(self.schema.features):
             raise ValueError(f"{self.root / MANIFEST}: manifest features {sorted(lengths)} disagree with "
                              f"the schema's {sorted(self.schema.features)}")
         group = self.group
+        chunks = self.manifest.get("chunks") or {}
         for name, n in lengths.items():
+            where = self.root / array_path(name)
             try:
                 arr = group[array_path(name)]
+                shape, dtype, chunk = tuple(arr.shape), np.dtype(arr.dtype), int(arr.chunks[0])
             except KeyError:
-                raise ValueError(f"{self.root / array_path(name)}: array missing (manifest lists {n} steps)") from None
-            if arr.shape[0] < n:
-                raise ValueError(f"{self.root / array_path(name)}: truncated: {arr.shape[0]} steps on disk, "
-                                 f"the manifest says {n}")
+                raise ValueError(f"{where}: array missing (manifest lists {n} steps)") from None
+            except Exception as err:  # zarr raises several types for damaged array metadata
+                raise ValueError(f"{where}: unreadable array metadata ({type(err).__name__}: {err})") from err
+            spec = self.schema.features[name]
+            if shape[1:] != spec.shape or dtype != np.dtype(spec.dtype):
+                raise ValueError(f"{where}: on disk {dtype}{shape[1:]}, the schema says {spec.dtype}{spec.shape}")
+            if shape[0] < n:
+                raise ValueError(f"{where}: truncated: {shape[0]} steps on disk, the manifest says {n}")
+            if name in chunks and int(chunks[name]) != chunk:
+                raise ValueError(f"{where}: chunks of {chunk} steps on disk, the manifest says {chunks[name]}")
+            missing = integrity.missing_chunk_files(where, len(shape), int(n), chunk)
+            if missing:
+                raise ValueError(f"{where}: chunk(s) {missing[:10]} missing (zarr would read zeros); "
+                                 f"run `quadforge dataset validate {self.root}`")
 
     @property
     def group(self):
@@ -273,13 +343,21 @@ class TrajectoryStore:
         for name in names:
             self._check_feature(name)
         out = {}
+        checksums = self.manifest.get("checksums") or {}
         for name in names:
             n = int(self.manifest["lengths"][name])
+            where = self.root / array_path(name)
             try:
-                out[name] = np.asarray(self.group[array_path(name)][:n])
+                arr = self.group[array_path(name)]
+                out[name] = np.asarray(arr[:n])
             except Exception as err:  # a damaged chunk surfaces as a codec error from zarr/numcodecs
-                raise ValueError(f"{self.root / array_path(name)}: unreadable data ({type(err).__name__}: "
-                                 f"{err})") from err
+                raise ValueError(f"{where}: unreadable data ({type(err).__name__}: "
+                                 f"{str(err).splitlines()[0] if str(err) else ''})") from err
+            if name in checksums:  # one CRC32C pass over the rows: never silently different data
+                bad = integrity.bad_chunks(out[name], int(arr.chunks[0]), checksums[name])
+                if bad:
+                    raise ValueError(f"{where}: chunk(s) {bad[:10]} fail their checksum (damaged or swapped); "
+                                     f"run `quadforge dataset validate {self.root}`")
         return out
 
     def __repr__(self) -> str:

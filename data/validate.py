@@ -4,8 +4,12 @@ Invariants: manifest readable and consistent (generation >= 1, per-feature lengt
 schema's features); episode table with num_episodes complete rows; ends strictly increasing, starts
 contiguous from 0, length = end - start, lengths summing to num_steps; unique episode ids; arrays
 present with the schema's dtype/shape and at least the manifest's rows; every chunk under the
-manifest's length present and decodable; finite values in float features; stats present for every
-non-image feature with count = num_steps and matching a recomputation.
+manifest's length present and decodable; the digests the manifest records (itself, schema, episode
+and tasks tables, every array's zarr.json) and every chunk's CRC32C (``data.integrity``); finite values
+in float features and stats present for every non-image feature with count = num_steps and matching a
+recomputation. Quarantined staging files are warnings: the store is sound, but they were not merged.
+Levels: metadata and chunk files only (``checksums=False, check_values=False``, the CLI's ``--quick``),
+checksums (the CLI's default), checksums and values (``--deep``; the Python default).
 """
 from __future__ import annotations
 
@@ -14,16 +18,20 @@ from pathlib import Path
 
 import numpy as np
 
+from quadforge.data.integrity import (DIGEST_KEY, array_meta_digest, bad_chunks, canonical_digest, manifest_digest,
+                                     missing_chunk_files, num_chunks, read_array_meta, table_digest, tasks_digest)
 from quadforge.data.schema import IMAGE_PREFIX, StoreSchema
-from quadforge.data.staging import list_staged
+from quadforge.data.staging import list_quarantined, list_staged
 from quadforge.data.stats import RunningStats
-from quadforge.data.store import (MANIFEST, SCHEMA_FILE, array_path, read_episode_table, read_json, read_manifest)
+from quadforge.data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, array_path, read_episode_table,
+                                  read_manifest, read_schema, read_tasks)
 
 
 @dataclass
 class ValidationReport:
     path: str
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)   # the store is sound, but something needs a look
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -32,27 +40,51 @@ class ValidationReport:
 
     def text(self) -> str:
         head = f"{self.path}: {'OK' if self.ok else f'{len(self.problems)} problem(s)'}"
-        return "\n".join([head] + [f"  ERROR {p}" for p in self.problems] + [f"  note  {n}" for n in self.notes])
+        if self.ok and self.warnings:
+            head += f", {len(self.warnings)} warning(s)"
+        return "\n".join([head] + [f"  ERROR {p}" for p in self.problems] + [f"  WARN  {w}" for w in self.warnings]
+                         + [f"  note  {n}" for n in self.notes])
 
 
-def validate(store_path: str | Path, check_values: bool = True) -> ValidationReport:
-    root = Path(store_path)
-    rep = ValidationReport(str(root))
+def validate(store_path: str | Path, check_values: bool = True, checksums: bool = True) -> ValidationReport:
+    """Every invariant; ``checksums`` decodes every chunk and compares its CRC32C with the manifest's,
+    ``check_values`` also checks the values (finite, stats). Neither: metadata and chunk files only."""
+    rep = ValidationReport(str(store_path))
+    try:
+        _validate(Path(store_path), rep, check_values, checksums)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OSError) as err:
+        # damage in a place no specific check anticipated: still a report, never a traceback
+        rep.problems.append(f"{store_path}: damaged store ({type(err).__name__}: {err})")
+    return rep
+
+
+def _validate(root: Path, rep: ValidationReport, check_values: bool, checksums: bool) -> None:
     if not root.is_dir():
         rep.problems.append(f"{root}: no such directory")
-        return rep
-    staged = list_staged(root)
+        return
+    try:
+        staged = list_staged(root)
+    except OSError as err:
+        rep.problems.append(f"{root / 'staging'}: unreadable ({err})")
+        staged = []
     if staged:
         rep.notes.append(f"{len(staged)} staged episode(s) not yet compacted")
+    for path, reason in list_quarantined(root):
+        rep.warnings.append(f"quarantined staging file {path.name} (not merged): {reason}")
     try:
-        manifest = read_manifest(root)
+        manifest = read_manifest(root, verify=False)
     except (FileNotFoundError, ValueError) as err:
         rep.problems.append(str(err))
-        return rep
+        return
+    if DIGEST_KEY in manifest and manifest[DIGEST_KEY] != manifest_digest(manifest):
+        rep.problems.append(f"{MANIFEST}: its digest does not match its content (damaged or edited)")
+    if "integrity" not in manifest:
+        rep.notes.append("written before chunk checksums: missing chunks are detected, changed bytes inside a "
+                         "chunk only by --deep's value checks; the next compaction records checksums")
     try:
-        schema = StoreSchema.from_dict(read_json(root / SCHEMA_FILE, "schema"))
-    except (FileNotFoundError, ValueError, KeyError, TypeError) as err:
-        rep.problems.append(f"{root / SCHEMA_FILE}: {err}")
+        schema = read_schema(root)
+    except (FileNotFoundError, ValueError) as err:
+        rep.problems.append(str(err))
         schema = None
 
     n_steps, n_eps = int(manifest["num_steps"]), int(manifest["num_episodes"])
@@ -65,18 +97,28 @@ def validate(store_path: str | Path, check_values: bool = True) -> ValidationRep
     if schema is not None and set(lengths) != set(schema.features):
         rep.problems.append(f"{MANIFEST}: features {sorted(lengths)} != schema features {sorted(schema.features)}")
 
-    _check_table(root, n_eps, n_steps, rep)
+    meta = manifest.get("meta") or {}
+    if schema is not None and meta and meta.get("schema") != canonical_digest(schema.to_dict()):
+        rep.problems.append(f"{SCHEMA_FILE}: differs from the schema the manifest committed")
+    _check_table(root, n_eps, n_steps, rep, meta.get("episodes"))
+    try:
+        tasks = read_tasks(root, required=bool(meta))
+        if meta and meta.get("tasks") != tasks_digest(tasks, meta.get("tasks_counts") or {}):
+            rep.problems.append(f"{TASKS_FILE}: differs from the tasks table the manifest committed")
+    except (FileNotFoundError, ValueError) as err:
+        rep.problems.append(str(err))
     if schema is not None:
-        _check_arrays(root, schema, manifest, rep, check_values)
-    return rep
+        _check_arrays(root, schema, manifest, rep, check_values, checksums)
 
 
-def _check_table(root: Path, n_eps: int, n_steps: int, rep: ValidationReport) -> None:
+def _check_table(root: Path, n_eps: int, n_steps: int, rep: ValidationReport, digest: str | None) -> None:
     try:
         table = read_episode_table(root, n_eps)
     except (FileNotFoundError, ValueError) as err:
         rep.problems.append(str(err))
         return
+    if digest is not None and digest != table_digest(table.to_lists()):
+        rep.problems.append(f"{EPISODES_FILE}: differs from the episode table the manifest committed")
     start, end, length = table["start"], table["end"], table["length"]
     if n_eps == 0:
         rep.problems.append("episode table: no episodes")
@@ -99,7 +141,7 @@ def _check_table(root: Path, n_eps: int, n_steps: int, rep: ValidationReport) ->
 
 
 def _check_arrays(root: Path, schema: StoreSchema, manifest: dict, rep: ValidationReport,
-                  check_values: bool) -> None:
+                  check_values: bool, checksums: bool) -> None:
     import zarr
     try:
         group = zarr.open_group(str(root), mode="r", zarr_format=3)
@@ -107,23 +149,36 @@ def _check_arrays(root: Path, schema: StoreSchema, manifest: dict, rep: Validati
         rep.problems.append(f"{root}: cannot open zarr group ({err})")
         return
     n = int(manifest["num_steps"])
+    recorded = manifest.get("checksums") or {}
+    array_digests = (manifest.get("meta") or {}).get("arrays") or {}
     for name, spec in sorted(schema.features.items()):
         where = f"{array_path(name)}"
         try:
             arr = group[array_path(name)]
+            chunk, ndim = int(arr.chunks[0]), arr.ndim
         except KeyError:
             rep.problems.append(f"{where}: array missing")
             continue
+        except Exception as err:  # damaged zarr.json
+            rep.problems.append(f"{where}: unreadable array metadata ({type(err).__name__}: {err})")
+            continue
+        if name in array_digests:
+            try:
+                if array_meta_digest(read_array_meta(root / array_path(name))) != array_digests[name]:
+                    rep.problems.append(f"{where}/zarr.json: differs from the array metadata the manifest committed")
+            except ValueError as err:
+                rep.problems.append(str(err))
         if tuple(arr.shape[1:]) != spec.shape or np.dtype(arr.dtype) != np.dtype(spec.dtype):
             rep.problems.append(f"{where}: on disk {arr.dtype}{tuple(arr.shape[1:])}, schema "
                                 f"{spec.dtype}{spec.shape}")
+            continue
         if arr.shape[0] < n:
             rep.problems.append(f"{where}: {arr.shape[0]} rows on disk < manifest num_steps {n}")
             continue
-        chunk = arr.chunks[0]
-        # chunks span the whole per-step shape, so chunk i's key is c/i/0/.../0
-        tail = "/0" * (arr.ndim - 1)
-        missing = [i for i in range(-(-n // chunk)) if not (root / array_path(name) / f"c/{i}{tail}").is_file()]
+        if name in (manifest.get("chunks") or {}) and int(manifest["chunks"][name]) != chunk:
+            rep.problems.append(f"{where}: chunks of {chunk} steps on disk, the manifest says {manifest['chunks'][name]}")
+            continue
+        missing = missing_chunk_files(root / array_path(name), ndim, n, chunk)
         if missing:
             rep.problems.append(f"{where}: chunk(s) {missing[:10]} missing")
         stats_d = manifest["stats"].get(name)
@@ -132,36 +187,70 @@ def _check_arrays(root: Path, schema: StoreSchema, manifest: dict, rep: Validati
                 rep.problems.append(f"{MANIFEST}: no stats for feature {name!r}")
             elif int(stats_d["count"]) != n:
                 rep.problems.append(f"{MANIFEST}: stats count for {name!r} is {stats_d['count']}, not {n}")
-        if not check_values or missing:
+        if name in recorded and len(recorded[name]) != num_chunks(n, chunk):
+            rep.problems.append(f"{MANIFEST}: {len(recorded[name])} chunk checksums for {where}, "
+                                f"{num_chunks(n, chunk)} chunks expected")
             continue
-        _check_values(arr, name, n, chunk, spec.dtype, stats_d, rep)
+        if missing or not (check_values or (checksums and name in recorded)):
+            continue
+        _check_data(arr, name, n, chunk, recorded.get(name) if checksums else None,
+                    stats_d if check_values else None, check_values, rep)
 
 
-def _check_values(arr, name: str, n: int, chunk: int, dtype: str, stats_d: dict | None,
-                  rep: ValidationReport) -> None:
+def _read_block(arr, lo: int, hi: int, chunk: int) -> tuple[np.ndarray | None, list[int]]:
+    """Rows lo:hi, or (None, the chunks that cannot be decoded)."""
+    try:
+        return np.asarray(arr[lo:hi]), []
+    except Exception:  # codec errors from a damaged chunk: find which ones
+        bad = []
+        for c in range(lo // chunk, -(-hi // chunk)):
+            try:
+                np.asarray(arr[c * chunk:min(hi, (c + 1) * chunk)])
+            except Exception:
+                bad.append(c)
+        return None, bad
+
+
+def _check_data(arr, name: str, n: int, chunk: int, crcs: list[int] | None, stats_d: dict | None,
+                check_values: bool, rep: ValidationReport) -> None:
+    """One pass over the rows, a few chunks at a time: checksums, then (``check_values``) finiteness
+    and a recomputation of the stats."""
     where = array_path(name)
     recomputed = RunningStats.empty(tuple(arr.shape[1:])) if stats_d is not None else None
     nonfinite, first_bad = 0, None
+    undecodable, mismatched = [], []
     step = chunk * max(1, (8 << 20) // max(1, chunk * int(np.prod(arr.shape[1:])) * arr.dtype.itemsize))
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        try:
-            block = np.asarray(arr[lo:hi])
-        except Exception as err:  # codec errors from a damaged chunk
-            rep.problems.append(f"{where}: rows {lo}:{hi} unreadable ({type(err).__name__}: {err})")
-            return
+        block, bad = _read_block(arr, lo, hi, chunk)
+        if block is None:
+            undecodable += bad
+            continue
+        if crcs is not None:
+            first = lo // chunk
+            mismatched += [first + i for i in bad_chunks(block, chunk, crcs[first:first + num_chunks(hi - lo, chunk)])]
+        if not check_values:
+            continue
         if np.issubdtype(block.dtype, np.floating):
-            bad = ~np.isfinite(block).reshape(len(block), -1).all(axis=1)
-            if bad.any():
-                nonfinite += int(bad.sum())
-                first_bad = first_bad if first_bad is not None else lo + int(np.flatnonzero(bad)[0])
+            bad_rows = ~np.isfinite(block).reshape(len(block), -1).all(axis=1)
+            if bad_rows.any():
+                nonfinite += int(bad_rows.sum())
+                first_bad = first_bad if first_bad is not None else lo + int(np.flatnonzero(bad_rows)[0])
         if recomputed is not None:
             recomputed.update(block)
+    if undecodable:
+        rep.problems.append(f"{where}: chunk(s) {undecodable[:10]} cannot be decoded (damaged)")
+    if mismatched:
+        rep.problems.append(f"{where}: chunk(s) {mismatched[:10]} fail their CRC32C checksum (damaged or swapped)")
     if nonfinite:
         rep.problems.append(f"{where}: {nonfinite} step(s) with non-finite values (first at step {first_bad})")
-    if recomputed is not None and stats_d is not None and not nonfinite:
-        stored = RunningStats.from_dict(stats_d)
-        scale = np.maximum(1.0, np.abs(recomputed.mean))
-        if (np.abs(stored.mean - recomputed.mean) > 1e-6 * scale).any() or \
-                (stored.min != recomputed.min).any() or (stored.max != recomputed.max).any():
+    if recomputed is not None and stats_d is not None and not nonfinite and not undecodable:
+        try:
+            stored = RunningStats.from_dict(stats_d)
+            scale = np.maximum(1.0, np.abs(recomputed.mean))
+            differ = (np.abs(stored.mean - recomputed.mean) > 1e-6 * scale).any() or \
+                (stored.min != recomputed.min).any() or (stored.max != recomputed.max).any()
+        except (KeyError, TypeError, ValueError):
+            differ = True
+        if differ:
             rep.problems.append(f"{MANIFEST}: stats for {name!r} disagree with the data")

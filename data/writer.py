@@ -10,12 +10,16 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from quadforge.data.locks import acquire
 from quadforge.data.staging import COLLECTOR_ID_RE, staging_dir, write_staging_file
 from quadforge.data.store import TrajectoryStore
 
 
 class StagingWriter:
-    """One per collector process; never shares files with another writer."""
+    """One per collector id and store at a time: it holds ``staging/.writer-<collector_id>.lock`` (an
+    flock naming its process, ``data.locks``) while alive, so two writers can never hand out the same
+    episode ids; a second one is refused with an error naming the first. ``close()`` (or dropping the
+    writer, or the process ending) releases it."""
 
     def __init__(self, store_path: str | Path, collector_id: str):
         if not COLLECTOR_ID_RE.match(str(collector_id)):
@@ -24,6 +28,8 @@ class StagingWriter:
         self.collector_id = str(collector_id)
         self.dir = staging_dir(self.store_path)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.lock = acquire(self.dir / f".writer-{self.collector_id}.lock", f"staging writer {self.collector_id!r}",
+                            hint="episode ids would collide; give this writer another collector id")
         prefix = self.collector_id + "-"
         counters = [int(eid[len(prefix):]) for eid in TrajectoryStore.existing_episode_ids(self.store_path)
                     if eid.startswith(prefix) and eid[len(prefix):].isdigit()]
@@ -31,6 +37,15 @@ class StagingWriter:
 
     def next_episode_id(self) -> str:
         return f"{self.collector_id}-{self.counter:08d}"
+
+    def close(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> "StagingWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def write_episode(self, episode: Mapping[str, np.ndarray], info: Mapping[str, Any]) -> str:
         """Write one episode durably; returns its episode id."""

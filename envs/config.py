@@ -289,7 +289,10 @@ class EnvConfig:
         if b.terrain is not None and b.terrain is not self.terrain:
             raise _err("backend.terrain", b.terrain, "None (set EnvConfig.terrain instead)")
         from quadforge.envs.backends import BACKENDS, PLANNED
-        if self.backend_name not in BACKENDS and self.backend_name not in PLANNED:
+        if self.backend_name in PLANNED:  # designed for, not written: refused here, before anything is built
+            raise NotImplementedError(f"EnvConfig.backend_name={self.backend_name!r} is planned, not implemented "
+                                      f"yet ({PLANNED[self.backend_name]}); available: {', '.join(BACKENDS)}")
+        if self.backend_name not in BACKENDS:
             raise _err("backend_name", self.backend_name, str(BACKENDS))
         if not self.episode_length_s >= self.dt:
             raise _err("episode_length_s", self.episode_length_s, f">= the control dt {self.dt:g} s")

@@ -1,12 +1,13 @@
-"""legged_gym's reward terms as a registry, and the manager that scales, sums and logs them.
+"""legged_gym's reward terms as a registry: the readable reference, one function per term.
 
-Each term maps a ``RewardView`` to an (N,) tensor *before* scaling; the manager multiplies by
+Each term maps a ``RewardView`` to an (N,) tensor *before* scaling; the manager
+(``envs.reward_manager.RewardManager``) multiplies by
 ``scale * dt`` (legged_gym), clips the total at zero when ``only_positive_rewards`` and adds the
 termination term after the clip (as legged_gym does). Zero-scale terms are accepted and skipped; an
 unknown term is a construction error listing the known ones.
 
 The manager does not call every registry function: the terms that are sums of squares of a few state
-quantities (``SQUARE_TERMS``: the velocity tracking kernels, the body-rate, torque, joint-velocity,
+quantities (``envs.rewards_fused.SQUARE_TERMS``: the velocity tracking kernels, the body-rate, torque, joint-velocity,
 -acceleration and action-rate penalties, ...) are computed together, one square and one matmul over
 their concatenated inputs, because a step's cost at small N is the number of torch calls. The matmul
 sums in a different order than ``torch.sum``: those terms agree with the registry functions to float32
@@ -171,71 +172,6 @@ REWARD_TERMS: dict[str, Callable[[RewardView], torch.Tensor]] = {f.__name__: f f
 )}
 
 
-# Sum-of-squares terms: term = sum of x^2 over some columns of one input block, the tracking kernels
-# exp(-that / tracking_sigma). ``SquareTerms`` computes any subset of them together. Each source is a
-# whole (N, k) block - contiguous, so that concatenating them is a plain row copy - and names the
-# columns each term sums; unused columns get weight 0.
-_SOURCES: dict[str, tuple[Callable[[RewardView], torch.Tensor], dict[str, tuple[int, ...]]]] = {
-    "vel_err": (lambda v: _vel_err(v), {"tracking_lin_vel": (0, 1), "tracking_ang_vel": (2,)}),
-    "lin_vel_b": (lambda v: v.task.state.root_lin_vel_b, {"lin_vel_z": (2,)}),
-    "ang_vel_b": (lambda v: v.task.state.root_ang_vel_b, {"ang_vel_xy": (0, 1)}),
-    "gravity_b": (lambda v: v.task.state.projected_gravity_b, {"orientation": (0, 1)}),
-    "joint_torque": (lambda v: v.task.state.joint_torque, {"torques": tuple(range(12))}),
-    "joint_vel": (lambda v: v.task.state.joint_vel, {"dof_vel": tuple(range(12))}),
-    "dof_acc": (lambda v: (v.last_joint_vel - v.task.state.joint_vel) / v.dt, {"dof_acc": tuple(range(12))}),
-    "action_rate": (lambda v: v.task.last_actions - v.task.actions, {"action_rate": tuple(range(12))}),
-    "base_height": (lambda v: (v.base_height - v.base_height_target)[:, None], {"base_height": (0,)}),
-}
-SQUARE_TERMS = frozenset(t for _, cols in _SOURCES.values() for t in cols)
-_EXP_TERMS = ("tracking_lin_vel", "tracking_ang_vel")  # exp(-sum / sigma) kernels, first in the output
-
-
-def _vel_err(v: RewardView) -> torch.Tensor:
-    """(N, 3) v_x, v_y, w_z errors: the task's buffer when given, else computed."""
-    if v.vel_err is not None:
-        return v.vel_err
-    return torch.cat((_lin_vel_err_xy(v), _yaw_rate_err(v)[:, None]), dim=1)
-
-
-class SquareTerms:
-    """The given ``SQUARE_TERMS`` as one (N, T) block, tracking kernels first (``names``): concatenate
-    their source blocks (N, K), square in place, one (K, T) matmul whose entries are 1 (or
-    -1/tracking_sigma for the kernels) where a column belongs to a term, one exp for the kernels."""
-
-    def __init__(self, names: list[str]):
-        unknown = sorted(set(names) - SQUARE_TERMS)
-        if unknown:
-            raise ValueError(f"SquareTerms: {unknown} are not sum-of-squares terms; those are {sorted(SQUARE_TERMS)}")
-        self.names = [n for n in _EXP_TERMS if n in names] + [n for n in names if n not in _EXP_TERMS]
-        self.num_exp = sum(n in _EXP_TERMS for n in self.names)
-        self._sources = [(fn, cols) for fn, cols in _SOURCES.values() if any(t in self.names for t in cols)]
-        self._weights: torch.Tensor | None = None
-        self._sigma: float | None = None
-
-    def _weight_matrix(self, xs: list[torch.Tensor], sigma: float) -> torch.Tensor:
-        """(K, T): 1 (or -1/sigma for the kernels) where input column k belongs to term t, else 0."""
-        if self._weights is None or self._sigma != sigma:
-            w = torch.zeros(sum(a.shape[1] for a in xs), len(self.names), dtype=xs[0].dtype)
-            row = 0
-            for x, (_, cols) in zip(xs, self._sources):
-                for term, idx in cols.items():
-                    if term in self.names:
-                        t = self.names.index(term)
-                        w[[row + i for i in idx], t] = -1.0 / sigma if t < self.num_exp else 1.0
-                row += x.shape[1]
-            self._weights, self._sigma = w.to(xs[0].device), sigma
-        return self._weights
-
-    def compute(self, v: RewardView) -> torch.Tensor:
-        """(N, T) unscaled term values in ``names`` order."""
-        xs = [fn(v) for fn, _ in self._sources]
-        x = torch.cat(xs, dim=1).square_()                        # (N, K), a fresh tensor
-        y = x @ self._weight_matrix(xs, v.tracking_sigma)          # (N, T)
-        if self.num_exp:
-            y[:, :self.num_exp].exp_()
-        return y
-
-
 class FeetAirTime:
     """legged_gym's air-time bookkeeping, with its contact filter (MuJoCo contacts flicker on rough
     ground too): a touchdown is the first filtered contact after time in the air."""
@@ -266,53 +202,3 @@ class FeetAirTime:
     def reset(self, env_ids: torch.Tensor) -> None:
         self.air_time[env_ids] = 0.0
         self.last_contact[env_ids] = False
-
-
-class RewardManager:
-    def __init__(self, scales: dict[str, float], dt: float, num_envs: int, only_positive: bool,
-                 device: torch.device | str = "cpu"):
-        unknown = sorted(set(scales) - set(REWARD_TERMS))
-        if unknown:
-            raise ValueError(f"rewards.scales has unknown terms {unknown}; known terms: {sorted(REWARD_TERMS)}")
-        # Scales are per second in the config; per step they are multiplied by dt (legged_gym).
-        self.scales = {n: float(s) * dt for n, s in scales.items() if s != 0}
-        self.only_positive = only_positive
-        # column order: the sum-of-squares block, the other terms, termination last (it is added after
-        # the only-positive clip)
-        self._squares = SquareTerms([n for n in self.scales if n in SQUARE_TERMS])
-        self._others = [n for n in self.scales if n not in SQUARE_TERMS and n != "termination"]
-        self.names = self._squares.names + self._others
-        self.has_termination = "termination" in self.scales
-        if self.has_termination:
-            self.names.append("termination")
-        self._other_fns = [REWARD_TERMS[n] for n in self.names[len(self._squares.names):]]
-        self._scale = torch.tensor([self.scales[n] for n in self.names], device=device)
-        self._sums = torch.zeros(num_envs, len(self.names), device=device)  # (N, T) per-episode sums
-
-    @property
-    def episode_sums(self) -> dict[str, torch.Tensor]:
-        return {n: self._sums[:, i] for i, n in enumerate(self.names)}
-
-    def compute(self, view: RewardView) -> torch.Tensor:
-        n = view.terminated.shape[0]
-        if not self.names:
-            return torch.zeros(n, device=self._sums.device)
-        parts = [self._squares.compute(view)] if self._squares.names else []   # (N, T_sq)
-        parts += [fn(view) for fn in self._other_fns]                          # (N,) each
-        # column_stack copies even a lone (N, T) block, so the in-place scaling touches a fresh tensor
-        scaled = torch.column_stack(parts).mul_(self._scale)                   # (N, T)
-        self._sums += scaled
-        if self.has_termination:
-            total = scaled[:, :-1].sum(dim=1)
-            if self.only_positive:
-                total.clamp_(min=0.0)
-            return total + scaled[:, -1]
-        total = scaled.sum(dim=1)
-        return total.clamp_(min=0.0) if self.only_positive else total
-
-    def pop_episode(self, env_ids: torch.Tensor, episode_length_s: float) -> dict[str, float]:
-        """Mean per-term episode sums over these envs per second of episode (``Episode_Reward/<term>``);
-        clears their sums."""
-        means = (self._sums[env_ids].mean(dim=0) / episode_length_s).tolist()
-        self._sums[env_ids] = 0.0
-        return {f"Episode_Reward/{name}": m for name, m in zip(self.names, means)}

@@ -18,7 +18,6 @@ from quadforge.envs.view_cache import ViewCache
 # "task_end": a task's own rule ended the episode (QUARD tasks: success, wrong target, obstacle
 # collision; the task's outcome says which). Locomotion never emits it.
 TERMINATION_REASONS = ("none", "time_out", "fall", "base_collision", "non_finite", "task_end")
-REASON_CODE = {name: i for i, name in enumerate(TERMINATION_REASONS)}
 NONE, TIME_OUT, FALL, BASE_COLLISION, NON_FINITE, TASK_END = range(len(TERMINATION_REASONS))
 
 

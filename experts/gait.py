@@ -30,7 +30,7 @@ Every gain is a field of ``GaitGains`` with the reason for its value.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch

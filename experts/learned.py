@@ -74,6 +74,15 @@ class LearnedPolicy:
         return self.model.step(x, self.cache, rtg_t=self.rtg)
 
 
+def check_robot(ckpt: Checkpoint, robot: str | None, source: str) -> None:
+    """A checkpoint records the robot its data came from; driving another one is an error (a go1 policy
+    on aliengo "works" at 0 % success). Checkpoints from before the record pass."""
+    trained = (ckpt.provenance or {}).get("robot")
+    if robot is not None and trained and trained != robot:
+        raise ValueError(f"{source}: trained on robot {trained!r} data, asked to drive {robot!r}; use --robot "
+                         f"{trained} (or --allow-robot-mismatch to run it anyway)")
+
+
 def load_learned(path: str | Path, num_envs: int, device: str | torch.device = "cpu") -> LearnedPolicy:
     """A model trained by ``quadforge train`` (file or run directory) as a Policy."""
     path = Path(path)

@@ -37,6 +37,7 @@ from quadforge.layout import LAYOUTS, LEGS, NUM_JOINTS, WTW_70, ObsLayout, get_l
 from quadforge.envs.robots import get_robot
 from quadforge.experts.actor_policy import ISAAC_GYM_LEGS, ActorPolicy, FrameObs, HistoryObs, JointOrder
 from quadforge.experts.policy import checkpoint_policy_id
+from quadforge.checkpoint_sniff import load_error, sniff
 
 KINDS = ("auto", "rsl_rl", "torchscript", "wtw")
 
@@ -134,7 +135,7 @@ def detect_kind(path: Path) -> str:
                                 "last.pt or step_<n>.pt)")
     if path.name.startswith(("body", "adaptation_module")) and path.suffix == ".jit":
         return "wtw"
-    if zipfile.is_zipfile(path):
+    if sniff(path) == "zip":
         with zipfile.ZipFile(path) as z:
             if any(n.endswith("constants.pkl") or "/code/" in n for n in z.namelist()):
                 return "torchscript"
@@ -152,11 +153,11 @@ def detect_kind(path: Path) -> str:
 def _torch_load(path: Path) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    sniff(path)
     try:  # rsl_rl checkpoints are plain tensors/dicts; weights_only refuses arbitrary pickles
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise ValueError(f"checkpoint {path} could not be read as a torch file: {type(err).__name__}: "
-                         f"{str(err).splitlines()[0] if str(err) else ''}") from err
+        raise load_error(path, err) from err
 
 
 # --- layouts -----------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from quadforge.envs.robots import ROBOTS, get_robot
 from quadforge.experts.gait import GAITS, GaitController
 from quadforge.experts.germ_policy import load_germ
 from quadforge.experts.hierarchical import HierarchicalPolicy
-from quadforge.experts.learned import load_learned
+from quadforge.experts.learned import check_robot, load_learned
 from quadforge.experts.loaders import detect_kind, load_expert
 from quadforge.layout import NUM_JOINTS
 from quadforge.training.checkpoint import load_checkpoint
@@ -47,6 +47,7 @@ class LoadContext:
     device: str = "cpu"
     robot: str | None = None          # None: the checkpoint's own (or go1)
     control_dt: float = DEFAULT_CONTROL_DT
+    allow_robot_mismatch: bool = False  # a checkpoint recording another robot than ``robot`` (refused otherwise)
 
 
 @dataclass(frozen=True)
@@ -107,14 +108,18 @@ def _gait(arg: str, ctx: LoadContext) -> GaitController:
 
 def _model(arg: str, ctx: LoadContext) -> Any:
     ckpt = load_checkpoint(arg)
+    if not ctx.allow_robot_mismatch:
+        check_robot(ckpt, ctx.robot, str(arg))
     loader = load_germ if ckpt.model_name.startswith("germ") else load_learned
     return loader(arg, ctx.num_envs, ctx.device)
 
 
 def _expert(kind: str) -> Callable[[str, LoadContext], Any]:
     def load(arg: str, ctx: LoadContext) -> Any:
+        # allowed a mismatch, an expert drives with its own recorded robot's action gain
+        robot = None if ctx.allow_robot_mismatch else ctx.robot
         return load_expert(arg, kind=kind, num_envs=ctx.num_envs, device=str(ctx.device),
-                           **({"robot": ctx.robot} if ctx.robot is not None else {}))
+                           **({"robot": robot} if robot is not None else {}))
     return load
 
 
@@ -158,22 +163,24 @@ def check_policy_spec(spec: str) -> None:
 
 
 def load_policy(spec: str | Path, num_envs: int, device: str | torch.device = "cpu", robot: str | None = None,
-                control_dt: float = DEFAULT_CONTROL_DT) -> Any:
-    """The Policy a spec names, for ``num_envs`` envs, in the action space the policy has."""
+                control_dt: float = DEFAULT_CONTROL_DT, allow_robot_mismatch: bool = False) -> Any:
+    """The Policy a spec names, for ``num_envs`` envs, in the action space the policy has. A checkpoint
+    that records another robot than ``robot`` is refused unless ``allow_robot_mismatch``."""
     if int(num_envs) < 1:
         raise ValueError(f"num_envs={num_envs}; must be >= 1")
     if robot is not None and robot not in ROBOTS:
         raise ValueError(f"robot={robot!r} is invalid; allowed: {', '.join(ROBOTS)}")
     kind, arg = parse_policy_spec(str(spec))
-    ctx = LoadContext(int(num_envs), str(device), robot, float(control_dt))
+    ctx = LoadContext(int(num_envs), str(device), robot, float(control_dt), bool(allow_robot_mismatch))
     return POLICY_KINDS[kind].load(arg, ctx)
 
 
-def policy_for_env(spec: str | Path, env: Any, robot: str | None = None) -> Any:
+def policy_for_env(spec: str | Path, env: Any, robot: str | None = None, allow_robot_mismatch: bool = False) -> Any:
     """``load_policy`` for this env's batch, robot, control period and device; a ``command`` policy runs
     over the gait controller. ``robot`` (default: the env's) names the robot an outside checkpoint drives."""
     robot = robot or getattr(getattr(env, "robot", None), "name", None)
-    policy = load_policy(spec, env.num_envs, str(env.device), robot=robot, control_dt=float(env.dt))
+    policy = load_policy(spec, env.num_envs, str(env.device), robot=robot, control_dt=float(env.dt),
+                         allow_robot_mismatch=allow_robot_mismatch)
     if policy.action_space == "command":
         low = GaitController(env.robot, env.num_envs, env.dt, device=str(env.device))
         policy = HierarchicalPolicy(policy, low)

@@ -23,7 +23,8 @@ FOLDERS = {"quadforge": "quadforge", "envs": "quadforge.envs", "experts": "quadf
 # Lowest first. A module belongs to the layer of its longest matching prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundations", ("quadforge", "quadforge.seeding", "quadforge.overrides", "quadforge.layout",
-                     "quadforge.cli_flags")),
+                     "quadforge.cli_flags", "quadforge.output_paths", "quadforge.checkpoint_sniff",
+                     "quadforge.progress")),
     ("envs", ("quadforge.envs",)),
     ("data", ("quadforge.data",)),
     ("models", ("quadforge.training.models", "quadforge.training.checkpoint", "quadforge.training.binning")),

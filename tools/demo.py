@@ -44,8 +44,10 @@ class DemoConfig:
         for name in ("episodes", "num_envs", "train_steps", "batch_size", "eval_episodes"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"demo {name}={getattr(self, name)!r}; must be an integer >= 1")
-        if Path(self.out).exists() and not Path(self.out).is_dir():
-            raise ValueError(f"--out {self.out!r} is a file; give a directory")
+        from quadforge.output_paths import check_output_dir
+        # a demo folder (store/, checkpoints, eval/) re-runs in place; anything else is refused before work
+        check_output_dir(self.out, "demo run", owns=lambda p: any((p / n).exists() for n in ("store", "fcnet", "eval",
+                                                                                "demo_summary.json")))
         return self
 
 

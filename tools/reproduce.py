@@ -27,7 +27,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -82,6 +82,10 @@ class ReproduceConfig:
         from quadforge.collection.evaluate import parse_levels, terrain_types
         terrain_types(self.eval_terrain)
         parse_levels(self.eval_levels)
+        from quadforge.output_paths import check_output_dir, check_output_file
+        check_output_dir(self.out, "reproduction run", owns=lambda p: any((p / n).exists() for n in ("results.json", "data", "eval",
+                                                                                "imitation", "germ")))
+        check_output_file(self.docs, flag="--docs")
         return self
 
 
@@ -201,6 +205,9 @@ def stage_imitation(cfg: ReproduceConfig, res: Results, log: Callable[[str], Non
         log("[imitation] evaluating the gait expert (reference)")
         res.put("expert_eval", eval_policy("gait", out / "eval" / "gait", cfg, 0))
     done = {(r["model"], r["size"], r["seed"]) for r in res.data.get("imitation", [])}
+    from quadforge.progress import progress_bar
+    bar = progress_bar(len(cfg.sizes) * len(cfg.models) * len(cfg.seeds), len(done), desc="reproduce imitation",
+                       unit="run")
     for size in cfg.sizes:
         subset = prefix(data, size)
         for model in cfg.models:
@@ -226,6 +233,8 @@ def stage_imitation(cfg: ReproduceConfig, res: Results, log: Callable[[str], Non
                 log(f"[imitation] {model} size {size} seed {seed}: val {row['val_loss']:.3g} "
                     f"success {ev['success']:.2f} return {ev['return']:.3g} ({train_s:.0f}s train, "
                     f"{ev['eval_s']:.0f}s eval)")
+                bar.update(1)
+    bar.close()
 
 
 def germ_config(model_name: str, cfg: ReproduceConfig, seed: int) -> Any:
@@ -255,6 +264,8 @@ def stage_germ(cfg: ReproduceConfig, res: Results, log: Callable[[str], None]) -
     info["success_fraction"] = float(success.astype(float).mean()) if success is not None else None
     res.put("germ_data", info)
     done = {(r["model"], r["seed"]) for r in res.data.get("germ", [])}
+    from quadforge.progress import progress_bar
+    bar = progress_bar(len(GERM_VARIANTS) * len(cfg.seeds), len(done), desc="reproduce GeRM", unit="run")
     for model in GERM_VARIANTS:
         for seed in cfg.seeds:
             if (model, seed) in done:
@@ -275,6 +286,8 @@ def stage_germ(cfg: ReproduceConfig, res: Results, log: Callable[[str], None]) -
             res.append("germ", row)
             log(f"[germ] {model} seed {seed}: success {ev['success']:.2f} return {ev['return']:.3g} "
                 f"({train_s:.0f}s train, {ev['eval_s']:.0f}s eval)")
+            bar.update(1)
+    bar.close()
 
 
 def run_reproduction(cfg: ReproduceConfig, stages: tuple[str, ...] = ("imitation", "germ"),

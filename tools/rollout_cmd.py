@@ -4,7 +4,6 @@ print a summary: env steps/s, episodes and how they ended, mean base velocity vs
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch

@@ -24,6 +24,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from quadforge.checkpoint_sniff import load_error, sniff
+
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_KIND = "quadforge-policy"
 
@@ -59,7 +61,10 @@ class Checkpoint:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str = "<dict>") -> "Checkpoint":
         if not isinstance(d, Mapping) or d.get("kind") != CHECKPOINT_KIND:
-            raise ValueError(f"{source} is not a quadforge policy checkpoint (missing kind={CHECKPOINT_KIND!r})")
+            what = ("an rsl_rl PPO checkpoint (load it with quadforge train-expert --resume, eval --policy or "
+                    "rollout)" if isinstance(d, Mapping) and ("actor_state_dict" in d or "model_state_dict" in d)
+                    else f"missing kind={CHECKPOINT_KIND!r}")
+            raise ValueError(f"{source} is not a quadforge policy checkpoint ({what})")
         if d.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{source}: checkpoint format {d.get('format')!r} unsupported; "
                              f"this version reads format {CHECKPOINT_FORMAT}")
@@ -105,10 +110,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         path = latest_checkpoint(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    sniff(path)  # a text file, random bytes or a truncated archive: one line before torch sees it
     try:
         raw = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # corrupt / not a torch file: one clear line, not a pickle traceback
-        raise ValueError(f"checkpoint {path} could not be read: {type(err).__name__}: {err}") from err
+        raise load_error(path, err) from err
     return Checkpoint.from_dict(raw, source=str(path))
 
 

@@ -30,9 +30,11 @@ from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
 from quadforge.training.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
+from quadforge.training.loop import RunLog, rng_state, save_run_checkpoint, set_rng_state
 from quadforge.training.models import SequenceModel, build_model
 from quadforge.training.optim import build_optimizer, build_scheduler, clip_gradients
 from quadforge.training.presets import TrainConfig, preset
+from quadforge.progress import progress_bar
 
 
 # --- data ----------------------------------------------------------------------------------------------
@@ -49,7 +51,8 @@ def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
         raise FileNotFoundError(f"--store {path}: no trajectory store there")
     store = TrajectoryStore.open(path)
     return store, {"store": str(path.resolve()), "generation": store.generation,
-                   "episodes": store.num_episodes, "steps": store.num_steps}
+                   "episodes": store.num_episodes, "steps": store.num_steps,
+                   "robot": store.schema.robot, "control_dt": store.schema.control_dt}
 
 
 def make_samplers(cfg: TrainConfig, source: Any, info: dist.DistInfo, use_rtg: bool):
@@ -142,7 +145,7 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     act_mean, act_std = train_s.action_stats()
     optimizer = build_optimizer(objective, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, max_steps)
-    start = 0
+    start, saved_rng = 0, None
     if resume:
         if out is None:
             raise ValueError("--resume needs --out (the run directory holding last.pt)")
@@ -154,7 +157,7 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
         optimizer.load_state_dict(ckpt.optimizer)
         scheduler.load_state_dict(ckpt.scheduler)
         obs_mean, obs_std = ckpt.obs_stats["mean"], ckpt.obs_stats["std"]
-        start = ckpt.step
+        start, saved_rng = ckpt.step, ckpt.extra.get("rng")
     provenance.update(layout=layout.name, success_only=cfg.success_only, train_episodes=train_s.num_episodes,
                       val_episodes=val_s.num_episodes if val_s else 0, train_windows=train_s.num_windows)
     target_return = None
@@ -164,23 +167,27 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     ddp = dist.wrap_model(objective, info)
     to_inputs = Batches(obs_mean.to(info.device), obs_std.to(info.device), cfg.rtg_scale, info.device)
     val_batches = _fixed_val_batches(cfg, val_s)
-    writer = _writer(out, info) if info.is_main and cfg.tensorboard else None
+    log = RunLog(out, info.is_main, cfg.tensorboard, who="imitation")
     history: list[dict[str, float]] = []
     best_val = math.inf
 
-    def checkpoint(step: int, name: str) -> Path | None:
+    def checkpoint(step: int, name: str, keep: bool = False, rngs: dict | None = None) -> Path | None:
         if out is None or not info.is_main:
             return None
         extra = {"rtg_scale": cfg.rtg_scale, "target_return": target_return, "loss": cfg.loss,
                  "term_dims": {n: TERM_DIMS[n] for n in layout.term_names}}
         if objective.log_std is not None:
             extra["log_std"] = objective.log_std.detach().cpu()
+        if rngs is not None:
+            extra["rng"] = rngs
         ck = Checkpoint(model_name=cfg.model, model_config=model.config,
                         state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
                         layout=layout.to_dict(), obs_stats={"mean": obs_mean, "std": obs_std},
                         action_stats={"mean": act_mean, "std": act_std}, provenance=provenance,
                         optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=step,
                         seed=cfg.seed, train_config=cfg.to_dict(), extra=extra)
+        if name == "last.pt":
+            return save_run_checkpoint(out, ck, step, keep)
         return save_checkpoint(out / name, ck)
 
     if info.is_main:
@@ -190,9 +197,12 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+    set_rng_state(saved_rng, info)   # torch's stream (dropout) as it was when the checkpoint was written
     ddp.train()
     t0, windows = time.perf_counter(), 0
     last_path = None
+    last_saved = time.monotonic()
+    bar = progress_bar(max_steps, start, desc=f"train {cfg.model}", enabled=info.is_main)
     for step in range(start, max_steps):
         rng = numpy_rng(cfg.seed, f"imitation/batch/rank{info.rank}/step{step}")
         ends = info.rank + info.world_size * rng.integers(0, per_rank, size=cfg.batch_size)
@@ -217,17 +227,23 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
             if info.is_main:
                 print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items()),
                       flush=True)
-                if writer is not None:
-                    for k, v in rec.items():
-                        if k != "step":
-                            writer.add_scalar(f"train/{k}", v, done)
+                log.scalars("train", rec, done)
             t0, windows = time.perf_counter(), 0
         if validate:
-            last_path = checkpoint(done, "last.pt") or last_path
-            if cfg.keep_checkpoints:
-                checkpoint(done, f"step_{done}.pt")
-    if writer is not None:
-        writer.close()
+            rngs = rng_state(info)   # a collective: every rank reaches it at the same steps
+            last_path = checkpoint(done, "last.pt", keep=cfg.keep_checkpoints, rngs=rngs) or last_path
+            last_saved = time.monotonic()
+        elif cfg.checkpoint_every_s and time.monotonic() - last_saved >= cfg.checkpoint_every_s:
+            # by wall time too: a slow run never goes long without a resumable last.pt (the batches of
+            # step s derive from (seed, rank, s), so --resume from here is exact). Ranks reach this at
+            # different steps, so no collective here: one process saves its torch stream, DDP none.
+            last_path = checkpoint(done, "last.pt", rngs=None if info.enabled else rng_state(info)) or last_path
+            last_saved = time.monotonic()
+        bar.update(1)
+        if not bar.disable:   # (reading the loss syncs a GPU: only when the bar is shown)
+            bar.set_postfix(loss=f"{float(loss):.4g}", refresh=False)
+    bar.close()
+    log.close()
     dist.barrier(info)
     return TrainResult(model=model, step=max(start, max_steps), checkpoint=last_path, history=history)
 
@@ -248,17 +264,6 @@ def _validate(objective: ImitationObjective, batches, to_inputs) -> float:
     losses = [float(objective(*to_inputs(b))) for b in batches]
     objective.train()
     return float(np.mean(losses))
-
-
-def _writer(out: Path | None, info: dist.DistInfo):
-    if out is None:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:   # tensorboard is a dependency; without it training still runs
-        print("imitation: tensorboard not importable; no TensorBoard logs")
-        return None
-    return SummaryWriter(log_dir=str(out / "tb"))
 
 
 # --- CLI glue --------------------------------------------------------------------------------------------

@@ -33,12 +33,12 @@ import torch
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed
 from quadforge.envs.builder import make_env
 from quadforge.envs.terrain import TERRAIN_SPEC_HELP
-from quadforge.experts.loaders import RSL_RL_PREFIX, latest_rsl_rl_checkpoint
+from quadforge.experts.loaders import RSL_RL_PREFIX, _torch_load, latest_rsl_rl_checkpoint
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
+from quadforge.output_paths import check_output_dir
 
 PRESETS_HELP = "legged_gym (the paper's PPO settings, 4096 envs) or cpu (scaled to a 2-core machine)"
-CHECKPOINT_PREFIX = RSL_RL_PREFIX
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,7 @@ class TrainExpertConfig:
     num_envs: int | None = None        # None -> the preset's
     iterations: int = 1000
     resume: str | None = None
+    overwrite: bool = False            # allow --out to be a folder that already holds a run
     seed: int = 0
     device: str = "cpu"
     num_threads: int = 1               # MuJoCo + torch threads; the machine is shared
@@ -173,8 +174,9 @@ def train(cfg: TrainExpertConfig) -> Path:
     """Train; returns the path of the last checkpoint. TensorBoard logs and checkpoints go to ``cfg.out``."""
     if cfg.iterations < 1:
         raise ValueError(f"--iterations={cfg.iterations} is invalid; allowed: an integer >= 1")
-    if cfg.resume is not None and not Path(cfg.resume).is_file():
-        raise FileNotFoundError(f"--resume-from {cfg.resume!r}: no such checkpoint file")
+    if cfg.resume is not None:
+        check_resume_checkpoint(cfg.resume, cfg.robot)
+    check_expert_out(cfg.out, resume=cfg.resume is not None, overwrite=cfg.overwrite)
     preset = get_preset(cfg.preset)
     if cfg.num_envs is not None:
         preset = replace(preset, num_envs=cfg.num_envs)
@@ -209,6 +211,36 @@ def train(cfg: TrainExpertConfig) -> Path:
     return last
 
 
+def check_resume_checkpoint(path: str, robot: str) -> None:
+    """``--resume-from`` (or the run's last checkpoint under --resume) must be an rsl_rl 5 PPO checkpoint
+    (what train-expert writes) for this robot."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"--resume-from {path!r}: no such checkpoint file")
+    raw = _torch_load(p)
+    if isinstance(raw, dict) and raw.get("kind") == "quadforge-policy":
+        raise ValueError(f"--resume-from {path}: a quadforge train checkpoint (model {raw.get('model', {}).get('name')!r}), "
+                         f"not a PPO expert; train-expert --resume-from takes a model_<it>.pt written by train-expert")
+    if not isinstance(raw, dict) or "actor_state_dict" not in raw:
+        found = sorted(raw)[:6] if isinstance(raw, dict) else type(raw).__name__
+        raise ValueError(f"--resume-from {path}: not an rsl_rl 5 PPO checkpoint (no 'actor_state_dict'; found {found}); "
+                         f"train-expert --resume-from takes a model_<it>.pt written by train-expert")
+    trained = ((raw.get("infos") or {}).get("quadforge") or {}).get("robot")
+    if trained and trained != robot:
+        raise ValueError(f"--resume-from {path}: trained for robot {trained!r}, this run is for --robot {robot!r}")
+
+
+def check_expert_out(out: str, resume: bool, overwrite: bool) -> None:
+    """A new/empty folder, or one holding a run that --resume continues or --overwrite replaces."""
+    p = check_output_dir(out, "PPO expert run", owns=lambda d: any(d.glob(f"{RSL_RL_PREFIX}*.pt"))
+                         or any(d.glob("events.out.tfevents*")))
+    if p.is_dir() and any(p.glob(f"{RSL_RL_PREFIX}*.pt")):
+        if not (resume or overwrite):
+            raise ValueError(f"--out {out}: already holds a PPO run ({RSL_RL_PREFIX}<it>.pt); pass --resume "
+                             f"(or --resume-from PATH) to continue it, --overwrite to replace it, or choose a "
+                             f"new folder")
+
+
 latest_checkpoint = latest_rsl_rl_checkpoint   # the model_<it>.pt with the highest iteration
 
 
@@ -224,6 +256,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "deprecated spelling of --resume-from PATH)")
     parser.add_argument("--resume-from", default=None, metavar="PATH",
                         help="continue from this rsl_rl checkpoint (model_<it>.pt)")
+    parser.add_argument("--overwrite", action="store_true", help="allow --out to be a folder holding a run")
     add_seed(parser)
     parser.add_argument("--preset", default="cpu", help=PRESETS_HELP)
     parser.add_argument("--save-interval", type=int, default=None,
@@ -247,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
         resume = str(latest_checkpoint(args.out))
     cfg = TrainExpertConfig(out=args.out, robot=args.robot, terrain=args.terrain, preset=args.preset,
                             num_envs=args.num_envs, iterations=args.iterations, resume=resume,
-                            seed=args.seed, device=args.device, num_threads=args.num_threads,
+                            overwrite=args.overwrite, seed=args.seed, device=args.device, num_threads=args.num_threads,
                             overrides=overrides)
     train(cfg)
     return 0

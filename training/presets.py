@@ -36,6 +36,7 @@ class TrainConfig:
     log_every: int = 50
     tensorboard: bool = True
     keep_checkpoints: bool = False     # also keep step_<n>.pt at every validation (last.pt is always written)
+    checkpoint_every_s: float = 600.0  # also write last.pt after this much wall time (0: only at validations)
     rtg_scale: float = 1.0             # rtg fed to the model = return-to-go / rtg_scale
     seed: int = 0
 
@@ -47,6 +48,8 @@ class TrainConfig:
                 raise ValueError(f"train config {name}={getattr(self, name)}; must be >= 1")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"train config max_steps={self.max_steps}; must be >= 1")
+        if not self.checkpoint_every_s >= 0:
+            raise ValueError(f"train config checkpoint_every_s={self.checkpoint_every_s}; must be >= 0 (0: off)")
         if self.max_steps is None and not self.epochs > 0:
             raise ValueError(f"train config epochs={self.epochs}; must be > 0 when max_steps is not set")
         self.optim.validate()

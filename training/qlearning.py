@@ -47,14 +47,16 @@ from quadforge.data.episodes import as_episode_arrays
 from quadforge.data.samplers import TransitionSampler
 from quadforge.data.store import TrajectoryStore
 from quadforge.training.binning import BIN_METHODS, ActionBinner, fit_binner
-from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
+from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state
 from quadforge.training.distributed import (DistInfo, all_reduce_mean, barrier, broadcast_object, cleanup, init_distributed,
                                   wrap_model)
 from quadforge.experts.germ_policy import action_space_of
+from quadforge.training.loop import RunLog, rng_state, save_run_checkpoint, set_rng_state
 from quadforge.training.models.germ import GeRM, GeRMConfig
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
+from quadforge.progress import progress_bar
 
 GERM_MODELS = ("germ", "germ-il", "germ-dense")
 OBJECTIVES = ("q", "il")
@@ -86,6 +88,7 @@ class GeRMTrainConfig:
     log_every: int = 50
     val_every: int = 500                 # validate and checkpoint every N steps (and at the end)
     keep_every: int = 0                  # also keep step_N.pt every N steps (0: only last.pt)
+    checkpoint_every_s: float = 600.0    # also write last.pt after this much wall time (0: off; one process only)
     tensorboard: bool = True
     seed: int = 0
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-4, weight_decay=0.01, warmup_frac=0.05))
@@ -274,21 +277,6 @@ def validate(model: GeRM, target: GeRM | None, sampler: Any, binner: ActionBinne
     return sums
 
 
-def _rng_state(sampler: Any, device: torch.device) -> dict[str, Any]:
-    """What a bit-exact resume needs: torch's generator (MoE gating noise) and the sampler's stream."""
-    state = {"torch": torch.get_rng_state(), "sampler": sampler._rng.bit_generator.state}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(sampler: Any, state: Mapping[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-    sampler._rng.bit_generator.state = state["sampler"]
-
-
 def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = "cpu", resume: bool = False,
           provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Train on ``source`` (a TrajectoryStore or EpisodeArrays); returns a summary dict."""
@@ -330,39 +318,26 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
         start = ckpt.step
         if target is not None:
             target.load_state_dict(ckpt.extra["target_state_dict"])
-        rng = ckpt.extra.get("rng", {}).get(f"rank{info.rank}")
-        if rng is not None:
-            _set_rng_state(sampler, rng, info.device)
+        set_rng_state(ckpt.extra.get("rng"), info, {"sampler": sampler._rng})
 
     prov = {"episodes": int(data.num_episodes), "steps": int(data.num_steps),
             "successes": int(np.asarray(data.episode_info["success"]).astype(bool).sum()),
             "train_transitions": len(sampler) * info.world_size, **dict(provenance or {})}
-    writer = None
-    if info.is_main and cfg.tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
-        writer = SummaryWriter(str(out / "tb"))
+    log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name)
 
     def log_row(group: str, head: str, row: dict[str, float], step: int) -> None:
         """Print a progress line and write the same scalars to TensorBoard under ``group/``."""
         print(f"[{cfg.model_name}] {head} " + " ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "step"),
               flush=True)
-        if writer is not None:
-            for k, v in row.items():
-                if k != "step":
-                    writer.add_scalar(f"{group}/{k}", v, step)
+        log.scalars(group, row, step)
 
     def save(step: int) -> None:
-        rngs = [_rng_state(sampler, info.device)]
-        if info.enabled:
-            import torch.distributed as dist
-            gathered: list[Any] = [None] * info.world_size
-            dist.all_gather_object(gathered, rngs[0])
-            rngs = gathered
+        rngs = rng_state(info, {"sampler": sampler._rng})   # every rank's streams (a collective)
         if not info.is_main:
             return
         extra = {"binner": {"edges": binner.edges.cpu()}, "action_feature": cfg.action_feature,
                  "action_space": action_space_of(cfg.action_feature),
-                 "rng": {f"rank{r}": s for r, s in enumerate(rngs)}}
+                 "rng": rngs}
         if target is not None:
             extra["target_state_dict"] = {k: v.detach().cpu() for k, v in target.state_dict().items()}
         mean, std = model.encoder.obs_mean.cpu(), model.encoder.obs_std.cpu()
@@ -373,14 +348,14 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
                        action_stats={"mean": a_mean, "std": a_std}, provenance=prov,
                        optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=step,
                        seed=cfg.seed, train_config=dataclasses.asdict(cfg), extra=extra)
-        save_checkpoint(out / "last.pt", c)
-        if cfg.keep_every and step % cfg.keep_every == 0:
-            save_checkpoint(out / f"step_{step}.pt", c)
+        save_run_checkpoint(out, c, step, keep=bool(cfg.keep_every) and step % cfg.keep_every == 0)
 
     history: list[dict[str, float]] = []
     val_history: list[dict[str, float]] = []
     model.train()
     t0, seen = time.perf_counter(), 0
+    last_saved = time.monotonic()
+    bar = progress_bar(cfg.max_steps, start, desc=f"train {cfg.model_name}", enabled=info.is_main)
     for step in range(start, cfg.max_steps):
         batch = _to(sampler.sample(cfg.batch_size), info.device)
         terms = losses(ddp_model, target, batch, binner, cfg)
@@ -409,11 +384,17 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
                 val_history.append(v)
                 log_row("val", f"val step {done}", v, done)
             save(done)
+            last_saved = time.monotonic()
             barrier(info)
+        elif (cfg.checkpoint_every_s and not info.enabled   # (save gathers every rank's RNG: one process)
+              and time.monotonic() - last_saved >= cfg.checkpoint_every_s):
+            save(done)   # by wall time too; resuming restores the sampler's RNG, so it is exact
+            last_saved = time.monotonic()
+        bar.update(1)
+    bar.close()
     if start >= cfg.max_steps:
         save(start)
-    if writer is not None:
-        writer.close()
+    log.close()
     cleanup(info)
     return {"history": history, "val": val_history, "checkpoint": str(out / "last.pt"), "model": model, "target": target,
             "active_parameters": model.active_parameters(), "total_parameters": model.total_parameters()}
@@ -444,8 +425,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not getattr(args, "out", None):
         raise ValueError("--out DIR is required for GeRM training")
     source = open_source(args.store)
+    schema = getattr(source, "schema", None)
+    provenance = {"data": str(Path(args.store).resolve())}
+    if schema is not None:   # the robot the data came from: deploying on another one is refused
+        provenance.update(robot=schema.robot, control_dt=schema.control_dt)
     summary = train(cfg, source, args.out, device=getattr(args, "device", "cpu"),
-                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.store).resolve())})
+                    resume=bool(getattr(args, "resume", False)), provenance=provenance)
     print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {summary['active_parameters']:,} / "
           f"total {summary['total_parameters']:,} parameters)")
     return 0

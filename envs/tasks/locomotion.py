@@ -13,7 +13,8 @@ from quadforge.envs.commands import CommandManager
 from quadforge.envs.config import EnvConfig
 from quadforge.layout import COMMAND_NAMES
 from quadforge.envs.observations import TaskView
-from quadforge.envs.rewards import FeetAirTime, RewardManager, RewardView
+from quadforge.envs.reward_manager import RewardManager
+from quadforge.envs.rewards import FeetAirTime, RewardView
 from quadforge.envs.terminations import Terminations, contact_body_indices
 from quadforge.envs.view_cache import ViewCache
 

@@ -1,5 +1,11 @@
 """Which terrain tile each env lives on: its (level, column), the tile origin it spawns at, its terrain
-type, and the curriculum that moves it between levels at reset (``envs.curriculum``).
+type, and legged_gym's terrain curriculum that moves it between levels at reset (``next_levels``).
+
+The curriculum rule (``next_levels``, applied to the envs being reset): up one level if the robot walked
+more than half a tile from its spawn point; otherwise down one level if it walked less than half the
+distance its commands asked for; an env pushed past the top level is sent to a uniformly random level
+(so solved envs keep sampling the whole range); levels never go below 0. Columns (terrain types) never
+change under the curriculum.
 
 With no terrain (``EnvConfig.terrain is None``) every env spawns at the world origin of a plane - each env
 is its own MuJoCo world, so robots never meet - and the only type is "flat". Type indices are into
@@ -11,8 +17,18 @@ from __future__ import annotations
 import torch
 
 from quadforge.envs.config import EnvConfig
-from quadforge.envs.curriculum import next_levels
 from quadforge.envs.terrain import TERRAIN_TYPES, generate
+
+
+def next_levels(levels: torch.Tensor, distance: torch.Tensor, commanded_distance: torch.Tensor,
+                num_levels: int, tile_size: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The rule on its own: new levels (k,) for envs at ``levels`` (k,) that walked ``distance`` (k,)
+    of ``commanded_distance`` (k,); ``generator`` (CPU) draws the random level past the top."""
+    up = distance > tile_size / 2
+    down = (distance < 0.5 * commanded_distance) & ~up
+    levels = levels + up.long() - down.long()
+    random_levels = torch.randint(0, num_levels, levels.shape, generator=generator).to(levels.device)
+    return torch.where(levels >= num_levels, random_levels, levels.clamp(min=0))
 
 
 class TerrainState:

@@ -7,7 +7,8 @@ import torch
 from quadforge.envs.backends.base import RobotState
 from quadforge.envs.config import DEFAULT_REWARD_SCALES
 from quadforge.envs.observations import TaskView
-from quadforge.envs.rewards import REWARD_TERMS, FeetAirTime, RewardManager, RewardView
+from quadforge.envs.reward_manager import RewardManager
+from quadforge.envs.rewards import REWARD_TERMS, FeetAirTime, RewardView
 
 N = 3
 
@@ -145,7 +146,7 @@ def _random_view(n: int, seed: int) -> RewardView:
 
 
 def test_square_terms_match_the_registry_functions():
-    from quadforge.envs.rewards import SQUARE_TERMS, SquareTerms
+    from quadforge.envs.rewards_fused import SQUARE_TERMS, SquareTerms
     names = sorted(SQUARE_TERMS)
     for seed, n in ((0, 64), (1, 5)):
         v = _random_view(n, seed)

@@ -48,7 +48,7 @@ def test_bad_files(tmp_path):
     with pytest.raises(FileNotFoundError):
         latest_checkpoint(tmp_path)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="could not be read"):
+    with pytest.raises(ValueError, match=r"junk.pt: not a quadforge/rsl_rl checkpoint \(a text file\); accepted"):
         load_checkpoint(tmp_path / "junk.pt")
     torch.save({"weights": torch.zeros(1)}, tmp_path / "foreign.pt")
     with pytest.raises(ValueError, match="not a quadforge policy checkpoint"):

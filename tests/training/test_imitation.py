@@ -120,3 +120,26 @@ def test_rtg_model_trains_and_deploys_with_target_return(tmp_path):
     assert ck.extra["target_return"] > 0
     policy = load_policy(tmp_path, num_envs=2)
     assert policy.act({n: torch.zeros(2, TERM_DIMS[n]) for n in policy.obs_terms}).shape == (2, 12)
+
+
+def test_last_checkpoint_by_wall_time_too(tmp_path, monkeypatch):
+    """Issue 13: a slow run writes last.pt every checkpoint_every_s, not only at validations."""
+    import quadforge.training.imitation as imitation
+    saved = []
+    real = imitation.save_run_checkpoint
+    monkeypatch.setattr(imitation, "save_run_checkpoint",
+                        lambda out, ck, step, keep: saved.append(("last.pt", ck.step)) or real(out, ck, step, keep))
+    train(_cfg("mlp", steps=4, val_every=100, checkpoint_every_s=1e-9), learnable_arrays(num_episodes=4), tmp_path)
+    assert [s for name, s in saved if name == "last.pt"] == [1, 2, 3, 4]   # 1-3 by wall time, 4 the final validation
+    saved.clear()
+    train(_cfg("mlp", steps=4, val_every=100, checkpoint_every_s=0), learnable_arrays(num_episodes=4), tmp_path / "b")
+    assert [s for name, s in saved if name == "last.pt"] == [4]
+
+
+def test_default_preset_fits_the_device():
+    from quadforge.training.cli import add_arguments, default_preset
+    assert default_preset("cpu") == "cpu" and default_preset("cuda:1") == "paper"
+    import argparse
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert "Default: 'cpu' on a CPU device" in " ".join(p.format_help().split())   # --help says which and why

@@ -32,11 +32,13 @@ def test_step_gelu_is_exact_gelu_to_float32_rounding():
     finally:
         torch.backends.mkldnn.enabled = True
     # 0.5 x (1 + erf(x/sqrt2)) in float32 carries an error of a few eps*|x| (cancellation in the
-    # negative tail); the native kernel stays within 2 eps*max(|x|, 1), closer than oneDNN's
+    # negative tail). The promise (docs/models.md) is this bound for the path `step` uses; how close
+    # oneDNN's kernel comes, and which of the two is closer, depends on the CPU's vector width (AVX2 vs
+    # AVX-512), so neither is asserted - only that oneDNN's is the same function to a loose tolerance.
     eps = torch.finfo(torch.float32).eps
-    err_native, err_onednn = (native.double() - ref).abs(), (onednn.double() - ref).abs()
-    assert bool((err_native <= 2 * eps * x.double().abs().clamp_min(1)).all())
-    assert err_native.max() <= err_onednn.max()
+    bound = 2 * eps * x.double().abs().clamp_min(1)
+    assert bool(((native.double() - ref).abs() <= bound).all())
+    assert bool(((onednn.double() - ref).abs() <= 64 * bound).all())
     assert torch.equal(native_small, native[40_000:40_256])
 
 

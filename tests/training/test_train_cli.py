@@ -64,11 +64,12 @@ def test_train_command_on_a_real_store(tmp_path, capsys):
     assert ck.provenance["success_only"] is True
     assert "step 4" in capsys.readouterr().out
     assert main(argv + ["--resume", "--max-steps", "6"]) == 0 and load_checkpoint(out).step == 6
-    assert main(["train", "--model", "mlp", "--store", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert main(["train", "--model", "mlp", "--store", str(tmp_path / "nope"), "--out", str(out), "--overwrite"]) == 2
     assert "no trajectory store" in capsys.readouterr().err
-    assert main(["train", "--model", "mlp", "--store", str(store), "--out", str(out), "--layout", "bogus"]) == 2
+    assert main(["train", "--model", "mlp", "--store", str(store), "--out", str(out), "--layout", "bogus",
+                 "--overwrite"]) == 2
     assert "unknown observation layout 'bogus'" in capsys.readouterr().err
-    assert main(["train", "--model", "mlp", "--store", str(store), "--out", str(out), "bogus=1"]) == 2
+    assert main(["train", "--model", "mlp", "--store", str(store), "--out", str(out), "bogus=1", "--overwrite"]) == 2
     assert "has no field 'bogus'" in capsys.readouterr().err
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from quadforge.cli_flags import add_json
+
 BENCHMARKS = {
     "sim": "quadforge.tools.bench.sim",
     "experts": "quadforge.tools.bench.experts",
@@ -22,8 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "models: step latency and training throughput; germ: GeRM trainer; "
                              "quard: QUARD expert success, speeds, gaits and camera frames/s")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    add_json(parser, "the results")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.json:   # before the benchmark runs, not after
+        from quadforge.output_paths import check_output_file
+        check_output_file(args.json, flag="--json")
     return int(importlib.import_module(BENCHMARKS[args.name]).main(quick=args.quick, json_path=args.json) or 0)

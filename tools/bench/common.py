@@ -73,7 +73,9 @@ def report(name: str, tables: list[Table], json_path: str | None, extra: dict[st
     record = {"benchmark": name, "machine": machine_info(), "tables": {t.title: t.records() for t in tables}}
     if extra:
         record.update(extra)
-    if json_path:
+    if json_path == "-":   # docs/cli.md: --json - is stdout
+        print(json.dumps(record, indent=2, default=float))
+    elif json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(record, indent=2, default=float))
         print(f"wrote {json_path}")

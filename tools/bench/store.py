@@ -62,6 +62,24 @@ def _disk_windows(store: TrajectoryStore, terms: tuple[str, ...], context: int, 
             np.asarray(a[lo:t + 1])
 
 
+def _validation_costs(root: Path, raw_bytes: int, t_open: float, t_load: float) -> Table:
+    """Seconds per GB of raw (decoded) data for each integrity check level (files hot in the page
+    cache: the store was just written; a cold disk adds its read time to the reading levels)."""
+    from quadforge.data.validate import validate
+    disk = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    gb = raw_bytes / 1e9
+    t = Table(f"integrity checks ({raw_bytes / 1e6:.0f} MB raw, {disk / 1e6:.0f} MB on disk)",
+              ["check", "wall s", "s per GB raw", "s per GB on disk", "ok"])
+    t.add("TrajectoryStore.open (digests, one stat per chunk)", t_open, t_open / gb, t_open / (disk / 1e9), True)
+    t.add("store.load (decode + CRC32C per chunk)", t_load, t_load / gb, t_load / (disk / 1e9), True)
+    for label, kw in (("validate --quick (metadata, chunk files)", dict(checksums=False, check_values=False)),
+                      ("validate (default: every chunk's CRC32C)", dict(checksums=True, check_values=False)),
+                      ("validate --deep (+ finite values, stats)", dict(checksums=True, check_values=True))):
+        rep, wall, _ = _timed(lambda: validate(root, **kw))
+        t.add(label, wall, wall / gb, wall / (disk / 1e9), rep.ok)
+    return t
+
+
 def _collection_ratio(quick: bool) -> tuple[Table | None, str]:
     try:
         from quadforge.collection.throughput import measure  # team "collection"
@@ -112,8 +130,12 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
                      "episode": f"  one episode at a time (zarr append), first {subset} episodes"}[mode]
             rates.add(label, r.steps / wall, r.steps / cpu, "steps/s", wall)
         store = TrajectoryStore.open(tmp / "chunked")
-        _, t_load, c_load = _timed(store.load)
-        rates.add("full load into RAM", steps / t_load, steps / c_load, "steps/s", t_load)
+        _, t_open, _ = _timed(lambda: TrajectoryStore.open(tmp / "chunked"))
+        loaded, t_load, c_load = _timed(store.load)
+        rates.add("full load into RAM (with the chunk CRC32C check)", steps / t_load, steps / c_load, "steps/s",
+                  t_load)
+        checks = _validation_costs(tmp / "chunked", sum(a.nbytes for a in loaded.values()), t_open, t_load)
+        del loaded
         sampler, t_build, c_build = _timed(lambda: WindowSampler(store, layout, context=context, split="all"))
         rates.add("WindowSampler build (load + layout + index)", steps / t_build, steps / c_build, "steps/s",
                   t_build)
@@ -141,7 +163,7 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
         ratios.add("compaction steps per CPU s / 300k target", compaction_cpu["chunked"] / 3e5, ">= 1")
         ratios.add("RAM windows per wall s / 100k target", (batch / t_sample) / 1e5, ">= 1")
         ratios.add("RAM windows per CPU s / 100k target", window_cpu_rate / 1e5, ">= 1")
-        tables = [rates, ratios]
+        tables = [rates, checks, ratios]
         coll, note = _collection_ratio(quick)
         if coll is not None:
             tables.append(coll)

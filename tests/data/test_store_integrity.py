@@ -1,0 +1,187 @@
+"""Issue 13's store cases: a damaged store is refused by every reader (cheaply, from the manifest) and
+reported by validate; old stores still open; concurrent writers never collide."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quadforge.data.locks import LockHeldError, acquire
+from quadforge.data.writer import StagingWriter
+from quadforge.data.compaction import compact
+from quadforge.data.store import TrajectoryStore
+from quadforge.data.validate import validate
+
+
+def _store(tmp_path, write_episodes, n=4, name="s"):
+    store = tmp_path / name
+    write_episodes(store, "c0", n=n, seed=0)
+    compact(store)
+    write_episodes(store, "c1", n=2, seed=1)   # a second compaction extends the partial chunk
+    compact(store)
+    return store
+
+
+def _chunk_files(store, feature):
+    return sorted(p for p in (store / "data" / feature / "c").rglob("*") if p.is_file())
+
+
+def test_missing_chunk_refused_by_every_reader(tmp_path, small_chunks, write_episodes):
+    store = _store(tmp_path, write_episodes)
+    _chunk_files(store, "actions")[0].unlink()
+    # the issue's case: training exited 0 on all-zero actions; now open refuses from the manifest
+    with pytest.raises(ValueError, match=r"data/actions: chunk\(s\) \[0\] missing"):
+        TrajectoryStore.open(store)
+    from quadforge.tools.cli import main
+    assert main(["train", "--model", "fcnet", "--store", str(store), "--out", str(tmp_path / "run"),
+                 "--max-steps", "5"]) == 2
+    assert not (tmp_path / "run" / "last.pt").exists()
+    from quadforge.data.export import export_hdf5
+    with pytest.raises(ValueError, match="missing"):
+        export_hdf5(store, tmp_path / "x.h5")
+    from quadforge.data.cli import summary
+    with pytest.raises(ValueError, match="missing"):
+        summary(store)
+    assert any("chunk(s) [0] missing" in p for p in validate(store, check_values=False, checksums=False).problems)
+
+
+def test_open_is_cheap_no_chunk_is_read(tmp_path, small_chunks, write_episodes, monkeypatch):
+    store = _store(tmp_path, write_episodes)
+    import quadforge.data.integrity as integrity
+    monkeypatch.setattr(integrity, "crc_rows", lambda *a, **k: pytest.fail("open read chunk data"))
+    TrajectoryStore.open(store)
+
+
+def test_flipped_bytes_in_a_chunk_are_detected(tmp_path, small_chunks, write_episodes):
+    store = _store(tmp_path, write_episodes)
+    chunk = _chunk_files(store, "dof_pos")[1]
+    raw = bytearray(chunk.read_bytes())
+    for i in range(20, min(len(raw) - 4, 84)):   # the issue's 64 flipped bytes
+        raw[i] ^= 0xFF
+    chunk.write_bytes(bytes(raw))
+    rep = validate(store, check_values=False)     # the CLI's default level
+    assert not rep.ok and any("dof_pos" in p and "[1]" in p for p in rep.problems), rep.text()
+    with pytest.raises(ValueError, match="dof_pos"):
+        TrajectoryStore.open(store).load(["dof_pos"])
+
+
+def test_swapped_chunks_are_detected_by_readers_and_validate(tmp_path, small_chunks, write_episodes):
+    store = _store(tmp_path, write_episodes)
+    a, b = _chunk_files(store, "dof_vel")[:2]
+    ra, rb = a.read_bytes(), b.read_bytes()
+    a.write_bytes(rb)
+    b.write_bytes(ra)
+    with pytest.raises(ValueError, match=r"data/dof_vel: chunk\(s\) \[0, 1\] fail their checksum"):
+        TrajectoryStore.open(store).load(["dof_vel"])
+    rep = validate(store, check_values=False)
+    assert any("dof_vel" in p and "CRC32C" in p for p in rep.problems), rep.text()
+
+
+def test_edited_table_or_manifest_is_detected(tmp_path, write_episodes):
+    store = _store(tmp_path, write_episodes)
+    path = store / "meta" / "episodes.json"
+    table = json.loads(path.read_text())
+    table["columns"]["success"][0] = not table["columns"]["success"][0]   # valid JSON, wrong label
+    path.write_text(json.dumps(table))
+    with pytest.raises(ValueError, match="episode table differs"):
+        TrajectoryStore.open(store)
+    assert any("episodes.json: differs" in p for p in validate(store).problems)
+
+
+def test_store_without_checksums_still_opens_and_gets_them_at_the_next_compaction(tmp_path, small_chunks,
+                                                                                write_episodes):
+    """A store written before this change: no integrity records, no Crc32cCodec in its arrays."""
+    store = tmp_path / "old"
+    eps = write_episodes(store, "c0", n=3, seed=0)
+    compact(store)
+    expected = TrajectoryStore.open(store).load()
+    m = json.loads((store / "manifest.json").read_text())
+    for key in ("integrity", "checksums", "meta", "digest"):
+        m.pop(key)
+    (store / "manifest.json").write_text(json.dumps(m))
+    s = TrajectoryStore.open(store)
+    np.testing.assert_array_equal(s.load(["actions"])["actions"], expected["actions"])
+    rep = validate(store)
+    assert rep.ok and any("written before chunk checksums" in n for n in rep.notes)
+    write_episodes(store, "c1", n=1, seed=3)
+    compact(store)
+    assert "checksums" in json.loads((store / "manifest.json").read_text())
+    assert validate(store).ok and not any("before chunk checksums" in n for n in validate(store).notes)
+    assert len(eps) == 3
+
+
+def test_damaged_staging_file_is_quarantined_not_merged(tmp_path, write_episodes):
+    store = _store(tmp_path, write_episodes)
+    (eid, _, _), = write_episodes(store, "c2", n=1, seed=5)
+    path = store / "staging" / f"{eid}.episode"
+    raw = bytearray(path.read_bytes())
+    data_start = 11 + 8 + int.from_bytes(raw[11:19], "little")
+    raw[data_start + 10] ^= 0x01                  # one bit inside the first array
+    path.write_bytes(bytes(raw))
+    r = compact(store)
+    assert r.appended == [] and len(r.quarantined) == 1
+    assert "CRC32C" in (store / "quarantine" / f"{eid}.episode.reason.txt").read_text()
+    assert validate(store).ok and validate(store).warnings
+
+
+# --- concurrent writers ------------------------------------------------------------------------------
+
+HOLD = ("import sys, time; from quadforge.data.writer import StagingWriter; "
+        "w = StagingWriter(sys.argv[1], 'main'); print('held', flush=True); sys.stdin.readline()")
+
+
+def test_second_writer_with_the_same_collector_id_is_refused_naming_the_holder(tmp_path):
+    store = tmp_path / "s"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(store)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(LockHeldError, match=rf"pid {proc.pid} on host .*episode ids would collide"):
+            StagingWriter(store, "main")
+        StagingWriter(store, "other").close()   # another collector id is fine
+    finally:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait(timeout=30)
+    StagingWriter(store, "main").close()        # released when its process ended
+
+
+def test_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
+    path = tmp_path / ".collect.lock"
+    script = ("import sys, os; from quadforge.data.locks import acquire; l = acquire(sys.argv[1], 'collect'); "
+              "print('held', flush=True); os.kill(os.getpid(), 9)")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert out.strip() == "held" and proc.returncode == -9
+    assert f'"pid": {proc.pid}' in path.read_text()     # the record outlived its holder...
+    lock = acquire(path, "collect")                      # ...but the flock did not
+    assert lock.stale_holder is not None and f"pid {proc.pid}" in lock.stale_holder
+    with pytest.raises(LockHeldError, match=f"collect pid {os.getpid()}"):
+        acquire(path, "collect")
+    lock.release()
+    assert acquire(path, "collect").stale_holder is None   # a clean release leaves no record
+
+
+def test_second_collect_on_a_store_is_refused_naming_the_first(tmp_path):
+    """Two real processes: one holds the store's collect lock, the real `quadforge collect` CLI is refused."""
+    store = tmp_path / "s"
+    script = ("import sys; from quadforge.collection.collect import collect_lock; l = collect_lock(sys.argv[1]); "
+              "print('held', flush=True); sys.stdin.readline()")
+    holder = subprocess.Popen([sys.executable, "-c", script, str(store)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        second = subprocess.run([sys.executable, "-m", "quadforge.tools.cli", "collect", "--store", str(store),
+                                 "--episodes", "4", "--num-envs", "2", "--no-progress"],
+                                capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2, second.stderr
+        assert f"collect pid {holder.pid} on host" in second.stderr and "one collect per store" in second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(timeout=30)
+    assert not (store / "staging").exists() or not any((store / "staging").glob("*.episode"))
