@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="locomotion (joystick commands), or a QUARD task: quard:<family> | quard:all "
                              "(families go_to, go_avoid, stop, distinguish, go_through; --policy expert or zero)")
     parser.add_argument("--images", action="store_true", help="QUARD tasks: render the front camera (5 Hz)")
+    parser.add_argument("--colours", default="train", choices=("train", "held_out", "all"),
+                        help="QUARD tasks: object colours (train: blue green red yellow; held_out: gold orange "
+                             "pink purple)")
     add_robot(parser)
     add_num_envs(parser, 16)
     parser.add_argument("--seconds", type=float, default=5.0, help="simulated seconds per env")
@@ -163,7 +166,8 @@ def run_quard(args: argparse.Namespace) -> int:
     seed_everything(args.seed)
     torch.set_num_threads(1)
     env = QuardEnv(QuardConfig.make(args.task, robot=args.robot, num_envs=args.num_envs, seed=args.seed,
-                                    terrain=terrain_config(args.terrain), images=args.images))
+                                    terrain=terrain_config(args.terrain), images=args.images,
+                                    colours=args.colours))
     try:
         if args.policy == "expert":
             from quadforge.experts.quard_expert import make_quard_expert
