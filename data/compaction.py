@@ -31,7 +31,8 @@ from quadforge.data.staging import (episode_id_of, fsync_dir, list_staged, quara
                                     read_staged_header)
 from quadforge.data.stats import RunningStats
 from quadforge.data.integrity import DIGEST_KEY
-from quadforge.data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable, array_path,
+from quadforge.data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable, TrajectoryStore,
+                                  array_path,
                                   read_episode_table, read_json, read_manifest, read_schema, read_tasks,
                                   verify_metadata, write_json_atomic)
 from quadforge.data.schema import FORMAT_VERSION
@@ -284,8 +285,9 @@ def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult
         schema = read_schema(root)
         table = read_episode_table(root, int(manifest["num_episodes"]))
         tasks = read_tasks(root, required=bool(manifest.get("meta")))
-        # appending to a store whose committed metadata is damaged would bury the damage
+        # appending to a store whose committed metadata or chunks are damaged would bury the damage
         verify_metadata(root, manifest, schema, table, tasks)
+        TrajectoryStore(root, manifest, schema, table, tasks)._check_arrays()
         counts = manifest.get("meta", {}).get("tasks_counts")
         if counts is not None:   # instructions beyond the committed ones are leftovers of a crash
             tasks = {t: list(tasks.get(t, []))[:int(counts.get(t, 0))] for t in set(tasks) | set(counts)}

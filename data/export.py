@@ -90,7 +90,7 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
     if not h5py.is_hdf5(str(src)):
         raise ValueError(f"{src}: not an HDF5 file (no HDF5 signature); import-hdf5 reads files written by "
                          f"`quadforge dataset export-hdf5`")
-    check_output_dir(store_path, "trajectory store", owns=is_store_dir, flag="import-hdf5 STORE")
+    check_output_dir(store_path, "trajectory store", owns=is_store_dir, flag="import-hdf5 --store")
     try:
         with h5py.File(src, "r") as f:
             if "data" not in f or _attr(f["data"].attrs.get("format")) != FORMAT:
@@ -102,6 +102,7 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
         raise ValueError(f"{src}: damaged or not a quadforge HDF5 export ({type(err).__name__}: {err})") from err
     Path(store_path).mkdir(parents=True, exist_ok=True)
     known = TrajectoryStore.existing_episode_ids(store_path)
+    known_rows = _known_rows(store_path)
     imported = 0
     with h5py.File(src, "r") as f:
         g = f["data"]
@@ -114,6 +115,14 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
             attrs = {k: _attr(v) for k, v in d.attrs.items()}
             eid = str(attrs["episode_id"])
             if eid in known:
+                # the same id is the same episode (a re-import) - unless another store's ids collide
+                # with this one's: skipping that would silently drop a different episode
+                row = known_rows.get(eid)
+                if row is not None and row != (int(attrs.get("num_samples", -1)), int(attrs.get("seed", -1))):
+                    raise ValueError(f"{src}: demo {name} has episode id {eid!r}, which {store_path} already holds "
+                                     f"for a different episode (length, seed {row} vs "
+                                     f"{(int(attrs.get('num_samples', -1)), int(attrs.get('seed', -1)))}); "
+                                     f"import into a new store")
                 continue
             if eid < last_id:  # compaction consumes staging files by name: keep the demo order
                 compact(store_path)
@@ -137,6 +146,19 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
         raise ValueError(f"{src}: {len(result.quarantined)} demo(s) could not join {store_path} and were "
                          f"quarantined: {result.quarantined[:3]} (see the .reason.txt files)")
     return imported
+
+
+def _known_rows(store_path: str | Path) -> dict[str, tuple[int, int]]:
+    """(length, seed) of every episode a store holds (committed or staged), by id."""
+    from quadforge.data.staging import list_staged, read_staged_header
+    rows: dict[str, tuple[int, int]] = {}
+    if (Path(store_path) / "manifest.json").is_file():
+        t = TrajectoryStore.open(store_path).episodes
+        rows = {str(e): (int(n), int(sd)) for e, n, sd in zip(t["episode_id"], t["length"], t["seed"])}
+    for p in list_staged(store_path):
+        _, info = read_staged_header(p)
+        rows.setdefault(p.stem, (int(info.get("length", -1)), int(info.get("seed", -1))))
+    return rows
 
 
 def _walk(group, prefix: str = "") -> list[str]:

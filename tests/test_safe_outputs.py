@@ -153,3 +153,11 @@ def test_mismatched_collection_is_refused_before_the_first_episode(tmp_path, cap
     assert main(["collect", "--store", str(store), "--episodes", "10", "--robot", "aliengo"]) == 2
     _one_line_error(capsys, "holds 'go1' episodes", "--robot aliengo", "one robot per store")
     assert not list((store / "staging").glob("*.episode"))
+
+
+def test_json_outputs_are_checked_before_the_work(tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    import quadforge.tools.rollout_cmd as rollout_cmd
+    monkeypatch.setattr(rollout_cmd, "run", lambda args: pytest.fail("rollout started"))
+    assert main(["rollout", "--json", str(tmp_path / "file" / "r.json")]) == 2
+    _one_line_error(capsys, "--json", "is a file, not a folder")

@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(with_subcommand=name).parse_args(argv)
     module = importlib.import_module(COMMANDS[name][0])
     try:
+        json_out = getattr(args, "json", None)
+        if isinstance(json_out, str) and json_out != "-":   # --json PATH: checked before the work, not after
+            from quadforge.output_paths import check_output_file
+            check_output_file(json_out, flag="--json")
         return int(module.run(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -46,6 +46,9 @@ def test_missing_chunk_refused_by_every_reader(tmp_path, small_chunks, write_epi
     with pytest.raises(ValueError, match="missing"):
         summary(store)
     assert any("chunk(s) [0] missing" in p for p in validate(store, check_values=False, checksums=False).problems)
+    write_episodes(store, "c9", n=1)              # and compaction does not append onto the damage
+    with pytest.raises(ValueError, match="missing"):
+        compact(store)
 
 
 def test_open_is_cheap_no_chunk_is_read(tmp_path, small_chunks, write_episodes, monkeypatch):
@@ -185,3 +188,20 @@ def test_second_collect_on_a_store_is_refused_naming_the_first(tmp_path):
         holder.stdin.flush()
         holder.wait(timeout=30)
     assert not (store / "staging").exists() or not any((store / "staging").glob("*.episode"))
+
+
+def test_import_of_colliding_ids_from_another_store_is_refused_not_skipped(tmp_path, write_episodes):
+    """Ids are unique within a store; another store's `c0-00000000` is a different episode, and
+    skipping it as "already imported" would silently drop it."""
+    from quadforge.data.export import export_hdf5, import_hdf5
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_episodes(a, "c0", n=2, seed=0)
+    compact(a)
+    write_episodes(b, "c0", n=2, seed=1, lengths=[7, 9])
+    compact(b)
+    export_hdf5(a, tmp_path / "a.h5")
+    assert import_hdf5(tmp_path / "a.h5", tmp_path / "fresh") == 2
+    assert import_hdf5(tmp_path / "a.h5", tmp_path / "fresh") == 0          # a re-import: same episodes
+    with pytest.raises(ValueError, match=r"episode id 'c0-00000000', which .* already holds for a different episode"):
+        import_hdf5(tmp_path / "a.h5", b)
+    assert TrajectoryStore.open(b).num_episodes == 2

@@ -28,7 +28,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.json:   # before the benchmark runs, not after
-        from quadforge.output_paths import check_output_file
-        check_output_file(args.json, flag="--json")
-    return int(importlib.import_module(BENCHMARKS[args.name]).main(quick=args.quick, json_path=args.json) or 0)
+    from quadforge.progress import progress_bar
+    from quadforge.tools.bench import common
+    module = importlib.import_module(BENCHMARKS[args.name])
+    # a bar of measured rows and elapsed time (a benchmark does not know its row count in advance, so
+    # there is no ETA); ticks land between measurements, never inside one
+    common.PROGRESS = progress_bar(None, desc=f"bench {args.name}", unit="row")
+    try:
+        return int(module.main(quick=args.quick, json_path=args.json) or 0)
+    finally:
+        common.PROGRESS.close()
+        common.PROGRESS = None

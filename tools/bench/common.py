@@ -17,6 +17,10 @@ from typing import Any, Callable
 import torch
 
 
+# The bar `quadforge bench` shows while a benchmark runs (rows measured, elapsed time); None outside it.
+PROGRESS: Any = None
+
+
 def machine_info() -> dict[str, Any]:
     return {
         "platform": platform.platform(),
@@ -50,6 +54,9 @@ class Table:
         if len(values) != len(self.columns):
             raise ValueError(f"row has {len(values)} values, table {self.title!r} has {len(self.columns)} columns")
         self.rows.append(list(values))
+        if PROGRESS is not None:   # `quadforge bench`'s bar: one tick per measured row
+            PROGRESS.update(1)
+            PROGRESS.set_postfix_str(str(values[0])[:40], refresh=False)
 
     def records(self) -> list[dict[str, Any]]:
         return [dict(zip(self.columns, row)) for row in self.rows]
