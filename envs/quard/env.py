@@ -326,6 +326,11 @@ class QuardEnv(LeggedEnv):
         self.library = ObjectLibrary(camera_fovy=qcfg.camera.fovy, camera_pos=qcfg.camera.pos)
         if backend is None:
             backend = make_backend(cfg.backend_name, replace(cfg.backend_config(), scene_addon=self.library))
+        missing = [m for m in ("set_mocap", "sensor_columns", "make_camera") if not hasattr(backend, m)]
+        if missing or getattr(backend, "scene", None) is None or not backend.scene.addon_sensors:
+            raise NotImplementedError(
+                f"QUARD tasks need a physics backend that places task objects (scene_addon, {', '.join(missing) or 'set_mocap'}"
+                f"): mujoco_cpu has them; backend {cfg.backend_name!r} does not yet")
         self.library.bind(backend.scene.model)
         self.scenes = QuardScenes(qcfg, self.library, cfg.num_envs, cfg.seed, cfg.dt)
         self.instruction_table = self.scenes.table

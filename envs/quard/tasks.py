@@ -3,7 +3,7 @@
 The builder imports this module on the first ``quard:`` task name. ``configure`` puts the QUARD
 locomotion settings (``envs.quard.env.quard_env_config``: nominal physics, no pushes, calm start, the
 env's own velocity commands zero, 20 s, no curriculum) onto the builder's config, keeping its robot,
-terrain, envs, seed and threads; ``make`` builds a ``QuardEnv`` with the default camera (64x64 RGB at
+terrain, envs, seed, threads and backend; ``make`` builds a ``QuardEnv`` with the default camera (64x64 RGB at
 5 Hz): overrides of ``EnvConfig`` fields apply after ``configure`` as for any task.
 """
 from __future__ import annotations
@@ -18,7 +18,8 @@ from quadforge.envs.quard.instructions import FAMILIES, TEMPLATES
 
 def _configure(cfg: EnvConfig) -> EnvConfig:
     q = quard_env_config(cfg.backend.robot, cfg.num_envs, cfg.seed, cfg.terrain)
-    q.backend = replace(q.backend, num_threads=cfg.backend.num_threads)
+    q.backend = replace(q.backend, num_threads=cfg.backend.num_threads, warp=cfg.backend.warp)
+    q.backend_name = cfg.backend_name
     return q
 
 

@@ -13,6 +13,7 @@ BENCHMARKS = {
     "models": "quadforge.tools.bench.models",
     "germ": "quadforge.tools.bench.germ",
     "env_step": "quadforge.tools.bench.env_step",
+    "scale": "quadforge.tools.bench.scale",
     "quard": "quadforge.tools.bench.quard",
 }
 
@@ -22,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sim: env vs raw MuJoCo throughput; env_step: where an env step's time goes; "
                              "experts: gait controller falls and tracking; store: compaction and sampling; "
                              "models: step latency and training throughput; germ: GeRM trainer; "
+                             "scale: env steps/s vs worlds per backend (mujoco_cpu, mujoco_warp) + compile time; "
                              "quard: QUARD expert success, speeds, gaits and camera frames/s")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
     add_json(parser, "the results")
