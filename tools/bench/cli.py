@@ -15,6 +15,7 @@ BENCHMARKS = {
     "env_step": "quadforge.tools.bench.env_step",
     "scale": "quadforge.tools.bench.scale",
     "quard": "quadforge.tools.bench.quard",
+    "vla": "quadforge.tools.bench.vla",
 }
 
 
@@ -24,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "experts: gait controller falls and tracking; store: compaction and sampling; "
                              "models: step latency and training throughput; germ: GeRM trainer; "
                              "scale: env steps/s vs worlds per backend (mujoco_cpu, mujoco_warp) + compile time; "
-                             "quard: QUARD expert success, speeds, gaits and camera frames/s")
+                             "quard: QUARD expert success, speeds, gaits and camera frames/s; "
+                             "vla: vision-language-action acting latency and training throughput")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
     add_json(parser, "the results")
 
