@@ -123,14 +123,12 @@ class CollectConfig:
 
 
 def build_task_env(cfg: CollectConfig, seed: int) -> Any:
-    """The vision-language env of ``cfg.task`` (``quard:<family>``): scenes, camera every
-    ``cfg.frame_stride`` steps, instructions, per-episode task parameters.
-
-    The hook for the QUARD envs (issue 14, env side): the rollout and the store already take what such
-    an env emits (``images/<camera>``, ``instruction``, ``task_*`` terms; ``env.task_params(i)``,
-    ``env.instruction_table``, ``env.frame_stride``; see ``collection.rollout``)."""
-    raise NotImplementedError(f"--task {cfg.task}: the QUARD task envs are not in this build yet (issue 14's env "
-                              f"side); collect.build_task_env is where they plug in")
+    """The vision-language env of ``cfg.task`` (``quard:<family>`` | ``quard:all``): scenes, the front camera,
+    instructions, per-episode task parameters (``envs.quard``). Its episode limits are the family's own
+    (20 s, 15 s for go_through), so ``--max-episode-s`` does not apply; the rollout records the camera
+    every ``cfg.frame_stride`` steps (a multiple of the env's own camera rate, 10 steps = 5 Hz)."""
+    return make_env(cfg.robot, cfg.terrain, task=cfg.task, num_envs=cfg.num_envs, seed=seed,
+                    num_threads=cfg.num_threads, backend=cfg.backend, warp=cfg.warp)
 
 
 def build_env(cfg: CollectConfig, seed: int) -> Any:

@@ -33,6 +33,7 @@ from quadforge.envs.quard.instructions import GAIT_OF_WORD, GAIT_WORDS, SPEEDS
 from quadforge.envs.quard.rules import FAMILY_CODE, SUCCESS_RADIUS
 from quadforge.experts.gait import GAITS
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES
+from quadforge.experts.registry import LoadContext, register_policy_kind
 
 SPEED_BANDS = {"slowly": 0.45, "normally": 0.7, "quickly": 1.0}   # m/s of ground speed per speed word
 MAX_COMMAND_SPEED = 1.4           # m/s: the integral may ask for at most this
@@ -205,3 +206,16 @@ def make_quard_expert(env) -> "object":
 
     return HierarchicalPolicy(QuardExpert(env.num_envs, env.dt, env.device),
                               GaitController(env.robot, env.num_envs, env.dt, env.device))
+
+
+def _load_for_registry(arg: str, ctx: LoadContext) -> QuardExpert:
+    if arg:
+        raise ValueError(f"--policy quard_expert:{arg}: the QUARD expert takes no argument (the instruction "
+                         f"in each episode sets its speed and gait)")
+    return QuardExpert(ctx.num_envs, ctx.control_dt, ctx.device)
+
+
+# `--policy quard_expert` on collect/eval/rollout: a command policy, run over the gait controller
+register_policy_kind("quard_expert", _load_for_registry,
+                     "the privileged scripted QUARD expert (reads the task_* terms: QUARD tasks only)",
+                     needs_path=False)

@@ -63,7 +63,8 @@ class PolicyKind:
 POLICY_KINDS: dict[str, PolicyKind] = {}
 # Kind -> the module that registers it when imported (imported on first use: a kind's heavy optional
 # dependencies never load for another's user), e.g. {"vla": "quadforge.experts.vla"}.
-POLICY_KIND_MODULES: dict[str, str] = {"vla": "quadforge.experts.vla"}
+POLICY_KIND_MODULES: dict[str, str] = {"vla": "quadforge.experts.vla",
+                                        "quard_expert": "quadforge.experts.quard_expert"}
 
 
 def register_policy_kind(name: str, load: Callable[[str, LoadContext], Any], help: str,
