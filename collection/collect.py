@@ -26,6 +26,7 @@ import torch
 from quadforge.collection.background_writer import BackgroundWriter
 from quadforge.collection.labels import LabelRule
 from quadforge.collection.progress import Progress, Tally
+from quadforge.collection.relabel import RelabelledPolicy
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.collection.skills import SkillCommandSampler, parse_skills
 from quadforge.data.admission import check_store_accepts
@@ -34,6 +35,7 @@ from quadforge.data.locks import acquire
 from quadforge.data.staging import list_quarantined
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.writer import StagingWriter
+from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.builder import make_env
 from quadforge.envs.robots import ROBOTS
 from quadforge.envs.terrain import terrain_types
@@ -62,7 +64,11 @@ class CollectConfig:
     collector_id: str = "main"
     compact_every: int = 100            # episodes between compactions (0: only at the end)
     num_threads: int = 1                # physics threads per env batch
+    backend: str = "mujoco_cpu"         # envs.backends name
+    warp: WarpConfig | None = None      # mujoco_warp options (None: defaults)
     progress: bool = True
+    relabel: str = ""                   # a policy spec ("gait"): --policy drives, this one labels (DAgger)
+    expert_drive_prob: float = 0.0      # with relabel: share of episodes the expert itself drives (beta)
     allow_robot_mismatch: bool = False  # drive --robot with a policy trained for another robot
     label_rule: LabelRule = field(default_factory=LabelRule)
 
@@ -93,6 +99,16 @@ class CollectConfig:
         parse_skills(self.skills)
         check_output_dir(self.out, "trajectory store", owns=is_store_dir, flag="--store")
         check_policy_spec(self.policy)
+        if self.relabel:
+            try:
+                check_policy_spec(self.relabel)
+            except (ValueError, FileNotFoundError) as err:   # the registry's message names --policy
+                raise type(err)(f"--relabel {self.relabel!r}: {err}") from None
+            if self.relabel == self.policy:
+                raise ValueError(f"--relabel {self.relabel!r} is --policy itself: it would relabel its own actions; "
+                                 "give the driving checkpoint as --policy and the expert as --relabel")
+        if not 0.0 <= self.expert_drive_prob <= 1.0:
+            raise bad("expert_drive_prob", "a number in [0, 1]")
         check_store_accepts(self.out, robot=self.robot, what=f"--robot {self.robot}")
         return self
 
@@ -100,14 +116,19 @@ class CollectConfig:
 def build_env(cfg: CollectConfig, seed: int) -> Any:
     """The env for one collector: commands fixed per episode (one skill each), optional pushes."""
     return make_env(cfg.robot, cfg.terrain, num_envs=cfg.num_envs, seed=seed, num_threads=cfg.num_threads,
+                    backend=cfg.backend, warp=cfg.warp,
                     overrides={"episode_length_s": cfg.max_episode_s, "commands.resample": False,
                                "randomization.push_robots": cfg.push > 0,
                                "randomization.max_push_vel_xy": cfg.push,
                                "randomization.push_interval_s": cfg.push_interval_s})
 
 
-def build_policy(cfg: CollectConfig, env: Any) -> Any:
-    return policy_for_env(cfg.policy, env, cfg.robot, allow_robot_mismatch=cfg.allow_robot_mismatch)
+def build_policy(cfg: CollectConfig, env: Any, seed: int = 0) -> Any:
+    policy = policy_for_env(cfg.policy, env, cfg.robot, allow_robot_mismatch=cfg.allow_robot_mismatch)
+    if not cfg.relabel:
+        return policy
+    return RelabelledPolicy(policy, policy_for_env(cfg.relabel, env, cfg.robot), env.num_envs,
+                            expert_drive_prob=cfg.expert_drive_prob, seed=seed, device=env.device)
 
 
 def store_count(out: str) -> int:
@@ -138,11 +159,13 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
     env = build_env(cfg, run_seed)
     try:
         check_store_accepts(cfg.out, robot=cfg.robot, control_dt=float(env.dt), what=f"collector {collector_id}")
-        policy = build_policy(cfg, env)
+        policy = build_policy(cfg, env, run_seed)
         skills = SkillCommandSampler(mix, env.num_envs, run_seed)
         info_extra = {"robot": cfg.robot, "control_dt": float(env.dt), "terrain_spec": cfg.terrain,
                       "skill_mix": mix.to_string(), "seed": run_seed, "push_vel": cfg.push,
                       "collector_id": collector_id}
+        if cfg.relabel:
+            info_extra.update(relabelled_by=cfg.relabel, expert_drive_prob=cfg.expert_drive_prob)
         rollout = Rollout(env, policy, RolloutConfig(action_noise_std=cfg.action_noise, seed=run_seed,
                                                      label_rule=cfg.label_rule),
                           skills=skills, info_extra=info_extra)

@@ -9,6 +9,7 @@ import json
 
 from quadforge.collection.collect import CollectConfig, run_local
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, add_store, require
+from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.terrain import TERRAIN_SPEC_HELP
 from quadforge.experts.registry import spec_help
 
@@ -36,8 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compact the store every N episodes (0: only at the end)")
     add_num_threads(p, d.num_threads, "physics threads per collector")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--relabel", default=d.relabel,
+                   help="a policy spec, e.g. 'gait': --policy drives, this policy labels every visited state "
+                        "(DAgger data: actions = its label, applied_actions = what --policy applied)")
+    p.add_argument("--expert-drive-prob", type=float, default=d.expert_drive_prob,
+                   help="with --relabel: share of episodes the labeller drives itself (DAgger's beta)")
     p.add_argument("--allow-robot-mismatch", action="store_true",
                    help="drive --robot with a checkpoint trained for another robot (refused otherwise)")
+    add_backend_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace) -> CollectConfig:
@@ -47,7 +54,9 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         address=args.address, action_noise=args.action_noise, push=args.push,
         push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s,
         collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
-        progress=not args.no_progress, allow_robot_mismatch=args.allow_robot_mismatch,
+        progress=not args.no_progress, allow_robot_mismatch=args.allow_robot_mismatch, relabel=args.relabel,
+        expert_drive_prob=args.expert_drive_prob,
+        **dict(zip(("backend", "warp"), backend_from_args(args))),
     ).validate()
 
 

@@ -4,7 +4,7 @@ Each actor runs ``collect.collect_episodes`` with collector id ``<collector_id>.
 of the missing episodes, writing through its own ``StagingWriter`` (writers never share a file). The
 driver alone compacts - every ``compact_every`` new episodes and at the end - and shows one progress
 bar over the actors' running totals. ``ray.init()`` starts a local Ray unless ``--address`` names a
-cluster; an actor asks for ``num_threads`` CPUs.
+cluster; an actor asks for ``num_threads`` CPUs (and one GPU when its physics runs on CUDA).
 """
 from __future__ import annotations
 
@@ -36,6 +36,14 @@ class CollectorWorker:
 
     def progress(self) -> tuple[Tally, float]:
         return self.tally, self.steps_per_s
+
+
+def actor_gpus(cfg: CollectConfig) -> int:
+    """GPUs an actor asks Ray for: one when its physics runs on CUDA (``--backend mujoco_warp
+    --warp-device cuda``; Ray then makes that GPU the actor's ``cuda:0``), else none (a CPU-only cluster
+    would otherwise wait forever for a GPU)."""
+    warp_device = cfg.warp.device if cfg.warp is not None else None
+    return 1 if cfg.backend == "mujoco_warp" and (warp_device or "").startswith("cuda") else 0
 
 
 def quotas(missing: int, workers: int) -> list[int]:
@@ -76,7 +84,7 @@ def _run_distributed(cfg: CollectConfig) -> dict[str, Any]:
 
 
 def _drive(ray: Any, cfg: CollectConfig, missing: int, done: int, show: bool) -> dict[str, Any]:
-    actor_cls = ray.remote(num_cpus=cfg.num_threads, max_concurrency=2)(CollectorWorker)
+    actor_cls = ray.remote(num_cpus=cfg.num_threads, num_gpus=actor_gpus(cfg), max_concurrency=2)(CollectorWorker)
     shares = [q for q in quotas(missing, cfg.workers)]
     actors = [actor_cls.remote(cfg, f"{cfg.collector_id}.w{k}", q) for k, q in enumerate(shares) if q > 0]
     runs = [a.run.remote() for a in actors]

@@ -41,6 +41,8 @@ from quadforge.collection.reports import cells_table, eval_report_markdown, plot
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, deprecated
 from quadforge.collection.skills import SkillCommandSampler, parse_skills
+from quadforge.envs.backends import add_backend_arguments, backend_from_args
+from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.builder import make_env
 from quadforge.envs.robots import ROBOTS
 from quadforge.envs.terrain import terrain_types
@@ -64,6 +66,8 @@ class EvalConfig:
     seed: int = 0
     max_episode_s: float = 4.0                # as collection's default: what the data and labels assume
     num_threads: int = 1
+    backend: str = "mujoco_cpu"               # envs.backends name
+    warp: WarpConfig | None = None            # mujoco_warp options (None: defaults)
     video: bool = False
     video_steps: int = 150                    # 3 s of env 0 at 50 Hz
     progress: bool = True
@@ -117,7 +121,7 @@ def parse_levels(text: str) -> list[int]:
 def build_env(cfg: EvalConfig, seed: int) -> Any:
     """One column per type, ``num_levels`` rows, curriculum off, commands held per episode, no pushes."""
     return make_env(cfg.robot, cfg.terrain, num_envs=cfg.num_envs, seed=seed, num_threads=cfg.num_threads,
-                    one_column_per_type=True,
+                    backend=cfg.backend, warp=cfg.warp, one_column_per_type=True,
                     terrain_grid={"num_levels": cfg.num_levels, "seed": derive_seed(seed, "eval/terrain") % (2**31)},
                     overrides={"curriculum": False, "episode_length_s": cfg.max_episode_s,
                                "commands.resample": False, "randomization.push_robots": False})
@@ -298,6 +302,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--video", action="store_true", help="also render a short GIF of env 0 (MUJOCO_GL=egl)")
     p.add_argument("--allow-robot-mismatch", action="store_true",
                    help="evaluate a checkpoint on --robot although it was trained for another robot")
+    add_backend_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
@@ -305,7 +310,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
                       num_levels=args.num_levels, episodes=args.episodes, commands=args.commands or ["walking"],
                       num_envs=args.num_envs, seed=args.seed, max_episode_s=args.max_episode_s,
                       num_threads=args.num_threads, video=args.video,
-                      allow_robot_mismatch=args.allow_robot_mismatch)
+                      allow_robot_mismatch=args.allow_robot_mismatch,
+                      **dict(zip(("backend", "warp"), backend_from_args(args))))
 
 
 def run(args: argparse.Namespace) -> int:

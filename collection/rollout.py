@@ -5,6 +5,9 @@ records the observation the policy acted on (every raw term of ``env.terms``), t
 applied (``actions``: the policy output, plus action noise when asked for), ``joint_targets``,
 ``rewards``, ``terminated`` and ``time_outs``, and ``hl_commands`` when the policy exposes the
 high-level command it acted with (a ``hl_commands`` attribute, (N, 12), as hierarchical policies do).
+A relabelling policy (``collection.dagger.RelabelledPolicy``: a learner drives, an expert labels) exposes
+``label_actions`` (N, 12): then ``actions`` records the label - the imitation target - and
+``applied_actions`` what was applied.
 
 Buffers are preallocated numpy arrays (num_envs, max_episode_length, width) written in place each
 step (``PackedSteps``: a step's features side by side, so a step costs one concatenation and one
@@ -246,6 +249,9 @@ class Rollout:
             before["actions"] = actions
             if hl is not None:
                 before["hl_commands"] = hl
+            labels = getattr(self.policy, "label_actions", None)
+            if labels is not None:
+                before["actions"], before["applied_actions"] = labels, actions
             self._before.write(self._step_count, before)
         self._commands.step(_numpy(terms["commands"]))
 

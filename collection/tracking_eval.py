@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from quadforge.cli_flags import add_json, add_num_threads, add_robot, add_seed, write_json
+from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.collection.reports import markdown_table
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.envs.builder import make_env
@@ -56,12 +57,12 @@ def training_overrides(policy_spec: str) -> dict[str, Any]:
 
 
 def _env(terrain: str, num_envs: int, robot: str, seed: int, episode_s: float, num_threads: int,
-         overrides: dict[str, Any]):
+         overrides: dict[str, Any], backend: tuple[str, Any] = ("mujoco_cpu", None)):
     """A plane row (``plane``) or a grid with one column per terrain type; curriculum off."""
     env_overrides = {k[len("env."):]: v for k, v in overrides.items() if k.startswith("env.")}
     spec = "flat" if terrain == "plane" else ",".join(TERRAIN_TYPES)
     return make_env(robot, spec, num_envs=num_envs, seed=seed, num_threads=num_threads,
-                    one_column_per_type=terrain != "plane",
+                    backend=backend[0], warp=backend[1], one_column_per_type=terrain != "plane",
                     overrides={"curriculum": False, "episode_length_s": episode_s, **env_overrides})
 
 
@@ -84,19 +85,21 @@ def _summary(infos: list[dict[str, Any]], dt: float) -> dict[str, float]:
 
 def evaluate(policy_spec: str, robot: str = "go1", level: int = 0, envs_per_type: int = 16, seed: int = 0,
              episode_s: float = 10.0, num_threads: int = 1,
-             overrides: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
+             overrides: dict[str, Any] | None = None,
+             backend: tuple[str, Any] = ("mujoco_cpu", None)) -> dict[str, dict[str, float]]:
     """{terrain: summary}: "plane" plus every terrain type at ``level``. ``overrides``: ``env.*`` settings
-    (default: the ones the checkpoint was trained with, e.g. its command ranges)."""
+    (default: the ones the checkpoint was trained with, e.g. its command ranges); ``backend``: (name,
+    WarpConfig or None) of the physics backend."""
     overrides = training_overrides(policy_spec) if overrides is None else overrides
 
     results: dict[str, dict[str, float]] = {}
-    env = _env("plane", envs_per_type, robot, seed, episode_s, num_threads, overrides)
+    env = _env("plane", envs_per_type, robot, seed, episode_s, num_threads, overrides, backend)
     try:
         results["plane"] = _summary(_first_episodes(env, _policy(policy_spec, env)), env.dt)
     finally:
         env.close()
     n = envs_per_type * len(TERRAIN_TYPES)
-    env = _env("grid", n, robot, seed, episode_s, num_threads, overrides)
+    env = _env("grid", n, robot, seed, episode_s, num_threads, overrides, backend)
     try:
         col_types = env.terrain.col_type_idx.cpu()
         type_of_env = torch.arange(n) // envs_per_type           # env i runs type i // k
@@ -120,6 +123,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_seed(p)
     add_num_threads(p)
     add_json(p, "the results")
+    add_backend_arguments(p)
     p.add_argument("overrides", nargs="*", metavar="env.KEY=VALUE",
                    help="env settings (default: those the checkpoint was trained with)")
 
@@ -131,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides) if args.overrides else training_overrides(args.policy)
     print(f"env overrides: {overrides}")
     res = evaluate(args.policy, args.robot, args.level, args.envs_per_type, args.seed, args.episode_s,
-                   num_threads=args.num_threads, overrides=overrides)
+                   num_threads=args.num_threads, overrides=overrides, backend=backend_from_args(args))
     columns = list(next(iter(res.values())))
     print(f"### {args.policy} on {args.robot}, level {args.level}\n")
     print(markdown_table(["terrain"] + columns, [[name, *row.values()] for name, row in res.items()]))

@@ -58,6 +58,8 @@ class FeatureSpec:
 def _catalogue() -> dict[str, FeatureSpec]:
     cat = {name: FeatureSpec("float32", (dim,), *_TERM_INFO[name]) for name, dim in TERM_DIMS.items()}
     cat["actions"] = FeatureSpec("float32", (12,), JOINT_NAMES, "policy output (normalised joint action)")
+    cat["applied_actions"] = FeatureSpec("float32", (12,), JOINT_NAMES,
+                                         "action applied when a relabelling expert's label is stored as actions (DAgger)")
     cat["joint_targets"] = FeatureSpec("float32", (12,), JOINT_NAMES, "rad (absolute PD target)")
     cat["hl_commands"] = FeatureSpec("float32", (12,), (), "high-level command (GeRM Eq. 9)")
     cat["rewards"] = FeatureSpec("float32", (), (), "task reward per control step")

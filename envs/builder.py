@@ -14,6 +14,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.config import EnvConfig
 from quadforge.envs.terrain import terrain_config
 from quadforge.envs.vec_env import LeggedEnv
@@ -45,8 +46,10 @@ register_task("locomotion", lambda cfg: cfg,
 
 def make_env_config(robot: str = "go1", terrain: str = "flat", task: str = "locomotion", num_envs: int = 16,
                     seed: int = 0, num_threads: int | None = 1, overrides: Mapping[str, Any] | None = None,
-                    one_column_per_type: bool = False, terrain_grid: Mapping[str, Any] | None = None) -> EnvConfig:
-    """The ``EnvConfig`` of (robot, terrain spec, task, overrides); see the module doc."""
+                    one_column_per_type: bool = False, terrain_grid: Mapping[str, Any] | None = None,
+                    backend: str = "mujoco_cpu", warp: WarpConfig | None = None) -> EnvConfig:
+    """The ``EnvConfig`` of (robot, terrain spec, task, overrides); see the module doc. ``backend`` names
+    the physics backend (``envs.backends.BACKENDS``), ``warp`` the mujoco_warp options."""
     prefix = task.partition(":")[0]
     if task not in TASKS and prefix in TASK_MODULES:
         importlib.import_module(TASK_MODULES[prefix])
@@ -55,13 +58,17 @@ def make_env_config(robot: str = "go1", terrain: str = "flat", task: str = "loco
     cfg = EnvConfig.flat(robot=robot, num_envs=num_envs, seed=seed)
     cfg.terrain = terrain_config(terrain, one_column_per_type, **dict(terrain_grid or {}))
     cfg.backend.num_threads = num_threads
+    cfg.backend_name = backend
+    if warp is not None:
+        cfg.backend.warp = warp
     cfg = TASKS[task].configure(cfg)
     return apply_overrides(cfg, dict(overrides or {}))
 
 
 def make_env(robot: str = "go1", terrain: str = "flat", task: str = "locomotion", num_envs: int = 16,
              seed: int = 0, num_threads: int | None = 1, overrides: Mapping[str, Any] | None = None,
-             one_column_per_type: bool = False, terrain_grid: Mapping[str, Any] | None = None) -> LeggedEnv:
-    """A ``LeggedEnv`` of (robot, terrain spec, task, overrides)."""
+             one_column_per_type: bool = False, terrain_grid: Mapping[str, Any] | None = None,
+             backend: str = "mujoco_cpu", warp: WarpConfig | None = None) -> LeggedEnv:
+    """A ``LeggedEnv`` of (robot, terrain spec, task, overrides) on the named physics backend."""
     return LeggedEnv(make_env_config(robot, terrain, task, num_envs, seed, num_threads, overrides,
-                                     one_column_per_type, terrain_grid))
+                                     one_column_per_type, terrain_grid, backend, warp))

@@ -62,6 +62,9 @@ def load_germ(path: str | Path, num_envs: int, device: str | torch.device = "cpu
     ckpt = load_checkpoint(path)
     if not ckpt.model_name.startswith("germ"):
         raise ValueError(f"{path}: checkpoint holds model {ckpt.model_name!r}, not a GeRM model")
+    if ckpt.extra.get("policy_kind") == "vla":
+        raise ValueError(f"{path}: a vision-language GeRM checkpoint; load it with experts.vla.load_vla "
+                         "(or experts.registry.load_policy)")
     if "binner" not in ckpt.extra:
         raise ValueError(f"{path}: GeRM checkpoint lacks its bin edges (extra['binner'])")
     model = GeRM(GeRMConfig.from_dict(ckpt.model_config))

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import numpy as np
 import torch
 
-from quadforge.layout import COMMAND_NAMES, NUM_JOINTS
+from quadforge.experts.gait import GaitGains
 from quadforge.experts.policy import check_policy
+from quadforge.layout import COMMAND_NAMES, NUM_JOINTS
+from quadforge.training.binning import ActionBinner
 
 # seed 003 Eq. 9, in order
 HL_COMMAND_NAMES = ("lin_vel_x", "lin_vel_y", "ang_vel_yaw", "gait_phase", "gait_offset", "gait_bound",
@@ -96,3 +99,33 @@ class HierarchicalPolicy:
         low_obs = dict(obs)
         low_obs["commands"] = cmd
         return self.low.act(low_obs)
+
+
+# --- the 12-D high-level command's bins (seed 003 Eq. 9) ------------------------------------------------
+
+def controller_command_ranges() -> dict[str, tuple[float, float]]:
+    """Per-dimension [low, high] of GeRM's 12-D command (``HL_COMMAND_NAMES``) fitted
+    to what our gait controller can execute: beyond these it clamps (``experts.gait.gait_params``), so a
+    bin outside them would be a command the robot cannot tell from the edge bin. Velocities from
+    ``GaitGains.max_lin_vel`` / ``max_yaw_rate``; gait phases span their cycle [0, 1]; the others are the
+    controller's clamps; the terminate flag T spans [0, 1] (T > 0.5 ends the episode).
+
+    GeRM's code bins vx −0.81..3.10, vy −0.90..0.89, wz −1.45..1.60 (its robot's data); ours are symmetric
+    and capped at 1.5 where our controller stops following."""
+    g = GaitGains()
+    return {
+        "lin_vel_x": (-g.max_lin_vel, g.max_lin_vel), "lin_vel_y": (-g.max_lin_vel, g.max_lin_vel),
+        "ang_vel_yaw": (-g.max_yaw_rate, g.max_yaw_rate),
+        "gait_phase": (0.0, 1.0), "gait_offset": (0.0, 1.0), "gait_bound": (0.0, 1.0),
+        "gait_frequency": (1.0, 5.0), "body_height": (-0.15, 0.10), "body_pitch": (-0.4, 0.4),
+        "stance_width": (0.05, 0.6), "foot_swing_height": (0.0, 0.3), "terminate": (0.0, 1.0),
+    }
+
+
+def command_binner(num_bins: int = 256) -> ActionBinner:
+    """Uniform bins over ``controller_command_ranges`` in HL_COMMAND_NAMES order (seed 003: 256 per dim)."""
+    if num_bins < 2:
+        raise ValueError(f"num_bins must be >= 2, got {num_bins}")
+    ranges = controller_command_ranges()
+    rows = [np.linspace(*ranges[name], num_bins + 1) for name in HL_COMMAND_NAMES]
+    return ActionBinner(torch.as_tensor(np.stack(rows), dtype=torch.float32))

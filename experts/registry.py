@@ -48,6 +48,8 @@ class LoadContext:
     robot: str | None = None          # None: the checkpoint's own (or go1)
     control_dt: float = DEFAULT_CONTROL_DT
     allow_robot_mismatch: bool = False  # a checkpoint recording another robot than ``robot`` (refused otherwise)
+    task: str | None = None           # the env's task (a VLA checkpoint refuses another); None: unchecked
+    camera: Mapping[str, Any] | None = None   # the env's camera {name, height, width, image_every}
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class PolicyKind:
 POLICY_KINDS: dict[str, PolicyKind] = {}
 # Kind -> the module that registers it when imported (imported on first use: a kind's heavy optional
 # dependencies never load for another's user), e.g. {"vla": "quadforge.experts.vla"}.
-POLICY_KIND_MODULES: dict[str, str] = {}
+POLICY_KIND_MODULES: dict[str, str] = {"vla": "quadforge.experts.vla"}
 
 
 def register_policy_kind(name: str, load: Callable[[str, LoadContext], Any], help: str,
@@ -110,6 +112,10 @@ def _model(arg: str, ctx: LoadContext) -> Any:
     ckpt = load_checkpoint(arg)
     if not ctx.allow_robot_mismatch:
         check_robot(ckpt, ctx.robot, str(arg))
+    kind = ckpt.extra.get("policy_kind")
+    if kind in POLICY_KIND_MODULES:   # e.g. a VLA checkpoint: its module registers the loader
+        importlib.import_module(POLICY_KIND_MODULES[kind])
+        return POLICY_KINDS[kind].load(arg, ctx)
     loader = load_germ if ckpt.model_name.startswith("germ") else load_learned
     return loader(arg, ctx.num_envs, ctx.device)
 
@@ -163,15 +169,17 @@ def check_policy_spec(spec: str) -> None:
 
 
 def load_policy(spec: str | Path, num_envs: int, device: str | torch.device = "cpu", robot: str | None = None,
-                control_dt: float = DEFAULT_CONTROL_DT, allow_robot_mismatch: bool = False) -> Any:
+                control_dt: float = DEFAULT_CONTROL_DT, allow_robot_mismatch: bool = False,
+                task: str | None = None, camera: Mapping[str, Any] | None = None) -> Any:
     """The Policy a spec names, for ``num_envs`` envs, in the action space the policy has. A checkpoint
-    that records another robot than ``robot`` is refused unless ``allow_robot_mismatch``."""
+    that records another robot than ``robot`` is refused unless ``allow_robot_mismatch``. ``task`` and
+    ``camera`` (the env's) are checked by policies trained on a task's camera frames (VLAs)."""
     if int(num_envs) < 1:
         raise ValueError(f"num_envs={num_envs}; must be >= 1")
     if robot is not None and robot not in ROBOTS:
         raise ValueError(f"robot={robot!r} is invalid; allowed: {', '.join(ROBOTS)}")
     kind, arg = parse_policy_spec(str(spec))
-    ctx = LoadContext(int(num_envs), str(device), robot, float(control_dt), bool(allow_robot_mismatch))
+    ctx = LoadContext(int(num_envs), str(device), robot, float(control_dt), bool(allow_robot_mismatch), task, camera)
     return POLICY_KINDS[kind].load(arg, ctx)
 
 

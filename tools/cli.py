@@ -17,12 +17,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("quadforge.collection.collect_cmd", "collect labelled episodes into a zarr trajectory store"),
     "dataset": ("quadforge.data.cli", "inspect, validate, export or import a trajectory store"),
     "train": ("quadforge.training.cli", "train an imitation model or GeRM on a trajectory store"),
+    "train-sweep": ("quadforge.training.sweep", "equal-budget lr x optimizer sweep of every imitation model"),
+    "dagger": ("quadforge.training.dagger", "imitation with the gait expert relabelling the learner's states (DAgger)"),
     "train-expert": ("quadforge.training.ppo", "train a PPO expert with rsl_rl on the locomotion task"),
     "eval": ("quadforge.collection.evaluate", "closed-loop evaluation of a policy across terrain types and levels"),
     "eval-expert": ("quadforge.collection.evaluate_expert", "evaluate an expert per terrain type x level"),
     "eval-tracking": ("quadforge.collection.tracking_eval", "velocity tracking and fall rate of an expert per terrain type"),
     "reproduce": ("quadforge.tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency; --stages quard: QUARD-Auto and Table III)"),
-    "bench": ("quadforge.tools.bench.cli", "benchmarks: sim | env_step | experts | store | models | germ"),
+    "bench": ("quadforge.tools.bench.cli", "benchmarks: sim | env_step | experts | store | models | germ | scale"),
 }
 
 
@@ -64,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, NotImplementedError) as err:
-        # Bad input is a one-line error naming what is wrong, not a traceback.
+    except (ValueError, FileNotFoundError, NotImplementedError, ImportError) as err:
+        # Bad input (or a missing optional package) is a one-line error naming what is wrong, not a traceback.
         print(f"quadforge {name}: error: {err}", file=sys.stderr)
         return 2
 

@@ -9,6 +9,7 @@ import time
 import torch
 
 from quadforge.cli_flags import add_json, add_num_envs, add_num_threads, add_robot, add_seed, write_json
+from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.builder import make_env
 from quadforge.envs.config import RandomizationConfig
 from quadforge.envs.terminations import TERMINATION_REASONS
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_num_threads(parser, None)
     add_seed(parser)
     add_json(parser, "the summary")
+    add_backend_arguments(parser)
 
 
 def _command(text: str | None):
@@ -52,8 +54,9 @@ def build_env(args: argparse.Namespace):
     if not args.seconds > 0:
         raise ValueError(f"--seconds {args.seconds}: allowed: > 0")
     overrides = {"randomization": RandomizationConfig.off()} if args.no_randomization else {}
+    backend, warp = backend_from_args(args)
     return make_env(args.robot, args.terrain, num_envs=args.num_envs, seed=args.seed, num_threads=args.num_threads,
-                    overrides=overrides)
+                    overrides=overrides, backend=backend, warp=warp)
 
 
 def rollout(env, policy, seconds: float, command=None) -> dict:

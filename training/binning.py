@@ -119,3 +119,4 @@ def fit_binner(actions: np.ndarray | torch.Tensor, num_bins: int = 256, method: 
             q = np.linspace(percentile, 100.0 - percentile, num_bins + 1)
             rows.append(_strictly_increasing(np.percentile(col, q)))
     return ActionBinner(torch.as_tensor(np.stack(rows), dtype=torch.float32))
+

@@ -1,5 +1,7 @@
-"""`quadforge train`: imitation models here, GeRM (any model name starting with "germ") in
-``training.qlearning``.
+"""`quadforge train`: imitation models here; GeRM (any model name starting with "germ") in
+``training.qlearning`` on proprioceptive stores; the vision-language models (``rt1``, and ``germ``,
+``germ-dense``, ``germ-il`` on a store holding camera frames, or with ``--inputs vision``) in
+``training.vla``.
 
     quadforge train --model fcnet --store STORE --out DIR [--max-steps N] [--seed S] [--device cpu|cuda]
                     [--preset NAME] [--layout NAME] [--resume] [key=value ...]
@@ -19,11 +21,15 @@ from quadforge.cli_flags import add_out, add_resume, add_seed, add_store
 from quadforge.training.models import MODELS
 
 IMITATION_MODELS = tuple(MODELS)   # the model zoo of training.models is the one list
+VISION_ONLY_MODELS = ("rt1",)
+IMAGE_FEATURE = "images/front_rgb"
+INPUTS = ("auto", "proprio", "vision")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
-                        help=f"one of {', '.join(IMITATION_MODELS)}, or a GeRM model (name starting with 'germ')")
+                        help=f"one of {', '.join(IMITATION_MODELS + VISION_ONLY_MODELS)}, or a GeRM model (name "
+                             "starting with 'germ'; over camera frames when the store holds them)")
     add_store(parser, "trained on", old="--data")
     add_out(parser, "checkpoints, TensorBoard logs, config")
     parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps (default: the preset's)")
@@ -41,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="windows per optimizer step (per rank)")
     parser.add_argument("--log-every", type=int, default=None, help="print/log every N steps")
     parser.add_argument("--val-every", type=int, default=None, help="validate (and checkpoint) every N steps")
+    parser.add_argument("--inputs", choices=INPUTS, default="auto",
+                        help="GeRM inputs: proprio (layout vector) or vision (camera frames + instruction); "
+                             "auto: vision when the store holds images/front_rgb")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
@@ -59,8 +68,26 @@ def run(args: argparse.Namespace) -> int:
     if model in IMITATION_MODELS and args.preset is None:
         args.preset = default_preset(args.device)
         print(f"train {model}: preset {args.preset!r} (the default on {args.device}; pass --preset to choose)")
+    if model in VISION_ONLY_MODELS or (model.startswith("germ") and _vision_inputs(args)):
+        return int(importlib.import_module("quadforge.training.vla").run_from_args(args) or 0)
     if model.startswith("germ"):
         return int(importlib.import_module("quadforge.training.qlearning").run_from_args(args) or 0)
     if model not in IMITATION_MODELS:
-        raise ValueError(f"--model {model!r} unknown; allowed: {IMITATION_MODELS} or a name starting with 'germ'")
+        raise ValueError(f"--model {model!r} unknown; allowed: {IMITATION_MODELS + VISION_ONLY_MODELS} "
+                         "or a name starting with 'germ'")
     return int(importlib.import_module("quadforge.training.imitation").run_from_args(args) or 0)
+
+
+def _vision_inputs(args: argparse.Namespace) -> bool:
+    """--inputs vision, or auto and the --store holds camera frames."""
+    inputs = getattr(args, "inputs", "auto") or "auto"
+    if inputs != "auto":
+        return inputs == "vision"
+    data = getattr(args, "store", None)
+    if not data:
+        return False
+    from pathlib import Path
+    if not Path(data).exists():
+        return False   # the trainer reports the missing store
+    from quadforge.data.store import TrajectoryStore   # lazy: --help stays fast
+    return IMAGE_FEATURE in TrajectoryStore.open(str(data)).feature_names

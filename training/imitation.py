@@ -146,6 +146,12 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     optimizer = build_optimizer(objective, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, max_steps)
     start, saved_rng = 0, None
+    if cfg.init_from and not resume:   # fine-tune: the weights and the input scaling they were trained with
+        init = load_checkpoint(cfg.init_from)
+        check_model(init, cfg.model, model.config)
+        load_state(model, init)
+        obs_mean, obs_std = init.obs_stats["mean"], init.obs_stats["std"]
+        provenance["init_from"] = str(cfg.init_from)
     if resume:
         if out is None:
             raise ValueError("--resume needs --out (the run directory holding last.pt)")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -31,12 +32,15 @@ from typing import Any
 import torch
 
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed
+from quadforge.envs.backends import add_backend_arguments, backend_from_args
+from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.builder import make_env
 from quadforge.envs.terrain import TERRAIN_SPEC_HELP
 from quadforge.experts.loaders import RSL_RL_PREFIX, _torch_load, latest_rsl_rl_checkpoint
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
 from quadforge.output_paths import check_output_dir
+from quadforge.training.distributed import DistInfo, barrier, cleanup, init_distributed
 
 PRESETS_HELP = "legged_gym (the paper's PPO settings, 4096 envs) or cpu (scaled to a 2-core machine)"
 
@@ -148,6 +152,8 @@ class TrainExpertConfig:
     seed: int = 0
     device: str = "cpu"
     num_threads: int = 1               # MuJoCo + torch threads; the machine is shared
+    backend: str = "mujoco_cpu"        # envs.backends name
+    warp: WarpConfig | None = None     # mujoco_warp options (None: defaults; on --device cuda the rank's GPU)
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
@@ -162,11 +168,36 @@ def _runner_class():
         def save(self, path: str, infos: dict | None = None) -> None:
             super().save(path, infos={**(infos or {}), "quadforge": self.quadforge_meta})
 
+        def _configure_multi_gpu(self) -> None:
+            """rsl_rl's torchrun set-up, with the process group opened by ``training.distributed``: nccl
+            on CUDA as rsl_rl does, gloo on the CPU (rsl_rl's own insists on nccl and cuda:LOCAL_RANK),
+            so the same recipe runs CPU ranks. rsl_rl's PPO broadcasts rank 0's parameters and
+            all-reduces the gradients; only rank 0 logs and writes checkpoints."""
+            info = init_distributed(str(self.device))
+            self.gpu_world_size, self.is_distributed = info.world_size, info.enabled
+            self.gpu_local_rank, self.gpu_global_rank = info.local_rank, info.rank
+            self.cfg["multi_gpu"] = {"global_rank": info.rank, "local_rank": info.local_rank,
+                                     "world_size": info.world_size} if info.enabled else None
+
     return QuadforgeRunner
 
 
+def _torchrun_ranks() -> tuple[int, int]:
+    """(rank, local rank) under torchrun, (0, 0) in a single process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 0
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def build_env(cfg: TrainExpertConfig, preset: PPOPreset):
-    return make_env(cfg.robot, cfg.terrain, num_envs=preset.num_envs, seed=cfg.seed, num_threads=cfg.num_threads,
+    rank, local_rank = _torchrun_ranks()
+    warp = cfg.warp
+    if cfg.backend == "mujoco_warp" and (warp is None or warp.device is None) and cfg.device.startswith("cuda"):
+        # the physics on the GPU this rank trains on
+        warp = replace(warp or WarpConfig(), device=f"cuda:{local_rank}")
+    # under torchrun every rank simulates envs of its own: a seed of its own (rank 0 keeps cfg.seed)
+    return make_env(cfg.robot, cfg.terrain, num_envs=preset.num_envs, seed=cfg.seed + rank,
+                    num_threads=cfg.num_threads, backend=cfg.backend, warp=warp,
                     overrides={k[len("env."):]: v for k, v in cfg.overrides.items() if k.startswith("env.")})
 
 
@@ -188,7 +219,10 @@ def train(cfg: TrainExpertConfig) -> Path:
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     train_cfg = rsl_rl_train_cfg(preset)
     train_cfg["seed"] = cfg.seed
-    runner = _runner_class()(env, train_cfg, log_dir=cfg.out, device=cfg.device)
+    device = cfg.device
+    if device == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        device = f"cuda:{_torchrun_ranks()[1]}"   # what rsl_rl's multi-GPU runner expects
+    runner = _runner_class()(env, train_cfg, log_dir=cfg.out, device=device)
     runner.quadforge_meta = {
         "format": 1, "robot": cfg.robot, "terrain": cfg.terrain, "preset": cfg.preset,
         "preset_config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(preset).items()},
@@ -206,6 +240,10 @@ def train(cfg: TrainExpertConfig) -> Path:
         runner.learn(num_learning_iterations=cfg.iterations, init_at_random_ep_len=cfg.resume is None)
     finally:
         env.close()
+    if runner.is_distributed:   # rank 0 writes the checkpoints: every rank returns the last one
+        info = DistInfo(rank=runner.gpu_global_rank, world_size=runner.gpu_world_size)
+        barrier(info)
+        cleanup(info)
     last = latest_checkpoint(cfg.out)
     print(f"trained {cfg.iterations} iterations in {time.time() - t0:.0f} s; last checkpoint {last}", flush=True)
     return last
@@ -263,6 +301,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint every this many iterations (default: the preset's)")
     parser.add_argument("--device", default="cpu", help="torch device for the networks")
     add_num_threads(parser, 1, "MuJoCo and torch threads (shared machine: 1)")
+    add_backend_arguments(parser)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="preset fields (learning_rate=3e-4) or env.<EnvConfig path> "
                              "(env.commands.ranges.lin_vel_x=(0.0,1.0))")
@@ -281,6 +320,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainExpertConfig(out=args.out, robot=args.robot, terrain=args.terrain, preset=args.preset,
                             num_envs=args.num_envs, iterations=args.iterations, resume=resume,
                             overwrite=args.overwrite, seed=args.seed, device=args.device, num_threads=args.num_threads,
-                            overrides=overrides)
+                            overrides=overrides, **dict(zip(("backend", "warp"), backend_from_args(args))))
     train(cfg)
     return 0

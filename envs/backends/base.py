@@ -27,6 +27,25 @@ class RandomizationConfig:
     num_variants: int = 8  # size of the model-variant pool envs are spread over
 
 
+OVERFLOW_POLICIES = ("raise", "terminate")
+
+
+@dataclass
+class WarpConfig:
+    """Options of the ``mujoco_warp`` backend (ignored by the others)."""
+
+    device: str | None = None        # a Warp device ("cuda:0", "cpu"); None -> the first CUDA GPU, else "cpu"
+    # Per-world contact and constraint-row buffers. None sizes them from the scene: flat ground needs
+    # few contacts, a heightfield many more (envs.backends.mujoco_warp.default_buffers).
+    nconmax: int | None = None
+    njmax: int | None = None
+    # A world whose contacts or constraint rows did not fit lost contacts during that step: "raise" stops
+    # with an error naming the buffer to enlarge; "terminate" restores those worlds, flags them in
+    # step()'s mask (the env ends their episodes) and counts them in backend.num_overflow.
+    on_overflow: str = "raise"
+    cuda_graph: bool = True          # capture one policy step as a CUDA graph (GPU only)
+
+
 @dataclass
 class BackendConfig:
     robot: str = "go1"
@@ -38,6 +57,7 @@ class BackendConfig:
     randomization: RandomizationConfig | None = None  # None -> nominal physics in every env
     # terrain: an envs.terrain.TerrainConfig, or None for a flat plane
     terrain: object | None = None
+    warp: WarpConfig = field(default_factory=WarpConfig)
 
 
 @dataclass

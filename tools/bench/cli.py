@@ -13,6 +13,8 @@ BENCHMARKS = {
     "models": "quadforge.tools.bench.models",
     "germ": "quadforge.tools.bench.germ",
     "env_step": "quadforge.tools.bench.env_step",
+    "scale": "quadforge.tools.bench.scale",
+    "vla": "quadforge.tools.bench.vla",
 }
 
 
@@ -20,7 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(BENCHMARKS),
                         help="sim: env vs raw MuJoCo throughput; env_step: where an env step's time goes; "
                              "experts: gait controller falls and tracking; store: compaction and sampling; "
-                             "models: step latency and training throughput; germ: GeRM trainer")
+                             "models: step latency and training throughput; germ: GeRM trainer; "
+                             "scale: env steps/s vs worlds per backend (mujoco_cpu, mujoco_warp) + compile time; "
+                             "vla: vision-language-action acting latency and training throughput")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
     add_json(parser, "the results")
 

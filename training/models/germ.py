@@ -116,8 +116,9 @@ def build_encoder(cfg: GeRMConfig) -> nn.Module:
     if cfg.encoder == "proprio":
         return ProprioEncoder(cfg.obs_dim, cfg.d_model)
     raise NotImplementedError(
-        f"GeRM encoder {cfg.encoder!r} is not implemented yet: image/instruction tokens (seed 003's "
-        "EfficientNet-B3+FiLM, TokenLearner, sentence encoder) come with the VLA tasks; use encoder='proprio'")
+        f"GeRM encoder {cfg.encoder!r} is not part of this proprioceptive GeRM: over camera frames and "
+        "instructions GeRM is training/models/germ_vla.py (quadforge train --model germ on an image store, "
+        "docs/vla.md); use encoder='proprio' here")
 
 
 class KVCache(NamedTuple):

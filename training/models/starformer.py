@@ -28,8 +28,11 @@ class StARformer(SequenceModel):
 
     def __init__(self, obs_dim: int, action_dim: int = 12, context: int = 64, hidden: int = 128,
                  local_dim: int = 16, num_layers: int = 3, num_heads: int = 4, local_heads: int = 2,
-                 ffn_mult: int = 4, decoder_hidden: int = 128, use_rtg: bool = False, use_actions: bool = True):
+                 ffn_mult: int = 4, decoder_hidden: int = 128, use_rtg: bool = False, use_actions: bool = True,
+                 pos_init_std: float = 1.0):
         super().__init__(obs_dim, action_dim, context, use_rtg=use_rtg, use_actions=use_actions)
+        if not pos_init_std >= 0:
+            raise ValueError(f"starformer pos_init_std={pos_init_std}; must be >= 0")
         self.hidden, self.local_dim, self.num_layers = hidden, local_dim, num_layers
         self.num_heads, self.local_heads, self.ffn_mult, self.decoder_hidden = num_heads, local_heads, ffn_mult, decoder_hidden
         self.num_local = obs_dim + int(use_actions) + int(use_rtg)
@@ -38,7 +41,11 @@ class StARformer(SequenceModel):
         self.action_local = nn.Linear(action_dim, local_dim) if use_actions else None
         self.rtg_local = nn.Linear(1, local_dim) if use_rtg else None
         self.state_embed = nn.Linear(obs_dim, hidden)
+        # torch's Embedding default N(0, 1): unlike the Transformer's, StARformer's sweep preferred it to
+        # GPT-2's 0.02 (docs/models.md "Equal-budget tuning"); a knob so both can be swept alike
+        self.pos_init_std = float(pos_init_std)
         self.pos_embed = nn.Embedding(context, hidden)
+        nn.init.normal_(self.pos_embed.weight, std=self.pos_init_std)
         self.step_blocks = nn.ModuleList(Block(local_dim, local_heads, ffn_mult) for _ in range(num_layers))
         self.step_proj = nn.ModuleList(nn.Linear(self.num_local * local_dim, hidden) for _ in range(num_layers))
         self.seq_blocks = nn.ModuleList(Block(hidden, num_heads, ffn_mult) for _ in range(num_layers))
@@ -50,7 +57,7 @@ class StARformer(SequenceModel):
         return dict(obs_dim=self.obs_dim, action_dim=self.action_dim, context=self.context, hidden=self.hidden,
                     local_dim=self.local_dim, num_layers=self.num_layers, num_heads=self.num_heads,
                     local_heads=self.local_heads, ffn_mult=self.ffn_mult, decoder_hidden=self.decoder_hidden,
-                    use_rtg=self.use_rtg, use_actions=self.use_actions)
+                    use_rtg=self.use_rtg, use_actions=self.use_actions, pos_init_std=self.pos_init_std)
 
     def _local_tokens(self, obs, action_prev, rtg) -> torch.Tensor:
         # obs (..., D) -> (..., N_local, local_dim)

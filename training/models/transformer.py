@@ -98,12 +98,18 @@ class Transformer(SequenceModel):
 
     def __init__(self, obs_dim: int, action_dim: int = 12, context: int = 64, hidden: int = 128,
                  num_layers: int = 4, num_heads: int = 4, ffn_mult: int = 4, decoder_hidden: int = 128,
-                 use_rtg: bool = False, use_actions: bool = False):
+                 use_rtg: bool = False, use_actions: bool = False, pos_init_std: float = 0.02):
         super().__init__(obs_dim, action_dim, context, use_rtg=use_rtg, use_actions=use_actions)
+        if not pos_init_std >= 0:
+            raise ValueError(f"transformer pos_init_std={pos_init_std}; must be >= 0")
         self.hidden, self.num_layers, self.num_heads = hidden, num_layers, num_heads
         self.ffn_mult, self.decoder_hidden = ffn_mult, decoder_hidden
         self.tokens = StepTokens(obs_dim, action_dim, hidden, use_rtg, use_actions)
+        # N(0, 0.02) as GPT-2/nanoGPT: torch's Embedding default N(0, 1) is ~2x the state tokens' scale
+        # (a Linear of normalised obs) and cost this baseline the seed 000 comparison (issue 17 sweep)
+        self.pos_init_std = float(pos_init_std)
         self.pos_embed = nn.Embedding(context, hidden)
+        nn.init.normal_(self.pos_embed.weight, std=self.pos_init_std)
         self.blocks = nn.ModuleList(Block(hidden, num_heads, ffn_mult) for _ in range(num_layers))
         self.norm = nn.LayerNorm(hidden)
         self.decoder = Decoder(hidden, decoder_hidden, action_dim)
@@ -113,7 +119,8 @@ class Transformer(SequenceModel):
     def config(self) -> dict:
         return dict(obs_dim=self.obs_dim, action_dim=self.action_dim, context=self.context, hidden=self.hidden,
                     num_layers=self.num_layers, num_heads=self.num_heads, ffn_mult=self.ffn_mult,
-                    decoder_hidden=self.decoder_hidden, use_rtg=self.use_rtg, use_actions=self.use_actions)
+                    decoder_hidden=self.decoder_hidden, use_rtg=self.use_rtg, use_actions=self.use_actions,
+                    pos_init_std=self.pos_init_std)
 
     def forward(self, obs, actions=None, rtg=None, mask=None) -> torch.Tensor:
         mask = self.check_window(obs, actions, rtg, mask)

@@ -1,0 +1,456 @@
+"""``mujoco_warp``: MuJoCo Warp, all N envs as the worlds of one batched ``Data`` on a Warp device.
+
+The same scene as ``mujoco_cpu`` (``envs.scene.build_scene``: robot MJCF, ground plane or terrain
+heightfield, the sensor readout) is moved to the device once (``mujoco_warp.put_model`` /
+``put_data(nworld=N)``); every ``RobotState`` field, every reset and push is torch on that device,
+sharing memory with Warp's arrays (``wp.to_torch``), so no state crosses to the host per step.
+
+A policy step mirrors ``mujoco_cpu``'s split, so the two backends compute the same quantities:
+
+    step2 (finish the substep begun by the last step1, with the new ctrl)
+    step x (decimation - 1)
+    step1 (position/velocity stages + their sensors at the new state)
+
+On a CUDA device that sequence is captured once as a CUDA graph and replayed (one launch per policy
+step instead of hundreds of kernel launches); on Warp's CPU device (development, tests) it runs as is.
+
+Per-world randomisation: the model fields the variant pool changes (friction, masses and the
+constants derived from them, actuator gains and force ranges) get a leading world dimension
+(``put_model(batch_sizes=...)``) filled with each env's variant, drawn by the same seeded
+``envs.scene.make_variants`` as ``mujoco_cpu``: the same seed gives the same per-env parameters.
+
+Buffers: contacts (``nconmax`` per world) and constraint rows (``njmax`` per world) are fixed at
+construction. Warp flags a world whose contacts or rows did not fit (``Data.overflow``); this backend
+checks the flags after every step and never goes on silently: it raises ``WarpBufferOverflow`` naming
+the buffer to enlarge, or (``on_overflow="terminate"``) restores and flags those worlds like diverged
+ones. Host synchronisation: one scalar pair per step (the divergence/overflow flags) and two per reset
+(the id range, the input check); no state is copied to the host.
+
+``mujoco-warp`` is an optional dependency (``pip install quadforge[gpu]``); without it building this
+backend is a one-line ``ImportError`` that says so.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Callable
+
+import mujoco
+import numpy as np
+import torch
+
+from quadforge.envs.backends.base import OVERFLOW_POLICIES, BackendConfig, RobotState, WarpConfig
+from quadforge.envs.backends.mujoco_cpu import FOOT_CONTACT_FORCE, MAX_ABS_STATE, _load_terrain
+from quadforge.layout import NUM_FEET, NUM_JOINTS
+from quadforge.envs.scene import TRACKED, Scene, build_scene, make_variants
+from quadforge.seeding import numpy_rng
+
+INSTALL_HINT = "pip install 'quadforge[gpu]' (or: pip install mujoco-warp==4.0.0)"
+# Warp's overflow bits (mujoco_warp.OverflowType) that mean contacts or constraints were dropped. The
+# solver's iteration limits (ITERATIONS, LS_ITERATIONS) are not: the step is still a valid, if less
+# converged, solution, as in MuJoCo C.
+_DROPPING = {"NEFC": "njmax", "NJMAX_NNZ": "njmax", "BROADPHASE": "nconmax", "NARROWPHASE": "nconmax",
+             "CCD": "nconmax", "HFIELD": "the heightfield resolution", "CONTACT_MATCH": "contact sensor matches"}
+# Model fields make_variants may change, in Warp's names; each is batched per world when it differs.
+_VARIANT_FIELDS = ("geom_friction", "body_mass", "body_subtreemass", "body_inertia", "body_invweight0",
+                   "dof_invweight0", "actuator_gainprm", "actuator_biasprm", "actuator_forcerange",
+                   "actuator_acc0")
+
+
+class WarpBufferOverflow(RuntimeError):
+    """Contacts or constraint rows of some worlds did not fit their per-world buffers."""
+
+
+def import_warp():
+    """``(warp, mujoco_warp)``, or an ImportError that says how to install them."""
+    try:
+        import warp as wp
+
+        # before anything initialises Warp: no banner, no line per kernel module loaded (warnings stay)
+        wp.config.quiet = True
+        wp.config.log_level = wp.LOG_WARNING
+        import mujoco_warp as mjw
+    except ImportError as err:
+        raise ImportError(f"backend 'mujoco_warp' needs the optional packages mujoco-warp and warp-lang "
+                          f"({err}); install them with: {INSTALL_HINT}") from None
+    return wp, mjw
+
+
+def available() -> bool:
+    """Whether mujoco-warp is installed here (tests skip the Warp path when not); imports nothing."""
+    import importlib.util
+
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in ("mujoco_warp", "warp"))
+    except (ImportError, ValueError):   # a module set to None in sys.modules
+        return False
+
+
+def default_buffers(model: mujoco.MjModel, has_terrain: bool) -> tuple[int, int]:
+    """(nconmax, njmax) per world for one quadruped. On a plane a contact pair yields at most a few
+    contacts: 64 is ~4x a sprawled robot's count. A heightfield yields one contact per prism a geom
+    overlaps (up to MuJoCo's 50 per pair): 256. Rows: a pyramidal friction cone of condim 3 takes 4 rows
+    per contact (elliptic: 3), plus joint limits."""
+    nconmax = 256 if has_terrain else 64
+    per_contact = 4 if model.opt.cone == mujoco.mjtCone.mjCONE_PYRAMIDAL else 3
+    return nconmax, per_contact * nconmax + int(model.njnt) + 16
+
+
+def _rotate_inverse(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """R(q)^T v for unit wxyz quaternions q (k, 4) and vectors v (k, 3): world -> body frame."""
+    w, u = q[:, :1], q[:, 1:]
+    return v * (2 * w * w - 1) - 2 * w * torch.cross(u, v, dim=1) + 2 * u * (u * v).sum(1, keepdim=True)
+
+
+class MujocoWarpBackend:
+    """``envs.backends.base.PhysicsBackend`` on MuJoCo Warp (see the module docstring)."""
+
+    def __init__(self, cfg: BackendConfig):
+        from quadforge.envs.robots import get_robot
+
+        self.cfg = cfg
+        wcfg: WarpConfig = cfg.warp if cfg.warp is not None else WarpConfig()
+        if int(cfg.num_envs) < 1:
+            raise ValueError(f"BackendConfig.num_envs must be >= 1, got {cfg.num_envs}")
+        if int(cfg.decimation) < 1:
+            raise ValueError(f"BackendConfig.decimation must be >= 1, got {cfg.decimation}")
+        if wcfg.on_overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"WarpConfig.on_overflow={wcfg.on_overflow!r}; allowed: {OVERFLOW_POLICIES}")
+        for name in ("nconmax", "njmax"):
+            v = getattr(wcfg, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"WarpConfig.{name}={v!r}; allowed: None or an integer >= 1")
+        wp, mjw = import_warp()
+        self._wp, self._mjw = wp, mjw
+        wp.init()
+        self.wp_device = self._pick_device(wcfg.device)
+        self.device = torch.device("cuda", self.wp_device.ordinal) if self.wp_device.is_cuda else torch.device("cpu")
+        self.num_envs = n = int(cfg.num_envs)
+        self.num_joints = NUM_JOINTS
+        self.sim_dt = float(cfg.sim_dt)
+        self.decimation = int(cfg.decimation)
+        self.on_overflow = wcfg.on_overflow
+        self.num_non_finite = 0
+        self.num_overflow = 0
+
+        self.robot = get_robot(cfg.robot)
+        self.scene: Scene = build_scene(self.robot, _load_terrain(cfg.terrain), self.sim_dt)
+        self.variants = make_variants(self.scene, cfg.randomization, n, numpy_rng(cfg.seed, "backend/variants"))
+        mjm = copy.deepcopy(self.scene.model)
+        # MuJoCo Warp never auto-resets (and rejects the flag): divergence is detected below, as on the CPU
+        mjm.opt.disableflags &= ~int(mujoco.mjtDisableBit.mjDSBL_AUTORESET)
+        self.mjm = mjm
+        default_con, default_j = default_buffers(mjm, self.scene.terrain is not None)
+        self.nconmax = int(wcfg.nconmax or default_con)
+        self.njmax = int(wcfg.njmax or default_j)
+
+        with self._scope():
+            batched = self._variant_fields(mjm)
+            self.m = mjw.put_model(mjm, batch_sizes={f: n for f in batched})
+            # report overflows ourselves, once, instead of a printf from every device thread
+            self.m.opt.warn_overflow = 0
+            self._fill_variants(batched)
+            # a fresh MjData (no contacts yet: put_data refuses buffers smaller than the host's contacts);
+            # the first reset below runs forward on the device
+            mjd = mujoco.MjData(mjm)
+            self.d = mjw.put_data(mjm, mjd, nworld=n, nconmax=self.nconmax, njmax=self.njmax)
+        t = wp.to_torch
+        self._qpos, self._qvel, self._ctrl = t(self.d.qpos), t(self.d.qvel), t(self.d.ctrl)
+        self._dsens = t(self.d.sensordata)                      # (N, S) float32, Warp's own
+        # Warp's step1 zeroes all of sensordata before its position/velocity sensors (MuJoCo C keeps the
+        # acceleration-stage ones): the physics saves them after the last substep, before step1
+        self._acc_saved_wp = wp.zeros_like(self.d.sensordata)
+        self._acc_saved = t(self._acc_saved_wp)
+        self._acc_cols = torch.as_tensor(self._acc_columns(mjm), device=self.device)
+        self._overflow = t(self.d.overflow)                     # (N,) int32 bitmask
+        self._reset_mask = torch.zeros(n, dtype=torch.bool, device=self.device)
+        self._reset_mask_wp = wp.from_torch(self._reset_mask, dtype=wp.bool)
+        self._dropping_bits = sum(int(getattr(mjw.OverflowType, k)) for k in _DROPPING)
+
+        s = self.scene.sensors.size
+        dev = self.device
+        self._sens = torch.zeros(n, s, device=dev)             # our readout: state is refreshed from it
+        self._reset_qpos = torch.zeros(n, mjm.nq, device=dev)   # each env's last reset state, to restore
+        self._reset_qvel = torch.zeros(n, mjm.nv, device=dev)
+        self._reset_ctrl = torch.zeros(n, mjm.nu, device=dev)
+        self._reset_sens = torch.zeros(n, s, device=dev)        # the readout right after that reset
+        self._qpos_order = torch.as_tensor(self._hinge_order(), device=dev)
+        self._state = self._allocate_state()
+        self._env_params = {
+            "friction": torch.as_tensor(self.variants.friction, dtype=torch.float32, device=dev),
+            "added_mass": torch.as_tensor(self.variants.added_mass, dtype=torch.float32, device=dev),
+            "motor_strength": torch.as_tensor(self.variants.motor_strength, dtype=torch.float32, device=dev),
+        }
+        self._graph = None
+        self._use_graph = bool(wcfg.cuda_graph) and self.wp_device.is_cuda
+        self._reset_default(torch.arange(n, device=dev))
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def state(self) -> RobotState:
+        return self._state
+
+    @property
+    def env_params(self) -> dict[str, torch.Tensor]:
+        return self._env_params
+
+    def reset(self, env_ids: torch.Tensor, root_pos_w: torch.Tensor, root_quat_w: torch.Tensor,
+              root_lin_vel_w: torch.Tensor, root_ang_vel_w: torch.Tensor,
+              joint_pos: torch.Tensor, joint_vel: torch.Tensor) -> None:
+        ids = self._ids(env_ids)
+        k = ids.numel()
+        parts = {"root_pos_w": (root_pos_w, 3), "root_quat_w": (root_quat_w, 4),
+                 "root_lin_vel_w": (root_lin_vel_w, 3), "root_ang_vel_w": (root_ang_vel_w, 3),
+                 "joint_pos": (joint_pos, NUM_JOINTS), "joint_vel": (joint_vel, NUM_JOINTS)}
+        arr = {}
+        for name, (value, dim) in parts.items():
+            a = torch.as_tensor(value).detach().to(self.device, torch.float32)
+            if tuple(a.shape) != (k, dim):
+                raise ValueError(f"reset: {name} must have shape ({k}, {dim}) for {k} env ids, got {tuple(a.shape)}")
+            arr[name] = a
+        quat = arr["root_quat_w"]
+        norm = quat.norm(dim=1, keepdim=True)
+        # one host sync validates every input at once
+        finite = [torch.isfinite(a).all() for a in arr.values()]
+        ok = torch.stack(finite + [(norm >= 1e-9).all()]).tolist()
+        for good, name in zip(ok, list(parts) + ["norm"]):
+            if not good:
+                if name == "norm":
+                    raise ValueError("reset: root_quat_w rows must be non-zero (w, x, y, z) quaternions")
+                raise ValueError(f"reset: {name} holds non-finite values")
+        quat = quat / norm
+        qpos = torch.cat([arr["root_pos_w"], quat, arr["joint_pos"][:, self._qpos_order]], dim=1)
+        # a free joint's angular velocity lives in the body frame
+        qvel = torch.cat([arr["root_lin_vel_w"], _rotate_inverse(quat, arr["root_ang_vel_w"]),
+                          arr["joint_vel"][:, self._qpos_order]], dim=1)
+        self._reset_qpos[ids] = qpos
+        self._reset_qvel[ids] = qvel
+        self._reset_ctrl[ids] = arr["joint_pos"]   # actuators are in project joint order (as on the CPU)
+        self._reset_mask.zero_()
+        self._reset_mask[ids] = True
+        self._restore_masked()
+        self._reset_sens[ids] = self._sens[ids]
+
+    def step(self, joint_targets: torch.Tensor, during: Callable[[], None] | None = None) -> torch.Tensor:
+        if tuple(joint_targets.shape) != (self.num_envs, NUM_JOINTS):
+            raise ValueError(f"step: joint_targets must have shape ({self.num_envs}, {NUM_JOINTS}), "
+                             f"got {tuple(joint_targets.shape)}")
+        self._ctrl.copy_(joint_targets.detach())
+        self._physics()
+        # the caller's work overlaps the device's (a GPU runs the step asynchronously); state still
+        # describes the state before the step until _refresh below
+        if during is not None:
+            during()
+        self._sens.copy_(torch.where(self._acc_cols, self._acc_saved, self._dsens))
+        kin = self._sens[:, self.scene.sensors.kinematic]
+        bad = ~(kin.abs().amax(dim=1) <= MAX_ABS_STATE)         # NaN compares False
+        dropped = (self._overflow & self._dropping_bits) != 0
+        any_bad, any_dropped = torch.stack([bad.any(), dropped.any()]).tolist()   # the step's one sync
+        if any_dropped:
+            self.num_overflow += int(dropped.sum())
+            if self.on_overflow == "raise":
+                raise WarpBufferOverflow(self._overflow_message(dropped))
+            bad = bad | dropped
+            any_bad = True
+        if any_bad:
+            self.num_non_finite += int((bad & ~dropped).sum())
+            self._reset_mask.copy_(bad)
+            self._restore_masked()
+            # the restored worlds read exactly their reset readout (as a fresh mj_forward gives on the CPU)
+            self._sens.copy_(torch.where(bad[:, None], self._reset_sens, self._sens))
+        self._refresh()
+        return bad
+
+    def push(self, env_ids: torch.Tensor, delta_lin_vel_w: torch.Tensor) -> None:
+        ids = self._ids(env_ids)
+        dv = torch.as_tensor(delta_lin_vel_w).detach().to(self.device, torch.float32)
+        if tuple(dv.shape) != (ids.numel(), 3):
+            raise ValueError(f"push: delta_lin_vel_w must have shape ({ids.numel()}, 3), got {tuple(dv.shape)}")
+        self._qvel[ids, 0:3] += dv
+        self._reset_mask.zero_()
+        self._reset_mask[ids] = True
+        # velocity-dependent quantities of the pending substep must see the new velocity
+        self._forward_masked()
+        self._refresh()
+
+    def terrain_height(self, xy_w: torch.Tensor) -> torch.Tensor:
+        if xy_w.shape[-1] != 2:
+            raise ValueError(f"terrain_height: points must have a last dimension of 2 (x, y), got {tuple(xy_w.shape)}")
+        if self.scene.terrain is None:
+            return torch.zeros(xy_w.shape[:-1], dtype=torch.float32, device=xy_w.device)
+        return self.scene.terrain.height_at(xy_w)
+
+    def make_camera(self, cfg):
+        """A batched camera over the worlds (``envs.backends.warp_camera.WarpCamera``): MuJoCo Warp's
+        batch ray-tracing renderer, one call renders every world."""
+        from quadforge.envs.backends.warp_camera import WarpCamera
+
+        return WarpCamera(self, cfg)
+
+    def close(self) -> None:
+        self._graph = None
+
+    # ------------------------------------------------------------------ internals
+    def _pick_device(self, name: str | None):
+        wp = self._wp
+        if name is None:
+            return wp.get_cuda_device(0) if wp.get_cuda_device_count() > 0 else wp.get_device("cpu")
+        try:
+            return wp.get_device(name)
+        except Exception as err:
+            have = [str(d) for d in wp.get_devices()]
+            raise ValueError(f"WarpConfig.device={name!r} is not available here ({err}); devices: {have}") from None
+
+    def _scope(self):
+        """Warp calls on our device, on torch's current stream when on a GPU (no cross-stream races)."""
+        wp = self._wp
+        stack = contextlib.ExitStack()
+        stack.enter_context(wp.ScopedDevice(self.wp_device))
+        if self.wp_device.is_cuda:
+            stack.enter_context(wp.ScopedStream(wp.stream_from_torch(torch.cuda.current_stream(self.device))))
+        return stack
+
+    def _variant_fields(self, mjm: mujoco.MjModel) -> list[str]:
+        """The Warp model fields whose value differs between the envs' variants."""
+        models = self.variants.models
+        if len(models) == 1:
+            return []
+        out = []
+        for name in _VARIANT_FIELDS:
+            ref = getattr(mjm, name)
+            if any(not np.array_equal(getattr(m, name), ref) for m in models):
+                out.append(name)
+        # a field make_variants changes that this list misses would silently stay nominal: refuse
+        for name in dir(mjm):
+            a = getattr(mjm, name, None)
+            if name.startswith("_") or not isinstance(a, np.ndarray) or name in out:
+                continue
+            if name in ("dof_M0",):  # MuJoCo C's own cache, not a MuJoCo Warp model field
+                continue
+            if any(getattr(m, name).shape == a.shape and not np.array_equal(getattr(m, name), a) for m in models):
+                raise NotImplementedError(f"mujoco_warp: the randomisation changes model field {name!r}, "
+                                          f"which this backend does not batch per world")
+        return out
+
+    def _fill_variants(self, fields: list[str]) -> None:
+        models, idx = self.variants.models, self.variants.env_variant
+        for name in fields:
+            per_variant = np.stack([getattr(m, name) for m in models])            # (V, ...)
+            dst = self._wp.to_torch(getattr(self.m, name))                       # (N, ...) per world
+            dst.copy_(torch.from_numpy(per_variant[idx].astype(np.float32)).reshape(dst.shape))
+
+    @staticmethod
+    def _acc_columns(m: mujoco.MjModel) -> np.ndarray:
+        """(S,) bool: the sensordata columns of acceleration-stage sensors (torques, contact forces)."""
+        cols = np.zeros(m.nsensordata, dtype=bool)
+        for i in range(m.nsensor):
+            if m.sensor_needstage[i] == mujoco.mjtStage.mjSTAGE_ACC:
+                cols[m.sensor_adr[i]:m.sensor_adr[i] + m.sensor_dim[i]] = True
+        return cols
+
+    def _hinge_order(self) -> np.ndarray:
+        """Column order taking project joint order to the model's hinge order (qpos[7:], qvel[6:])."""
+        m = self.mjm
+        adr = [m.jnt_qposadr[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, j)] - 7 for j in self.robot.joint_names]
+        order = np.empty(NUM_JOINTS, dtype=np.int64)
+        order[np.asarray(adr)] = np.arange(NUM_JOINTS)
+        return order
+
+    def _ids(self, env_ids: torch.Tensor) -> torch.Tensor:
+        ids = torch.as_tensor(env_ids).detach().to(self.device, torch.long).reshape(-1)
+        if ids.numel():
+            lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
+            if lo < 0 or hi >= self.num_envs:
+                raise ValueError(f"env_ids must lie in [0, {self.num_envs}), got min {lo} max {hi}")
+        return ids
+
+    def _run_physics(self) -> None:
+        mjw = self._mjw
+        mjw.step2(self.m, self.d)
+        for _ in range(self.decimation - 1):
+            mjw.step(self.m, self.d)
+        self._wp.copy(self._acc_saved_wp, self.d.sensordata)
+        mjw.step1(self.m, self.d)
+
+    def _physics(self) -> None:
+        wp = self._wp
+        with self._scope():
+            if not self._use_graph:
+                self._run_physics()
+                return
+            if self._graph is None:
+                self._run_physics()      # loads every kernel module first: a capture cannot compile
+                with wp.ScopedCapture(device=self.wp_device) as capture:
+                    self._run_physics()
+                self._graph = capture.graph
+                return   # a capture records without executing: the uncaptured run was this step
+            wp.capture_launch(self._graph)
+
+    def _forward_masked(self) -> None:
+        """Recompute the derived quantities and readout of the masked worlds; the others keep theirs."""
+        with self._scope():
+            self._mjw.forward(self.m, self.d)
+        # forward recomputed every world; an unmasked world's pose/velocity sensors come out the same,
+        # its torque/contact sensors must stay those that acted during its last substep
+        self._sens.copy_(torch.where(self._reset_mask[:, None], self._dsens, self._sens))
+
+    def _restore_masked(self) -> None:
+        """Put the masked worlds into their stored reset state (fresh Data: no warmstart, time 0)."""
+        mask = self._reset_mask[:, None]
+        with self._scope():
+            self._mjw.reset_data(self.m, self.d, self._reset_mask_wp)
+        self._qpos.copy_(torch.where(mask, self._reset_qpos, self._qpos))
+        self._qvel.copy_(torch.where(mask, self._reset_qvel, self._qvel))
+        self._ctrl.copy_(torch.where(mask, self._reset_ctrl, self._ctrl))
+        self._forward_masked()
+        self._refresh()
+
+    def _overflow_message(self, dropped: torch.Tensor) -> str:
+        bits = _or_all(self._overflow[dropped])
+        kinds = [k for k in _DROPPING if bits & int(getattr(self._mjw.OverflowType, k))]
+        fixes = sorted({_DROPPING[k] for k in kinds})
+        return (f"mujoco_warp: {int(dropped.sum())} of {self.num_envs} worlds overflowed {'/'.join(kinds)} "
+                f"(nconmax={self.nconmax}, njmax={self.njmax} per world): contacts or constraints were "
+                f"dropped; raise {' and '.join(fixes)} (WarpConfig / --warp-nconmax, --warp-njmax), or set "
+                f"WarpConfig.on_overflow='terminate' to end those episodes instead")
+
+    def _reset_default(self, ids: torch.Tensor) -> None:
+        """Standing pose at the origin, above the ground: a valid state before the caller's first reset."""
+        k, dev = ids.numel(), self.device
+        pos = torch.zeros(k, 3, device=dev)
+        pos[:, 2] = self.robot.nominal_base_height + float(self.terrain_height(torch.zeros(1, 2, device=dev)).max())
+        quat = torch.zeros(k, 4, device=dev)
+        quat[:, 0] = 1.0
+        q = torch.tensor(self.robot.default_joint_pos, dtype=torch.float32, device=dev).expand(k, -1)
+        z3, z12 = torch.zeros(k, 3, device=dev), torch.zeros(k, NUM_JOINTS, device=dev)
+        self.reset(ids, pos, quat, z3, z3, q, z12)
+
+    def _allocate_state(self) -> RobotState:
+        n, dev = self.num_envs, self.device
+        z = lambda *shape: torch.zeros(*shape, device=dev)  # noqa: E731
+        return RobotState(
+            root_pos_w=z(n, 3), root_quat_w=z(n, 4), root_lin_vel_w=z(n, 3), root_ang_vel_w=z(n, 3),
+            root_lin_vel_b=z(n, 3), root_ang_vel_b=z(n, 3), projected_gravity_b=z(n, 3),
+            joint_pos=z(n, NUM_JOINTS), joint_vel=z(n, NUM_JOINTS), joint_torque=z(n, NUM_JOINTS),
+            foot_pos_w=z(n, NUM_FEET, 3), foot_contact=torch.zeros(n, NUM_FEET, dtype=torch.bool, device=dev),
+            contact_forces=z(n, len(TRACKED), 3), body_names=TRACKED)
+
+    def _refresh(self) -> None:
+        """Fill every RobotState field in place from the (N, S) readout (same rules as mujoco_cpu)."""
+        s, L, st = self._sens, self.scene.sensors, self._state
+        for name, cols in L.fields().items():
+            getattr(st, name).copy_(s[:, cols])
+        st.foot_pos_w.copy_(s[:, L.foot_pos].reshape(-1, NUM_FEET, 3))
+        torch.neg(s[:, L.up_b], out=st.projected_gravity_b)
+        cf = st.contact_forces
+        torch.neg(s[:, L.contacts].reshape(-1, len(TRACKED), 3), out=cf)
+        cf[:, 5:9] -= cf[:, 9:13]   # the calf body without its foot sphere
+        foot = cf[:, 9:13]
+        torch.gt((foot * foot).sum(-1), FOOT_CONTACT_FORCE ** 2, out=st.foot_contact)
+
+
+def _or_all(x: torch.Tensor) -> int:
+    out = 0
+    for v in x.tolist():
+        out |= int(v)
+    return out

@@ -1,0 +1,326 @@
+"""The mujoco_warp backend: equivalence with mujoco_cpu on Warp's CPU device, masked resets, pushes,
+divergence and buffer-overflow handling, the gait expert and the rsl_rl runner on it.
+
+Everything that builds a Warp backend is slow-marked (a first build compiles MuJoCo Warp's kernels,
+~1-2 min here; later builds load them from Warp's kernel cache in ~10 s, and a step of a few worlds
+costs ~0.1 s on the CPU device) and skips when mujoco-warp is not installed (it is the optional extra
+``quadforge[gpu]``, not part of ``[test]``). The fast tests check what needs no Warp.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from quadforge.envs.backends import add_backend_arguments, backend_from_args, make_backend
+from quadforge.envs.backends.base import BackendConfig, RandomizationConfig, RobotState, WarpConfig
+from quadforge.envs.backends.mujoco_cpu import rotation_matrices
+from quadforge.envs.backends.mujoco_warp import _rotate_inverse, available, default_buffers
+
+torch.set_num_threads(1)
+needs_warp = pytest.mark.skipif(not available(), reason="mujoco-warp not installed (pip install 'quadforge[gpu]')")
+
+# Stated tolerances (max abs difference over envs and components, SI units) between mujoco_warp
+# (float32) and mujoco_cpu (float64) from the same state and targets, 6 envs with randomised physics.
+# "standing": targets hold the default pose, the robots settle on their feet (checked after 1, 10 and
+# 100 steps, flat and rough); "moving": every joint follows a 0.3 rad 2 Hz sine, feet slide and lift
+# (checked after 1 and 10 steps on flat ground, after 1 step on the heightfield). Measured maxima (Warp
+# 1.19 CPU device, 2026-11-24) are about 5-20x below these: standing rough after 100 steps 1.6e-4 m
+# (feet), 0.03 N (contact forces); moving flat after 10 steps 1e-6 m, 3e-5 rad/s, 2.5e-3 N.
+TOLERANCES = {"root_pos_w": 1e-3, "root_quat_w": 1e-3, "root_lin_vel_w": 1e-3, "root_ang_vel_b": 1e-3,
+              "projected_gravity_b": 1e-3, "joint_pos": 1e-3, "joint_vel": 1e-2, "joint_torque": 2e-2,
+              "foot_pos_w": 1e-3, "contact_forces": 0.2}
+# Moving feet on the heightfield after 10 steps: MuJoCo Warp builds its own contact set per heightfield
+# prism, so a foot landing across prism edges gets a slightly different set of contact points than in
+# MuJoCo C; impacts then differ by hundreds of N for one substep and the joints by ~2 rad/s. The base
+# still agrees to these (measured 1.1e-3 m, 2.9e-3, 0.029 m/s, 6.4e-3, joints 0.06 rad); beyond a few
+# dozen steps any two float32/float64 contact-rich trajectories part (the gait test compares behaviour).
+ROUGH_MOVING_10 = {"root_pos_w": 5e-3, "root_quat_w": 1e-2, "root_lin_vel_w": 0.1, "projected_gravity_b": 2e-2,
+                   "joint_pos": 0.2}
+
+
+# --- fast: no Warp needed ------------------------------------------------------------------------------
+def test_missing_mujoco_warp_is_a_one_line_error(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "mujoco_warp", None)   # import mujoco_warp -> ImportError
+    with pytest.raises(ImportError, match=r"quadforge\[gpu\]"):
+        make_backend("mujoco_warp", BackendConfig(num_envs=1))
+    from quadforge.tools.cli import main
+    code = main(["rollout", "--backend", "mujoco_warp", "--num-envs", "1", "--seconds", "0.1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "mujoco-warp" in err and "quadforge[gpu]" in err, err
+
+
+def test_warp_options_are_checked_before_anything_is_built():
+    for bad, match in [(WarpConfig(on_overflow="ignore"), "on_overflow"), (WarpConfig(nconmax=0), "nconmax"),
+                       (WarpConfig(njmax=-5), "njmax")]:
+        with pytest.raises(ValueError, match=match):
+            make_backend("mujoco_warp", BackendConfig(num_envs=1, warp=bad))
+
+
+def test_backend_arguments_parse_into_name_and_warp_config():
+    import argparse
+    p = argparse.ArgumentParser()
+    add_backend_arguments(p)
+    name, warp = backend_from_args(p.parse_args(["--backend", "mujoco_warp", "--warp-nconmax", "300",
+                                                 "--warp-device", "cpu"]))
+    assert name == "mujoco_warp" and warp == WarpConfig(device="cpu", nconmax=300)
+    assert backend_from_args(p.parse_args([]))[0] == "mujoco_cpu"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--backend", "bullet"])
+
+
+def test_rotate_inverse_is_the_transposed_rotation():
+    g = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(16, 4, generator=g, dtype=torch.float64), dim=1)
+    v = torch.randn(16, 3, generator=g, dtype=torch.float64)
+    expected = np.einsum("nji,nj->ni", rotation_matrices(q.numpy()), v.numpy())
+    np.testing.assert_allclose(_rotate_inverse(q, v).numpy(), expected, atol=1e-12)
+
+
+def test_default_buffers_grow_on_a_heightfield():
+    from quadforge.envs.robots import get_robot
+    from quadforge.envs.scene import build_scene
+    model = build_scene(get_robot("go1")).model
+    (con_flat, j_flat), (con_hf, j_hf) = default_buffers(model, False), default_buffers(model, True)
+    assert con_hf > con_flat and j_hf > j_flat and j_flat >= 3 * con_flat
+
+
+# --- slow: Warp's CPU device -----------------------------------------------------------------------------
+def _pair(terrain=None, num_envs=6, **warp):
+    cfg = BackendConfig(num_envs=num_envs, num_threads=1, seed=3, randomization=RandomizationConfig(),
+                        terrain=terrain, warp=WarpConfig(device="cpu", **warp))
+    return make_backend("mujoco_cpu", cfg), make_backend("mujoco_warp", cfg)
+
+
+def _spawn(backend, num_envs: int, rough: bool):
+    """Spawn states spread over the ground, standing pose, at rest. On the terrain: on the platforms of
+    different tiles (level k, column k), where the env spawns its robots: heightfield contacts under
+    every foot, without a landing on a slope or stair edge (whose slipping is a chaotic transient)."""
+    from quadforge.envs.vec_env import spawn_footprint
+    if rough:
+        origins = backend.scene.terrain.origins
+        rows, cols = origins.shape[:2]
+        xy = torch.stack([origins[k % rows, k % cols, :2] for k in range(num_envs)])
+    else:
+        xy = torch.stack([torch.arange(num_envs) * 1.5, torch.zeros(num_envs)], -1)
+    ground = backend.terrain_height(xy[:, None] + spawn_footprint(backend.robot, "cpu")).amax(-1)
+    pos = torch.cat([xy, (ground + backend.robot.nominal_base_height + 0.02)[:, None]], -1)
+    quat = torch.tensor([[1.0, 0.0, 0.0, 0.0]]).repeat(num_envs, 1)
+    q = torch.tensor(backend.robot.default_joint_pos, dtype=torch.float32).repeat(num_envs, 1)
+    z3, z12 = torch.zeros(num_envs, 3), torch.zeros(num_envs, 12)
+    return torch.arange(num_envs), pos, quat, z3, z3, q, z12
+
+
+def _max_diff(a: RobotState, b: RobotState) -> dict[str, float]:
+    return {name: float((getattr(a, name) - getattr(b, name)).abs().max()) for name in TOLERANCES}
+
+
+def _check(a, b, what: str, tolerances: dict[str, float] = TOLERANCES) -> None:
+    diff = _max_diff(a.state, b.state)
+    over = {k: v for k, v in diff.items() if k in tolerances and v > tolerances[k]}
+    assert not over, f"{what}: {over} (all: {diff})"
+    if tolerances is TOLERANCES:
+        assert torch.equal(a.state.foot_contact, b.state.foot_contact), f"{what}: foot contact"
+
+
+@needs_warp
+@pytest.mark.slow
+@pytest.mark.parametrize("rough", [False, True], ids=["flat", "rough"])
+def test_same_state_and_targets_give_the_same_trajectory(rough):
+    from quadforge.envs.terrain import TerrainConfig
+    n = 6
+    cpu, warp = _pair(TerrainConfig.mixed() if rough else None, n)
+    for name in ("friction", "added_mass", "motor_strength"):   # the same per-env physics
+        torch.testing.assert_close(cpu.env_params[name], warp.env_params[name])
+    assert warp.env_params["friction"].unique().numel() > 1
+    spawn = _spawn(cpu, n, rough)
+    default = torch.tensor(cpu.robot.default_joint_pos, dtype=torch.float32).repeat(n, 1)
+    for mode, steps in (("standing", 100), ("moving", 10)):
+        cpu.reset(*spawn)
+        warp.reset(*spawn)
+        _check(cpu, warp, f"{mode} after reset")
+        for t in range(1, steps + 1):
+            phase = 2 * torch.pi * 2.0 * t * cpu.sim_dt * cpu.decimation + 0.7 * torch.arange(12)
+            targets = default if mode == "standing" else default + 0.3 * torch.sin(phase)
+            bad_c, bad_w = cpu.step(targets), warp.step(targets)
+            assert not bad_c.any() and not bad_w.any()
+            if t in (1, 10, 100):
+                loose = rough and mode == "moving" and t == 10
+                _check(cpu, warp, f"{mode} after {t} steps", ROUGH_MOVING_10 if loose else TOLERANCES)
+    assert warp.num_overflow == 0
+    cpu.close()
+    warp.close()
+
+
+def _snapshot(st: RobotState) -> dict[str, torch.Tensor]:
+    return {f.name: getattr(st, f.name).clone() for f in dataclasses.fields(st) if f.name != "body_names"}
+
+
+@needs_warp
+@pytest.mark.slow
+def test_masked_reset_push_and_divergence_touch_only_their_worlds():
+    cfg = BackendConfig(num_envs=4, seed=1, warp=WarpConfig(device="cpu"))
+    a, b = make_backend("mujoco_warp", cfg), make_backend("mujoco_warp", cfg)
+    g = torch.Generator().manual_seed(0)
+    base = torch.tensor(a.robot.default_joint_pos, dtype=torch.float32).repeat(4, 1)
+    seq = [base + 0.2 * torch.randn(base.shape, generator=g) for _ in range(12)]
+    for k, tgt in enumerate(seq):
+        if k == 4:   # reset worlds 1 and 3 of b to given states
+            ids = torch.tensor([1, 3])
+            pos = torch.tensor([[1.0, 2.0, 0.4], [-1.0, 0.5, 0.35]])
+            quat = torch.tensor([[0.9238795, 0.0, 0.0, 0.3826834], [0.9950042, 0.0998334, 0.0, 0.0]])
+            lin, ang = torch.tensor([[0.5, 0.0, 0.0], [0.0, -0.2, 0.0]]), torch.tensor([[0.0, 0.0, 0.3], [0.0] * 3])
+            q = base[:2] + 0.1
+            b.reset(ids, pos, quat, lin, ang, q, torch.zeros(2, 12))
+            st = b.state
+            torch.testing.assert_close(st.root_pos_w[ids], pos)
+            torch.testing.assert_close(st.root_quat_w[ids], quat)
+            torch.testing.assert_close(st.root_lin_vel_w[ids], lin, atol=1e-6, rtol=0)
+            torch.testing.assert_close(st.root_ang_vel_w[ids], ang, atol=1e-6, rtol=0)
+            torch.testing.assert_close(st.joint_pos[ids], q)
+            torch.testing.assert_close(st.root_lin_vel_b[1], torch.tensor([0.5 * 0.7071068, -0.5 * 0.7071068, 0.0]),
+                                       atol=1e-5, rtol=0)
+            torch.testing.assert_close(st.projected_gravity_b[3], torch.tensor([0.0, -0.1986693, -0.9800666]),
+                                       atol=1e-6, rtol=0)
+        if k == 6:   # push worlds 0 and 2 of both
+            before = b.state.root_lin_vel_w.clone()
+            dv = torch.tensor([[0.5, -0.25, 0.0], [0.0, 1.0, 0.0]])
+            for x in (a, b):
+                x.push(torch.tensor([0, 2]), dv)
+            torch.testing.assert_close(b.state.root_lin_vel_w[[0, 2]] - before[[0, 2]], dv, atol=1e-5, rtol=0)
+            torch.testing.assert_close(b.state.root_lin_vel_w[[1, 3]], before[[1, 3]])
+        if k == 8:   # one joint of world 2 of b explodes
+            b._qvel[2, 7] = float("nan")
+        bad_a, bad_b = a.step(tgt), b.step(tgt)
+        assert not bad_a.any()
+        assert bad_b.tolist() == ([False, False, True, False] if k == 8 else [False] * 4)
+        if k == 8:   # world 2 is back in its last reset state: the default standing pose at the origin
+            np.testing.assert_allclose(b.state.joint_pos[2].numpy(), b.robot.default_joint_pos, atol=1e-6)
+            np.testing.assert_allclose(b.state.root_pos_w[2, :2].numpy(), 0.0, atol=1e-7)
+    assert b.num_non_finite == 1 and a.num_non_finite == 0
+    sa, sb = _snapshot(a.state), _snapshot(b.state)
+    for name, t in sb.items():
+        if t.is_floating_point():
+            assert torch.isfinite(t).all(), name
+            # the worlds nobody reset follow the same trajectory in both
+            torch.testing.assert_close(sa[name][0], sb[name][0], atol=1e-5, rtol=1e-5, msg=name)
+    a.close()
+    b.close()
+
+
+@needs_warp
+@pytest.mark.slow
+def test_buffer_overflow_is_reported_never_silent():
+    from quadforge.envs.backends.mujoco_warp import WarpBufferOverflow
+    targets = None
+    cfg = BackendConfig(num_envs=2, warp=WarpConfig(device="cpu", nconmax=1, njmax=8))
+    b = make_backend("mujoco_warp", cfg)   # four feet on the ground need more than one contact
+    targets = torch.tensor(b.robot.default_joint_pos, dtype=torch.float32).repeat(2, 1)
+    with pytest.raises(WarpBufferOverflow, match=r"nconmax=1.*raise"):
+        for _ in range(20):
+            b.step(targets)
+    assert b.num_overflow > 0
+    t = make_backend("mujoco_warp", dataclasses.replace(cfg, warp=WarpConfig(device="cpu", nconmax=1, njmax=8,
+                                                                             on_overflow="terminate")))
+    flagged = torch.zeros(2, dtype=torch.bool)
+    for _ in range(20):
+        flagged |= t.step(targets)
+        assert torch.isfinite(t.state.root_pos_w).all()
+    assert flagged.all() and t.num_overflow > 0
+    b.close()
+    t.close()
+
+
+def _walk(backend: str, commands: list[list[float]], steps: int):
+    from quadforge.envs.config import EnvConfig
+    from quadforge.envs.vec_env import LeggedEnv
+    from quadforge.experts.gait import GaitController
+
+    n = len(commands)
+    cfg = EnvConfig.flat(num_envs=n, seed=3)
+    cfg.backend_name = backend
+    cfg.backend.num_threads = 1
+    cfg.backend.warp = WarpConfig(device="cpu")
+    cfg.curriculum = False
+    cfg.randomization.push_robots = False
+    env = LeggedEnv(cfg)
+    ctrl = GaitController(env.robot, n, env.dt, gait="trot")
+    cmd = env.commands.clone()
+    cmd[:, :3] = torch.tensor(commands)
+    env.set_commands(torch.arange(n), cmd)
+    ctrl.reset(torch.arange(n))
+    falls, vel = torch.zeros(n), []
+    for t in range(steps):
+        _, _, dones, extras = env.step(ctrl.act(env.terms))
+        falls += (dones & ~extras["time_outs"]).float()
+        if t >= steps // 2:
+            vel.append(torch.stack([env.terms["base_lin_vel"][:, 0], env.terms["base_ang_vel"][:, 2]], -1))
+    env.close()
+    return falls, torch.stack(vel).mean(0)
+
+
+@needs_warp
+@pytest.mark.slow
+def test_gait_expert_walks_under_both_backends():
+    commands = [[0.0, 0.0, 0.0], [0.5, 0.0, 0.0], [-0.5, 0.0, 0.0], [0.5, 0.0, 0.5]]
+    target = torch.tensor(commands)
+    results = {b: _walk(b, commands, steps=150) for b in ("mujoco_cpu", "mujoco_warp")}
+    for backend, (falls, vel) in results.items():
+        assert falls.sum() == 0, backend
+        assert (vel[:, 0] - target[:, 0]).abs().max() < 0.15, (backend, vel)
+        assert (vel[3, 1] - 0.5).abs() < 0.15, (backend, vel)
+    # and the two walk alike (mean forward and turning speed over the second half)
+    assert (results["mujoco_cpu"][1] - results["mujoco_warp"][1]).abs().max() < 0.1, results
+
+
+@needs_warp
+@pytest.mark.slow
+def test_rsl_rl_runner_trains_under_warp(tmp_path):
+    from quadforge.experts.loaders import load_expert
+    from quadforge.training.ppo import TrainExpertConfig, train
+    tiny = {"num_steps_per_env": 4, "actor_hidden_dims": [16], "critic_hidden_dims": [16], "save_interval": 1,
+            "num_learning_epochs": 1, "num_mini_batches": 2, "env.episode_length_s": 0.1}
+    cfg = TrainExpertConfig(out=str(tmp_path / "run"), num_envs=4, iterations=1, overrides=tiny,
+                            backend="mujoco_warp", warp=WarpConfig(device="cpu"))
+    last = train(cfg)
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["iter"] == 0 and ckpt["infos"]["quadforge"]["robot"] == "go1"
+    policy = load_expert(last, num_envs=4)
+    assert policy.layout.name == "legged_gym_48"
+
+
+@needs_warp
+@pytest.mark.slow
+def test_batch_renderer_frames_every_world_and_sees_per_env_colours(monkeypatch):
+    """The camera term through MuJoCo Warp's batch renderer, on a scene with a ``front`` camera on the
+    base (here added to the robot's MJCF; the QUARD object library adds the same)."""
+    from types import SimpleNamespace
+
+    from quadforge.envs.robots import RobotSpec
+    original = RobotSpec.spec
+
+    def with_camera(self):
+        spec = original(self)
+        spec.body(self.base_body).add_camera(name="front", pos=[0.3, 0, 0], xyaxes=[0, -1, 0, 0, 0, 1], fovy=60)
+        spec.worldbody.add_geom(name="marker", type=2, size=[0.3, 0, 0], pos=[2.0, 0.0, 0.3], rgba=[1, 0, 0, 1],
+                                contype=0, conaffinity=0)
+        return spec
+
+    monkeypatch.setattr(RobotSpec, "spec", with_camera)
+    b = make_backend("mujoco_warp", BackendConfig(num_envs=2, warp=WarpConfig(device="cpu")))
+    cam = b.make_camera(SimpleNamespace(width=32, height=24, depth=True, max_depth=10.0))
+    rgb, depth = np.zeros((2, 24, 32, 3), np.uint8), np.zeros((2, 24, 32), np.float32)
+    cam.render([0, 1], rgb, depth)
+    # the red sphere 1.7 m ahead fills the image centre in both worlds; the ground is below the horizon
+    assert rgb[:, 12, 16, 0].min() > 100 and rgb[:, 12, 16, 1:].max() < 60, rgb[:, 12, 16]
+    np.testing.assert_allclose(depth[:, 12, 16], 1.4, atol=0.05)
+    marker = int(__import__("mujoco").mj_name2id(b.mjm, 5, "marker"))
+    assert (cam.segment(0)[12, 16] == marker)
+    cam.set_colour_geoms(np.array([marker]), np.array([[[1, 0, 0, 1]], [[0, 0, 1, 1]]], dtype=np.float32))
+    cam.render([0, 1], rgb)
+    assert rgb[0, 12, 16, 0] > 100 and rgb[1, 12, 16, 2] > 100 and rgb[1, 12, 16, 0] < 60, rgb[:, 12, 16]
+    cam.close()
+    b.close()

@@ -1,0 +1,93 @@
+"""`quadforge train-sweep` (equal-budget tuning) and `quadforge dagger` (expert relabelling), shrunk."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from quadforge.tools.cli import main as cli_main
+from quadforge.training.dagger import DaggerConfig, concat_episodes, run_dagger
+from quadforge.training.presets import PRESETS
+from quadforge.training.sweep import LION_LR_RATIO, SETTINGS, SWEEP_MODELS, SweepConfig, run_config
+
+from imitation_data import learnable_arrays
+
+torch.set_num_threads(1)
+
+
+def _store(path, episodes=8):
+    from quadforge.data.compaction import compact
+    from quadforge.data.writer import StagingWriter
+    from quadforge.data.synthetic import synthetic_episode, synthetic_info
+    rng = np.random.default_rng(0)
+    writer = StagingWriter(path, "c0")
+    for i in range(episodes):
+        writer.write_episode(synthetic_episode(rng, 20, success=True), synthetic_info(i, success=True))
+    compact(path)
+    return path
+
+
+def test_every_model_gets_the_same_grid_and_two_paper_settings(tmp_path):
+    assert set(SETTINGS) == set(SWEEP_MODELS) == set(PRESETS)
+    cfg = SweepConfig(data=str(_store(tmp_path / "s")), out=str(tmp_path / "o"), steps=7).validate()
+    for model in SWEEP_MODELS:
+        key, values, why = SETTINGS[model]
+        assert len(values) == 2 and why
+        for opt in ("adamw", "lion"):
+            t = run_config(model, cfg, 1e-3, opt)
+            assert (t.optim.name, t.optim.lr, t.max_steps, t.batch_size, t.seed) == (opt, 1e-3, 7, 64, 0)
+        t = run_config(model, cfg, 1e-3, "adamw", (key, values[0]))
+        got = t.model_config[key.split(".", 1)[1]] if key.startswith("model.") else getattr(t, key)
+        assert got == values[0]
+
+
+def test_sweep_runs_resumes_and_tabulates(tmp_path, capsys):
+    store = _store(tmp_path / "s")
+    argv = ["train-sweep", "--store", str(store), "--out", str(tmp_path / "o"), "--models", "mlp", "--steps", "2",
+            "--batch-size", "8", "--lrs", "1e-3", "--table", str(tmp_path / "t.md")]
+    assert cli_main(argv) == 0
+    res = json.loads((tmp_path / "o" / "sweep.json").read_text())
+    assert len(res["runs"]) == 2 + 2                       # adamw + lion, then the two context settings
+    lion = [r for r in res["runs"].values() if r["optimizer"] == "lion"]
+    assert lion[0]["lr"] == pytest.approx(1e-3 / LION_LR_RATIO)
+    chosen = res["chosen"]["mlp"]
+    stage1 = min(r["val_loss"] for r in res["runs"].values() if r["stage"] == 1)
+    stage2 = [r["val_loss"] for r in res["runs"].values() if r["stage"] == 2 and r["val_loss"] < 0.95 * stage1]
+    assert chosen["val_loss"] == min([stage1] + stage2)    # a paper setting only when > 5 % better
+    table = (tmp_path / "t.md").read_text()
+    assert table.startswith("| model |") and "| mlp |" in table and "context=16" in table
+    capsys.readouterr()
+    assert cli_main(argv) == 0                             # resumes: nothing retrained
+    assert "train mlp" not in capsys.readouterr().out
+
+
+def test_sweep_bad_input_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="--models"):
+        SweepConfig(data=str(tmp_path), out=str(tmp_path), models=("gpt",)).validate()
+    with pytest.raises(FileNotFoundError, match="--episodes"):
+        SweepConfig(data=str(tmp_path / "none"), out=str(tmp_path)).validate()
+
+
+def test_concat_keeps_episode_boundaries():
+    a, b = learnable_arrays(3, seed=0), learnable_arrays(2, seed=1)
+    c = concat_episodes([a, b])
+    assert c.num_episodes == 5 and c.num_steps == a.num_steps + b.num_steps
+    assert np.array_equal(c.episode_lengths, np.concatenate([a.episode_lengths, b.episode_lengths]))
+    assert np.array_equal(c.features["actions"][a.num_steps:], b.features["actions"])
+
+
+def test_dagger_relabels_the_learners_states_and_keeps_a_ladder(tmp_path):
+    from quadforge.data.store import TrajectoryStore
+    cfg = DaggerConfig(out=str(tmp_path / "d"), expert_episodes=4, num_envs=2, train_steps=3, batch_size=8,
+                       iterations=1, episodes_per_iter=2, finetune_steps=2, eval_terrain="flat",
+                       eval_levels="0", eval_episodes=1, max_episode_s=0.4)
+    res = run_dagger(cfg, log=lambda _: None)
+    assert [r["iteration"] for r in res["ladder"]] == [0, 1]
+    first, second = res["ladder"]
+    assert second["relabelled_episodes"] == 2 and second["init_from"] == first["checkpoint"]
+    assert 0.0 <= second["success"] <= 1.0 and 0.0 <= res["expert_eval"]["success"] <= 1.0
+    store = TrajectoryStore.open(str(tmp_path / "d" / "relabelled"))
+    feats = store.load(["actions", "applied_actions"])
+    assert not np.allclose(feats["actions"], feats["applied_actions"])   # labels are the expert's, not the driver's
+    with pytest.raises(ValueError, match="control"):
+        DaggerConfig(out=str(tmp_path / "x"), episodes_per_iter=0, iterations=1).validate()

@@ -1,0 +1,135 @@
+"""`quadforge bench scale`: env steps/s against the number of worlds for each backend, and Warp's compile time.
+
+For every available backend (``mujoco_cpu`` on all cores; ``mujoco_warp`` on the first CUDA GPU, else
+on Warp's CPU device) and a sweep of world counts: Go1 on rough terrain (legged_gym's mixed grid), the
+full ``LeggedEnv`` step (observations, rewards, terminations, resets; domain randomisation on) with
+zero actions, and the backend's own step alone. Reported: env steps/s = policy steps x worlds per
+second (median over rounds), and the build time of each backend (for ``mujoco_warp`` the first build
+in this process, which loads MuJoCo Warp's kernels from Warp's kernel cache).
+
+The full (non-quick) run also measures a cold compile: a fresh process with an empty Warp kernel cache
+(``WARP_CACHE_PATH`` in a temporary folder) builds the backend and steps it once. On a GPU the
+issue's target is >= 100k env steps/s for Go1 on rough terrain on one H100-class GPU; on this CPU-only
+machine the Warp rows are there to show the path runs, not to be fast.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from quadforge.envs.backends.base import BackendConfig, WarpConfig
+from quadforge.tools.bench.common import Table, report
+
+GPU_TARGET = 100_000   # env steps/s, Go1 rough terrain, one H100-class GPU (the issue's target)
+
+_COLD = """
+import time, sys
+t0 = time.perf_counter()
+from quadforge.envs.backends import make_backend
+from quadforge.envs.backends.base import BackendConfig, WarpConfig
+from quadforge.envs.terrain import TerrainConfig
+b = make_backend("mujoco_warp", BackendConfig(num_envs=4, terrain=TerrainConfig.mixed(),
+                                              warp=WarpConfig(device=sys.argv[1])))
+built = time.perf_counter() - t0
+b.step(b.state.joint_pos.clone())
+print(built, time.perf_counter() - t0)
+"""
+
+
+def _warp_device() -> str:
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def _env(backend: str, num_envs: int):
+    from quadforge.envs.config import EnvConfig
+    from quadforge.envs.terrain import TerrainConfig
+    from quadforge.envs.vec_env import LeggedEnv
+
+    cfg = EnvConfig(backend=BackendConfig(num_envs=num_envs, num_threads=os.cpu_count(),
+                                          warp=WarpConfig(device=_warp_device())),
+                    terrain=TerrainConfig.mixed(), backend_name=backend)
+    t0 = time.perf_counter()
+    env = LeggedEnv(cfg)
+    return env, time.perf_counter() - t0
+
+
+def _rate(fn, num_envs: int, steps: int, rounds: int, sync) -> float:
+    """Median env steps/s over ``rounds`` of ``steps`` calls of ``fn``."""
+    rates = []
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        sync()
+        rates.append(steps * num_envs / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def cold_compile_seconds(device: str) -> tuple[float, float]:
+    """(build, build + first step) seconds of the Warp backend in a fresh process with an empty kernel cache."""
+    with tempfile.TemporaryDirectory(prefix="quadforge-warp-cache-") as cache:
+        env = {**os.environ, "WARP_CACHE_PATH": cache}
+        out = subprocess.run([sys.executable, "-c", _COLD, device], env=env, capture_output=True, text=True,
+                             check=True)
+    built, first = (float(x) for x in out.stdout.strip().splitlines()[-1].split())
+    return built, first
+
+
+def measure(sweeps: dict[str, list[int]], steps: int, rounds: int) -> Table:
+    """The table: for each backend and world count, build time, env and backend-only steps/s."""
+    on_gpu = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    table = Table(f"env steps/s vs worlds, Go1 rough terrain (mixed grid), warp device {_warp_device()}",
+                  ["backend", "device", "worlds", "build s", "env steps/s", "backend steps/s"])
+    for backend, counts in sweeps.items():
+        for n in counts:
+            env, build_s = _env(backend, n)
+            b = env.backend
+            zeros = torch.zeros(n, 12, device=env.device)
+            targets = env.default_joint_pos.expand(n, -1).contiguous()
+            for _ in range(3):   # warm-up (and the CUDA-graph capture on a GPU)
+                env.step(zeros)
+            env_rate = _rate(lambda: env.step(zeros), n, steps, rounds, sync)
+            backend_rate = _rate(lambda: b.step(targets), n, steps, rounds, sync)
+            dev = str(b.device) if backend == "mujoco_warp" else f"cpu x{b.num_threads} threads"
+            table.add(backend, dev, n, round(build_s, 2), env_rate, backend_rate)
+            env.close()
+            print(f"  {backend} {n} worlds: env {env_rate:.0f} steps/s, backend {backend_rate:.0f}", flush=True)
+    return table
+
+
+def main(quick: bool = False, json_path: str | None = None) -> int:
+    from quadforge.envs.backends.mujoco_warp import available
+
+    on_gpu = torch.cuda.is_available()
+    device = _warp_device()
+    sweeps = {"mujoco_cpu": [16, 64] if quick else [16, 64, 256]}
+    if available():
+        sweeps["mujoco_warp"] = ([1024, 4096] if quick else [1024, 4096, 8192, 16384]) if on_gpu \
+            else ([16, 64] if quick else [16, 64, 256])
+    else:
+        print("mujoco_warp: not installed (pip install 'quadforge[gpu]'); only mujoco_cpu is measured")
+    steps, rounds = (5, 2) if quick else (10, 3)
+    table = measure(sweeps, steps, rounds)
+
+    tables = [table]
+    extra: dict = {"gpu": on_gpu, "gpu_target_env_steps_per_s": GPU_TARGET}
+    if "mujoco_warp" in sweeps and not quick:
+        built, first = cold_compile_seconds(device)
+        compile_table = Table("mujoco_warp cold compile (empty Warp kernel cache, rough terrain)",
+                              ["device", "build s", "build + first step s"])
+        compile_table.add(device, round(built, 1), round(first, 1))
+        tables.append(compile_table)
+    if on_gpu and "mujoco_warp" in sweeps:
+        best = max(r[4] for r in table.rows if r[0] == "mujoco_warp")
+        extra["gpu_target_met"] = best >= GPU_TARGET
+        print(f"GPU target: >= {GPU_TARGET} env steps/s; best mujoco_warp env rate {best:.0f}")
+    report("scale", tables, json_path, extra)
+    return 0

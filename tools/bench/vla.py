@@ -1,0 +1,109 @@
+"""`quadforge bench vla`: the vision-language-action models at the CPU preset (64² frames, 6-frame history).
+
+Tables:
+1. parameters (active / total) and acting latency per command of ``VLAPolicy.act`` at batch 1 and 64,
+   with a frame due for every env (the 5 Hz steps: encode the new frame with FiLM + TokenLearner, then
+   decode: RT-1's read-outs in one pass, GeRM's 12 dimensions greedily with the key/value cache). The
+   control steps in between return the held command and are not timed;
+2. training throughput (samples/s) of one optimizer step - DrQ shift, forward, (for the Q objective the
+   target network's pass over the 7 frames), backward, AdamW - on synthetic image windows
+   (``training.vla_data.ColourChoiceTask`` rendered at 64²) at the preset's batch size.
+Candidates are timed round-robin so load drift on the shared machine hits them alike; medians; one
+torch thread.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from quadforge.tools.bench.common import Table, report
+from quadforge.tools.bench.germ import interleaved_medians
+from quadforge.seeding import seed_everything
+
+MODELS = ("rt1", "germ", "germ-dense", "germ-il")
+IMAGE_SIZE = 64
+
+
+def _build(name: str, source):
+    from quadforge.training.vla import build_model, default_config, model_config
+    cfg = default_config(name, "cpu")
+    vla = model_config(cfg, source.image_size, source.instructions)
+    seed_everything(0)
+    return cfg, build_model(name, vla)
+
+
+def latency_table(batches: tuple[int, ...], repeats: int) -> Table:
+    from quadforge.experts.hierarchical import command_binner
+    from quadforge.training.vla_data import ColourChoiceTask
+    from quadforge.experts.vla import VLAPolicy
+    source = ColourChoiceTask(image_size=IMAGE_SIZE, history=6, seed=0)
+    settings = {**source.settings, "image_every": 1}     # every call takes a frame: the 5 Hz step's cost
+    cols = ["model", "active params", "total params"] + [f"ms/command batch {b}" for b in batches] + \
+        [f"ms/env batch {batches[-1]}"]
+    t = Table(f"VLA acting latency ({IMAGE_SIZE}² frames, history 6, CPU preset, {torch.get_num_threads()} threads)", cols)
+    fns, counts = {}, {}
+    for name in ("rt1", "germ", "germ-dense"):            # germ-il acts exactly like germ
+        _, model = _build(name, source)
+        counts[name] = model.parameter_counts()
+        for b in batches:
+            policy = VLAPolicy(copy.deepcopy(model), command_binner(), settings, source.instructions, b)
+            frames = source.sample(b)["frames"][:, -2]
+            obs = {"images/front_rgb": frames, "instruction": torch.arange(b) % len(source.instructions)}
+            for _ in range(6):                            # a full history, as in steady state
+                policy.act(obs)
+            fns[f"{name}/{b}"] = lambda p=policy, o=obs: p.act(o)
+    med = interleaved_medians(fns, repeats)
+    for name, c in counts.items():
+        row = [med[f"{name}/{b}"] * 1e3 for b in batches]
+        t.add(name, c["active"], c["total"], *row, row[-1] / batches[-1])
+    return t
+
+
+def throughput_table(steps: int) -> Table:
+    from quadforge.experts.hierarchical import command_binner
+    from quadforge.training.models.vla import images_to_float
+    from quadforge.training.models.vision import random_shift
+    from quadforge.training.vla import losses
+    from quadforge.training.vla_data import ColourChoiceTask
+    source = ColourChoiceTask(image_size=IMAGE_SIZE, history=6, seed=0, success_ratio=0.7569)
+    binner = command_binner()
+    t = Table(f"VLA training throughput (CPU preset, {torch.get_num_threads()} threads)",
+              ["model", "objective", "batch", "samples/s", "ms/step", "vs rt1"])
+    fns, meta = {}, {}
+    for name in MODELS:
+        cfg, model = _build(name, source)
+        model.train()
+        target = copy.deepcopy(model).eval().requires_grad_(False) if cfg.objective == "q" else None
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        table = model.frontend.prepare_instructions(source.instructions)
+        batch = source.sample(cfg.batch_size)
+
+        def one(model=model, target=target, batch=batch, cfg=cfg, opt=opt, table=table):
+            frames = random_shift(images_to_float(batch["frames"]), cfg.shift_pad)
+            terms = losses(model, target, batch, frames, table[batch["instruction"]], binner, cfg)
+            opt.zero_grad(set_to_none=True)
+            terms["loss"].backward()
+            opt.step()
+
+        fns[name], meta[name] = one, (cfg.objective, cfg.batch_size)
+    med = interleaved_medians(fns, steps, warmup=1)
+    for name, dt in med.items():
+        objective, b = meta[name]
+        t.add(name, objective, b, b / dt, dt * 1e3, med["rt1"] / dt)
+    return t
+
+
+def main(quick: bool = False, json_path: str | None = None, threads: int = 1) -> int:
+    # one thread by default, like the other model benchmarks: on this shared 2-core machine two threads
+    # per process oversubscribe the cores and turn every op into a wait (measured: ~10x slower acting
+    # at load 10); pass threads=2 on a quiet machine to see the preset's intended training speed
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        lat = latency_table((1, 64), repeats=5 if quick else 20)
+        thr = throughput_table(steps=3 if quick else 10)
+        report("vla", [lat, thr], json_path, {"quick": quick, "image_size": IMAGE_SIZE, "threads": threads})
+    finally:
+        torch.set_num_threads(before)
+    return 0

@@ -1,0 +1,229 @@
+"""`quadforge dagger`: imitation with the expert relabelling the learner's own states (DAgger).
+
+    quadforge dagger --out DIR [--store STORE] [--iterations 2] [--episodes-per-iter 96]
+                     [--train-steps 4000] [--finetune-steps 0] [--expert-drive-prob 0] [key=value ...]
+
+Iteration 0 is the demo's recipe (``tools/demo.py``): the gait expert's data on the demo's terrain
+mix, the model's ``cpu`` preset trained ``train_steps`` steps. Iteration i >= 1 (Ross et al. 2011):
+
+1. collect ``episodes_per_iter`` episodes with iteration i-1's policy driving and the gait expert
+   labelling every visited state (``collect --relabel gait``, ``collection/relabel.py``) into
+   ``OUT/relabelled`` (one store, one collector id per iteration);
+2. aggregate: the expert's episodes plus every relabelled episode so far (``actions`` = the expert's
+   label in both);
+3. train on the aggregate - from scratch for ``train_steps`` (classic DAgger) or, with
+   ``finetune_steps`` > 0, continuing from iteration i-1's weights for that many steps.
+
+``--episodes-per-iter 0`` with ``--finetune-steps`` is the control: the same optimisation on the
+expert's data alone, so a DAgger gain is not just the extra steps. ``--init-from CKPT`` starts at
+iteration 1 from an existing iteration-0 checkpoint (e.g. the control from the DAgger run's).
+
+Every iteration's policy and the expert itself are evaluated closed loop on the same sweep (the
+demo's: flat / slope_up / rough_slope, levels 0-1, walking commands, 8 s); ``OUT/dagger.json`` holds
+the ladder and is rewritten after each step, so an interrupted run keeps what it measured and a rerun
+resumes after the last finished iteration.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from quadforge.cli_flags import add_out, add_seed, add_store, require
+from quadforge.collection.collect import CollectConfig, run_local
+from quadforge.collection.evaluate import EvalConfig, evaluate, write_outputs
+from quadforge.data.episodes import EpisodeArrays
+from quadforge.data.store import TrajectoryStore
+from quadforge.layout import get_layout
+from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.training.imitation import train
+from quadforge.training.presets import preset
+
+DEMO_TERRAIN = "flat,slope_up,rough_slope,stairs_up"
+
+
+@dataclass
+class DaggerConfig:
+    out: str
+    data: str | None = None          # the expert's store; None: collect expert_episodes into OUT/expert
+    expert_episodes: int = 320       # the demo's
+    model: str = "fcnet"
+    preset: str = "cpu"
+    train_steps: int = 4000          # the demo's
+    batch_size: int = 128            # the demo's
+    iterations: int = 2
+    episodes_per_iter: int = 96
+    finetune_steps: int = 0          # > 0: iterations >= 1 continue from the previous weights this many steps
+    expert_drive_prob: float = 0.0   # DAgger's beta for iterations >= 1 (iteration 0 is all expert)
+    terrain: str = DEMO_TERRAIN
+    max_episode_s: float = 8.0
+    num_envs: int = 16
+    seed: int = 0
+    eval_terrain: str = "flat,slope_up,rough_slope"
+    eval_levels: str = "0-1"
+    eval_episodes: int = 8
+    overrides: list[str] = field(default_factory=list)   # key=value for the train config (e.g. context=64)
+    init_from: str | None = None     # an iteration-0 checkpoint to start from (not retrained, not re-evaluated)
+
+    def validate(self) -> "DaggerConfig":
+        for name in ("expert_episodes", "train_steps", "batch_size", "num_envs", "eval_episodes"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)}; must be >= 1")
+        if min(self.iterations, self.finetune_steps, self.episodes_per_iter) < 0:
+            raise ValueError(f"--iterations={self.iterations}, --finetune-steps={self.finetune_steps}, "
+                             f"--episodes-per-iter={self.episodes_per_iter}; must be >= 0")
+        if self.episodes_per_iter == 0 and self.iterations and not self.finetune_steps:
+            raise ValueError("--episodes-per-iter 0 (the no-relabelling control) needs --finetune-steps > 0: "
+                             "retraining from scratch on the same data repeats iteration 0")
+        if not 0.0 <= self.expert_drive_prob <= 1.0:
+            raise ValueError(f"--expert-drive-prob={self.expert_drive_prob}; must be in [0, 1]")
+        if self.init_from is not None and not Path(self.init_from).exists():
+            raise FileNotFoundError(f"--init-from {self.init_from}: no such checkpoint")
+        if self.data is not None and not Path(self.data).exists():
+            raise FileNotFoundError(f"--store {self.data}: no trajectory store there (omit it to collect one)")
+        return self
+
+
+def _load(store: str, features: list[str]) -> EpisodeArrays:
+    return EpisodeArrays.from_store(TrajectoryStore.open(store), features)
+
+
+def concat_episodes(parts: list[EpisodeArrays]) -> EpisodeArrays:
+    """One EpisodeArrays of several (the features they all have, and "success"), episodes in order."""
+    features = set.intersection(*(set(p.features) for p in parts))
+    offsets = np.cumsum([0] + [p.num_steps for p in parts[:-1]])
+    # the stores' episode tables differ in columns; the trainer's filters read only "success"
+    info = {}
+    if all("success" in p.episode_info for p in parts):
+        info["success"] = np.concatenate([np.asarray(p.episode_info["success"], dtype=bool) for p in parts])
+    return EpisodeArrays({n: np.concatenate([p.features[n] for p in parts]) for n in sorted(features)},
+                         np.concatenate([p.episode_ends + o for p, o in zip(parts, offsets)]), info)
+
+
+def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    cfg.validate()
+    torch.set_num_threads(1)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "dagger.json"
+    res: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    res["config"] = asdict(cfg)
+    ladder: list[dict[str, Any]] = res.setdefault("ladder", [])
+
+    def save() -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(res, indent=1, default=str))
+        os.replace(tmp, path)
+
+    def evaluate_policy(policy: str, name: str) -> dict[str, Any]:
+        ecfg = EvalConfig(policy=policy, out=str(out / "eval" / name), terrain=cfg.eval_terrain,
+                          levels=cfg.eval_levels, episodes=cfg.eval_episodes, commands=["walking"],
+                          num_envs=cfg.num_envs, seed=cfg.seed, max_episode_s=cfg.max_episode_s, progress=False)
+        result = evaluate(ecfg, log=lambda _: None)
+        write_outputs(result, ecfg.out)
+        o = result["overall"]
+        return {k: o[k] for k in ("success", "return", "fall", "lin_vel_error", "episodes")}
+
+    expert_store = cfg.data or str(out / "expert")
+    if cfg.data is None:
+        log(f"[dagger] collecting {cfg.expert_episodes} gait-expert episodes on {cfg.terrain} -> {expert_store}")
+        run_local(CollectConfig(out=expert_store, episodes=cfg.expert_episodes, policy="gait", terrain=cfg.terrain,
+                                skills="walking", num_envs=cfg.num_envs, seed=cfg.seed,
+                                max_episode_s=cfg.max_episode_s, compact_every=0, progress=False))
+    if "expert_eval" not in res:
+        log("[dagger] evaluating the gait expert")
+        res["expert_eval"] = evaluate_policy("gait", "gait")
+        save()
+    log(f"[dagger] expert success {res['expert_eval']['success']:.3f}")
+
+    features = list(get_layout("proprio").term_names) + ["actions"]
+    expert = _load(expert_store, features)
+    relabelled = str(out / "relabelled")
+    if cfg.init_from and not ladder:
+        ladder.append({"iteration": 0, "checkpoint": cfg.init_from, "reused": True})
+    previous = ladder[-1]["checkpoint"] if ladder else None
+    for it in range(len(ladder), cfg.iterations + 1):
+        t0 = time.perf_counter()
+        parts = [expert]
+        if it > 0 and cfg.episodes_per_iter:   # 0: the control, same optimisation without relabelled data
+            target = it * cfg.episodes_per_iter
+            log(f"[dagger] iteration {it}: {previous} drives, the gait expert labels -> {relabelled} ({target} episodes)")
+            collected = run_local(CollectConfig(
+                out=relabelled, episodes=target, policy=previous, relabel="gait",
+                expert_drive_prob=cfg.expert_drive_prob, terrain=cfg.terrain, skills="walking",
+                num_envs=cfg.num_envs, seed=cfg.seed, max_episode_s=cfg.max_episode_s,
+                collector_id=f"dagger{it}", compact_every=0, progress=False))
+            driven_success = collected.get("run", {}).get("success_ratio")
+            parts.append(_load(relabelled, features))
+        data = concat_episodes(parts) if len(parts) > 1 else expert
+        tcfg = preset(cfg.model, cfg.preset)
+        overrides = parse_overrides(cfg.overrides)
+        model_keys = {k: v for k, v in overrides.items() if k.startswith("model.")}
+        apply_overrides(tcfg, {k: v for k, v in overrides.items() if k not in model_keys})
+        tcfg.model_config.update({k.split(".", 1)[1]: v for k, v in model_keys.items()})
+        tcfg.seed, tcfg.batch_size, tcfg.tensorboard = cfg.seed, cfg.batch_size, False
+        tcfg.max_steps = cfg.train_steps
+        if it > 0 and cfg.finetune_steps:
+            tcfg.max_steps, tcfg.init_from = cfg.finetune_steps, previous
+        tcfg.val_every = tcfg.log_every = max(1, tcfg.max_steps // 4)
+        log(f"[dagger] iteration {it}: training {cfg.model} on {data.num_episodes} episodes / {data.num_steps} steps, "
+            f"{tcfg.max_steps} steps" + (f" from {previous}" if tcfg.init_from else ""))
+        t1 = time.perf_counter()
+        trained = train(tcfg, data, out / f"iter{it}")
+        train_s = time.perf_counter() - t1
+        val = [h["val_loss"] for h in trained.history if "val_loss" in h]
+        ev = evaluate_policy(str(trained.checkpoint), f"iter{it}")
+        row = {"iteration": it, "checkpoint": str(trained.checkpoint), "data_episodes": data.num_episodes,
+               "data_steps": data.num_steps, "relabelled_episodes": data.num_episodes - expert.num_episodes,
+               "train_steps": tcfg.max_steps, "init_from": tcfg.init_from, "val_loss": val[-1] if val else None,
+               "train_s": train_s, "wall_s": time.perf_counter() - t0, **ev}
+        if it > 0 and cfg.episodes_per_iter:
+            row["driver_success_while_collecting"] = driven_success
+        ladder.append(row)
+        save()
+        previous = row["checkpoint"]
+        log(f"[dagger] iteration {it}: val {row['val_loss']:.4g}, success {ev['success']:.3f} "
+            f"(expert {res['expert_eval']['success']:.3f}), {row['wall_s']:.0f}s")
+    return res
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = DaggerConfig(out="")
+    add_out(p, "stores, checkpoints, evaluations and dagger.json (the ladder; a rerun resumes)")
+    add_store(p, "the expert's episodes (default: collect the demo's into OUT/expert)")
+    p.add_argument("--expert-episodes", type=int, default=d.expert_episodes,
+                   help="gait-expert episodes collected when --store is not given")
+    p.add_argument("--model", default=d.model, help="imitation model (training.models)")
+    p.add_argument("--preset", default=d.preset, help="the model's training preset")
+    p.add_argument("--iterations", type=int, default=d.iterations, help="DAgger iterations after the expert-only one")
+    p.add_argument("--episodes-per-iter", type=int, default=d.episodes_per_iter,
+                   help="relabelled episodes collected per iteration (0 with --finetune-steps: the control)")
+    p.add_argument("--train-steps", type=int, default=d.train_steps, help="optimizer steps of iteration 0")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="windows per optimizer step")
+    p.add_argument("--finetune-steps", type=int, default=d.finetune_steps,
+                   help="> 0: iterations >= 1 continue from the previous weights for this many steps")
+    p.add_argument("--expert-drive-prob", type=float, default=d.expert_drive_prob, help="DAgger's beta")
+    add_seed(p, d.seed)
+    p.add_argument("--episodes-per-cell", type=int, default=d.eval_episodes,
+                   help="evaluation episodes per terrain type x level")
+    p.add_argument("--init-from", default=None, help="iteration-0 checkpoint to start from instead of training one")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="train config overrides, e.g. context=64")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = DaggerConfig(out=require(args, "out", "--out"), data=args.store, expert_episodes=args.expert_episodes, model=args.model,
+                       preset=args.preset, iterations=args.iterations, episodes_per_iter=args.episodes_per_iter,
+                       train_steps=args.train_steps, batch_size=args.batch_size, finetune_steps=args.finetune_steps,
+                       expert_drive_prob=args.expert_drive_prob, seed=args.seed, eval_episodes=args.episodes_per_cell,
+                       overrides=list(args.overrides), init_from=args.init_from)
+    res = run_dagger(cfg)
+    print(json.dumps({"expert": res["expert_eval"]["success"],
+                      "ladder": [(r["iteration"], r.get("success")) for r in res["ladder"]]}))
+    return 0

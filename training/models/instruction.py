@@ -1,0 +1,127 @@
+"""Instruction encoders: text -> one embedding e (B, E) that FiLM conditions the image trunk on.
+
+Two interchangeable encoders (``INSTRUCTION_ENCODERS``), both used in two steps so a batch never
+re-tokenises text: ``prepare(texts) -> tensor`` once per instruction table (the env's / the store's
+list of strings), then ``forward(prepared[instruction_index]) -> (B, out_dim)`` per batch.
+
+- ``words`` (default): a learned encoder over the task vocabulary. Words are lower-cased alphanumeric
+  runs; ids 0 = padding, 1 = unknown word (a held-out colour the training table never named), 2.. the
+  vocabulary in sorted order (stored in the config, so a checkpoint rebuilds it alone):
+
+      h = TransformerEncoderLayer(WordEmbed(w) + Pos)      (B, L, E)    one pre-norm layer: word order
+      e = LayerNorm(mean over the real words of h)          (B, E)       matters ("red cube ... blue ball")
+
+- ``wordllama``: a frozen pretrained static sentence embedding (the ``wordllama`` package's 256-D
+  ``l2_supercat`` model, which ships its weights inside the wheel; loaded with downloads disabled) as the
+  stand-in for RT-1's Universal Sentence Encoder, which cannot be downloaded here. ``prepare`` returns
+  the L2-normalised 256-D vectors and ``forward`` passes them through; the learned FiLM projections are
+  what adapts them. It is an average of token embeddings, so it ignores word order: two instructions
+  that differ only by swapping two words get the same vector (``go_avoid``'s "X ... avoid Y" relies on
+  the words themselves, which differ). The package is an optional extra: ``pip install quadforge[lang]``.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+INSTRUCTION_ENCODERS = ("words", "wordllama")
+PAD, UNK = 0, 1
+WORDLLAMA_DIM = 256
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def words_of(text: str) -> list[str]:
+    return _WORD.findall(str(text).lower())
+
+
+def build_vocabulary(texts: Sequence[str]) -> list[str]:
+    """Sorted unique words of an instruction table (the word encoder's vocabulary)."""
+    return sorted({w for t in texts for w in words_of(t)})
+
+
+class WordTokenEncoder(nn.Module):
+    def __init__(self, vocab: Sequence[str], dim: int = 128, max_words: int = 24, num_heads: int = 4):
+        super().__init__()
+        if not vocab:
+            raise ValueError("word instruction encoder needs a non-empty vocabulary (the task's instruction table)")
+        if dim % num_heads:
+            raise ValueError(f"word encoder dim={dim} must be divisible by num_heads={num_heads}")
+        self.vocab = list(vocab)
+        self.index = {w: i + 2 for i, w in enumerate(self.vocab)}
+        self.max_words, self.out_dim = int(max_words), int(dim)
+        self.embed = nn.Embedding(len(self.vocab) + 2, dim, padding_idx=PAD)
+        self.pos = nn.Parameter(torch.zeros(self.max_words, dim))
+        nn.init.normal_(self.pos, std=0.02)
+        self.layer = nn.TransformerEncoderLayer(dim, num_heads, 2 * dim, dropout=0.0, activation="gelu",
+                                                batch_first=True, norm_first=True)
+        self.norm = nn.LayerNorm(dim)
+
+    def prepare(self, texts: Sequence[str]) -> torch.Tensor:
+        """texts (K strings) -> word ids (K, max_words) long, 0-padded; too-long instructions are an error."""
+        rows = []
+        for text in texts:
+            ids = [self.index.get(w, UNK) for w in words_of(text)]
+            if not ids:
+                raise ValueError(f"instruction {text!r} has no words")
+            if len(ids) > self.max_words:
+                raise ValueError(f"instruction {text!r} has {len(ids)} words; the encoder takes at most "
+                                 f"{self.max_words} (config max_words)")
+            rows.append(ids + [PAD] * (self.max_words - len(ids)))
+        return torch.tensor(rows, dtype=torch.long)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, L) -> e (B, E)."""
+        real = ids != PAD                                                    # (B, L)
+        h = self.layer(self.embed(ids) + self.pos[: ids.shape[1]], src_key_padding_mask=~real)  # (B, L, E)
+        h = (h * real[..., None]).sum(1) / real.sum(1, keepdim=True).clamp_min(1)            # (B, E)
+        return self.norm(h)
+
+
+def load_wordllama() -> Any:
+    """The wordllama 256-D model from the files inside its wheel (never a download); a clear error when
+    the package is missing."""
+    try:
+        import wordllama
+        from wordllama import WordLlama
+    except ImportError as err:
+        raise ImportError("instruction encoder 'wordllama' needs the wordllama package: "
+                          "pip install 'quadforge[lang]' (its weights ship inside the wheel)") from err
+    # The wheel holds weights/ and tokenizers/; 0.4.0 looks for the tokenizer in "<package>/tokenizer/"
+    # (singular) and then in "<cache_dir>/tokenizers/", so pointing cache_dir at the package itself finds
+    # both shipped files and nothing is fetched (or written to ~/.cache).
+    return WordLlama.load(dim=WORDLLAMA_DIM, disable_download=True, cache_dir=Path(wordllama.__file__).parent)
+
+
+class WordLlamaEncoder(nn.Module):
+    """Frozen wordllama sentence vectors; ``prepare`` computes them, ``forward`` passes them through."""
+
+    out_dim = WORDLLAMA_DIM
+
+    def __init__(self):
+        super().__init__()
+        self._model = None
+
+    def prepare(self, texts: Sequence[str]) -> torch.Tensor:
+        if self._model is None:
+            self._model = load_wordllama()
+        vectors = self._model.embed([str(t) for t in texts], norm=True)
+        return torch.as_tensor(vectors, dtype=torch.float32)                 # (K, 256)
+
+    def forward(self, vectors: torch.Tensor) -> torch.Tensor:
+        if vectors.ndim != 2 or vectors.shape[1] != WORDLLAMA_DIM:
+            raise ValueError(f"wordllama encoder expects prepared vectors (B, {WORDLLAMA_DIM}), "
+                             f"got {tuple(vectors.shape)}")
+        return vectors
+
+
+def build_instruction_encoder(kind: str, vocab: Sequence[str] = (), dim: int = 128,
+                              max_words: int = 24) -> nn.Module:
+    if kind == "words":
+        return WordTokenEncoder(vocab, dim, max_words)
+    if kind == "wordllama":
+        return WordLlamaEncoder()
+    raise ValueError(f"instruction encoder {kind!r} unknown; allowed: {INSTRUCTION_ENCODERS}")

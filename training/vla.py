@@ -1,0 +1,382 @@
+"""Training and deployment of the vision-language-action models (seed 003 §IV-C, Table III baselines).
+
+    quadforge train --model rt1|germ|germ-dense|germ-il --store IMAGE_STORE --out DIR [--preset cpu|paper]
+
+- ``rt1``: the RT-1-style model (dense decoder, non-autoregressive read-outs), cross-entropy on the bins of
+  the demonstrations (successful episodes only, as behaviour cloning).
+- ``germ``: MoE decoder, conservative discretised Q-learning over the 12 command dimensions with the loss
+  terms of ``training.qlearning`` (Eq. 2 targets with the next-step target for the last dimension, the
+  Monte-Carlo lower bound, the conservative term, EMA target network); successes:failures mixed
+  75.69 %:24.31 % per batch. The 7th frame of each window enters only the target's next-step window.
+- ``germ-dense``: the same with dense FFNs at the MoE's active parameter count (GeRM w/o MoE).
+- ``germ-il``: the MoE network trained by cross-entropy on the demonstrations (GeRM w/o RL).
+
+Frames are augmented by DrQ random shifts (``shift_pad`` pixels) during training only. Commands are
+binned per dimension: ``bins="controller"`` (default) uses the gait controller's executable ranges
+(``training.binning.controller_command_ranges``), ``bins="data"`` fits uniform edges to the source's
+commands. Checkpoints are self-contained (model config incl. vocabulary, bin edges, the instruction table
+with its prepared encoder inputs, task/camera settings, target network) and deploy alone through
+``experts.registry.load_policy`` (``experts.vla.load_vla``, found by ``extra["policy_kind"] == "vla"``).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quadforge.experts.hierarchical import command_binner
+from quadforge.experts.vla import POLICY_KIND
+from quadforge.training.binning import ActionBinner, fit_binner
+from quadforge.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
+from quadforge.training.models.germ_vla import GeRMVLA
+from quadforge.training.models.instruction import build_vocabulary
+from quadforge.training.models.rt1 import RT1
+from quadforge.training.models.vision import random_shift
+from quadforge.training.models.vla import VLAConfig, images_to_float
+from quadforge.training.models.vla_zoo import VLA_MODELS, build_vla_model
+from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
+from quadforge.training.qlearning import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, conservative_loss,
+                                          ema_update, td_loss, with_mc_lower_bound)
+from quadforge.training.vla_data import ImageWindowSource, check_batch, open_image_source
+from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.seeding import seed_everything
+
+BIN_SOURCES = ("controller", "data")
+
+
+def _cpu_model(**kw: Any) -> dict[str, Any]:
+    """2-core preset: 64² frames through a 3-stage MBConv trunk (8×8 map), 8 tokens/frame, 6 frames,
+    4 decoder layers of width 128 (GeRM: 8 experts of width 256, top-2)."""
+    return dict(history=6, d_model=128, tokens_per_frame=8, token_hidden=64, num_layers=4, num_heads=4,
+                ffn_hidden=256, word_dim=128,
+                image=dict(stem_channels=16, stages=((24, 2, 1), (32, 2, 1), (48, 1, 1)), expand_ratio=4), **kw)
+
+
+# EfficientNet-B3's stage widths/strides/repeats (stem 40): at 300² its 10×10 map is RT-1's ~81 tokens
+_B3_STAGES = ((24, 1, 2), (32, 2, 3), (48, 2, 3), (96, 2, 5), (136, 1, 5), (232, 2, 6), (384, 1, 2))
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "cpu": {
+        "rt1": _cpu_model(),
+        "germ": _cpu_model(moe=True),
+        "germ-dense": _cpu_model(moe=True),   # made dense at the MoE's active size by build_model
+        "germ-il": _cpu_model(moe=True),
+    },
+    # GPU sizes. RT-1: 8 layers, 8 heads, width 512, FFN 512 (RT-1's published decoder). GeRM: its code's
+    # 8 layers, d_model 256, 8 heads, 8 experts of hidden 1024, top-2. Both over a B3-sized trunk.
+    "paper": {
+        "rt1": dict(history=6, d_model=512, num_layers=8, num_heads=8, ffn_hidden=512, word_dim=512,
+                    image=dict(stem_channels=40, stages=_B3_STAGES, expand_ratio=6)),
+        **{m: dict(history=6, d_model=256, num_layers=8, num_heads=8, ffn_hidden=1024, moe=True, word_dim=256,
+                   image=dict(stem_channels=40, stages=_B3_STAGES, expand_ratio=6))
+           for m in ("germ", "germ-dense", "germ-il")},
+    },
+}
+
+
+@dataclass
+class VLATrainConfig:
+    model_name: str = "rt1"
+    preset: str = "cpu"
+    model: dict[str, Any] = field(default_factory=dict)   # VLAConfig.make kwargs (image size/vocab from data)
+    instruction: str = "words"           # "words" | "wordllama"
+    objective: str = "ce"                # "ce" (rt1, germ-il) | "q" (germ, germ-dense)
+    batch_size: int = 32
+    max_steps: int = 2000
+    shift_pad: int = 4                   # DrQ random shift in pixels (0: off)
+    bins: str = "controller"             # "controller" | "data"
+    num_bins: int = 256
+    gamma: float = 0.98
+    alpha: float = 1.0                   # conservative weight (Q-T paper 1; GeRM code 0.1)
+    tau: float = 0.999
+    mc_lower_bound: bool = True
+    mc_bound_dims: str = "last"
+    success_ratio: float | None = SEED003_SUCCESS_RATIO
+    success_only: bool = False
+    log_every: int = 50
+    val_every: int = 500
+    val_batches: int = 4
+    seed: int = 0
+    # β2 = 0.95, not Adam's 0.999: the first steps' gradients (12 heads × 256 bins from uniform) are
+    # large and a 1000-step second-moment memory then shrinks the steps for the small, late signal that
+    # ties the action to the instruction (measured on the colour task: stuck at chance for 1200 steps
+    # with 0.999, learned within ~400 with 0.95)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.01,
+                                                                   warmup_frac=0.05))
+
+    def validate(self) -> None:
+        if self.model_name not in VLA_MODELS:
+            raise ValueError(f"VLA model {self.model_name!r} unknown; allowed: {VLA_MODELS}")
+        if self.objective not in ("ce", "q"):
+            raise ValueError(f"VLA objective {self.objective!r} unknown; allowed: ('ce', 'q')")
+        if self.bins not in BIN_SOURCES:
+            raise ValueError(f"VLA bins {self.bins!r} unknown; allowed: {BIN_SOURCES}")
+        if self.mc_bound_dims not in MC_BOUND_DIMS:
+            raise ValueError(f"mc_bound_dims {self.mc_bound_dims!r} unknown; allowed: {MC_BOUND_DIMS}")
+        for name in ("batch_size", "max_steps", "log_every", "val_every", "val_batches", "num_bins"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"VLA train config {name}={getattr(self, name)}; must be >= 1")
+        if self.shift_pad < 0:
+            raise ValueError(f"shift_pad={self.shift_pad}; must be >= 0")
+        if self.success_ratio is not None and not 0.0 <= self.success_ratio <= 1.0:
+            raise ValueError(f"success_ratio={self.success_ratio}; must be in [0, 1] or None")
+        self.optim.validate()
+
+
+def default_config(model_name: str, preset: str | None = None) -> VLATrainConfig:
+    if model_name not in VLA_MODELS:
+        raise ValueError(f"VLA model {model_name!r} unknown; allowed: {VLA_MODELS}")
+    preset = preset or "cpu"
+    if preset not in PRESETS:
+        raise ValueError(f"VLA preset {preset!r} unknown; allowed: {sorted(PRESETS)}")
+    cfg = VLATrainConfig(model_name=model_name, preset=preset, model=copy.deepcopy(PRESETS[preset][model_name]))
+    if model_name in ("rt1", "germ-il"):   # imitation of the demonstrations
+        cfg.objective, cfg.success_only, cfg.success_ratio = "ce", True, None
+    else:
+        cfg.objective = "q"
+    return cfg
+
+
+def model_config(cfg: VLATrainConfig, image_size: tuple[int, int], instructions: list[str]) -> VLAConfig:
+    """The VLAConfig for a source: image size from its camera, vocabulary from its instruction table."""
+    kw = dict(cfg.model)
+    kw.update(instruction=cfg.instruction, num_bins=cfg.num_bins, action_dim=12)
+    if cfg.instruction == "words":
+        kw["vocab"] = tuple(build_vocabulary(instructions))
+    vla = VLAConfig.make(image_size=tuple(image_size), **kw)
+    return vla.dense_matched() if cfg.model_name == "germ-dense" else vla
+
+
+build_model = build_vla_model
+
+
+# --- the objectives --------------------------------------------------------------------------------
+
+def _windows(model: nn.Module, frames: torch.Tensor, mask: torch.Tensor, instruction: torch.Tensor):
+    """Current window (frames 0..T-1 of the T+1) through the front-end -> (tokens, valid, rank)."""
+    t = model.cfg.history
+    return model.frontend(frames[:, :t], mask[:, :t], instruction)
+
+
+@torch.no_grad()
+def q_targets(target: GeRMVLA, frames: torch.Tensor, mask: torch.Tensor, instruction: torch.Tensor,
+              bins: torch.Tensor, batch: Mapping[str, torch.Tensor], cfg: VLATrainConfig) -> torch.Tensor:
+    """Eq. 2 targets (B, d) from the target network; all T+1 frames are encoded once (frame tokens do
+    not depend on the window), then assembled into the current and the next-step window."""
+    fe, t = target.frontend, target.cfg.history
+    e = fe.embed_instruction(instruction)
+    frame_tokens = fe.encode_frames(frames, mask, e)                              # (B, T+1, S, D)
+    now = fe.assemble(frame_tokens[:, :t], mask[:, :t], e)
+    nxt = fe.assemble(frame_tokens[:, 1:], mask[:, 1:], e)
+    q_same = torch.sigmoid(target.logits_from_tokens(*now, bins[:, :-1]).logits)   # (B, d, K)
+    q_next = torch.sigmoid(target.logits_from_tokens(*nxt).logits[:, 0])           # (B, K)
+    bootstrap = ~(batch["done"].bool() | batch["last"].bool())
+    y = bellman_targets(q_same, q_next, batch["reward"], batch["discount"], bootstrap)
+    return with_mc_lower_bound(y, batch["mc_return"], cfg.mc_bound_dims) if cfg.mc_lower_bound else y
+
+
+def losses(model: nn.Module, target: nn.Module | None, batch: Mapping[str, torch.Tensor], frames: torch.Tensor,
+           instruction: torch.Tensor, binner: ActionBinner, cfg: VLATrainConfig) -> dict[str, torch.Tensor]:
+    """All loss terms of one batch (``loss`` is minimised). ``frames`` (B, T+1, 3, H, W) float (augmented),
+    ``instruction`` the prepared encoder inputs of each row."""
+    mask = batch["frame_mask"].bool()
+    bins = binner.encode(batch["action"])                                         # (B, d)
+    tokens = _windows(model, frames, mask, instruction)
+    if isinstance(model, RT1):
+        out = model.logits_from_tokens(*tokens)
+    else:
+        out = model.logits_from_tokens(*tokens, bins[:, :-1])                     # teacher-forced (B, d, K)
+    if cfg.objective == "ce":
+        ce = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), bins.reshape(-1))
+        acc = (out.logits.argmax(-1) == bins).float().mean()
+        return {"loss": ce + out.aux_loss, "ce": ce, "aux": out.aux_loss, "bin_accuracy": acc.detach()}
+    q = torch.sigmoid(out.logits)
+    y = q_targets(target, frames, mask, instruction, bins, batch, cfg)
+    td, cons = td_loss(q, bins, y), conservative_loss(q, bins)
+    q_data = q.gather(-1, bins[..., None])[..., 0]
+    return {"loss": td + cfg.alpha * cons + out.aux_loss, "td": td, "conservative": cons, "aux": out.aux_loss,
+            "q_data": q_data.mean().detach(), "target": y.mean()}
+
+
+@torch.no_grad()
+def act_bins(model: nn.Module, frames: torch.Tensor, mask: torch.Tensor, instruction: torch.Tensor) -> torch.Tensor:
+    """Greedy bins (B, d) for windows of T float frames."""
+    return model.act_from_tokens(*model.frontend(frames, mask, instruction))
+
+
+def _filter(batch: dict[str, torch.Tensor], cfg: VLATrainConfig) -> dict[str, torch.Tensor]:
+    """Imitation trains on demonstrations: drop failed rows when success_only (the source should also
+    be asked for successes only; this guards a source that mixes them anyway)."""
+    if not cfg.success_only:
+        return batch
+    keep = batch["success"] > 0.5
+    if bool(keep.all()):
+        return batch
+    if not bool(keep.any()):
+        raise ValueError("success_only: the source returned a batch without one successful row")
+    return {k: v[keep] for k, v in batch.items()}
+
+
+# --- training --------------------------------------------------------------------------------------
+
+def train(cfg: VLATrainConfig, source: ImageWindowSource, out_dir: str | Path, device: str = "cpu",
+          val_source: ImageWindowSource | None = None, resume: bool = False,
+          provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Train on any ImageWindowSource; writes OUT/last.pt; returns a summary (history, model, binner)."""
+    cfg.validate()
+    seed_everything(cfg.seed)
+    dev = torch.device(device)
+    out = Path(out_dir)
+    instructions = list(source.instructions)
+    vla = model_config(cfg, tuple(source.image_size), instructions)
+    if vla.history != int(source.history):
+        raise ValueError(f"the source gives {source.history}-frame windows, the model's history is {vla.history}")
+    model = build_model(cfg.model_name, vla).to(dev)
+    ckpt = None
+    if resume:
+        ckpt = load_checkpoint(latest_checkpoint(out), map_location="cpu")
+        if ckpt.model_name != cfg.model_name or ckpt.model_config != vla.to_dict():
+            raise ValueError(f"{out}: checkpoint holds {ckpt.model_name!r} with a different config; "
+                             "resume with the same model, preset and data")
+        load_state(model, ckpt)
+        binner = ActionBinner.from_dict(ckpt.extra["binner"])
+    elif cfg.bins == "controller":
+        binner = command_binner(cfg.num_bins)
+    else:
+        commands = getattr(source, "commands", None)
+        if commands is None:
+            raise ValueError("bins='data' needs a source with commands() (the stored 12-D commands)")
+        binner = fit_binner(commands(), cfg.num_bins, "uniform")
+    binner = ActionBinner(binner.edges.to(dev))
+    table = model.frontend.prepare_instructions(instructions).to(dev)           # (K, ...) prepared inputs
+    target = copy.deepcopy(model).eval().requires_grad_(False) if cfg.objective == "q" else None
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.max_steps)
+    start = 0
+    if ckpt is not None:
+        optimizer.load_state_dict(ckpt.optimizer)
+        scheduler.load_state_dict(ckpt.scheduler)
+        start = ckpt.step
+        if target is not None:
+            target.load_state_dict(ckpt.extra["target_state_dict"])
+        if "torch_rng" in ckpt.extra:
+            torch.set_rng_state(ckpt.extra["torch_rng"])
+    counts = model.parameter_counts()
+
+    def prepare(batch: Mapping[str, torch.Tensor], augment: bool):
+        check_batch(batch, vla.history, vla.image.image_size)
+        batch = _filter({k: v.to(dev) for k, v in batch.items()}, cfg)
+        frames = images_to_float(batch["frames"])                                 # (B, T+1, 3, H, W)
+        if augment and cfg.shift_pad:
+            frames = random_shift(frames, cfg.shift_pad)
+        return batch, frames, table[batch["instruction"]]
+
+    def save(step: int) -> None:
+        extra = {"policy_kind": POLICY_KIND, "binner": {"edges": binner.edges.cpu()},
+                 "settings": dict(source.settings), "instructions": instructions,
+                 "instruction_inputs": table.cpu(), "action_space": "command", "torch_rng": torch.get_rng_state()}
+        if target is not None:
+            extra["target_state_dict"] = {k: v.detach().cpu() for k, v in target.state_dict().items()}
+        c = Checkpoint(model_name=cfg.model_name, model_config=vla.to_dict(),
+                       state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
+                       layout={"name": "vla", "terms": ["images/front_rgb", "instruction"]},
+                       provenance={**dict(provenance or {}), "parameters": counts},
+                       optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=step,
+                       seed=cfg.seed, train_config=dataclasses.asdict(cfg), extra=extra)
+        save_checkpoint(out / "last.pt", c)
+
+    history: list[dict[str, float]] = []
+    val_history: list[dict[str, float]] = []
+    model.train()
+    t0, seen = time.perf_counter(), 0
+    for step in range(start, cfg.max_steps):
+        batch, frames, instruction = prepare(source.sample(cfg.batch_size), augment=True)
+        terms = losses(model, target, batch, frames, instruction, binner, cfg)
+        optimizer.zero_grad(set_to_none=True)
+        terms["loss"].backward()
+        grad_norm = clip_gradients(model, cfg.optim.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        if target is not None:
+            ema_update(target, model, cfg.tau)
+        seen += frames.shape[0]
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.max_steps:
+            dt = time.perf_counter() - t0
+            row = {k: float(v.detach()) for k, v in terms.items()}
+            row.update(step=done, lr=scheduler.get_last_lr()[0], grad_norm=float(grad_norm),
+                       samples_per_s=seen / max(dt, 1e-9))
+            history.append(row)
+            t0, seen = time.perf_counter(), 0
+            print(f"[{cfg.model_name}] step {done}/{cfg.max_steps} "
+                  + " ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "step"), flush=True)
+        if done % cfg.val_every == 0 or done == cfg.max_steps:
+            if val_source is not None:
+                v = validate(model, target, val_source, binner, cfg, prepare)
+                v["step"] = done
+                val_history.append(v)
+                print(f"[{cfg.model_name}] val step {done} "
+                      + " ".join(f"{k}={x:.4g}" for k, x in v.items() if k != "step"), flush=True)
+            save(done)
+    if start >= cfg.max_steps:
+        save(start)
+    return {"history": history, "val": val_history, "checkpoint": str(out / "last.pt"), "model": model,
+            "target": target, "binner": binner, "parameters": counts, "instruction_inputs": table}
+
+
+@torch.no_grad()
+def validate(model: nn.Module, target: nn.Module | None, source: ImageWindowSource, binner: ActionBinner,
+             cfg: VLATrainConfig, prepare) -> dict[str, float]:
+    """Mean loss terms and greedy-vs-dataset bin agreement over a few batches (no augmentation)."""
+    was = model.training
+    model.eval()
+    sums: dict[str, float] = {}
+    for _ in range(cfg.val_batches):
+        batch, frames, instruction = prepare(source.sample(cfg.batch_size), augment=False)
+        terms = losses(model, target, batch, frames, instruction, binner, cfg)
+        t = model.cfg.history
+        greedy = act_bins(model, frames[:, :t], batch["frame_mask"][:, :t].bool(), instruction)
+        terms["greedy_agreement"] = (greedy == binner.encode(batch["action"])).float().mean()
+        for k, v in terms.items():
+            sums[k] = sums.get(k, 0.0) + float(v) / cfg.val_batches
+    model.train(was)
+    return sums
+
+
+# --- CLI -------------------------------------------------------------------------------------------
+
+def config_from_args(args: argparse.Namespace) -> VLATrainConfig:
+    cfg = default_config(str(args.model), getattr(args, "preset", None))
+    cfg.seed = int(getattr(args, "seed", 0) or 0)
+    for arg in ("max_steps", "batch_size", "log_every", "val_every"):
+        value = getattr(args, arg, None)
+        if value is not None:
+            setattr(cfg, arg, value)
+    if getattr(args, "success_only", False):
+        cfg.success_only, cfg.success_ratio = True, None
+    apply_overrides(cfg, parse_overrides(getattr(args, "overrides", None)))
+    cfg.validate()
+    return cfg
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if not getattr(args, "store", None):
+        raise ValueError("--store STORE is required for VLA training")
+    if not getattr(args, "out", None):
+        raise ValueError("--out DIR is required for VLA training")
+    history = int(cfg.model.get("history", 6))
+    source = open_image_source(args.store, history, seed=cfg.seed, split="train",
+                               success_ratio=cfg.success_ratio, success_only=cfg.success_only)
+    summary = train(cfg, source, args.out, device=getattr(args, "device", "cpu"),
+                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.store).resolve())})
+    p = summary["parameters"]
+    print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {p['active']:,} / total {p['total']:,} parameters)")
+    return 0
