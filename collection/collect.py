@@ -43,6 +43,9 @@ from quadforge.experts.registry import check_policy_spec, policy_for_env
 from quadforge.seeding import derive_seed, seed_everything
 from quadforge.output_paths import check_output_dir, is_store_dir
 
+# vision-language tasks (seed 003, Table I); `quard:all` mixes the families per episode
+QUARD_FAMILIES = ("go_to", "go_avoid", "stop", "distinguish", "go_through")
+TASKS = ("locomotion",) + tuple(f"quard:{f}" for f in QUARD_FAMILIES + ("all",))
 
 
 @dataclass
@@ -62,6 +65,8 @@ class CollectConfig:
     push_interval_s: float = 2.0
     max_episode_s: float = 4.0          # FCNet's dataset averages 192 steps (3.8 s at 50 Hz)
     collector_id: str = "main"
+    task: str = "locomotion"            # locomotion (skills over the gait command) | quard:<family> | quard:all
+    frame_stride: int = 10              # control steps per recorded camera frame (10: 5 Hz at 50 Hz)
     compact_every: int = 100            # episodes between compactions (0: only at the end)
     num_threads: int = 1                # physics threads per env batch
     backend: str = "mujoco_cpu"         # envs.backends name
@@ -96,6 +101,10 @@ class CollectConfig:
         if self.robot not in ROBOTS:
             raise bad("robot", ", ".join(ROBOTS))
         terrain_types(self.terrain)
+        if self.task not in TASKS:
+            raise bad("task", ", ".join(TASKS))
+        if not isinstance(self.frame_stride, int) or self.frame_stride < 1:
+            raise bad("frame_stride", "an integer >= 1 (control steps per camera frame; 10 = 5 Hz at 50 Hz)")
         parse_skills(self.skills)
         check_output_dir(self.out, "trajectory store", owns=is_store_dir, flag="--store")
         check_policy_spec(self.policy)
@@ -113,8 +122,21 @@ class CollectConfig:
         return self
 
 
+def build_task_env(cfg: CollectConfig, seed: int) -> Any:
+    """The vision-language env of ``cfg.task`` (``quard:<family>``): scenes, camera every
+    ``cfg.frame_stride`` steps, instructions, per-episode task parameters.
+
+    The hook for the QUARD envs (issue 14, env side): the rollout and the store already take what such
+    an env emits (``images/<camera>``, ``instruction``, ``task_*`` terms; ``env.task_params(i)``,
+    ``env.instruction_table``, ``env.frame_stride``; see ``collection.rollout``)."""
+    raise NotImplementedError(f"--task {cfg.task}: the QUARD task envs are not in this build yet (issue 14's env "
+                              f"side); collect.build_task_env is where they plug in")
+
+
 def build_env(cfg: CollectConfig, seed: int) -> Any:
     """The env for one collector: commands fixed per episode (one skill each), optional pushes."""
+    if cfg.task != "locomotion":
+        return build_task_env(cfg, seed)
     return make_env(cfg.robot, cfg.terrain, num_envs=cfg.num_envs, seed=seed, num_threads=cfg.num_threads,
                     backend=cfg.backend, warp=cfg.warp,
                     overrides={"episode_length_s": cfg.max_episode_s, "commands.resample": False,
@@ -160,13 +182,15 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
     try:
         check_store_accepts(cfg.out, robot=cfg.robot, control_dt=float(env.dt), what=f"collector {collector_id}")
         policy = build_policy(cfg, env, run_seed)
-        skills = SkillCommandSampler(mix, env.num_envs, run_seed)
+        # a task env sets its own commands (the policy's high-level command); skills are for locomotion
+        skills = SkillCommandSampler(mix, env.num_envs, run_seed) if cfg.task == "locomotion" else None
         info_extra = {"robot": cfg.robot, "control_dt": float(env.dt), "terrain_spec": cfg.terrain,
                       "skill_mix": mix.to_string(), "seed": run_seed, "push_vel": cfg.push,
                       "collector_id": collector_id}
         if cfg.relabel:
             info_extra.update(relabelled_by=cfg.relabel, expert_drive_prob=cfg.expert_drive_prob)
         rollout = Rollout(env, policy, RolloutConfig(action_noise_std=cfg.action_noise, seed=run_seed,
+                                                     frame_stride=cfg.frame_stride,
                                                      label_rule=cfg.label_rule),
                           skills=skills, info_extra=info_extra)
         tally = Tally()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from quadforge.collection.collect import CollectConfig, run_local
+from quadforge.collection.collect import TASKS, CollectConfig, run_local
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, add_store, require
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.terrain import TERRAIN_SPEC_HELP
@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--push", type=float, default=d.push, help="max random push velocity, m/s (0: none)")
     p.add_argument("--push-interval-s", type=float, default=d.push_interval_s, help="seconds between pushes")
     p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
+    p.add_argument("--task", default=d.task, help=" | ".join(TASKS))
+    p.add_argument("--frame-stride", type=int, default=d.frame_stride,
+                   help="control steps per recorded camera frame (10: 5 Hz at 50 Hz control)")
     p.add_argument("--collector-id", default=d.collector_id, help="prefix of episode ids written by this run")
     p.add_argument("--compact-every", type=int, default=d.compact_every,
                    help="compact the store every N episodes (0: only at the end)")
@@ -52,7 +55,8 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         out=require(args, "store", "--store"), episodes=args.episodes, policy=args.policy, robot=args.robot, terrain=args.terrain,
         skills=args.skills, num_envs=args.num_envs, seed=args.seed, workers=args.workers,
         address=args.address, action_noise=args.action_noise, push=args.push,
-        push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s,
+        push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s, task=args.task,
+        frame_stride=args.frame_stride,
         collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
         progress=not args.no_progress, allow_robot_mismatch=args.allow_robot_mismatch, relabel=args.relabel,
         expert_drive_prob=args.expert_drive_prob,

@@ -1,4 +1,7 @@
-"""`quadforge eval`: closed-loop evaluation of any policy over terrain types x levels x command sets.
+"""Closed-loop evaluation of any policy over terrain types x levels x command sets.
+
+The job (``EvalConfig`` -> ``evaluate`` -> ``write_outputs``); its command line, ``quadforge eval``, is
+``collection.evaluate_cmd``:
 
     quadforge eval --policy gait|CHECKPOINT --terrain stairs_up,slope_up --levels 0-3 --episodes-per-cell 8
                    [--commands walking] [--commands turning] [--num-envs 16] [--seed 0] --out DIR [--video]
@@ -23,7 +26,6 @@ batch of envs (and per env), timed around the call only.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -37,16 +39,14 @@ import torch
 
 from quadforge.collection.labels import LabelRule
 from quadforge.collection.metrics import episode_metrics, summarize
-from quadforge.collection.reports import cells_table, eval_report_markdown, plot_vs_level
+from quadforge.collection.reports import eval_report_markdown, plot_vs_level
 from quadforge.collection.rollout import Rollout, RolloutConfig
-from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, deprecated
 from quadforge.collection.skills import SkillCommandSampler, parse_skills
-from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.builder import make_env
 from quadforge.envs.robots import ROBOTS
 from quadforge.envs.terrain import terrain_types
-from quadforge.experts.registry import check_policy_spec, policy_for_env, spec_help
+from quadforge.experts.registry import check_policy_spec, policy_for_env
 from quadforge.seeding import derive_seed, seed_everything
 from quadforge.output_paths import check_output_dir, is_eval_dir
 from quadforge.progress import progress_bar
@@ -278,46 +278,3 @@ def write_outputs(result: dict[str, Any], out: str | Path, title: str | None = N
     paths["report"].write_text(eval_report_markdown(result, plots={k: v.name for k, v in paths.items()
                                                                     if k.endswith("_png")}, title=title))
     return paths
-
-
-# --- the CLI -----------------------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = EvalConfig()
-    p.add_argument("--policy", default=d.policy, help=spec_help())
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory: eval.json, report.md, PNG plots")
-    add_robot(p, d.robot)
-    p.add_argument("--terrain", default=d.terrain, help="'mixed' (every type) or a comma list of terrain types, "
-                   "one grid column each")
-    p.add_argument("--levels", default=d.levels, help="levels to evaluate: '0-3', '0,2,5' or '4'")
-    p.add_argument("--num-levels", type=int, default=d.num_levels, help="rows of the terrain grid (difficulty scale)")
-    p.add_argument("--episodes-per-cell", type=int, default=d.episodes, dest="episodes",
-                   help="episodes per terrain type x level x command set")
-    deprecated(p, "--episodes", "--episodes-per-cell", "episodes", type=int)
-    p.add_argument("--commands", action="append", default=None,
-                   help="command set: a skill or a skill mix (repeatable; default: walking)")
-    add_num_envs(p, d.num_envs)
-    add_seed(p, d.seed)
-    p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
-    add_num_threads(p, d.num_threads)
-    p.add_argument("--video", action="store_true", help="also render a short GIF of env 0 (MUJOCO_GL=egl)")
-    p.add_argument("--allow-robot-mismatch", action="store_true",
-                   help="evaluate a checkpoint on --robot although it was trained for another robot")
-    add_backend_arguments(p)
-
-
-def config_from_args(args: argparse.Namespace) -> EvalConfig:
-    return EvalConfig(policy=args.policy, out=args.out, robot=args.robot, terrain=args.terrain, levels=args.levels,
-                      num_levels=args.num_levels, episodes=args.episodes, commands=args.commands or ["walking"],
-                      num_envs=args.num_envs, seed=args.seed, max_episode_s=args.max_episode_s,
-                      num_threads=args.num_threads, video=args.video,
-                      allow_robot_mismatch=args.allow_robot_mismatch,
-                      **dict(zip(("backend", "warp"), backend_from_args(args))))
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args).validate()
-    result = evaluate(cfg)
-    paths = write_outputs(result, cfg.out)
-    print(cells_table([result]))
-    print(f"report: {paths['report']}  json: {paths['json']}")
-    return 0

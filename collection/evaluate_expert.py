@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from quadforge.collection import evaluate as ev
+from quadforge.collection import evaluate_cmd
 from quadforge.experts.registry import check_policy_spec
 from quadforge.collection.reports import cells_table, fmt, overall_table, plot_vs_level
 
@@ -61,7 +62,7 @@ def expert_report(cfg: ev.EvalConfig, experts: list[str], labels: list[str] | No
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    ev.add_arguments(p)
+    evaluate_cmd.add_arguments(p)
     for action in p._actions:  # --policy is replaced by --experts here
         if action.dest == "policy":
             action.help = argparse.SUPPRESS
@@ -69,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = ev.config_from_args(args)
+    cfg = evaluate_cmd.config_from_args(args)
     experts = [e.strip() for e in str(args.experts).split(",") if e.strip()]
     for e in experts:  # every bad expert path fails before any evaluation runs
         check_policy_spec(e)

@@ -17,6 +17,14 @@ it; the policy is reset for the done envs and the loop carries on (the env has a
 them). An episode that hits the time limit ends with ``time_outs`` True and ``terminated`` False
 (truncated, not terminal).
 
+Camera terms (``images/<camera>``) are recorded at their own rate, every ``frame_stride``-th step of
+each episode (``collection.frames.FrameRecorder``; 5 Hz by default), and only on those steps.
+A vision-language env may expose, besides its terms (hooks the rollout uses when present):
+``env.task_params(env_id) -> dict`` (the episode's family, instruction text, target, colours, slots,
+speed, gait, seed, ...; read when the episode starts and stored with it), ``env.instruction_table``
+(the list of strings its per-step ``instruction`` term indexes; the used entries travel with the
+episode so the store can keep the same texts) and ``env.frame_stride`` (its camera rate).
+
 Stopping at a count favours short episodes among those in flight (failures finish first); the envs'
 partly run episodes are dropped, never yielded.
 """
@@ -29,8 +37,10 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from quadforge.collection.frames import FrameRecorder
 from quadforge.collection.labels import LabelRule, label, termination_name
 from quadforge.collection.skills import SKILLS, SkillCommandSampler
+from quadforge.data.images import DEFAULT_FRAME_STRIDE, is_image
 from quadforge.envs.config import GAITS
 from quadforge.layout import COMMAND_NAMES
 from quadforge.experts.policy import check_policy
@@ -102,10 +112,14 @@ class RolloutConfig:
     action_noise_std: float = 0.0       # Gaussian noise on the normalised actions (sub-optimal data)
     label_rule: LabelRule = field(default_factory=LabelRule)
     seed: int = 0                       # the noise stream's seed
+    # control steps per recorded camera frame; None: the env's `frame_stride`, else 10 (5 Hz at 50 Hz)
+    frame_stride: int | None = None
 
     def validate(self) -> None:
         if not (self.action_noise_std >= 0 and math.isfinite(self.action_noise_std)):
             raise ValueError(f"action_noise_std={self.action_noise_std!r}; must be a finite number >= 0")
+        if self.frame_stride is not None and (not isinstance(self.frame_stride, int) or self.frame_stride < 1):
+            raise ValueError(f"frame_stride={self.frame_stride!r}; must be an integer >= 1 (control steps per frame)")
 
 
 class CommandIntegrator:
@@ -187,7 +201,20 @@ class Rollout:
         # before the env step: the observation and the action; after it: its outcome
         self._before = PackedSteps(self.num_envs, self.max_len)
         self._after = PackedSteps(self.num_envs, self.max_len)
+        self.frame_stride = self._frame_stride(env)
+        self._frames = FrameRecorder(self.num_envs, self.max_len, self.frame_stride)
+        self._image_names: tuple[str, ...] | None = None   # found in the first step's terms
+        self._task_params: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         self.env_steps = 0  # env-steps summed over envs since construction
+
+    def _frame_stride(self, env: Any) -> int:
+        env_stride = getattr(env, "frame_stride", None)
+        if self.cfg.frame_stride is None:
+            return int(env_stride) if env_stride else DEFAULT_FRAME_STRIDE
+        if env_stride and self.cfg.frame_stride % int(env_stride):
+            raise ValueError(f"frame_stride={self.cfg.frame_stride} is not a multiple of the env's camera stride "
+                             f"{env_stride}: the env renders no frame on most of the recorded steps")
+        return self.cfg.frame_stride
 
     # --- the loop -------------------------------------------------------------------------------------
     def _start(self, reset: bool) -> None:
@@ -204,12 +231,17 @@ class Rollout:
         self.policy.reset(all_ids)
         self._step_count[:] = 0
         self._commands = CommandIntegrator(self.num_envs, float(self.env.dt))
-        self._take_skills(range(self.num_envs))
+        self._start_episodes(range(self.num_envs))
 
-    def _take_skills(self, env_ids: Any) -> None:
+    def _start_episodes(self, env_ids: Any) -> None:
         if self.skills is not None:
             for i in env_ids:
                 self._skill[i] = self.skills.current[i]
+        # a task env's per-episode parameters, read at the start of each episode (after its reset)
+        task_params = getattr(self.env, "task_params", None)
+        if callable(task_params):
+            for i in env_ids:
+                self._task_params[i] = dict(task_params(int(i)))
 
     def episodes(self, max_episodes: int | None = None, max_steps: int | None = None,
                  reset: bool = True) -> Iterator[Episode]:
@@ -245,7 +277,13 @@ class Rollout:
             actions = actions + self.cfg.action_noise_std * noise
         hl = getattr(self.policy, "hl_commands", None)
         if self.cfg.record:
-            before = dict(terms)
+            if self._image_names is None:
+                self._image_names = tuple(k for k in terms if is_image(k))
+            if self._image_names:   # frames at their own rate, outside the packed step buffer
+                self._frames.write(self._step_count, {k: terms[k] for k in self._image_names})
+                before = {k: v for k, v in terms.items() if not is_image(k)}
+            else:
+                before = dict(terms)
             before["actions"] = actions
             if hl is not None:
                 before["hl_commands"] = hl
@@ -267,6 +305,8 @@ class Rollout:
     def _finish(self, i: int, extras: dict) -> Episode:
         length = int(self._step_count[i])
         features = {**self._before.episode(i, length), **self._after.episode(i, length)} if self.cfg.record else {}
+        if self.cfg.record and self._image_names:
+            features.update(self._frames.episode(i, length))
         info: dict[str, Any] = dict(self.info_extra)
         for key, value in extras.get("episode_end", {}).items():
             info[key] = value[i].item() if isinstance(value, torch.Tensor) else value[i]
@@ -290,7 +330,28 @@ class Rollout:
             "terminated": info["termination_reason"] not in ("none", "time_out"),
             "label": {"reason": reason, "numbers": numbers, "rule": self.cfg.label_rule.to_dict()},
         })
+        if self._image_names:
+            info["frame_stride"] = self.frame_stride
+        self._task_info(i, info, features)
         return Episode(features, info)
+
+    def _task_info(self, i: int, info: dict[str, Any], features: dict[str, np.ndarray]) -> None:
+        """A task env's episode: its parameters, task name, instruction text and the instruction texts
+        its per-step ``instruction`` indices stand for."""
+        params = self._task_params[i]
+        if params:
+            info["task_params"] = params
+            if params.get("task") or params.get("family"):
+                info["task"] = str(params.get("task") or f"quard:{params['family']}")
+            if params.get("instruction"):
+                info["instruction"] = str(params["instruction"])
+        if "instruction" in features:
+            table = getattr(self.env, "instruction_table", None)
+            if table is None:
+                raise ValueError("the env emits an 'instruction' term but has no instruction_table (the list of "
+                                 "strings it indexes); the store needs the texts")
+            used = np.unique(features["instruction"]).astype(np.int64)
+            info["instructions"] = {str(k): str(table[k]) for k in used.tolist() if k >= 0}
 
     def _restart(self, done_ids: list[int]) -> None:
         if not done_ids:
@@ -299,4 +360,4 @@ class Rollout:
         # Any episode yielded or dropped at a bound: its env starts afresh either way.
         self._commands.forget(done_ids)
         self.policy.reset(torch.as_tensor(done_ids, device=self.device))
-        self._take_skills(done_ids)
+        self._start_episodes(done_ids)

@@ -7,6 +7,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from quadforge.cli_flags import add_store, require, write_json
 
 ACTIONS = ("info", "validate", "compact", "export-hdf5", "import-hdf5")
@@ -69,7 +71,34 @@ def summary(store_path: str | Path) -> dict[str, Any]:
         "features": {k: {"dtype": v.dtype, "shape": list(v.shape)} for k, v in sorted(store.schema.features.items())},
         "staged": len(list_staged(store.root)),
         "quarantined": [{"file": str(p), "reason": r} for p, r in list_quarantined(store.root)],
+        **_vision_summary(store),
     }
+
+
+def _vision_summary(store: Any) -> dict[str, Any]:
+    """Images (rate, frames, bytes per frame on disk), the instruction table and task families; empty for
+    a store without any of them, so its summary stays what it was."""
+    out: dict[str, Any] = {}
+    images = {}
+    for name in store.image_features:
+        spec = store.schema.features[name]
+        frames = int(store.manifest["lengths"][name])
+        disk = sum(p.stat().st_size for p in (store.root / name).rglob("*") if p.is_file())
+        images[name] = {"dtype": spec.dtype, "shape": list(spec.shape), "frame_stride": spec.stride,
+                        "frame_rate_hz": store.schema.control_rate_hz / spec.stride, "frames": frames,
+                        "bytes_per_frame_on_disk": disk / max(frames, 1),
+                        "raw_bytes_per_frame": int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize}
+    if images:
+        out["images"] = images
+    if store.instructions:
+        out["instructions"] = len(store.instructions)
+    families = Counter(str(p.get("family")) for p in store.episodes["task_params"] if p)
+    if families:
+        t = store.episodes
+        out["families"] = {f: {"episodes": n, "success_rate": float(np.mean(
+            [s for s, p in zip(t["success"], t["task_params"]) if p and str(p.get("family")) == f]))}
+            for f, n in sorted(families.items())}
+    return out
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -81,6 +110,15 @@ def _print_summary(s: dict[str, Any]) -> None:
     print("policies: " + ", ".join(f"{k or '?'} {v}" for k, v in s["policies"].items()))
     print("failure reasons: " + ", ".join(f"{k} {v}" for k, v in s["failure_reasons"].items()))
     print("features: " + ", ".join(f"{k}{tuple(v['shape'])}" for k, v in s["features"].items()))
+    for name, im in s.get("images", {}).items():
+        print(f"{name}: {im['dtype']}{tuple(im['shape'])} every {im['frame_stride']} steps "
+              f"({im['frame_rate_hz']:g} Hz), {im['frames']} frames, {im['bytes_per_frame_on_disk']:.0f} B/frame "
+              f"on disk ({im['raw_bytes_per_frame']} raw)")
+    if "instructions" in s:
+        print(f"instruction table: {s['instructions']} instructions")
+    if "families" in s:
+        print("families: " + ", ".join(f"{k} {v['episodes']} ({100 * v['success_rate']:.0f}%)"
+                                       for k, v in s["families"].items()))
     for q in s["quarantined"]:
         print(f"WARNING: quarantined staging file {q['file']} (not merged): {q['reason']}")
 

@@ -26,15 +26,16 @@ import numpy as np
 
 from quadforge.data.integrity import (INTEGRITY_VERSION, ChunkCrcs, array_meta_digest, chunk_crcs, manifest_digest,
                                      read_array_meta, table_digest, tasks_counts, tasks_digest, canonical_digest)
-from quadforge.data.schema import IMAGE_PREFIX, StoreSchema, spec_for
+from quadforge.data.images import frame_stride_of, image_chunk_frames, is_image
+from quadforge.data.instructions import InstructionTable
+from quadforge.data.schema import StoreSchema, episode_length, spec_for
 from quadforge.data.staging import (episode_id_of, fsync_dir, list_staged, quarantine_staged, read_staged,
                                     read_staged_header)
 from quadforge.data.stats import RunningStats
 from quadforge.data.integrity import DIGEST_KEY
-from quadforge.data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable, TrajectoryStore,
-                                  array_path,
-                                  read_episode_table, read_json, read_manifest, read_schema, read_tasks,
-                                  verify_metadata, write_json_atomic)
+from quadforge.data.store import (EPISODES_FILE, INSTRUCTIONS_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable,
+                                  TrajectoryStore, array_path, read_episode_table, read_instructions, read_json,
+                                  read_manifest, read_schema, read_tasks, verify_metadata, write_json_atomic)
 from quadforge.data.schema import FORMAT_VERSION
 
 LOCK_FILE = ".lock"
@@ -153,8 +154,8 @@ def _fsync_written(root: Path, name: str, first_chunk: int, last_chunk: int) -> 
 
 
 def _episode_row(features: Mapping[str, np.ndarray], info: Mapping[str, Any], start: int,
-                 tasks: dict[str, list[str]]) -> dict[str, Any]:
-    length = len(next(iter(features.values())))
+                 tasks: dict[str, list[str]], instructions: InstructionTable) -> dict[str, Any]:
+    length = len(next(v for k, v in features.items() if not is_image(k)))
     success = bool(info.get("success", False))
     if "terminated" in features:
         terminated = bool(features["terminated"][-1])
@@ -174,16 +175,17 @@ def _episode_row(features: Mapping[str, np.ndarray], info: Mapping[str, Any], st
     else:
         cmd = [np.nan] * 3
     task = str(info.get("task", "locomotion"))
-    instructions = tasks.setdefault(task, [])
+    task_instructions = tasks.setdefault(task, [])
     if info.get("instruction") is not None:
-        if info["instruction"] not in instructions:
-            instructions.append(str(info["instruction"]))
-        instruction_index = instructions.index(info["instruction"])
+        if info["instruction"] not in task_instructions:
+            task_instructions.append(str(info["instruction"]))
+        instruction_index = task_instructions.index(info["instruction"])
     else:
         instruction_index = int(info.get("instruction_index", -1))
     known = {"success", "terminated", "return", "cmd_vx", "cmd_vy", "cmd_wz", "task", "instruction",
              "instruction_index", "failure_reason", "terrain_type", "terrain_level", "gait", "policy_id",
-             "seed", "collector_id", "episode_id", "label", "length", "robot", "control_dt"}
+             "seed", "collector_id", "episode_id", "label", "length", "robot", "control_dt", "task_params",
+             "instructions", "frame_stride"}
     return {
         "start": start, "end": start + length, "length": length, "success": success,
         "terminated": terminated, "return": ret,
@@ -195,17 +197,20 @@ def _episode_row(features: Mapping[str, np.ndarray], info: Mapping[str, Any], st
         "collector_id": str(info["collector_id"]), "episode_id": str(info["episode_id"]),
         "label": dict(info.get("label", {})),
         "extra": {k: v for k, v in info.items() if k not in known},
+        "instruction_id": instructions.episode_id(info),
+        "task_params": dict(info.get("task_params") or {}),
     }
 
 
 def _create_arrays(group, schema: StoreSchema) -> None:
     from zarr.codecs import BloscCodec, BloscShuffle, Crc32cCodec
     for name, spec in schema.features.items():
+        chunk = image_chunk_frames(spec.shape, spec.dtype) if is_image(name) else chunk_steps(spec.shape, spec.dtype)
         # bit shuffle for multi-byte numbers (sign/exponent/high mantissa bits of smooth signals repeat);
         # single-byte bools and pixels are left as they are
         shuffle = BloscShuffle.bitshuffle if np.dtype(spec.dtype).itemsize > 1 else BloscShuffle.noshuffle
         group.create_array(array_path(name), shape=(0,) + spec.shape, dtype=spec.dtype,
-                           chunks=(chunk_steps(spec.shape, spec.dtype),) + spec.shape,
+                           chunks=(chunk,) + spec.shape,
                            # the CRC32C after the compressor: zarr refuses a chunk with flipped bytes on read
                            compressors=[BloscCodec(cname="zstd", clevel=3, shuffle=shuffle), Crc32cCodec()],
                            fill_value=0, overwrite=True, dimension_names=("time",) + (None,) * len(spec.shape))
@@ -280,6 +285,7 @@ def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult
         manifest = {"format_version": FORMAT_VERSION, "generation": 0, "num_steps": 0,
                     "num_episodes": 0, "lengths": {}, "stats": {}}
         schema, table, tasks = None, EpisodeTable.from_rows([]), {}
+        instructions = InstructionTable()
     else:
         manifest = read_manifest(root)
         schema = read_schema(root)
@@ -292,6 +298,7 @@ def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult
         if counts is not None:   # instructions beyond the committed ones are leftovers of a crash
             tasks = {t: list(tasks.get(t, []))[:int(counts.get(t, 0))] for t in set(tasks) | set(counts)}
             tasks = {t: v for t, v in tasks.items() if t in counts}
+        instructions = InstructionTable(read_instructions(root, manifest))   # the committed entries only
 
     known = set(table["episode_id"].tolist())
     staged = list_staged(root)
@@ -312,7 +319,8 @@ def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult
     if schema is None:
         p0, h0, info0 = headers[0]
         try:
-            specs = {n: spec_for(n, np.empty((0,) + h.shape[1:], h.dtype), f"staging file {p0}")
+            stride0 = frame_stride_of(info0, f"staging file {p0}")
+            specs = {n: spec_for(n, np.empty((0,) + h.shape[1:], h.dtype), f"staging file {p0}", stride0)
                      for n, h in h0.items()}
         except ValueError as err:
             raise Unmergeable(p0, str(err)) from err
@@ -330,17 +338,16 @@ def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult
         _create_arrays(group, schema)
     committed_crcs = {} if fresh else _check_integrity_start(root, manifest, schema, group)
     start = int(manifest["num_steps"])
-    total_new = sum(next(iter(h.values())).shape[0] for _, h, _ in headers)
     appenders: dict[str, _Appender] = {}
     for name, spec in schema.features.items():
         arr = group[array_path(name)]
         n0 = int(manifest["lengths"].get(name, 0))
         if arr.shape[0] != n0:
             arr.resize((n0,) + spec.shape)
-        if append_mode == "chunked":
-            arr.resize((n0 + total_new,) + spec.shape)
+        if append_mode == "chunked":   # rows to come: steps, or frames for images
+            arr.resize((n0 + sum(h[name].shape[0] for _, h, _ in headers),) + spec.shape)
         stats = None
-        if not name.startswith(IMAGE_PREFIX):
+        if not is_image(name):
             stats = (RunningStats.from_dict(manifest["stats"][name]) if name in manifest["stats"]
                      else RunningStats.empty(spec.shape))
         crcs = ChunkCrcs(arr.chunks[0], committed_crcs.get(name, []), n0)
@@ -354,11 +361,14 @@ def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult
             features, info = read_staged(p)
             # the header promised this; check the data really agrees before appending it
             schema.check(features, where=f"staging file {p}")
+            if "instruction" in features:   # the collector's instruction numbering -> the store's
+                features = {**features, "instruction": instructions.remap(features["instruction"], info,
+                                                                          f"staging file {p}")}
         except ValueError as err:
             raise Unmergeable(p, str(err)) from err
         for name, app in appenders.items():
             app.add(features[name])
-        rows.append(_episode_row(features, info, pos, tasks))
+        rows.append(_episode_row(features, info, pos, tasks, instructions))
         pos += rows[-1]["length"]
     for app in appenders.values():
         app.finish()
@@ -370,6 +380,8 @@ def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult
     table_lists = new_table.to_lists()
     write_json_atomic(root / EPISODES_FILE, {"columns": table_lists})
     write_json_atomic(root / TASKS_FILE, {"tasks": tasks})
+    if len(instructions):
+        write_json_atomic(root / INSTRUCTIONS_FILE, {"instructions": instructions.texts})
 
     # 6. commit
     new_manifest = {
@@ -378,11 +390,13 @@ def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult
         "lengths": {name: app.pos for name, app in appenders.items()},
         "stats": {name: app.stats.to_dict() for name, app in appenders.items() if app.stats is not None},
         "chunks": {name: app.chunk for name, app in appenders.items()},
+        "num_instructions": len(instructions),
         "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "integrity": INTEGRITY_VERSION,
         "checksums": {name: app.crcs.crcs for name, app in appenders.items()},
         "meta": {"schema": canonical_digest(schema.to_dict()), "episodes": table_digest(table_lists),
                  "tasks_counts": tasks_counts(tasks), "tasks": tasks_digest(tasks, tasks_counts(tasks)),
+                 "instructions": canonical_digest(instructions.texts),
                  "arrays": {name: array_meta_digest(read_array_meta(root / array_path(name)))
                             for name in appenders}},
     }
@@ -409,9 +423,12 @@ def staging_mismatch(schema: StoreSchema, headers: Mapping[str, ArrayHeader], in
             return f"{where}: control_dt {info['control_dt']}, the store's is {schema.control_dt}"
     except (TypeError, ValueError):
         return f"{where}: control_dt {info.get('control_dt')!r} is not a number"
-    lengths = {hh.shape[0] if hh.shape else -1 for hh in headers.values()}
-    if len(lengths) != 1:
-        return f"{where}: features have different lengths {sorted(lengths)}"
+    try:   # one image rate per store; T steps per feature and ceil(T / stride) frames per image
+        schema.check_stride(info, where)
+        episode_length({k: hh.shape[0] if hh.shape else -1 for k, hh in headers.items()},
+                       frame_stride_of(info, where), where)
+    except ValueError as err:
+        return str(err)
     return None
 
 

@@ -16,7 +16,7 @@ from quadforge.seeding import numpy_rng
 
 SPLITS = ("train", "val", "all")
 FILTER_KEYS = ("success_only", "failure_only", "terrain_types", "tasks", "policy_ids", "terrain_levels",
-               "episode_ids")
+               "episode_ids", "families")
 
 
 @dataclass
@@ -133,6 +133,11 @@ def filter_episodes(info: Mapping[str, np.ndarray], indices: np.ndarray,
         if wanted is not None:
             values = _column(info, col, key)[indices].astype(str)
             keep &= np.isin(values, np.asarray([str(w) for w in wanted]))
+    families = filters.get("families")
+    if families is not None:   # task_params["family"] (QUARD: go_to, go_avoid, stop, distinguish, go_through)
+        params = _column(info, "task_params", "families")[indices]
+        keep &= np.isin(np.asarray([str((p or {}).get("family", "")) for p in params]),
+                        np.asarray([str(f) for f in families]))
     levels = filters.get("terrain_levels")
     if levels is not None:
         keep &= np.isin(_column(info, "terrain_level", "terrain_levels")[indices], np.asarray(levels))

@@ -1,12 +1,16 @@
 """HDF5 export/import in a robomimic-like layout, for tools that expect it.
 
 ```
-/data                      attrs: format, total, schema (JSON), tasks (JSON), env_args (JSON)
-/data/demo_<i>/obs/<term>  raw observation terms (and images/<camera>) of store episode i
+/data                      attrs: format, total, schema (JSON), tasks (JSON), env_args (JSON),
+                           instructions (JSON list: the store's instruction table)
+/data/demo_<i>/obs/<term>  raw observation terms of store episode i (T rows), its task_* terms and
+                           per-step instruction index, and images/<camera> (its ceil(T / stride) frames;
+                           frame j = step j * stride, the stride in the schema and the demo's frame_stride)
 /data/demo_<i>/actions     (T, 12)          /data/demo_<i>/rewards (T,)
 /data/demo_<i>/dones       (T,) uint8, 1 at the episode's last step (robomimic's convention)
 /data/demo_<i>/<other>     the remaining per-step features (joint_targets, terminated, time_outs, ...)
-    attrs: num_samples and every episode-table column (label, extra as JSON strings)
+    attrs: num_samples, frame_stride (with images) and every episode-table column (label, extra,
+    task_params as JSON strings)
 /mask/<filter>             demo names: success, failure, terrain_<type>
 ```
 Import writes each demo as a staging file with its original episode id and compacts, keeping the
@@ -21,7 +25,9 @@ from typing import Any
 import numpy as np
 
 from quadforge.data.admission import check_store_accepts
-from quadforge.data.schema import IMAGE_PREFIX
+from quadforge.data.images import is_image
+from quadforge.data.instructions import InstructionTable
+from quadforge.data.schema import TASK_PREFIX
 from quadforge.data.staging import write_staging_file
 from quadforge.data.compaction import compact
 from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore
@@ -29,11 +35,11 @@ from quadforge.layout import TERM_DIMS
 from quadforge.output_paths import check_output_dir, check_output_file, is_store_dir
 
 FORMAT = "quadforge-robomimic-1"
-DERIVED_COLUMNS = ("start", "end", "length")
+DERIVED_COLUMNS = ("start", "end", "length", "instruction_id")
 
 
 def _is_obs(name: str) -> bool:
-    return name in TERM_DIMS or name.startswith(IMAGE_PREFIX)
+    return name in TERM_DIMS or is_image(name) or name.startswith(TASK_PREFIX) or name == "instruction"
 
 
 def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | None = None) -> int:
@@ -41,7 +47,11 @@ def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | 
     import h5py
     out = check_output_file(h5_path, flag="export-hdf5 OUTPUT")   # before reading a byte of the store
     store = TrajectoryStore.open(store_path)
-    data = store.load()
+    # per-step features in RAM; images are read episode by episode from their chunks (they may not fit)
+    images = store.image_features
+    data = store.load([n for n in store.feature_names if n not in images])
+    frame_lo = {name: store.frame_starts(name) for name in images}
+    frame_n = {name: store.frame_counts(name) for name in images}
     table = store.episodes
     out.parent.mkdir(parents=True, exist_ok=True)
     with h5py.File(out, "w", track_order=True) as f:
@@ -51,18 +61,27 @@ def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | 
         g.attrs["schema"] = json.dumps(store.schema.to_dict(), sort_keys=True)
         g.attrs["tasks"] = json.dumps(store.tasks, sort_keys=True)
         g.attrs["env_args"] = json.dumps({"robot": store.schema.robot, "control_dt": store.schema.control_dt})
+        if store.instructions:
+            g.attrs["instructions"] = json.dumps(store.instructions)
         masks: dict[str, list[str]] = {"success": [], "failure": []}
         for i in range(len(table)):
             name = f"demo_{i}"
             lo, hi = int(table["start"][i]), int(table["end"][i])
             d = g.create_group(name, track_order=True)
-            for feat in sorted(data):
+            for feat in sorted(store.feature_names):
                 key = f"obs/{feat}" if _is_obs(feat) else feat
-                d.create_dataset(key, data=data[feat][lo:hi], compression=compression)
+                if feat in frame_lo:
+                    f0 = int(frame_lo[feat][i])
+                    value = np.asarray(store.array(feat)[f0:f0 + int(frame_n[feat][i])])
+                else:
+                    value = data[feat][lo:hi]
+                d.create_dataset(key, data=value, compression=compression)
             dones = np.zeros(hi - lo, dtype=np.uint8)
             dones[-1] = 1
             d.create_dataset("dones", data=dones)
             d.attrs["num_samples"] = hi - lo
+            if images:
+                d.attrs["frame_stride"] = store.schema.frame_stride
             for col in COLUMNS:
                 v = table[col][i]
                 v = v.item() if isinstance(v, np.generic) else v
@@ -108,6 +127,7 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
         g = f["data"]
         env_args = json.loads(_attr(g.attrs["env_args"]))
         tasks = json.loads(_attr(g.attrs.get("tasks", "{}")))
+        table = InstructionTable(json.loads(_attr(g.attrs.get("instructions", "[]"))))
         names = sorted(g.keys(), key=lambda k: int(k.split("_")[1]))
         last_id = ""
         for name in names:
@@ -132,12 +152,21 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
             info = {k: v for k, v in attrs.items() if k not in DERIVED_COLUMNS + DICT_COLUMNS + ("num_samples",)}
             info.update(json.loads(attrs.get("extra", "{}")))
             info["label"] = json.loads(attrs.get("label", "{}"))
+            info["task_params"] = json.loads(attrs.get("task_params", "{}"))
+            iid = int(attrs.get("instruction_id", -1))
+            if 0 <= iid < len(table):
+                info["instruction_text"] = table.texts[iid]
+            if "instruction" in features:   # the export's numbering, translated back by compaction
+                info["instructions"] = table.used_texts(features["instruction"])
             idx = int(info.pop("instruction_index", -1))
             task_instr = tasks.get(info.get("task", ""), [])
             if 0 <= idx < len(task_instr):
                 info["instruction"] = task_instr[idx]
             else:
                 info["instruction_index"] = idx
+            text = info.pop("instruction_text", None)
+            if text is not None:
+                info["instruction"] = text
             info.update(robot=env_args.get("robot", ""), control_dt=env_args.get("control_dt", 0.02))
             write_staging_file(store_path, eid, str(attrs["collector_id"]), features, info)
             imported += 1

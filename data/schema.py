@@ -2,7 +2,9 @@
 
 A store's schema is fixed by its first compacted episode and every later episode must agree with it.
 Features are the raw observation terms of ``quadforge.layout.TERM_DIMS`` plus the per-step signals below;
-camera images (when present) are features named ``images/<camera>`` (uint8, (H, W, C)).
+task terms (``task_*``, privileged object poses etc., float32 of any per-step shape), the per-step
+``instruction`` index, and camera images ``images/<camera>`` (uint8 (H, W, C) or float32 depth (H, W),
+recorded every ``stride``-th step: see ``data.images``).
 """
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from quadforge.data.images import IMAGE_PREFIX, frame_stride_of, image_dtype, is_image, num_frames
 from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, JOINT_NAMES, LEGS, TERM_DIMS
 
 FORMAT_VERSION = 1
-IMAGE_PREFIX = "images/"
+TASK_PREFIX = "task_"
 
 _XYZ = ("x", "y", "z")
 _TERM_INFO: dict[str, tuple[tuple[str, ...], str]] = {
@@ -43,20 +46,24 @@ class FeatureSpec:
     shape: tuple[int, ...]          # per step
     names: tuple[str, ...] = ()     # names of the last axis' entries, if meaningful
     units: str = ""
+    stride: int = 1                 # control steps per stored row (images: frames every `stride` steps)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["shape"], d["names"] = list(self.shape), list(self.names)
+        if self.stride == 1:        # per-step features keep the schema JSON they always had
+            del d["stride"]
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "FeatureSpec":
         return cls(dtype=str(d["dtype"]), shape=tuple(int(s) for s in d["shape"]),
-                   names=tuple(d.get("names", ())), units=str(d.get("units", "")))
+                   names=tuple(d.get("names", ())), units=str(d.get("units", "")), stride=int(d.get("stride", 1)))
 
 
 def _catalogue() -> dict[str, FeatureSpec]:
-    cat = {name: FeatureSpec("float32", (dim,), *_TERM_INFO[name]) for name, dim in TERM_DIMS.items()}
+    # terms added to the layout catalogue later get a spec without entry names rather than a KeyError
+    cat = {name: FeatureSpec("float32", (dim,), *_TERM_INFO.get(name, ((), ""))) for name, dim in TERM_DIMS.items()}
     cat["actions"] = FeatureSpec("float32", (12,), JOINT_NAMES, "policy output (normalised joint action)")
     cat["applied_actions"] = FeatureSpec("float32", (12,), JOINT_NAMES,
                                          "action applied when a relabelling expert's label is stored as actions (DAgger)")
@@ -65,20 +72,24 @@ def _catalogue() -> dict[str, FeatureSpec]:
     cat["rewards"] = FeatureSpec("float32", (), (), "task reward per control step")
     cat["terminated"] = FeatureSpec("bool", (), (), "episode ended by a termination at this step")
     cat["time_outs"] = FeatureSpec("bool", (), (), "episode ended by the time limit at this step")
+    cat["instruction"] = FeatureSpec("int64", (), (), "index into the store's instruction table (-1: none)")
     return cat
 
 
 CATALOGUE: dict[str, FeatureSpec] = _catalogue()
-ALLOWED_FEATURES = tuple(CATALOGUE) + (IMAGE_PREFIX + "<camera>",)
+ALLOWED_FEATURES = tuple(CATALOGUE) + (IMAGE_PREFIX + "<camera>", TASK_PREFIX + "<name>")
 
 
-def spec_for(name: str, value: np.ndarray, where: str) -> FeatureSpec:
-    """The spec a feature must have; raises naming the feature and allowed values if it cannot."""
-    if name.startswith(IMAGE_PREFIX):
-        if value.ndim != 4 or value.shape[-1] not in (1, 3, 4):
-            raise ValueError(f"{where}: image feature {name!r} must be (T, H, W, C) with C in 1/3/4, "
-                             f"got {value.shape}")
-        return FeatureSpec("uint8", tuple(value.shape[1:]), (), "image pixels")
+def spec_for(name: str, value: np.ndarray, where: str, stride: int = 1) -> FeatureSpec:
+    """The spec a feature must have; raises naming the feature and allowed values if it cannot.
+
+    ``stride``: steps per frame of image features (per-step features ignore it)."""
+    if is_image(name):
+        dtype = image_dtype(name, value, where)
+        units = "image pixels (RGB)" if dtype == "uint8" else "depth, m"
+        return FeatureSpec(dtype, tuple(value.shape[1:]), (), units, stride)
+    if name.startswith(TASK_PREFIX) and name not in CATALOGUE:
+        return FeatureSpec("float32", tuple(value.shape[1:]), (), "task term (privileged)")
     if name not in CATALOGUE:
         raise ValueError(f"{where}: unknown feature {name!r}; allowed: {list(ALLOWED_FEATURES)}")
     spec = CATALOGUE[name]
@@ -88,16 +99,31 @@ def spec_for(name: str, value: np.ndarray, where: str) -> FeatureSpec:
     return spec
 
 
-def check_episode(features: Mapping[str, np.ndarray], where: str) -> int:
-    """Validate one episode's feature dict; returns its length."""
+def episode_length(lengths: Mapping[str, int], stride: int, where: str) -> int:
+    """The episode's step count from its features' first-axis lengths: every per-step feature has the
+    same (>= 1) and every image feature ceil(steps / stride) frames; raises naming ``where``."""
+    steps = {n: k for n, k in lengths.items() if not is_image(n)}
+    if not steps:
+        raise ValueError(f"{where}: episode has no per-step features (only images {sorted(lengths)})")
+    length = next(iter(steps.values()))
+    if length < 1 or any(n != length for n in steps.values()):
+        raise ValueError(f"{where}: every feature needs the same number of steps (>= 1); got {dict(steps)}")
+    want = num_frames(length, stride)
+    bad = {n: k for n, k in lengths.items() if is_image(n) and k != want}
+    if bad:
+        raise ValueError(f"{where}: image features need ceil({length} steps / frame_stride {stride}) = {want} "
+                         f"frames; got {bad}")
+    return length
+
+
+def check_episode(features: Mapping[str, np.ndarray], where: str, stride: int = 1) -> int:
+    """Validate one episode's feature dict (images every ``stride`` steps); returns its step count."""
     if not features:
         raise ValueError(f"{where}: episode has no features")
     lengths = {name: len(np.asarray(v)) if np.ndim(v) else -1 for name, v in features.items()}
-    length = next(iter(lengths.values()))
-    if length < 1 or any(n != length for n in lengths.values()):
-        raise ValueError(f"{where}: every feature needs the same number of steps (>= 1); got {lengths}")
+    length = episode_length(lengths, stride, where)
     for name, value in features.items():
-        spec_for(name, np.asarray(value), where)
+        spec_for(name, np.asarray(value), where, stride)
     return length
 
 
@@ -113,9 +139,15 @@ class StoreSchema:
         return 1.0 / self.control_dt if self.control_dt > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format_version": self.format_version, "robot": self.robot, "control_dt": self.control_dt,
-                "control_rate_hz": self.control_rate_hz,
-                "features": {k: v.to_dict() for k, v in sorted(self.features.items())}}
+        d = {"format_version": self.format_version, "robot": self.robot, "control_dt": self.control_dt,
+             "control_rate_hz": self.control_rate_hz,
+             "features": {k: v.to_dict() for k, v in sorted(self.features.items())}}
+        if self.image_features:     # said once, readable without knowing the per-feature strides
+            stride = self.frame_stride
+            d["images"] = {"frame_stride": stride, "frame_rate_hz": self.control_rate_hz / stride if stride else None,
+                           "mapping": "frame j of an episode = its step j * frame_stride; "
+                                      "frames per episode = ceil(steps / frame_stride)"}
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "StoreSchema":
@@ -126,8 +158,26 @@ class StoreSchema:
     @classmethod
     def from_episode(cls, features: Mapping[str, np.ndarray], info: Mapping[str, Any],
                      where: str) -> "StoreSchema":
-        specs = {name: spec_for(name, np.asarray(v), where) for name, v in features.items()}
+        stride = frame_stride_of(info, where)
+        specs = {name: spec_for(name, np.asarray(v), where, stride) for name, v in features.items()}
         return cls(specs, robot=str(info.get("robot", "")), control_dt=float(info.get("control_dt", 0.02)))
+
+    @property
+    def image_features(self) -> tuple[str, ...]:
+        return tuple(sorted(n for n in self.features if is_image(n)))
+
+    @property
+    def frame_stride(self) -> int | None:
+        """Steps per frame of the store's images (one stride for all cameras), None without images."""
+        strides = {self.features[n].stride for n in self.image_features}
+        return strides.pop() if len(strides) == 1 else None
+
+    def check_stride(self, info: Mapping[str, Any], where: str) -> None:
+        """An episode's ``frame_stride`` must be the store's when it has images."""
+        stride = frame_stride_of(info, where)
+        if self.image_features and stride != self.frame_stride:
+            raise ValueError(f"{where}: frame_stride {stride}, the store records images every "
+                             f"{self.frame_stride} steps (one image rate per store)")
 
     def check(self, features: Mapping[str, np.ndarray], where: str) -> None:
         """Raise naming ``where``, the feature, expected vs found on any disagreement."""

@@ -19,8 +19,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from quadforge.data.images import frame_stride_of
 from quadforge.data.integrity import crc_rows
-from quadforge.data.schema import CATALOGUE, IMAGE_PREFIX, check_episode
+from quadforge.data.schema import check_episode, spec_for
 
 STAGING_DIR = "staging"
 QUARANTINE_DIR = "quarantine"
@@ -103,9 +104,28 @@ def _jsonable(value: Any) -> Any:
     raise ValueError(f"episode info value {value!r} ({type(value).__name__}) is not JSON-able")
 
 
-def _cast(name: str, value: np.ndarray) -> np.ndarray:
-    dtype = "uint8" if name.startswith(IMAGE_PREFIX) else CATALOGUE[name].dtype
-    return np.ascontiguousarray(value, dtype=dtype)
+def _cast(name: str, value: np.ndarray, where: str, stride: int) -> np.ndarray:
+    return np.ascontiguousarray(value, dtype=spec_for(name, value, where, stride).dtype)
+
+
+def _check_info(info: Mapping[str, Any], where: str, features: Mapping[str, np.ndarray]) -> None:
+    """Per-episode metadata with a fixed shape: task parameters a dict, instructions index -> text."""
+    params = info.get("task_params")
+    if params is not None and not isinstance(params, Mapping):
+        raise ValueError(f"{where}: task_params must be a dict (family, target, colours, ...), "
+                         f"got {type(params).__name__}")
+    table = info.get("instructions")
+    if table is not None:
+        if not isinstance(table, Mapping) or not all(str(k).lstrip("-").isdigit() and isinstance(v, str)
+                                                     for k, v in table.items()):
+            raise ValueError(f"{where}: instructions must map the per-step instruction indices to their text "
+                             f"({{'3': 'go to the red cube, ...'}}), got {table!r:.200}")
+    if "instruction" in features:   # compaction rewrites the indices into the store's table: it needs the texts
+        used = sorted(int(v) for v in np.unique(np.asarray(features["instruction"])) if v != -1)
+        missing = [u for u in used if str(u) not in (table or {})]
+        if missing:
+            raise ValueError(f"{where}: per-step instruction indices {missing[:10]} have no text in info "
+                             f"'instructions' ({{index: text}}, e.g. from the env's instruction_table)")
 
 
 def write_episode_file(path: Path, arrays: Mapping[str, np.ndarray], info: Mapping[str, Any]) -> None:
@@ -190,8 +210,10 @@ def write_staging_file(store_path: str | Path, episode_id: str, collector_id: st
                        episode: Mapping[str, np.ndarray], info: Mapping[str, Any]) -> Path:
     """Validate, then write ``<store>/staging/<episode_id>.episode`` via temp + fsync + atomic rename."""
     where = f"episode {episode_id}"
-    length = check_episode(episode, where)
-    arrays = {name: _cast(name, np.asarray(v)) for name, v in episode.items()}
+    stride = frame_stride_of(info, where)
+    length = check_episode(episode, where, stride)
+    _check_info(info, where, episode)
+    arrays = {name: _cast(name, np.asarray(v), where, stride) for name, v in episode.items()}
     full_info = dict(_jsonable(dict(info)))
     full_info.update(episode_id=episode_id, collector_id=collector_id, length=length)
     d = staging_dir(store_path)

@@ -4,17 +4,22 @@
 <store>/
   zarr.json                   zarr v3 root group
   data/<feature>              per-step arrays concatenated along time, chunked along time only
-  images/<camera>             camera frames (uint8 (T, H, W, C)), when present
-  meta/schema.json            per-feature dtype, shape, names, units; robot; control rate; version
+  images/<camera>             camera frames (uint8 (F, H, W, C) or float32 depth (F, H, W)), every
+                              `stride`-th step of each episode (see data/images.py), when present
+  meta/schema.json            per-feature dtype, shape, names, units, stride; robot; control rate; version
   meta/episodes.json          the episode table, columnar JSON ({"columns": {name: [...]}})
   meta/tasks.json             tasks and their instructions ({"tasks": {task: [instruction, ...]}})
-  manifest.json               the commit record: generation, steps, episodes, per-feature lengths, stats
+  meta/instructions.json      the instruction table ({"instructions": [text, ...]}), append-only; the
+                              per-step `instruction` feature and the `instruction_id` column index it
+  manifest.json               the commit record: generation, steps, episodes, per-feature lengths
+                              (frames for images), stats, num_instructions
   staging/<id>.episode       episodes written by collectors, not yet compacted
   .lock                       compaction's exclusive flock
 ```
 
-Readers trust only ``manifest.json``: array rows beyond its per-feature lengths and episode-table rows
-beyond its episode count are leftovers of an interrupted compaction and are ignored (the next
+Readers trust only ``manifest.json``: array rows beyond its per-feature lengths, episode-table rows
+beyond its episode count and instructions beyond ``num_instructions`` are leftovers of an interrupted
+compaction and are ignored (the next
 compaction overwrites them). ``compact`` (in ``data.compaction``) is the only writer.
 """
 from __future__ import annotations
@@ -28,7 +33,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from quadforge.data import integrity
-from quadforge.data.schema import FORMAT_VERSION, IMAGE_PREFIX, StoreSchema
+from quadforge.data.images import IMAGE_PREFIX, frame_starts, num_frames
+from quadforge.data.schema import FORMAT_VERSION, StoreSchema
 from quadforge.data.staging import episode_id_of, fsync_dir, list_staged
 from quadforge.data.stats import RunningStats
 
@@ -36,14 +42,17 @@ MANIFEST = "manifest.json"
 SCHEMA_FILE = "meta/schema.json"
 EPISODES_FILE = "meta/episodes.json"
 TASKS_FILE = "meta/tasks.json"
+INSTRUCTIONS_FILE = "meta/instructions.json"
 MANIFEST_KEYS = ("format_version", "generation", "num_steps", "num_episodes", "lengths", "stats")
 
-INT_COLUMNS = ("start", "end", "length", "terrain_level", "instruction_index", "seed")
+INT_COLUMNS = ("start", "end", "length", "terrain_level", "instruction_index", "seed", "instruction_id")
 BOOL_COLUMNS = ("success", "terminated")
 FLOAT_COLUMNS = ("return", "cmd_vx", "cmd_vy", "cmd_wz")
 STR_COLUMNS = ("failure_reason", "terrain_type", "task", "gait", "policy_id", "collector_id", "episode_id")
-DICT_COLUMNS = ("label", "extra")
+DICT_COLUMNS = ("label", "extra", "task_params")
 COLUMNS = INT_COLUMNS + BOOL_COLUMNS + FLOAT_COLUMNS + STR_COLUMNS + DICT_COLUMNS
+# columns added after stores were first written: a table without them reads with these values
+LATER_COLUMNS = {"instruction_id": -1, "task_params": {}}
 
 
 def array_path(name: str) -> str:
@@ -108,8 +117,12 @@ class EpisodeTable:
     @classmethod
     def from_lists(cls, cols: Mapping[str, list]) -> "EpisodeTable":
         out: dict[str, np.ndarray] = {}
+        rows = len(cols.get("end", []))
         for c in COLUMNS:
-            values = list(cols.get(c, []))
+            if c not in cols and c in LATER_COLUMNS:
+                values = [LATER_COLUMNS[c]] * rows
+            else:
+                values = list(cols.get(c, []))
             if c in INT_COLUMNS:
                 out[c] = np.asarray(values, dtype=np.int64)
             elif c in BOOL_COLUMNS:
@@ -149,6 +162,25 @@ def read_episode_table(root: Path, num_episodes: int) -> EpisodeTable:
         raise ValueError(f"{root / EPISODES_FILE}: episode table has {len(table)} complete rows, "
                          f"the manifest says {num_episodes}")
     return table.head(num_episodes)
+
+
+def read_instructions(root: Path, manifest: Mapping[str, Any]) -> list[str]:
+    """The committed instruction table: the first ``manifest["num_instructions"]`` entries, checked
+    against the manifest's digest of them when it has one."""
+    n = int(manifest.get("num_instructions", 0))
+    if n == 0:
+        return []
+    raw = read_json(root / INSTRUCTIONS_FILE, "instruction table")
+    table = raw.get("instructions") if isinstance(raw, dict) else None
+    if not isinstance(table, list) or len(table) < n or not all(isinstance(t, str) for t in table[:n]):
+        raise ValueError(f"{root / INSTRUCTIONS_FILE}: corrupt instruction table (want a list of at least {n} "
+                         f"strings under 'instructions')")
+    texts = list(table[:n])
+    digest = (manifest.get("meta") or {}).get("instructions")
+    if digest is not None and digest != integrity.canonical_digest(texts):
+        raise ValueError(f"{root / INSTRUCTIONS_FILE}: instruction table differs from the one the manifest "
+                         f"committed (damaged)")
+    return texts
 
 
 def read_schema(root: Path) -> StoreSchema:
@@ -227,6 +259,7 @@ class TrajectoryStore:
     def __init__(self, root: Path, manifest: dict[str, Any], schema: StoreSchema, table: EpisodeTable,
                  tasks: dict[str, list[str]]):
         self.root, self.manifest, self.schema, self._table, self.tasks = root, manifest, schema, table, tasks
+        self.instructions: list[str] = []     # the instruction table (per-step `instruction` indexes it)
         self._group = None
 
     # --- opening --------------------------------------------------------------------------------
@@ -241,6 +274,7 @@ class TrajectoryStore:
         tasks = read_tasks(root, required=bool(manifest.get("meta")))
         verify_metadata(root, manifest, schema, table, tasks)
         store = cls(root, manifest, schema, table, tasks)
+        store.instructions = read_instructions(root, manifest)
         store._check_arrays()
         return store
 
@@ -322,6 +356,32 @@ class TrajectoryStore:
     @property
     def feature_names(self) -> tuple[str, ...]:
         return tuple(sorted(self.schema.features))
+
+    # --- images: frames every `stride`-th step (data/images.py) ---------------------------------
+    @property
+    def image_features(self) -> tuple[str, ...]:
+        return self.schema.image_features
+
+    def frame_stride(self, name: str) -> int:
+        self._check_feature(name)
+        return self.schema.features[name].stride
+
+    def frame_starts(self, name: str) -> np.ndarray:
+        """(E,) row of each episode's first frame in the image array ``name``."""
+        return frame_starts(self._table["length"], self.frame_stride(name))
+
+    def frame_counts(self, name: str) -> np.ndarray:
+        """(E,) frames per episode: ceil(length / stride)."""
+        return num_frames(self._table["length"], self.frame_stride(name))
+
+    def task_params(self, i: int) -> dict[str, Any]:
+        """Episode i's task parameters (family, target, colours, slots, speed, gait, seed, ...)."""
+        return dict(self._table["task_params"][i])
+
+    def instruction_text(self, i: int) -> str | None:
+        """Episode i's instruction from the instruction table (None when it has none)."""
+        k = int(self._table["instruction_id"][i])
+        return self.instructions[k] if 0 <= k < len(self.instructions) else None
 
     @property
     def stats(self) -> dict[str, dict[str, np.ndarray]]:

@@ -54,3 +54,75 @@ def synthetic_info(i: int, success: bool, terrain_types: tuple[str, ...] = ("fla
             "terrain_type": terrain_types[i % len(terrain_types)], "terrain_level": i % 10,
             "task": "locomotion", "gait": "trot", "policy_id": "gait:trot", "seed": i,
             "robot": "go1", "control_dt": 0.02, "label": {"distance_ratio": 0.9 if success else 0.2}}
+
+
+# --- image episodes (QUARD-like): tests and the image benchmark ------------------------------------
+COLOURS = {"blue": (40, 60, 200), "green": (40, 170, 60), "red": (200, 40, 40), "yellow": (220, 200, 40)}
+FAMILIES = ("go_to", "go_avoid", "stop", "distinguish", "go_through")
+
+
+def synthetic_frames(rng: np.random.Generator, frames: int, size: int = 64, depth: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray | None]:
+    """``frames`` camera frames shaped like a rendered QUARD scene (shadows and anti-aliasing off): a sky
+    shaded by rows, MuJoCo's checker ground in perspective that slides as the robot walks toward two
+    coloured boxes (which grow), and the horizon bobbing a pixel or two with the gait. Smooth
+    rendered-looking pixels with edges, neither white noise nor a still image; a real render has more
+    texture, so bytes per frame measured on these are indicative, not the QUARD figure.
+    RGB (F, size, size, 3) uint8; depth (F, size, size) metres."""
+    rows = np.arange(size)[:, None]
+    cols = np.arange(size)[None, :]
+    light = rng.uniform(0.9, 1.1)
+    palette = list(COLOURS.values())
+    c1, c2 = (np.asarray(palette[i], np.float32) for i in rng.choice(len(palette), 2, replace=False))
+    x1, x2 = rng.uniform(0.15, 0.35), rng.uniform(0.65, 0.85)
+    bob_phase = rng.uniform(0, 2 * np.pi)
+    rgb = np.empty((frames, size, size, 3), np.uint8)
+    dep = np.empty((frames, size, size), np.float32) if depth else None
+    for f in range(frames):
+        dist = 3.0 * (1 - f / max(frames, 1)) + 0.5                      # metres to the boxes
+        travel = 3.0 * f / max(frames, 1)                                # metres walked
+        horizon = size // 2 + int(round(1.5 * np.sin(bob_phase + 2.1 * f)))
+        below = rows >= horizon
+        shade = (0.75 + 0.5 * rows / size).astype(np.float32)           # (size, 1)
+        ground_m = 0.3 * size / np.maximum(rows - horizon + 1, 1)        # metres to the ground at each row
+        checker = (np.floor(2 * (ground_m + travel)) + np.floor((cols - size / 2) / size * ground_m * 4)) % 2
+        img = np.where(below[..., None],
+                       np.array([110, 100, 90], np.float32) * (shade * (0.85 + 0.3 * checker))[..., None],
+                       np.array([150, 190, 230], np.float32) * (1.6 - shade)[..., None]) * light
+        d = np.where(below, ground_m, 20.0).astype(np.float32) * np.ones((1, size), np.float32)
+        half = max(1, int(size * 0.08 / dist * 3))
+        for x, c in ((x1, c1), (x2, c2)):
+            ys = slice(max(horizon - half, 0), horizon + half)
+            xs = slice(max(int(x * size) - half, 0), int(x * size) + half)
+            img[ys, xs] = c * shade[ys][..., None] * light
+            d[ys, xs] = dist
+        rgb[f] = np.clip(img, 0, 255).astype(np.uint8)
+        if dep is not None:
+            dep[f] = d
+    return rgb, dep
+
+
+def synthetic_task_params(i: int, seed: int = 0) -> dict[str, Any]:
+    rng = np.random.default_rng([seed, i])
+    family = FAMILIES[i % len(FAMILIES)]
+    colour = str(rng.choice(list(COLOURS)))
+    speed, gait = str(rng.choice(["slowly", "normally", "quickly"])), str(rng.choice(["trotting", "pacing"]))
+    return {"family": family, "target": "cube", "colour": colour, "slot": int(rng.choice([-1, 1])),
+            "speed": speed, "gait": gait, "seed": int(seed * 1000 + i),
+            "instruction": f"go to the {colour} cube, {speed} with a {gait} gait"}
+
+
+def synthetic_image_episode(rng: np.random.Generator, length: int, success: bool, stride: int = 10,
+                            size: int = 64, depth: bool = False, instruction_index: int = 0,
+                            features: Iterable[str] = PROPRIO_FEATURES + ("hl_commands",),
+                            ) -> dict[str, np.ndarray]:
+    """A proprioceptive episode plus ``images/front_rgb`` (and ``images/front_depth``) every ``stride``
+    steps and the per-step ``instruction`` index, as a QUARD collection records them."""
+    out = synthetic_episode(rng, length, success, features)
+    frames = -(-length // stride)
+    rgb, dep = synthetic_frames(rng, frames, size, depth)
+    out["images/front_rgb"] = rgb
+    if dep is not None:
+        out["images/front_depth"] = dep
+    out["instruction"] = np.full(length, instruction_index, dtype=np.int64)
+    return out

@@ -7,7 +7,9 @@ present with the schema's dtype/shape and at least the manifest's rows; every ch
 manifest's length present and decodable; the digests the manifest records (itself, schema, episode
 and tasks tables, every array's zarr.json) and every chunk's CRC32C (``data.integrity``); finite values
 in float features and stats present for every non-image feature with count = num_steps and matching a
-recomputation. Quarantined staging files are warnings: the store is sound, but they were not merged.
+recomputation; image features with sum(ceil(length / stride)) frames (one stride per store); a
+readable instruction table with the manifest's num_instructions entries (and digest), per-step
+``instruction`` values and ``instruction_id`` within it; task_params dicts. Quarantined staging files are warnings: the store is sound, but they were not merged.
 Levels: metadata and chunk files only (``checksums=False, check_values=False``, the CLI's ``--quick``),
 checksums (the CLI's default), checksums and values (``--deep``; the Python default).
 """
@@ -20,11 +22,12 @@ import numpy as np
 
 from quadforge.data.integrity import (DIGEST_KEY, array_meta_digest, bad_chunks, canonical_digest, manifest_digest,
                                      missing_chunk_files, num_chunks, read_array_meta, table_digest, tasks_digest)
-from quadforge.data.schema import IMAGE_PREFIX, StoreSchema
+from quadforge.data.images import is_image, num_frames
+from quadforge.data.schema import StoreSchema
 from quadforge.data.staging import list_quarantined, list_staged
 from quadforge.data.stats import RunningStats
 from quadforge.data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, array_path, read_episode_table,
-                                  read_manifest, read_schema, read_tasks)
+                                  read_instructions, read_manifest, read_schema, read_tasks)
 
 
 @dataclass
@@ -90,17 +93,23 @@ def _validate(root: Path, rep: ValidationReport, check_values: bool, checksums: 
     n_steps, n_eps = int(manifest["num_steps"]), int(manifest["num_episodes"])
     if int(manifest["generation"]) < 1:
         rep.problems.append(f"{MANIFEST}: generation {manifest['generation']} < 1")
+    meta = manifest.get("meta") or {}
+    table = _check_table(root, n_eps, n_steps, rep, meta.get("episodes"))
+    rows = _expected_rows(schema, table, n_steps)
     lengths = manifest["lengths"]
     for name, n in lengths.items():
-        if int(n) != n_steps:
-            rep.problems.append(f"{MANIFEST}: feature {name!r} length {n} != num_steps {n_steps}")
+        want = rows.get(name, n_steps)
+        if int(n) != want:
+            what = "frames (sum of ceil(length / frame_stride))" if want != n_steps else "num_steps"
+            rep.problems.append(f"{MANIFEST}: feature {name!r} length {n} != {what} {want}")
     if schema is not None and set(lengths) != set(schema.features):
         rep.problems.append(f"{MANIFEST}: features {sorted(lengths)} != schema features {sorted(schema.features)}")
+    if schema is not None and len({schema.features[n].stride for n in schema.image_features}) > 1:
+        rep.problems.append(f"{SCHEMA_FILE}: image features have different strides (one image rate per store)")
+    num_instructions = _check_instructions(root, manifest, table, rep)
 
-    meta = manifest.get("meta") or {}
     if schema is not None and meta and meta.get("schema") != canonical_digest(schema.to_dict()):
         rep.problems.append(f"{SCHEMA_FILE}: differs from the schema the manifest committed")
-    _check_table(root, n_eps, n_steps, rep, meta.get("episodes"))
     try:
         tasks = read_tasks(root, required=bool(meta))
         if meta and meta.get("tasks") != tasks_digest(tasks, meta.get("tasks_counts") or {}):
@@ -108,21 +117,52 @@ def _validate(root: Path, rep: ValidationReport, check_values: bool, checksums: 
     except (FileNotFoundError, ValueError) as err:
         rep.problems.append(str(err))
     if schema is not None:
-        _check_arrays(root, schema, manifest, rep, check_values, checksums)
+        _check_arrays(root, schema, manifest, rows, rep, check_values, checksums, num_instructions)
 
 
-def _check_table(root: Path, n_eps: int, n_steps: int, rep: ValidationReport, digest: str | None) -> None:
+def _expected_rows(schema: StoreSchema | None, table, n_steps: int) -> dict[str, int]:
+    """Rows each feature must have: num_steps, or for images the episodes' frame counts summed."""
+    if schema is None:
+        return {}
+    out = {name: n_steps for name in schema.features}
+    if table is not None:
+        for name in schema.image_features:
+            out[name] = int(num_frames(table["length"], schema.features[name].stride).sum())
+    return out
+
+
+def _check_instructions(root: Path, manifest: dict, table, rep: ValidationReport) -> int:
+    """The committed instruction table's size (0 when it is unreadable, after reporting that)."""
+    try:
+        n = len(read_instructions(root, manifest))
+    except (FileNotFoundError, ValueError) as err:
+        rep.problems.append(str(err))
+        return 0
+    if table is not None and len(table):
+        ids = table["instruction_id"]
+        bad = np.flatnonzero((ids < -1) | (ids >= n))
+        if bad.size:
+            rep.problems.append(f"episode table: instruction_id outside the instruction table (size {n}) at episodes "
+                                f"{bad.tolist()[:10]}")
+        not_dict = [i for i, p in enumerate(table["task_params"]) if not isinstance(p, dict)]
+        if not_dict:
+            rep.problems.append(f"episode table: task_params not a dict at episodes {not_dict[:10]}")
+    return n
+
+
+def _check_table(root: Path, n_eps: int, n_steps: int, rep: ValidationReport, digest: str | None):
+    """The episode table (None when unreadable), after reporting its broken invariants."""
     try:
         table = read_episode_table(root, n_eps)
     except (FileNotFoundError, ValueError) as err:
         rep.problems.append(str(err))
-        return
+        return None
     if digest is not None and digest != table_digest(table.to_lists()):
         rep.problems.append(f"{EPISODES_FILE}: differs from the episode table the manifest committed")
     start, end, length = table["start"], table["end"], table["length"]
     if n_eps == 0:
         rep.problems.append("episode table: no episodes")
-        return
+        return table
     if (np.diff(end) <= 0).any():
         rep.problems.append(f"episode table: ends not strictly increasing at episodes "
                             f"{(np.flatnonzero(np.diff(end) <= 0) + 1).tolist()[:10]}")
@@ -138,20 +178,22 @@ def _check_table(root: Path, n_eps: int, n_steps: int, rep: ValidationReport, di
     ids, counts = np.unique(table["episode_id"], return_counts=True)
     if (counts > 1).any():
         rep.problems.append(f"episode table: duplicate episode ids {ids[counts > 1].tolist()[:10]}")
+    return table
 
 
-def _check_arrays(root: Path, schema: StoreSchema, manifest: dict, rep: ValidationReport,
-                  check_values: bool, checksums: bool) -> None:
+def _check_arrays(root: Path, schema: StoreSchema, manifest: dict, rows: dict[str, int], rep: ValidationReport,
+                  check_values: bool, checksums: bool, num_instructions: int) -> None:
     import zarr
     try:
         group = zarr.open_group(str(root), mode="r", zarr_format=3)
     except Exception as err:  # any zarr failure here means a damaged group
         rep.problems.append(f"{root}: cannot open zarr group ({err})")
         return
-    n = int(manifest["num_steps"])
+    n_steps = int(manifest["num_steps"])
     recorded = manifest.get("checksums") or {}
     array_digests = (manifest.get("meta") or {}).get("arrays") or {}
     for name, spec in sorted(schema.features.items()):
+        n = rows.get(name, n_steps)      # frames for images
         where = f"{array_path(name)}"
         try:
             arr = group[array_path(name)]
@@ -173,7 +215,8 @@ def _check_arrays(root: Path, schema: StoreSchema, manifest: dict, rep: Validati
                                 f"{spec.dtype}{spec.shape}")
             continue
         if arr.shape[0] < n:
-            rep.problems.append(f"{where}: {arr.shape[0]} rows on disk < manifest num_steps {n}")
+            rep.problems.append(f"{where}: {arr.shape[0]} rows on disk < manifest "
+                                f"{'frames' if is_image(name) else 'num_steps'} {n}")
             continue
         if name in (manifest.get("chunks") or {}) and int(manifest["chunks"][name]) != chunk:
             rep.problems.append(f"{where}: chunks of {chunk} steps on disk, the manifest says {manifest['chunks'][name]}")
@@ -182,7 +225,7 @@ def _check_arrays(root: Path, schema: StoreSchema, manifest: dict, rep: Validati
         if missing:
             rep.problems.append(f"{where}: chunk(s) {missing[:10]} missing")
         stats_d = manifest["stats"].get(name)
-        if not name.startswith(IMAGE_PREFIX):
+        if not is_image(name):
             if stats_d is None:
                 rep.problems.append(f"{MANIFEST}: no stats for feature {name!r}")
             elif int(stats_d["count"]) != n:
@@ -194,7 +237,8 @@ def _check_arrays(root: Path, schema: StoreSchema, manifest: dict, rep: Validati
         if missing or not (check_values or (checksums and name in recorded)):
             continue
         _check_data(arr, name, n, chunk, recorded.get(name) if checksums else None,
-                    stats_d if check_values else None, check_values, rep)
+                    stats_d if check_values else None, check_values, rep,
+                    num_instructions if name == "instruction" and check_values else None)
 
 
 def _read_block(arr, lo: int, hi: int, chunk: int) -> tuple[np.ndarray | None, list[int]]:
@@ -212,7 +256,7 @@ def _read_block(arr, lo: int, hi: int, chunk: int) -> tuple[np.ndarray | None, l
 
 
 def _check_data(arr, name: str, n: int, chunk: int, crcs: list[int] | None, stats_d: dict | None,
-                check_values: bool, rep: ValidationReport) -> None:
+                check_values: bool, rep: ValidationReport, index_bound: int | None = None) -> None:
     """One pass over the rows, a few chunks at a time: checksums, then (``check_values``) finiteness
     and a recomputation of the stats."""
     where = array_path(name)
@@ -236,6 +280,12 @@ def _check_data(arr, name: str, n: int, chunk: int, crcs: list[int] | None, stat
             if bad_rows.any():
                 nonfinite += int(bad_rows.sum())
                 first_bad = first_bad if first_bad is not None else lo + int(np.flatnonzero(bad_rows)[0])
+        if index_bound is not None:
+            out = (block < -1) | (block >= index_bound)
+            if out.any():
+                rep.problems.append(f"{where}: instruction index outside the instruction table (size "
+                                    f"{index_bound}) at step {lo + int(np.flatnonzero(out)[0])}")
+                index_bound = None
         if recomputed is not None:
             recomputed.update(block)
     if undecodable:

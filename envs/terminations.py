@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from quadforge.envs.backends.base import RobotState
 from quadforge.envs.config import TerminationsConfig
-from quadforge.envs.cpu_arrays import cpu_arrays
+from quadforge.envs.fast_paths import numpy_path
 from quadforge.envs.view_cache import ViewCache
 
 TERMINATION_REASONS = ("none", "time_out", "fall", "base_collision", "non_finite")
@@ -60,13 +59,12 @@ class Terminations:
                      else torch.linalg.vector_norm(state.contact_forces, dim=-1))
         gz = self._gz(state.projected_gravity_b)
         args = (gz, base_height, non_finite, time_out, force)
-        arrays = cpu_arrays(*args)
-        if arrays is not None:   # comparisons and selections: the same result in either library
-            return Outcome(*(torch.from_numpy(a) for a in self._outcome(np, *arrays)))
-        return Outcome(*self._outcome(torch, *args))
+        # comparisons and selections: the same result in either library; numpy is faster on the CPU
+        fast = numpy_path(self._outcome, args)
+        return Outcome(*(fast if fast is not None else self._outcome(torch, *args)))
 
     def _outcome(self, xp, gz, base_height, non_finite, time_out, force) -> tuple:
-        """``xp`` is numpy or torch: the same expressions serve both."""
+        """The reference: ``xp`` is torch, or numpy on the CPU (``envs.fast_paths.numpy_path``)."""
         # later codes override earlier ones (priority); where() keeps it free of host syncs
         reason = xp.where(time_out, TIME_OUT, NONE)
         reason = xp.where((gz > self.cfg.max_gravity_z) | (base_height < self.min_height), FALL, reason)

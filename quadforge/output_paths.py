@@ -30,7 +30,8 @@ def _check_parents(path: Path, flag: str) -> None:
     for parent in list(path.parents)[::-1]:
         if parent.exists() and not parent.is_dir():
             raise ValueError(f"{flag} {path}: {parent} is a file, not a folder; choose another path")
-    anchor = _nearest_existing(path.parent if not path.exists() else path)
+    # the folder the entry lives (or will live) in must be writable; an existing file needs no X bit
+    anchor = _nearest_existing(path if path.is_dir() else path.parent)
     if not os.access(anchor, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: {anchor} is not writable")
 

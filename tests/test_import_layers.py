@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("models", ("quadforge.training.models", "quadforge.training.checkpoint", "quadforge.training.binning")),
     ("policies", ("quadforge.experts",)),
     ("collection", ("quadforge.collection",)),
-    ("evaluation", ("quadforge.collection.evaluate", "quadforge.collection.evaluate_expert",
+    ("evaluation", ("quadforge.collection.evaluate", "quadforge.collection.evaluate_cmd", "quadforge.collection.evaluate_expert",
                     "quadforge.collection.tracking_eval", "quadforge.collection.metrics",
                     "quadforge.collection.reports", "quadforge.collection.video")),
     ("training", ("quadforge.training",)),

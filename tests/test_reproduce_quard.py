@@ -10,7 +10,7 @@ import pytest
 from quadforge.tools.cli import main as cli_main
 from quadforge.tools.quard_report import BEGIN, END, FAMILIES, TABLE3_ROWS, load_run, table3_section
 from quadforge.tools.reproduce_quard import (SCALES, QuardConfig, Step, build_plan, is_complete, missing_capabilities,
-                                             plan_markdown, run_quard, step_record_path)
+                                             plan_markdown, resume_argv, run_quard, step_record_path)
 from quadforge.tools.results_report import two_proportion_z, write_report
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "quard_auto.md"
@@ -87,9 +87,11 @@ def test_missing_commands_fail_before_running_anything(tmp_path, capsys):
 def test_finished_steps_are_recognised(tmp_path):
     cfg = QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,))
     train = next(s for s in build_plan(cfg) if s.stage == "train")
-    assert not is_complete(cfg, train)
+    assert not is_complete(cfg, train) and resume_argv(train) == train.argv
     Path(train.output).mkdir(parents=True)
+    assert resume_argv(train) == train.argv + ["--overwrite"]   # died before its first checkpoint
     (Path(train.output) / "last.pt").write_bytes(b"")
+    assert resume_argv(train) == train.argv + ["--resume"]
     assert not is_complete(cfg, train)      # a checkpoint without the step's record: interrupted, resume it
     step_record_path(cfg.out, train).parent.mkdir(parents=True)
     step_record_path(cfg.out, train).write_text("{}")

@@ -278,11 +278,18 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def resume_argv(step: Step) -> list[str]:
+    """The step's command, continuing an interrupted training run: from its ``last.pt`` (``--resume``), or
+    afresh over a directory it left without one (``--overwrite``; the directory is this loop's own)."""
+    argv = list(step.argv)
+    if step.stage in ("pretrain", "train") and Path(step.output).is_dir():
+        argv.append("--resume" if (Path(step.output) / "last.pt").exists() else "--overwrite")
+    return argv
+
+
 def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[str, Any]:
     """Run one step's command in its own process; its record (command, wall time) on success."""
-    argv = list(step.argv)
-    if step.stage in ("pretrain", "train") and (Path(step.output) / "last.pt").exists():
-        argv.append("--resume")   # an interrupted training run continues from its last checkpoint
+    argv = resume_argv(step)
     logfile = Path(cfg.out) / "logs" / f"{step.id}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())

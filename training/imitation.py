@@ -6,14 +6,14 @@ actions (or a Gaussian NLL with a learned per-dimension log-std) over every real
 window - FCNet's objective (seed 000 Eq. 4). One process or DDP under torchrun: each rank draws its
 batches from a disjoint shard of the window index with its own seeded stream; the stream of step s
 is derived from (seed, rank, s), so a resumed run draws exactly the batches the uninterrupted run
-would have. Checkpoints carry everything ``experts.learned.load_policy`` needs.
+would have. Checkpoints carry everything ``experts.learned.load_policy`` needs. The step loop (logging,
+checkpoints, resume, DDP) is ``training.loop.TrainLoop``; this module supplies batch -> loss and validation.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +30,10 @@ from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
 from quadforge.training.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
-from quadforge.training.loop import RunLog, rng_state, save_run_checkpoint, set_rng_state
+from quadforge.training.loop import RunLog, TrainLoop, save_run_checkpoint, set_rng_state
 from quadforge.training.models import SequenceModel, build_model
-from quadforge.training.optim import build_optimizer, build_scheduler, clip_gradients
+from quadforge.training.optim import build_optimizer, build_scheduler
 from quadforge.training.presets import TrainConfig, preset
-from quadforge.progress import progress_bar
 
 
 # --- data ----------------------------------------------------------------------------------------------
@@ -174,7 +173,6 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     to_inputs = Batches(obs_mean.to(info.device), obs_std.to(info.device), cfg.rtg_scale, info.device)
     val_batches = _fixed_val_batches(cfg, val_s)
     log = RunLog(out, info.is_main, cfg.tensorboard, who="imitation")
-    history: list[dict[str, float]] = []
     best_val = math.inf
 
     def checkpoint(step: int, name: str, keep: bool = False, rngs: dict | None = None) -> Path | None:
@@ -196,6 +194,26 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
             return save_run_checkpoint(out, ck, step, keep)
         return save_checkpoint(out / name, ck)
 
+    def loss_terms(step: int) -> dict[str, torch.Tensor]:
+        # the batch of step s derives from (seed, rank, s): a resumed run draws the same batches
+        rng = numpy_rng(cfg.seed, f"imitation/batch/rank{info.rank}/step{step}")
+        ends = info.rank + info.world_size * rng.integers(0, per_rank, size=cfg.batch_size)
+        return {"loss": ddp(*to_inputs(train_s.batch_at(ends)))}
+
+    def validate(step: int) -> dict[str, float]:
+        nonlocal best_val
+        if not val_batches:
+            return {}
+        val_loss = _validate(objective, val_batches, to_inputs)
+        if val_loss < best_val:
+            best_val = val_loss
+            checkpoint(step, "best.pt")
+        return {"val_loss": val_loss}
+
+    def report(row: dict[str, float]) -> None:
+        print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
+        log.scalars("train", row, row["step"])
+
     if info.is_main:
         print(f"train {cfg.model}: {model.num_parameters():,} params, layout {layout.name} ({layout.dim}-D), "
               f"{train_s.num_windows} windows from {train_s.num_episodes} episodes, steps {start}->{max_steps}, "
@@ -205,53 +223,17 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
             (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
     set_rng_state(saved_rng, info)   # torch's stream (dropout) as it was when the checkpoint was written
     ddp.train()
-    t0, windows = time.perf_counter(), 0
-    last_path = None
-    last_saved = time.monotonic()
-    bar = progress_bar(max_steps, start, desc=f"train {cfg.model}", enabled=info.is_main)
-    for step in range(start, max_steps):
-        rng = numpy_rng(cfg.seed, f"imitation/batch/rank{info.rank}/step{step}")
-        ends = info.rank + info.world_size * rng.integers(0, per_rank, size=cfg.batch_size)
-        loss = ddp(*to_inputs(train_s.batch_at(ends)))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = clip_gradients(objective, cfg.optim.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        windows += cfg.batch_size * info.world_size
-        done = step + 1
-        validate = done % cfg.val_every == 0 or done == max_steps
-        if done % cfg.log_every == 0 or validate:
-            rec = {"step": done, "loss": dist.all_reduce_mean(loss.detach(), info), "grad_norm": grad_norm,
-                   "lr": optimizer.param_groups[0]["lr"], "windows_per_s": windows / (time.perf_counter() - t0)}
-            if validate and val_batches:
-                rec["val_loss"] = _validate(objective, val_batches, to_inputs)
-                if rec["val_loss"] < best_val:
-                    best_val = rec["val_loss"]
-                    checkpoint(done, "best.pt")
-            history.append(rec)
-            if info.is_main:
-                print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items()),
-                      flush=True)
-                log.scalars("train", rec, done)
-            t0, windows = time.perf_counter(), 0
-        if validate:
-            rngs = rng_state(info)   # a collective: every rank reaches it at the same steps
-            last_path = checkpoint(done, "last.pt", keep=cfg.keep_checkpoints, rngs=rngs) or last_path
-            last_saved = time.monotonic()
-        elif cfg.checkpoint_every_s and time.monotonic() - last_saved >= cfg.checkpoint_every_s:
-            # by wall time too: a slow run never goes long without a resumable last.pt (the batches of
-            # step s derive from (seed, rank, s), so --resume from here is exact). Ranks reach this at
-            # different steps, so no collective here: one process saves its torch stream, DDP none.
-            last_path = checkpoint(done, "last.pt", rngs=None if info.enabled else rng_state(info)) or last_path
-            last_saved = time.monotonic()
-        bar.update(1)
-        if not bar.disable:   # (reading the loss syncs a GPU: only when the bar is shown)
-            bar.set_postfix(loss=f"{float(loss):.4g}", refresh=False)
-    bar.close()
+    loop = TrainLoop(info=info, optimizer=optimizer, scheduler=scheduler, clip_module=objective,
+                     grad_clip=cfg.optim.grad_clip, loss_terms=loss_terms,
+                     checkpoint=lambda step, rngs, scheduled: checkpoint(step, "last.pt", keep=cfg.keep_checkpoints and scheduled,
+                                                                          rngs=rngs),
+                     report=report, max_steps=max_steps, log_every=cfg.log_every, val_every=cfg.val_every,
+                     items_per_step=cfg.batch_size * info.world_size, rate_name="windows_per_s",
+                     checkpoint_every_s=cfg.checkpoint_every_s, desc=f"train {cfg.model}", validate=validate)
+    history = loop.run(start)
     log.close()
     dist.barrier(info)
-    return TrainResult(model=model, step=max(start, max_steps), checkpoint=last_path, history=history)
+    return TrainResult(model=model, step=max(start, max_steps), checkpoint=loop.last_path, history=history)
 
 
 def _fixed_val_batches(cfg: TrainConfig, val_s) -> list[dict[str, torch.Tensor]]:

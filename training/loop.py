@@ -1,6 +1,11 @@
-"""What every trainer's loop shares: the TensorBoard log and the checkpoint files of a run directory.
+"""What every trainer's loop shares: the step loop, the TensorBoard log and the checkpoint files of a run.
 
-Both trainers (``training.imitation``, ``training.qlearning``) write
+``TrainLoop.run`` is the one skeleton under both trainers (``training.imitation``, ``training.qlearning``):
+optimizer step with gradient clipping, a logged row every ``log_every`` steps (loss terms averaged over
+ranks, lr, grad norm, throughput), validation and ``last.pt`` every ``val_every`` steps and at the end,
+a wall-time ``last.pt`` in between, and the progress bar. A trainer supplies only its batch -> loss terms
+step (``loss_terms``), what follows an optimizer step (GeRM's EMA target), its validation and its
+checkpoint contents (``checkpoint(step, rngs)``). Both write
 
 - ``OUT/tb/``: TensorBoard scalars ``<group>/<name>`` (main rank only; a missing tensorboard package
   only disables them),
@@ -13,14 +18,18 @@ Imitation batches come from streams derived from (seed, rank, step), so they nee
 """
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 
 from quadforge.training.checkpoint import Checkpoint, save_checkpoint
-from quadforge.training.distributed import DistInfo
+from quadforge.progress import progress_bar
+from quadforge.training.distributed import DistInfo, all_reduce_mean, barrier
+from quadforge.training.optim import clip_gradients
 
 
 class RunLog:
@@ -89,3 +98,89 @@ def set_rng_state(saved: Mapping[str, Any] | None, info: DistInfo,
         if name in state:
             gen.bit_generator.state = state[name]
     return True
+
+
+# --- the step loop ---------------------------------------------------------------------------------------
+@dataclass
+class TrainLoop:
+    """One training run's step loop; the trainer's parts are the callables.
+
+    ``loss_terms(step) -> {"loss": tensor, ...}`` draws the step's batch and computes the terms (``loss``
+    is minimised; every term is logged, averaged over ranks). ``after_step()`` runs after each optimizer
+    step. ``validate(step) -> {name: value}`` runs on every rank at validation steps; what it returns
+    joins that step's logged row. ``report(row)`` prints/logs a row on the main rank.
+    ``checkpoint(step, rngs, scheduled)`` writes ``last.pt`` (main rank; ``rngs`` from ``rng_state`` or
+    None; ``scheduled``: a validation step, not a wall-time save) and returns its path. ``generators`` are the named numpy streams saved with torch's on resume.
+    """
+
+    info: DistInfo
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    clip_module: torch.nn.Module          # whose gradients are clipped
+    grad_clip: float
+    loss_terms: Callable[[int], Mapping[str, torch.Tensor]]
+    checkpoint: Callable[[int, dict | None, bool], Path | None]
+    report: Callable[[dict[str, float]], None]
+    max_steps: int
+    log_every: int
+    val_every: int
+    items_per_step: int                   # samples per step over all ranks (for the throughput column)
+    rate_name: str = "samples_per_s"
+    checkpoint_every_s: float = 0.0
+    desc: str = "train"
+    after_step: Callable[[], None] | None = None
+    validate: Callable[[int], Mapping[str, float] | None] | None = None
+    generators: Mapping[str, np.random.Generator] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)
+    last_path: Path | None = None
+
+    def save(self, step: int, collective: bool = True) -> Path | None:
+        """``last.pt`` at ``step`` with every rank's random streams (``collective``: call it on every rank)
+        or, off the collective schedule, with this process's streams when it is the only one."""
+        rngs = rng_state(self.info, self.generators) if collective or not self.info.enabled else None
+        if collective or self.info.is_main:
+            self.last_path = self.checkpoint(step, rngs, collective) or self.last_path
+        return self.last_path
+
+    def run(self, start: int) -> list[dict[str, float]]:
+        info = self.info
+        t0, seen = time.perf_counter(), 0
+        last_saved = time.monotonic()
+        bar = progress_bar(self.max_steps, start, desc=self.desc, enabled=info.is_main)
+        for step in range(start, self.max_steps):
+            terms = self.loss_terms(step)
+            self.optimizer.zero_grad(set_to_none=True)
+            terms["loss"].backward()
+            grad_norm = clip_gradients(self.clip_module, self.grad_clip)
+            self.optimizer.step()
+            self.scheduler.step()
+            if self.after_step is not None:
+                self.after_step()
+            seen += self.items_per_step
+            done = step + 1
+            validate = done % self.val_every == 0 or done == self.max_steps
+            if done % self.log_every == 0 or validate:
+                row: dict[str, Any] = {"step": done}
+                row.update({k: all_reduce_mean(v.detach() if torch.is_tensor(v) else v, info) for k, v in terms.items()})
+                row.update(lr=self.optimizer.param_groups[0]["lr"], grad_norm=grad_norm)
+                row[self.rate_name] = seen / max(time.perf_counter() - t0, 1e-9)
+                if validate and self.validate is not None:
+                    row.update(self.validate(done) or {})
+                self.history.append(row)
+                if info.is_main:
+                    self.report(row)
+                t0, seen = time.perf_counter(), 0
+            if validate:
+                self.save(done)   # a collective: every rank reaches it at the same steps
+                last_saved = time.monotonic()
+                barrier(info)
+            elif self.checkpoint_every_s and time.monotonic() - last_saved >= self.checkpoint_every_s:
+                # by wall time too, so a slow run never goes long without a resumable last.pt. Ranks
+                # reach this at different steps: no collective, so under DDP without random streams.
+                self.save(done, collective=False)
+                last_saved = time.monotonic()
+            bar.update(1)
+            if not bar.disable:   # (reading the loss syncs a GPU: only when the bar is shown)
+                bar.set_postfix(loss=f"{float(terms['loss']):.4g}", refresh=False)
+        bar.close()
+        return self.history

@@ -25,14 +25,14 @@ Baselines from the same code: ``germ-il`` (GeRM w/o RL: cross-entropy on the dat
 episodes only) and ``germ-dense`` (GeRM w/o MoE: dense FFNs at the MoE's active parameter count).
 Training: AdamW 3e-4, linear warmup + cosine, grad clipping, TensorBoard, self-contained checkpoints
 (model config, layout, normalisation stats, bin edges, target network, RNG states) that deploy alone
-and resume exactly, DDP under torchrun (``training.distributed``).
+and resume exactly, DDP under torchrun (``training.distributed``), all in the step loop both trainers
+share (``training.loop.TrainLoop``): this module supplies the batch -> loss terms, the EMA and validation.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -48,15 +48,13 @@ from quadforge.data.samplers import TransitionSampler
 from quadforge.data.store import TrajectoryStore
 from quadforge.training.binning import BIN_METHODS, ActionBinner, fit_binner
 from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state
-from quadforge.training.distributed import (DistInfo, all_reduce_mean, barrier, broadcast_object, cleanup, init_distributed,
-                                  wrap_model)
+from quadforge.training.distributed import DistInfo, broadcast_object, cleanup, init_distributed, wrap_model
 from quadforge.experts.germ_policy import action_space_of
-from quadforge.training.loop import RunLog, rng_state, save_run_checkpoint, set_rng_state
+from quadforge.training.loop import RunLog, TrainLoop, save_run_checkpoint, set_rng_state
 from quadforge.training.models.germ import GeRM, GeRMConfig
-from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
+from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
-from quadforge.progress import progress_bar
 
 GERM_MODELS = ("germ", "germ-il", "germ-dense")
 OBJECTIVES = ("q", "il")
@@ -331,10 +329,9 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
               flush=True)
         log.scalars(group, row, step)
 
-    def save(step: int) -> None:
-        rngs = rng_state(info, {"sampler": sampler._rng})   # every rank's streams (a collective)
+    def checkpoint(step: int, rngs: dict | None, scheduled: bool) -> Path | None:
         if not info.is_main:
-            return
+            return None
         extra = {"binner": {"edges": binner.edges.cpu()}, "action_feature": cfg.action_feature,
                  "action_space": action_space_of(cfg.action_feature),
                  "rng": rngs}
@@ -348,52 +345,36 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
                        action_stats={"mean": a_mean, "std": a_std}, provenance=prov,
                        optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=step,
                        seed=cfg.seed, train_config=dataclasses.asdict(cfg), extra=extra)
-        save_run_checkpoint(out, c, step, keep=bool(cfg.keep_every) and step % cfg.keep_every == 0)
+        return save_run_checkpoint(out, c, step, keep=bool(cfg.keep_every) and step % cfg.keep_every == 0)
 
-    history: list[dict[str, float]] = []
-    val_history: list[dict[str, float]] = []
-    model.train()
-    t0, seen = time.perf_counter(), 0
-    last_saved = time.monotonic()
-    bar = progress_bar(cfg.max_steps, start, desc=f"train {cfg.model_name}", enabled=info.is_main)
-    for step in range(start, cfg.max_steps):
-        batch = _to(sampler.sample(cfg.batch_size), info.device)
-        terms = losses(ddp_model, target, batch, binner, cfg)
-        optimizer.zero_grad(set_to_none=True)
-        terms["loss"].backward()
-        grad_norm = clip_gradients(model, cfg.optim.grad_clip)
-        optimizer.step()
-        scheduler.step()
+    def loss_terms(step: int) -> dict[str, torch.Tensor]:
+        return losses(ddp_model, target, _to(sampler.sample(cfg.batch_size), info.device), binner, cfg)
+
+    def after_step() -> None:
         if target is not None:
             ema_update(target, model, cfg.tau)
-        seen += cfg.batch_size * info.world_size
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.max_steps:
-            row = {k: all_reduce_mean(v, info) for k, v in terms.items()}
-            dt = time.perf_counter() - t0
-            row.update(step=done, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm,
-                       transitions_per_s=seen / max(dt, 1e-9))
-            history.append(row)
-            t0, seen = time.perf_counter(), 0
-            if info.is_main:
-                log_row("train", f"step {done}/{cfg.max_steps}", row, done)
-        if done % cfg.val_every == 0 or done == cfg.max_steps:
-            if val_sampler is not None and info.is_main:
-                v = validate(model, target, val_sampler, binner, cfg, info.device)
-                v["step"] = done
-                val_history.append(v)
-                log_row("val", f"val step {done}", v, done)
-            save(done)
-            last_saved = time.monotonic()
-            barrier(info)
-        elif (cfg.checkpoint_every_s and not info.enabled   # (save gathers every rank's RNG: one process)
-              and time.monotonic() - last_saved >= cfg.checkpoint_every_s):
-            save(done)   # by wall time too; resuming restores the sampler's RNG, so it is exact
-            last_saved = time.monotonic()
-        bar.update(1)
-    bar.close()
+
+    val_history: list[dict[str, float]] = []
+
+    def validate_main(step: int) -> None:
+        """On the main rank, into its own rows (``val/`` in TensorBoard); the other ranks wait at the save."""
+        if val_sampler is not None and info.is_main:
+            v = validate(model, target, val_sampler, binner, cfg, info.device)
+            v["step"] = step
+            val_history.append(v)
+            log_row("val", f"val step {step}", v, step)
+
+    model.train()
+    loop = TrainLoop(info=info, optimizer=optimizer, scheduler=scheduler, clip_module=model,
+                     grad_clip=cfg.optim.grad_clip, loss_terms=loss_terms, checkpoint=checkpoint,
+                     report=lambda row: log_row("train", f"step {row['step']}/{cfg.max_steps}", row, row["step"]),
+                     max_steps=cfg.max_steps, log_every=cfg.log_every, val_every=cfg.val_every,
+                     items_per_step=cfg.batch_size * info.world_size, rate_name="transitions_per_s",
+                     checkpoint_every_s=cfg.checkpoint_every_s, desc=f"train {cfg.model_name}",
+                     after_step=after_step, validate=validate_main, generators={"sampler": sampler._rng})
+    history = loop.run(start)
     if start >= cfg.max_steps:
-        save(start)
+        loop.save(start)
     log.close()
     cleanup(info)
     return {"history": history, "val": val_history, "checkpoint": str(out / "last.pt"), "model": model, "target": target,

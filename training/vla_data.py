@@ -17,7 +17,7 @@ A source of image windows (``ImageWindowSource``) has
   ``reward``, ``discount``, ``mc_return``, ``success`` float (B,);  ``done``, ``last`` bool (B,)
                                       as ``data.samplers.TransitionSampler`` (sparse reward, γ^m, MC return)
 
-The store-backed source is wave 2's image-window sampler (``open_image_source``); ``ColourChoiceTask``
+The store-backed source is the store's image-window sampler (``open_image_source``); ``ColourChoiceTask``
 below generates the same batches for tests and the benchmark.
 """
 from __future__ import annotations
@@ -28,6 +28,8 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from quadforge.data.image_sampler import ImageWindowSampler
+from quadforge.data.store import TrajectoryStore
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES
 
 BATCH_KEYS = ("frames", "frame_mask", "instruction", "action", "reward", "discount", "mc_return", "success",
@@ -116,15 +118,21 @@ class StoreImageSource:
 
 
 def open_image_source(path: str | Path, history: int, seed: int = 0, split: str = "all",
-                      success_ratio: float | None = None, success_only: bool = False) -> ImageWindowSource:
-    """Image windows from a trajectory store holding ``images/front_rgb`` (wave 2's image store)."""
+                      success_ratio: float | None = None, success_only: bool = False,
+                      camera: str = "images/front_rgb") -> ImageWindowSource:
+    """Image windows from a trajectory store holding ``camera`` (``data.image_sampler``): ``history``
+    frames + the next one, the ``hl_commands`` at each frame's step, the success/failure mix."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"--store {path}: no trajectory store there")
-    raise NotImplementedError(
-        f"--store {path}: reading image windows from a store needs the image-window sampler of issue 14 "
-        "(data.image_sampler, branch wave2-14b), which is not on this branch yet; StoreImageSource adapts "
-        "its batches once it is, and the trainer runs on any ImageWindowSource (training.vla_data) meanwhile")
+    store = TrajectoryStore.open(path)
+    if camera not in store.image_features:
+        raise ValueError(f"--store {path}: no {camera!r} frames (image features: {list(store.image_features)}); "
+                         f"collect with a camera task (quadforge collect --task quard:...)")
+    sampler = ImageWindowSampler(store, cameras=[camera], history=history, next_frame=True,
+                                 action_feature="hl_commands", split=split, seed=seed,
+                                 success_ratio=success_ratio, filters={"success_only": True} if success_only else None)
+    return StoreImageSource(sampler, store, camera)
 
 
 # --- a synthetic source: "go left/right to the named colour" ----------------------------------------

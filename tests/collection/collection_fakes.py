@@ -106,3 +106,38 @@ class EchoPolicy:
         if self.with_hl:
             self.hl_commands = obs["dof_pos"][:, :12].clone() * 2
         return a
+
+
+class CameraScriptedEnv(ScriptedEnv):
+    """ScriptedEnv with a camera, an instruction term and per-episode task parameters (the hooks a QUARD
+    env offers): pixel (0, 0) of ``images/front_rgb`` holds (env id, episode counter, step) and the depth
+    image the step in metres, so tests can check which frame was recorded where."""
+
+    instruction_table = ["go to the red cube, slowly with a trotting gait", "stop the blue ball, quickly with a "
+                         "pacing gait", "distinguish letter a, normally with a bounding gait"]
+
+    def __init__(self, *args, frame_stride=None, size=(6, 8), **kwargs):
+        super().__init__(*args, **kwargs)
+        if frame_stride is not None:
+            self.frame_stride = frame_stride
+        self.size = size
+        self.renders = 0
+
+    def task_params(self, env_id: int) -> dict:
+        k = (env_id + int(self.k[env_id])) % len(self.instruction_table)
+        return {"family": ("go_to", "stop", "distinguish")[k], "instruction": self.instruction_table[k],
+                "seed": 100 * env_id + int(self.k[env_id]), "episode": int(self.k[env_id])}
+
+    @property
+    def terms(self) -> dict[str, torch.Tensor]:
+        out = super().terms
+        self.renders += 1
+        h, w = self.size
+        rgb = torch.zeros(self.num_envs, h, w, 3, dtype=torch.uint8)
+        rgb[:, 0, 0, 0] = torch.arange(self.num_envs, dtype=torch.uint8)
+        rgb[:, 0, 0, 1] = self.k.to(torch.uint8)
+        rgb[:, 0, 0, 2] = self.t.to(torch.uint8)
+        out["images/front_rgb"] = rgb
+        out["images/front_depth"] = self.t.float()[:, None, None].expand(self.num_envs, h, w).clone()
+        out["instruction"] = (torch.arange(self.num_envs) + self.k) % len(self.instruction_table)
+        return out

@@ -64,6 +64,8 @@ def test_collects_to_a_target_and_resumes_without_replaying(tmp_path, capsys):
     (["--max-episode-s", "0"], "--max-episode-s"),
     (["--num-envs", "0"], "--num-envs"),
     (["--workers", "-1"], "--workers"),
+    (["--task", "quard:dance"], "quard:go_to"),
+    (["--frame-stride", "0"], "--frame-stride"),
 ])
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys, args, match):
     argv = ["collect", "--store", str(tmp_path / "s"), "--episodes", "2", *args]
@@ -108,3 +110,10 @@ def test_out_must_not_be_a_file(tmp_path, capsys):
     f.write_text("x")
     assert main(["collect", "--store", str(f), "--episodes", "1"]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_quard_task_names_its_missing_env_hook(tmp_path):
+    from quadforge.collection.collect import CollectConfig, build_env
+    cfg = CollectConfig(out=str(tmp_path / "s"), episodes=1, task="quard:go_to").validate()
+    with pytest.raises(NotImplementedError, match="build_task_env"):
+        build_env(cfg, 0)

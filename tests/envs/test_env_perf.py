@@ -165,7 +165,8 @@ def test_work_overlapped_with_the_physics_changes_nothing():
 
 
 def test_yaw_cpu_fast_path_is_bitwise_the_torch_formula():
-    from quadforge.envs.rotations import yaw_from_quat
+    from quadforge.envs.fast_paths import yaw_from_quat_numpy
+    from quadforge.envs.rotations import yaw_from_quat, yaw_from_quat_reference
     g = torch.Generator().manual_seed(6)
     q = torch.nn.functional.normalize(torch.randn(20000, 4, generator=g), dim=1)
     q[:100, 1:3] = 0.0                                             # exact zeros and signs too
@@ -178,8 +179,10 @@ def test_yaw_cpu_fast_path_is_bitwise_the_torch_formula():
         got = yaw_from_quat(batch)
         assert got.dtype == torch.float32 and got.shape == batch.shape[:-1]
         assert torch.equal(got, torch_formula(batch))
+        assert torch.equal(yaw_from_quat_numpy(batch), yaw_from_quat_reference(batch))
     leaf = q[:5].clone().requires_grad_(True)                      # autograd keeps the torch path
     assert torch.equal(yaw_from_quat(leaf).detach(), torch_formula(q[:5]))
+    assert yaw_from_quat_numpy(leaf) is None and yaw_from_quat_numpy(q.bfloat16()) is None
 
 
 def test_termination_numpy_path_equals_the_torch_path():

@@ -109,3 +109,25 @@ def test_split_real_readout_is_the_complex_readout():
         assert y.dtype == torch.float64
         assert torch.allclose(y, ref, rtol=1e-12, atol=1e-12)
     assert csc.step(x[0].float(), state).dtype == torch.float32   # float32 in, float32 out
+
+
+def test_layer_steps_are_their_reference_forward_on_a_first_position():
+    """Each speed-only step of training/models/step_plans.py against its layer's forward, one layer at a
+    time (the model-level step == forward is tests/training/test_models.py)."""
+    from quadforge.training.models.fcnet import FourierLayer
+    from quadforge.training.models.step_plans import block_plan, block_step, fourier_layer_plan, fourier_step
+    from quadforge.training.models.transformer import Block
+    torch.manual_seed(3)
+    x = torch.randn(B, 16)
+    layer = FourierLayer(16, N, 3, "kernel").eval()
+    with torch.no_grad():
+        _, rho = layer.csc.step_weights()
+        got, _ = fourier_step(x.clone(), fourier_layer_plan(layer), torch.zeros(B, 16), rho.to(x.dtype))
+        torch.testing.assert_close(got, layer(x[:, None], torch.ones(B, 1))[:, 0], rtol=1e-5, atol=1e-5)
+        block = Block(16, 2, 4).eval()
+        keys, values = torch.zeros(B, 2, 2, 8), torch.zeros(B, 2, 2, 8)   # slot 0 and the scratch slot
+        allowed = torch.tensor([True, False]).expand(B, 1, 1, 2)
+        got = block_step(x[:, None].clone(), block_plan(block), keys, values, torch.arange(B)[:, None],
+                         torch.zeros(B, 1, dtype=torch.long), allowed)
+        torch.testing.assert_close(got, block(x[:, None], torch.ones(B, 1, 1, 1, dtype=torch.bool)),
+                                   rtol=1e-5, atol=1e-5)

@@ -10,6 +10,7 @@ BENCHMARKS = {
     "sim": "quadforge.tools.bench.sim",
     "experts": "quadforge.tools.bench.experts",
     "store": "quadforge.tools.bench.store",
+    "store_images": "quadforge.tools.bench.store_images",
     "models": "quadforge.tools.bench.models",
     "germ": "quadforge.tools.bench.germ",
     "env_step": "quadforge.tools.bench.env_step",
@@ -21,7 +22,8 @@ BENCHMARKS = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(BENCHMARKS),
                         help="sim: env vs raw MuJoCo throughput; env_step: where an env step's time goes; "
-                             "experts: gait controller falls and tracking; store: compaction and sampling; "
+                             "experts: gait controller falls and tracking; store: compaction and sampling (with its "
+                             "image section); store_images: the image section alone; "
                              "models: step latency and training throughput; germ: GeRM trainer; "
                              "scale: env steps/s vs worlds per backend (mujoco_cpu, mujoco_warp) + compile time; "
                              "vla: vision-language-action acting latency and training throughput")

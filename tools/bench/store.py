@@ -164,12 +164,15 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
         ratios.add("RAM windows per wall s / 100k target", (batch / t_sample) / 1e5, ">= 1")
         ratios.add("RAM windows per CPU s / 100k target", window_cpu_rate / 1e5, ">= 1")
         tables = [rates, checks, ratios]
+        from quadforge.tools.bench.store_images import image_tables   # camera frames: tools/bench/store_images.py
+        image, image_extra = image_tables(quick)
+        tables += image
         coll, note = _collection_ratio(quick)
         if coll is not None:
             tables.append(coll)
         else:
             print(note)
-        report("store", tables, json_path, extra={"collection_note": note} if note else None)
+        report("store", tables, json_path, extra={**image_extra, **({"collection_note": note} if note else {})})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

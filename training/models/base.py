@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -151,22 +150,6 @@ class SequenceModel(nn.Module):
     def _device(self) -> torch.device:
         p = next(self.parameters(), None)
         return p.device if p is not None else torch.device("cpu")
-
-
-def live_params(module: nn.Module) -> dict[str, nn.Parameter]:
-    """A module's own parameter dict, for the precomputed step plans. A plan keeps this dict, never the
-    tensors: optimizer steps and load_state_dict copy into the parameters, and .to() and
-    load_state_dict(assign=True) put the new parameter into this same dict, so a plan cannot serve a
-    stale weight. One dict lookup instead of nn.Module.__getattr__ (~0.5 us, dozens per step)."""
-    return module._parameters
-
-
-def ffn_step(x: torch.Tensor, first: dict[str, nn.Parameter], second: dict[str, nn.Parameter]) -> torch.Tensor:
-    """``FeedForward`` / ``Decoder`` (Linear -> GELU -> Linear) for one recurrent step, on live parameter
-    dicts. The GELU runs in place on the first linear's fresh output: at batch 1 an allocation is a
-    measurable part of an elementwise op. Same ATen kernel as ``F.gelu`` (exact erf form)."""
-    hidden = F.linear(x, first["weight"], first["bias"])
-    return F.linear(torch._C._nn.gelu_(hidden), second["weight"], second["bias"])
 
 
 class Decoder(nn.Sequential):

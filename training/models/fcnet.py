@@ -5,8 +5,9 @@
     X^{l+1} = FFN(LN(Y^l)) + Y^l                       FFN inner width = hidden, not shared
     actions = Q(X^{L+1})                               Q: Linear -> GELU -> Linear (decoder_hidden)
 
-``step`` runs the same layers at one position (``fourier_step``) with the CSC's sliding DFT (Eq. 13,
-csc.py), every layer's state in one (B, L, d, m) complex tensor in the model's precision.
+``step`` runs the same layers at one position (``step_plans.fourier_step``, the speed-only path) with
+the CSC's sliding DFT (Eq. 13, csc.py), every layer's state in one (B, L, d, m) complex tensor in the
+model's precision.
 
 No positional embedding, no dropout, no final norm (the official implementation). Masked (padding)
 steps are zeroed at every CSC input, so left padding equals zero history. With hidden 256, m 10, L 4,
@@ -18,8 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quadforge.training.models.base import Cache, Decoder, FeedForward, SequenceModel, ffn_step, live_params
+from quadforge.training.models.base import Cache, Decoder, FeedForward, SequenceModel
 from quadforge.training.models.csc import CausalSpectralConv, weight_key
+from quadforge.training.models.step_plans import ffn_step, fourier_layer_plan, fourier_step, live_params
 
 
 class FourierLayer(nn.Module):
@@ -35,25 +37,6 @@ class FourierLayer(nn.Module):
         # x (B, T, d); padding steps enter the CSC as zeros = no history
         y = self.act(self.csc(self.norm1(x) * mask.unsqueeze(-1))) + x
         return self.ffn(self.norm2(y)) + y
-
-    def step_plan(self) -> tuple:
-        """What one recurrent step reads, held live (see base.live_params)."""
-        n1, n2, (f1, _, f2) = self.norm1, self.norm2, self.ffn
-        return (n1.normalized_shape, n1.eps, live_params(n1), n2.eps, live_params(n2), live_params(f1),
-                live_params(f2))
-
-
-def fourier_step(x: torch.Tensor, plan: tuple, history: torch.Tensor,
-                 rho: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``FourierLayer.forward`` at one position: x (B, d) -> (X^{l+1}, the CSC input f), both (B, d).
-    ``history`` (B, d) is the CSC read-out of the state before this step (a fresh tensor, consumed in
-    place) and rho (d,) the gain of the new input (csc.step_weights), so CSC(f)_t = history + rho f_t.
-    Functional calls on a precomputed plan: at batch 1 Python attribute and module-call overhead would
-    be a third of the step (seed 000 C.4 latency); the maths is forward's."""
-    shape, eps1, n1, eps2, n2, f1, f2 = plan
-    f = torch.layer_norm(x, shape, n1["weight"], n1["bias"], eps1)
-    y = torch._C._nn.gelu_(history.addcmul_(rho, f)).add_(x)                            # Y^l
-    return ffn_step(torch.layer_norm(y, shape, n2["weight"], n2["bias"], eps2), f1, f2).add_(y), f
 
 
 class FCNet(SequenceModel):
@@ -138,7 +121,7 @@ class FCNet(SequenceModel):
         if self._plan is None:
             q1, _, q2 = self.decoder
             self._plan = (live_params(self.encoder), [live_params(layer.csc) for layer in self.layers],
-                          [layer.step_plan() for layer in self.layers], live_params(q1), live_params(q2))
+                          [fourier_layer_plan(layer) for layer in self.layers], live_params(q1), live_params(q2))
         p, _, layers, q1, q2 = self._plan
         Z = cache.state["Z"]                                                                 # (B, L, d, m)
         vu, rho, u, real_parts = self._csc_readout(Z.dtype)

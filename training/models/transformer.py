@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quadforge.training.models.base import Cache, Decoder, FeedForward, SequenceModel, ffn_step, live_params
+from quadforge.training.models.base import Cache, Decoder, FeedForward, SequenceModel
+from quadforge.training.models.step_plans import block_plan, block_step, ffn_step, live_params
 from quadforge.training.models.tokens import StepTokens
 
 
@@ -46,21 +47,6 @@ class SelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(b, l, d))
 
 
-def attention_step(x: torch.Tensor, plan: tuple, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
-                   slots: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """``SelfAttention`` for one step's c new tokens against the KV cache, functional (see fourier_step
-    in fcnet.py: the same treatment for every model's step). x (B, c, d); keys/values (B, S+1, H, dh)
-    written in place at slots (B, c), rows (B, 1) their batch index."""
-    heads, qkv, proj = plan
-    b, c, d = x.shape
-    q, k, v = F.linear(x, qkv["weight"], qkv["bias"]).view(b, c, 3, heads, d // heads).unbind(2)
-    keys[rows, slots] = k
-    values[rows, slots] = v
-    y = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                       attn_mask=allowed)                            # (B, H, c, dh)
-    return F.linear(y.transpose(1, 2).reshape(b, c, d), proj["weight"], proj["bias"])
-
-
 class Block(nn.Module):
     def __init__(self, hidden: int, heads: int, ffn_mult: int):
         super().__init__()
@@ -72,25 +58,9 @@ class Block(nn.Module):
         x = x + self.attn(self.norm1(x), allowed)
         return x + self.mlp(self.norm2(x))
 
-    def step_plan(self) -> tuple:
-        """What one recurrent step reads, held live (see base.live_params)."""
-        n1, n2, (f1, _, f2), attn = self.norm1, self.norm2, self.mlp, self.attn
-        return (n1.normalized_shape, n1.eps, live_params(n1),
-                (attn.heads, live_params(attn.qkv), live_params(attn.proj)),
-                n2.eps, live_params(n2), live_params(f1), live_params(f2))
-
     def step(self, x, keys, values, slots, allowed) -> torch.Tensor:
         rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1)
-        return block_step(x, self.step_plan(), keys, values, rows, slots, allowed)
-
-
-def block_step(x: torch.Tensor, plan: tuple, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
-               slots: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """``Block.forward`` for one step's tokens x (B, c, d) against the KV cache."""
-    shape, eps1, n1, attn, eps2, n2, f1, f2 = plan
-    x = attention_step(torch.layer_norm(x, shape, n1["weight"], n1["bias"], eps1), attn, keys, values, rows, slots,
-                       allowed).add_(x)
-    return ffn_step(torch.layer_norm(x, shape, n2["weight"], n2["bias"], eps2), f1, f2).add_(x)
+        return block_step(x, block_plan(self), keys, values, rows, slots, allowed)
 
 
 class Transformer(SequenceModel):
@@ -148,7 +118,7 @@ class Transformer(SequenceModel):
         if self._plan is None or self._plan[-2].device != obs_t.device:
             q1, _, q2 = self.decoder
             scratch = self.context * self.tokens.k
-            self._plan = ([b.step_plan() for b in self.blocks],
+            self._plan = ([block_plan(b) for b in self.blocks],
                           [(f"k{i}", f"v{i}") for i in range(self.num_layers)],
                           (self.norm.normalized_shape, self.norm.eps, live_params(self.norm)),
                           live_params(q1), live_params(q2), live_params(self.pos_embed),

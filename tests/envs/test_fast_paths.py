@@ -1,7 +1,7 @@
-"""cpu_arrays: numpy views of CPU tensors, or None where torch's own path must run."""
+"""envs.fast_paths.cpu_arrays: numpy views of CPU tensors, or None where torch's own path must run."""
 import torch
 
-from quadforge.envs.cpu_arrays import cpu_arrays
+from quadforge.envs.fast_paths import cpu_arrays
 
 
 def test_views_share_memory_and_none_passes_through():

@@ -1,0 +1,55 @@
+"""`quadforge eval`: the command line of the evaluation job (``collection.evaluate``).
+
+Flags follow docs/cli.md; ``eval-expert`` (``collection.evaluate_expert``) reuses them.
+"""
+from __future__ import annotations
+
+import argparse
+
+from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, deprecated
+from quadforge.collection.evaluate import EvalConfig, evaluate, write_outputs
+from quadforge.collection.reports import cells_table
+from quadforge.envs.backends import add_backend_arguments, backend_from_args
+from quadforge.experts.registry import spec_help
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = EvalConfig()
+    p.add_argument("--policy", default=d.policy, help=spec_help())
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory: eval.json, report.md, PNG plots")
+    add_robot(p, d.robot)
+    p.add_argument("--terrain", default=d.terrain, help="'mixed' (every type) or a comma list of terrain types, "
+                   "one grid column each")
+    p.add_argument("--levels", default=d.levels, help="levels to evaluate: '0-3', '0,2,5' or '4'")
+    p.add_argument("--num-levels", type=int, default=d.num_levels, help="rows of the terrain grid (difficulty scale)")
+    p.add_argument("--episodes-per-cell", type=int, default=d.episodes, dest="episodes",
+                   help="episodes per terrain type x level x command set")
+    deprecated(p, "--episodes", "--episodes-per-cell", "episodes", type=int)
+    p.add_argument("--commands", action="append", default=None,
+                   help="command set: a skill or a skill mix (repeatable; default: walking)")
+    add_num_envs(p, d.num_envs)
+    add_seed(p, d.seed)
+    p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
+    add_num_threads(p, d.num_threads)
+    p.add_argument("--video", action="store_true", help="also render a short GIF of env 0 (MUJOCO_GL=egl)")
+    p.add_argument("--allow-robot-mismatch", action="store_true",
+                   help="evaluate a checkpoint on --robot although it was trained for another robot")
+    add_backend_arguments(p)
+
+
+def config_from_args(args: argparse.Namespace) -> EvalConfig:
+    return EvalConfig(policy=args.policy, out=args.out, robot=args.robot, terrain=args.terrain, levels=args.levels,
+                      num_levels=args.num_levels, episodes=args.episodes, commands=args.commands or ["walking"],
+                      num_envs=args.num_envs, seed=args.seed, max_episode_s=args.max_episode_s,
+                      num_threads=args.num_threads, video=args.video,
+                      allow_robot_mismatch=args.allow_robot_mismatch,
+                      **dict(zip(("backend", "warp"), backend_from_args(args))))
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args).validate()
+    result = evaluate(cfg)
+    paths = write_outputs(result, cfg.out)
+    print(cells_table([result]))
+    print(f"report: {paths['report']}  json: {paths['json']}")
+    return 0
