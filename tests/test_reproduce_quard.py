@@ -79,7 +79,8 @@ def test_missing_commands_fail_before_running_anything(tmp_path, capsys):
     code = cli_main(["reproduce", "--stages", "quard", "--scale", "tiny", "--seeds", "0", "--out", cfg.out,
                      "--docs", cfg.docs])
     err = capsys.readouterr().err
-    assert code == 2 and "this build lacks" in err and "step demos" in err
+    first = next(s for s in build_plan(cfg) if set(s.needs) & set(missing))   # the first step that cannot run
+    assert code == 2 and "this build lacks" in err and f"step {first.id} " in err
     assert any(name in err for name in missing)
     assert not (tmp_path / "run" / "logs").exists() and not (tmp_path / "run" / "steps").exists()
 
