@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("quadforge.collection.evaluate_cmd", "closed-loop evaluation of a policy across terrain types and levels"),
     "eval-expert": ("quadforge.collection.evaluate_expert", "evaluate an expert per terrain type x level"),
     "eval-tracking": ("quadforge.collection.tracking_eval", "velocity tracking and fall rate of an expert per terrain type"),
-    "reproduce": ("quadforge.tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency)"),
+    "reproduce": ("quadforge.tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency; --stages quard: QUARD-Auto and Table III)"),
     "bench": ("quadforge.tools.bench.cli", "benchmarks: sim | env_step | experts | store | models | germ | scale"),
 }
 

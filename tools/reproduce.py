@@ -25,12 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from quadforge.tools.reproduce_quard import add_arguments as quard_arguments
+from quadforge.tools.reproduce_quard import run_from_args as run_quard_from_args
+from quadforge.tools.run_info import git_state, machine
 from quadforge.training.models import MODELS
 
 # the imitation models the report trains by default: a subset of training.models.MODELS, the one list
@@ -106,24 +108,6 @@ class Results:
 
     def append(self, key: str, value: Any) -> None:
         self.put(key, self.data.get(key, []) + [value])
-
-
-def git_state() -> dict[str, Any]:
-    """The commit the run used and which tracked files differed from it (others' work in progress)."""
-    import subprocess
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True).stdout.split("\n")
-        return {"head": head, "modified": [line[3:] for line in dirty if line.strip()]}
-    except (OSError, subprocess.CalledProcessError):
-        return {"head": None, "modified": []}
-
-
-def machine() -> dict[str, Any]:
-    import torch
-    return {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "load_avg_1m": os.getloadavg()[0]}
 
 
 # --- data ---------------------------------------------------------------------------------------------------
@@ -337,13 +321,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-terrain", default=None, help="evaluation terrain types (comma list)")
     p.add_argument("--eval-levels", default=None, help="evaluation levels, e.g. 0,3")
     p.add_argument("--eval-episodes", type=int, default=None, help="evaluation episodes per terrain type x level")
-    p.add_argument("--stages", default="imitation,germ", help="imitation,germ or one of them")
-    p.add_argument("--report-only", action="store_true", help="rebuild --docs from OUT/results.json only")
+    p.add_argument("--stages", default="imitation,germ",
+                   help="imitation,germ or one of them; or quard (the QUARD-Auto loop and Table III, "
+                        "tools/reproduce_quard.py, docs/quard_auto.md)")
+    p.add_argument("--report-only", action="store_true", help="rebuild --docs from OUT/results.json only "
+                   "(with --stages quard: its section from OUT/steps and OUT/results)")
+    quard_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from quadforge.tools.results_report import write_report
 
+    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+    if "quard" in stages:
+        if stages != ("quard",):
+            raise ValueError(f"--stages={args.stages!r}: quard runs alone (its own --out and report section)")
+        return run_quard_from_args(args, _ints(args.seeds) if args.seeds else None)
+    if args.scale or args.rounds is not None:
+        raise ValueError("--scale and --rounds belong to --stages quard; the imitation/germ stages use --quick")
     if args.report_only:
         path = Path(args.out) / "results.json"
         if not path.exists():
@@ -368,10 +363,9 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name):
             kw[name] = getattr(args, name)
     cfg = ReproduceConfig.quick_preset(**kw) if args.quick else ReproduceConfig(**kw)
-    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
     bad = [s for s in stages if s not in ("imitation", "germ")]
     if bad or not stages:
-        raise ValueError(f"--stages={args.stages!r}; allowed: imitation, germ (comma-separated)")
+        raise ValueError(f"--stages={args.stages!r}; allowed: imitation, germ (comma-separated), or quard")
     import sys
     command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
     print(f"wrote {run_reproduction(cfg, stages, command=command)}")

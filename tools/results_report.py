@@ -13,6 +13,9 @@ import numpy as np
 
 from quadforge.collection.reports import fmt, markdown_table
 
+# the markers of the "Table III on our tasks" section, written by tools/quard_report.py and kept by write_report
+QUARD_BEGIN, QUARD_END = "<!-- table3-quard:begin -->", "<!-- table3-quard:end -->"
+
 
 def _ms(values: Sequence[float]) -> str:
     """mean ± std (sample std over seeds; ± 0 for a single seed is written as n=1)."""
@@ -73,12 +76,25 @@ def _pooled(group: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
     return k, n
 
 
+def two_proportion_z(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float]:
+    """The pooled two-proportion z-test of k1/n1 vs k2/n2: (z, two-sided p).
+
+    z = (p1 - p2) / sqrt(p (1 - p) (1/n1 + 1/n2)) with the pooled p = (k1 + k2) / (n1 + n2); p from the
+    normal tail, 2 (1 - Phi(|z|)) = erfc(|z| / sqrt 2). Equal proportions at 0 or 1 (no spread) give z = 0,
+    p = 1; an empty side gives no evidence either.
+    """
+    if n1 <= 0 or n2 <= 0:
+        return 0.0, 1.0
+    p = (k1 + k2) / (n1 + n2)
+    se = math.sqrt(p * (1 - p) * (1 / n1 + 1 / n2))
+    z = (k1 / n1 - k2 / n2) / se if se > 0 else 0.0
+    return z, math.erfc(abs(z) / math.sqrt(2))
+
+
 def _compare(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> str:
     """Success of a vs b, pooled over seeds, by a two-proportion z-test at the 5 % level."""
     (k1, n1), (k2, n2) = _pooled(a), _pooled(b)
-    p = (k1 + k2) / max(n1 + n2, 1)
-    se = math.sqrt(p * (1 - p) * (1 / max(n1, 1) + 1 / max(n2, 1)))
-    z = (k1 / max(n1, 1) - k2 / max(n2, 1)) / se if se > 0 else 0.0
+    z, _ = two_proportion_z(k1, n1, k2, n2)
     verdict = "not distinguishable" if abs(z) < 1.96 else ("higher" if z > 0 else "lower")
     return f"{k1}/{n1} vs {k2}/{n2} episodes, z = {z:.2f}: {verdict}"
 
@@ -233,5 +249,9 @@ def write_report(data: Mapping[str, Any], path: Path) -> Path:
               "- Per-run outputs (checkpoints, eval reports with per-cell tables and plots) are under the run "
               "directory; every number here is in its `results.json`.", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
+    page = "\n".join(lines)
+    old = path.read_text() if path.exists() else ""
+    if QUARD_BEGIN in old and QUARD_END in old:   # keep the QUARD section (tools/quard_report.py) as it is
+        page = page.rstrip("\n") + "\n\n" + QUARD_BEGIN + old.split(QUARD_BEGIN, 1)[1].split(QUARD_END, 1)[0] + QUARD_END + "\n"
+    path.write_text(page)
     return path

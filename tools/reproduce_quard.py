@@ -1,0 +1,425 @@
+"""`quadforge reproduce --stages quard`: the QUARD-Auto loop and seed 003's Table III on our tasks.
+
+    quadforge reproduce --stages quard [--scale tiny|cpu|paper] [--rounds K] [--seeds 0,1,2]
+                        [--out runs/reproduce_quard] [--docs docs/results.md] [--report-only]
+
+The loop is a fixed sequence of ordinary ``quadforge`` commands (the plan, ``build_plan``), each run as its
+own process so the report can quote the exact command line:
+
+1. ``demos``     the privileged expert collects demonstrations (``collect --task quard:all --policy expert``).
+2. ``pretrain``  GeRM w/o MoE learns from the demonstrations alone (seed 003 §IV-A: the pre-trained VLA).
+3. ``auto``      round k's collector (round 0: the pre-trained VLA; round k: round k-1's GeRM) drives the
+                 gait controller and records successes and failures; the round's training store is the
+                 demonstrations (collected again with the same seed: the same episodes) + this collection.
+4. ``train``     Table III's models on that store with the same steps and batch: RT-1-style, GeRM w/o RL,
+                 GeRM w/o MoE and GeRM, the last two with (Y) and without (N, ``--success-only``) the
+                 failures. Later rounds train GeRM (Y) only: it is the next round's collector.
+5. ``eval``      every trained model on every family (``eval --task quard:<family>``) over the seeds.
+
+A step is complete when its output is (a store holding its target episode count; a training directory with
+``last.pt`` and the step's record; an ``eval.json``), and is then skipped: an interrupted run resumes where
+it stopped. Every finished step writes ``OUT/steps/<id>.json`` (command, wall time) and every evaluation
+``OUT/results/<run>.json`` (successes, episodes, parameters); the report (``tools/quard_report.py``) is
+built from those files alone. A step whose command does not exist in this build fails before running with
+a message naming the missing capability: nothing is faked.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from quadforge.tools.quard_report import FAMILIES, MODEL_NAMES, TABLE3_ROWS, update_docs
+SCALES = ("tiny", "cpu", "paper")
+
+
+@dataclass(frozen=True)
+class QuardScale:
+    """The sizes of one scale. Episode counts are per collection; eval episodes per family per seed."""
+    name: str
+    demo_episodes: int
+    auto_episodes: int
+    train_steps: int | None      # None: the preset's own length (paper)
+    batch_size: int | None
+    preset: str                  # training preset of the VLA models (training/vla.py): cpu | paper
+    eval_episodes: int
+    num_envs: int
+    note: str
+
+
+SCALE_PRESETS: dict[str, QuardScale] = {
+    # a smoke test of the plumbing: minutes, numbers meaningless
+    "tiny": QuardScale("tiny", demo_episodes=8, auto_episodes=8, train_steps=4, batch_size=4, preset="cpu",
+                       eval_episodes=2, num_envs=2, note="plumbing only (minutes); the numbers mean nothing"),
+    # the documented run on this machine: a few hours on 2 cores
+    "cpu": QuardScale("cpu", demo_episodes=200, auto_episodes=200, train_steps=1500, batch_size=16, preset="cpu",
+                      eval_episodes=20, num_envs=8, note="a few hours on 2 shared cores"),
+    # seed 003's sizes: 8610 demonstrations; QUARD-Auto failed 53.5 % of the time (138290 / 258418), so
+    # 5200 auto-collected episodes give about the 2766 failures Table III trained on; a GPU cluster's run
+    "paper": QuardScale("paper", demo_episodes=8610, auto_episodes=5200, train_steps=None, batch_size=None,
+                        preset="paper", eval_episodes=100, num_envs=64,
+                        note="seed 003's data sizes and the paper preset: a GPU cluster, not this machine"),
+}
+
+
+@dataclass
+class QuardConfig:
+    out: str = "runs/reproduce_quard"
+    docs: str = "docs/results.md"
+    scale: str = "cpu"
+    seeds: tuple[int, ...] = (0, 1, 2)
+    rounds: int = 1                  # collection rounds (the data flywheel); 1: Table III alone
+    pretrain_model: str = "germ-dense"   # seed 003: GeRM w/o MoE pre-trained on demonstrations
+    task: str = "quard:all"
+    seed: int = 0                    # root seed of the collections
+
+    @property
+    def sizes(self) -> QuardScale:
+        return SCALE_PRESETS[self.scale]
+
+    def validate(self) -> "QuardConfig":
+        if self.scale not in SCALE_PRESETS:
+            raise ValueError(f"--scale={self.scale!r}; allowed: {', '.join(SCALES)}")
+        if len(self.seeds) < 1:
+            raise ValueError("--seeds is empty; give e.g. 0,1,2 (Table III wants >= 3)")
+        if not 1 <= int(self.rounds) <= 10:
+            raise ValueError(f"--rounds={self.rounds}; give 1..10 collection rounds")
+        if self.pretrain_model not in MODEL_NAMES:
+            raise ValueError(f"--pretrain-model={self.pretrain_model!r}; allowed: {', '.join(MODEL_NAMES)}")
+        return self
+
+
+# --- the plan --------------------------------------------------------------------------------------------
+@dataclass
+class Step:
+    id: str
+    stage: str                  # demos | pretrain | auto | train | eval
+    argv: list[str]             # after `quadforge`
+    output: str                 # the path whose completeness marks the step done
+    needs: tuple[str, ...]      # capabilities (CAPABILITIES) the command needs
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def command(self) -> str:
+        return "quadforge " + " ".join(shlex.quote(a) for a in self.argv)
+
+
+def run_name(model: str, failures: bool, rnd: int, seed: int) -> str:
+    return f"{model}_{'Y' if failures else 'N'}_r{rnd}_s{seed}"
+
+
+def _train_argv(cfg: QuardConfig, model: str, failures: bool, store: str, out: str, seed: int) -> list[str]:
+    s = cfg.sizes
+    argv = ["train", "--model", model, "--store", store, "--out", out, "--seed", str(seed), "--preset", s.preset]
+    if s.train_steps is not None:
+        argv += ["--max-steps", str(s.train_steps)]
+    if s.batch_size is not None:
+        argv += ["--batch-size", str(s.batch_size)]
+    if not failures:
+        argv.append("--success-only")
+    return argv
+
+
+def _collect_argv(cfg: QuardConfig, policy: str, store: str, episodes: int, collector: str, seed: int) -> list[str]:
+    return ["collect", "--task", cfg.task, "--policy", policy, "--store", store, "--episodes", str(episodes),
+            "--collector-id", collector, "--num-envs", str(cfg.sizes.num_envs), "--seed", str(seed), "--no-progress"]
+
+
+def build_plan(cfg: QuardConfig) -> list[Step]:
+    """Every step of the loop in order, as `quadforge` command lines (paths relative to ``cfg.out``'s parent
+    as given). Pure: the same config gives the same plan (docs/quard_auto.md prints it per scale)."""
+    s, out = cfg.sizes, cfg.out.rstrip("/")
+    steps: list[Step] = []
+    demos = f"{out}/data/demos"
+    steps.append(Step("demos", "demos", _collect_argv(cfg, "expert", demos, s.demo_episodes, "expert", cfg.seed),
+                      demos, ("quard_collect", "quard_expert"), {"episodes": s.demo_episodes}))
+    pre = f"{out}/train/pretrain_{cfg.pretrain_model}"
+    steps.append(Step("pretrain", "pretrain", _train_argv(cfg, cfg.pretrain_model, False, demos, pre, cfg.seed),
+                      pre, ("vla_train",), {"model": cfg.pretrain_model}))
+    collector = f"{pre}/last.pt"
+    for rnd in range(cfg.rounds):
+        store = f"{out}/data/round{rnd}"
+        steps.append(Step(f"r{rnd}-demos", "auto",
+                          _collect_argv(cfg, "expert", store, s.demo_episodes, "expert", cfg.seed),
+                          store, ("quard_collect", "quard_expert"), {"round": rnd, "episodes": s.demo_episodes,
+                                                                      "collector": "expert"}))
+        steps.append(Step(f"r{rnd}-auto", "auto",
+                          _collect_argv(cfg, collector, store, s.demo_episodes + s.auto_episodes, f"auto{rnd}",
+                                        cfg.seed + 1 + rnd),
+                          store, ("quard_collect", "vla_policy"),
+                          {"round": rnd, "episodes": s.demo_episodes + s.auto_episodes, "collector": f"auto{rnd}",
+                           "policy": collector}))
+        rows = TABLE3_ROWS if rnd == 0 else (("germ", True),)
+        for model, failures in rows:
+            for seed in cfg.seeds:
+                name = run_name(model, failures, rnd, seed)
+                tdir = f"{out}/train/{name}"
+                meta = {"model": model, "failures": failures, "round": rnd, "seed": seed, "run": name}
+                steps.append(Step(f"train-{name}", "train", _train_argv(cfg, model, failures, store, tdir, seed),
+                                  tdir, ("vla_train",), meta))
+                for fam in FAMILIES:
+                    edir = f"{out}/eval/{name}/{fam}"
+                    steps.append(Step(f"eval-{name}-{fam}", "eval",
+                                      ["eval", "--task", f"quard:{fam}", "--policy", f"{tdir}/last.pt", "--out", edir,
+                                       "--episodes-per-cell", str(s.eval_episodes), "--num-envs", str(s.num_envs),
+                                       "--seed", str(1000 + seed)],
+                                      edir, ("quard_eval", "vla_policy"), {**meta, "family": fam}))
+        collector = f"{out}/train/{run_name('germ', True, rnd, cfg.seeds[0])}/last.pt"
+    return steps
+
+
+def plan_markdown(scale: str, rounds: int = 2, seeds: tuple[int, ...] = (0, 1, 2), out: str = "runs/reproduce_quard") -> str:
+    """The plan of one scale as docs/quard_auto.md prints it: each distinct command once per stage, with the
+    varying parts written as {model} / {seed} / {family} / {round}."""
+    cfg = QuardConfig(out=out, scale=scale, seeds=seeds, rounds=rounds).validate()
+    steps = build_plan(cfg)
+    lines, seen = [], set()
+    for st in steps:
+        text = st.command
+        m = st.meta
+        if st.stage in ("train", "eval"):
+            text = text.replace(m["run"], "{run}").replace(f"--model {m['model']}", "--model {model}")
+            if st.stage == "eval":
+                text = text.replace(f"--seed {1000 + m['seed']}", "--seed {1000+seed}")
+            else:
+                text = text.replace(f"--seed {m['seed']}", "--seed {seed}")
+            text = text.replace(f"/round{m['round']}", "/round{round}")
+            if st.stage == "eval":
+                text = text.replace(f"quard:{m['family']}", "quard:{family}").replace(f"/{m['family']}", "/{family}")
+            if st.stage == "train":   # the (N) rows add --success-only
+                text = text.replace(" --success-only", "") + " [--success-only]"
+        key = (st.stage, text)
+        if key in seen:
+            continue
+        seen.add(key)
+        lines.append(f"{st.stage:9s} {text}")
+    n = {k: sum(1 for s in steps if s.stage == k) for k in ("demos", "pretrain", "auto", "train", "eval")}
+    counts = ", ".join(f"{v} {k}" for k, v in n.items())
+    return "\n".join(lines) + f"\n# {len(steps)} steps ({counts}) for --rounds {rounds} --seeds " + \
+        ",".join(map(str, seeds))
+
+
+# --- what this build can run --------------------------------------------------------------------------
+def _options(command: str) -> set[str]:
+    """The option strings `quadforge <command>` accepts in this build."""
+    from quadforge.tools.cli import build_parser
+    parser = build_parser(with_subcommand=command)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return set(sub.choices[command]._option_string_actions)
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+# capability -> (check, what is missing: named so the user knows which piece to wait for)
+CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
+    "quard_collect": (lambda: "--task" in _options("collect") and _has_module("quadforge.envs.quard.env"),
+                      "`quadforge collect --task quard:...` (the QUARD task envs of issue 14, branch wave2-14a, "
+                      "and the image store of wave2-14b)"),
+    "quard_expert": (lambda: _has_module("quadforge.experts.quard_expert"),
+                     "the privileged QUARD expert (`experts/quard_expert.py`, issue 14, branch wave2-14a)"),
+    "vla_train": (lambda: _has_module("quadforge.training.vla") and _has_module("quadforge.data.image_sampler"),
+                  "`quadforge train --model rt1|germ|germ-dense|germ-il` on an image store (issue 15, branch "
+                  "wave2-15, reading windows through issue 14's image sampler, wave2-14b)"),
+    "vla_policy": (lambda: _has_module("quadforge.experts.vla"),
+                   "a trained VLA checkpoint as a `--policy` (the `vla` policy kind, issue 15, branch wave2-15)"),
+    "quard_eval": (lambda: "--task" in _options("eval"),
+                   "`quadforge eval --task quard:<family>` (closed-loop evaluation on the QUARD tasks, issue 14)"),
+}
+
+
+def missing_capabilities(steps: list[Step]) -> dict[str, str]:
+    out = {}
+    for need in sorted({n for s in steps for n in s.needs}):
+        check, what = CAPABILITIES[need]
+        if not check():
+            out[need] = what
+    return out
+
+
+# --- completeness -----------------------------------------------------------------------------------------
+def _store_episodes(path: str, collector: str | None = None) -> int:
+    if not Path(path).is_dir():
+        return 0
+    from quadforge.data.store import TrajectoryStore
+    ids = TrajectoryStore.existing_episode_ids(path)
+    return len(ids) if collector is None else sum(1 for i in ids if str(i).startswith(f"{collector}-"))
+
+
+def step_record_path(out: str, step: Step) -> Path:
+    return Path(out) / "steps" / f"{step.id}.json"
+
+
+def is_complete(cfg: QuardConfig, step: Step) -> bool:
+    if step.stage in ("demos", "auto"):
+        return _store_episodes(step.output) >= int(step.meta["episodes"])
+    if step.stage in ("pretrain", "train"):
+        return (Path(step.output) / "last.pt").exists() and step_record_path(cfg.out, step).exists()
+    return (Path(step.output) / "eval.json").exists() and step_record_path(cfg.out, step).exists()
+
+
+# --- running ----------------------------------------------------------------------------------------------
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def resume_argv(step: Step) -> list[str]:
+    """The step's command, continuing an interrupted training run: from its ``last.pt`` (``--resume``), or
+    afresh over a directory it left without one (``--overwrite``; the directory is this loop's own)."""
+    argv = list(step.argv)
+    if step.stage in ("pretrain", "train") and Path(step.output).is_dir():
+        argv.append("--resume" if (Path(step.output) / "last.pt").exists() else "--overwrite")
+    return argv
+
+
+def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[str, Any]:
+    """Run one step's command in its own process; its record (command, wall time) on success."""
+    argv = resume_argv(step)
+    logfile = Path(cfg.out) / "logs" / f"{step.id}.log"
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    t0 = time.perf_counter()
+    with open(logfile, "w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "quadforge.tools.cli", *argv], stdout=fh, stderr=subprocess.STDOUT,
+                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = [ln for ln in logfile.read_text().splitlines() if ln.strip()][-1:] or ["(no output)"]
+        raise RuntimeError(f"step {step.id} failed (exit {proc.returncode}): {tail[0]} (command: "
+                           f"{step.command}; log {logfile})")
+    record = {"id": step.id, "stage": step.stage, "command": step.command, "argv": argv, "meta": step.meta,
+              "started_utc": started, "wall_s": wall}
+    if step.stage in ("demos", "auto"):
+        record["collection"] = collection_stats(step.output, step.meta.get("collector", "expert"))
+        record["collection"]["episodes_per_min"] = record["collection"]["episodes"] / max(wall / 60, 1e-9)
+    _write_json(step_record_path(cfg.out, step), record)
+    log(f"[quard] {step.id}: done in {wall:.0f} s")
+    return record
+
+
+def collection_stats(store: str, collector: str) -> dict[str, Any]:
+    """Successes and failures of one collector's episodes in a store, per family when the store says it."""
+    from quadforge.data.store import TrajectoryStore
+    st = TrajectoryStore.open(store)
+    table = st.episodes
+    ids = [str(i) for i in st.episode_ids]
+    mine = [k for k, i in enumerate(ids) if i.startswith(f"{collector}-")]
+    success = table["success"] if "success" in table else None
+    fam_col = next((c for c in ("family", "task") if c in table), None)
+    per: dict[str, dict[str, int]] = {}
+    for k in mine:
+        fam = str(table[fam_col][k]).removeprefix("quard:") if fam_col else "all"
+        ok = bool(success[k]) if success is not None else False
+        d = per.setdefault(fam, {"successes": 0, "failures": 0})
+        d["successes" if ok else "failures"] += 1
+    return {"store": store, "collector": collector, "episodes": len(mine), "per_family": per,
+            "success_labels": success is not None}
+
+
+def parameters_of(checkpoint: Path) -> dict[str, Any] | None:
+    """Active / total parameters recorded in a VLA checkpoint's provenance (training/vla.py writes them)."""
+    try:
+        from quadforge.training.checkpoint import load_checkpoint
+        ck = load_checkpoint(str(checkpoint))
+    except Exception:   # an unreadable checkpoint has no counts; the eval step itself reports the error
+        return None
+    p = (ck.provenance or {}).get("parameters")
+    return dict(p) if isinstance(p, dict) else None
+
+
+def eval_result(cfg: QuardConfig, step: Step, train_record: dict[str, Any] | None,
+                eval_record: dict[str, Any]) -> dict[str, Any]:
+    """One evaluation's stored result: successes / episodes of one model, seed, round and family."""
+    ev = json.loads((Path(step.output) / "eval.json").read_text())
+    overall = ev.get("overall") or {}
+    if "episodes" not in overall or "success" not in overall:
+        raise ValueError(f"{step.output}/eval.json has no overall success/episodes; cannot score {step.id}")
+    n = int(overall["episodes"])
+    m = step.meta
+    return {**{k: m[k] for k in ("model", "failures", "round", "seed", "family", "run")},
+            "successes": int(round(float(overall["success"]) * n)), "episodes": n,
+            "parameters": parameters_of(Path(step.argv[step.argv.index("--policy") + 1])),
+            "train_wall_s": (train_record or {}).get("wall_s"), "eval_wall_s": eval_record["wall_s"],
+            "train_command": (train_record or {}).get("command"), "eval_command": step.command}
+
+
+def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str | None = None) -> Path:
+    from quadforge.progress import progress_bar
+    from quadforge.tools.run_info import git_state, machine
+
+    cfg.validate()
+    out = Path(cfg.out)
+    steps = build_plan(cfg)
+    meta_path = out / "run.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta.update({"config": asdict(cfg), "scale": asdict(cfg.sizes),
+                 "started_utc": meta.get("started_utc") or time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                 "commands": meta.get("commands", []) + ([command] if command else []),
+                 "machine": machine(), "git": git_state()})
+    _write_json(meta_path, meta)
+    todo = [s for s in steps if not is_complete(cfg, s)]
+    missing = missing_capabilities(todo)
+    if missing:
+        first = next(s for s in todo if set(s.needs) & set(missing))
+        raise NotImplementedError(
+            f"step {first.id} (`{first.command}`) needs {missing[sorted(set(first.needs) & set(missing))[0]]}, "
+            f"which this build lacks; missing in all: {', '.join(sorted(missing))}. No step was run; "
+            f"{len(steps) - len(todo)} of {len(steps)} steps are already complete")
+    bar = progress_bar(len(steps), len(steps) - len(todo), desc="reproduce quard", unit="step")
+    records = {s.id: json.loads(step_record_path(cfg.out, s).read_text())
+               for s in steps if step_record_path(cfg.out, s).exists()}
+    for step in steps:
+        if step in todo:
+            log(f"[quard] {step.id}: {step.command}")
+            records[step.id] = run_step(cfg, step, log)
+            bar.update(1)
+        if step.stage == "eval":
+            res = out / "results" / f"{step.meta['run']}_{step.meta['family']}.json"
+            if not res.exists():
+                _write_json(res, eval_result(cfg, step, records.get(f"train-{step.meta['run']}"), records[step.id]))
+    bar.close()
+    meta["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    _write_json(meta_path, meta)
+    return update_docs(out, Path(cfg.docs))
+
+
+# --- CLI (through tools/reproduce.py) -----------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scale", choices=SCALES, default=None, help="quard stage sizes: tiny (plumbing), cpu (this "
+                   "machine, hours), paper (seed 003's sizes, a GPU cluster); default cpu")
+    p.add_argument("--rounds", type=int, default=None, help="quard stage: collection rounds of the data flywheel "
+                   "(round k+1 collects with round k's GeRM); default 1")
+
+
+def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> int:
+    out = args.out if args.out != "runs/reproduce" else "runs/reproduce_quard"
+    if args.report_only:
+        if not (Path(out) / "run.json").exists():
+            raise FileNotFoundError(f"--report-only: no {out}/run.json; run `quadforge reproduce --stages quard` first")
+        print(f"wrote {update_docs(Path(out), Path(args.docs))}")
+        return 0
+    kw: dict[str, Any] = {"out": out, "docs": args.docs}
+    if args.scale:
+        kw["scale"] = args.scale
+    if args.rounds is not None:
+        kw["rounds"] = args.rounds
+    if seeds:
+        kw["seeds"] = seeds
+    command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
+    print(f"wrote {run_quard(QuardConfig(**kw), command=command)}")
+    return 0
