@@ -6,7 +6,7 @@
 The loop is a fixed sequence of ordinary ``quadforge`` commands (the plan, ``build_plan``), each run as its
 own process so the report can quote the exact command line:
 
-1. ``demos``     the privileged expert collects demonstrations (``collect --task quard:all --policy expert``).
+1. ``demos``     the privileged expert collects demonstrations (``collect --task quard:all --policy quard_expert``).
 2. ``pretrain``  GeRM w/o MoE learns from the demonstrations alone (seed 003 §IV-A: the pre-trained VLA).
 3. ``auto``      round k's collector (round 0: the pre-trained VLA; round k: round k-1's GeRM) drives the
                  gait controller and records successes and failures; the round's training store is the
@@ -139,7 +139,7 @@ def build_plan(cfg: QuardConfig) -> list[Step]:
     s, out = cfg.sizes, cfg.out.rstrip("/")
     steps: list[Step] = []
     demos = f"{out}/data/demos"
-    steps.append(Step("demos", "demos", _collect_argv(cfg, "expert", demos, s.demo_episodes, "expert", cfg.seed),
+    steps.append(Step("demos", "demos", _collect_argv(cfg, "quard_expert", demos, s.demo_episodes, "expert", cfg.seed),
                       demos, ("quard_collect", "quard_expert"), {"episodes": s.demo_episodes}))
     pre = f"{out}/train/pretrain_{cfg.pretrain_model}"
     steps.append(Step("pretrain", "pretrain", _train_argv(cfg, cfg.pretrain_model, False, demos, pre, cfg.seed),
@@ -148,7 +148,7 @@ def build_plan(cfg: QuardConfig) -> list[Step]:
     for rnd in range(cfg.rounds):
         store = f"{out}/data/round{rnd}"
         steps.append(Step(f"r{rnd}-demos", "auto",
-                          _collect_argv(cfg, "expert", store, s.demo_episodes, "expert", cfg.seed),
+                          _collect_argv(cfg, "quard_expert", store, s.demo_episodes, "expert", cfg.seed),
                           store, ("quard_collect", "quard_expert"), {"round": rnd, "episodes": s.demo_episodes,
                                                                       "collector": "expert"}))
         steps.append(Step(f"r{rnd}-auto", "auto",
