@@ -112,8 +112,7 @@ def test_out_must_not_be_a_file(tmp_path, capsys):
     assert "is a file" in capsys.readouterr().err
 
 
-def test_quard_task_names_its_missing_env_hook(tmp_path):
-    from quadforge.collection.collect import CollectConfig, build_env
-    cfg = CollectConfig(out=str(tmp_path / "s"), episodes=1, task="quard:go_to").validate()
-    with pytest.raises(NotImplementedError, match="build_task_env"):
-        build_env(cfg, 0)
+def test_an_unknown_quard_task_is_a_one_line_error_naming_the_tasks(tmp_path):
+    from quadforge.collection.collect import CollectConfig
+    with pytest.raises(ValueError, match="quard:go_to"):
+        CollectConfig(out=str(tmp_path / "s"), episodes=1, task="quard:nope").validate()
