@@ -36,10 +36,14 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from quadforge.envs.quard.rules import OUTCOMES  # a QUARD task's outcome codes
 from quadforge.envs.terminations import TERMINATION_REASONS  # the env's code table
 
 # Failure reasons in priority order; "success" is the label when none applies.
 FAILURE_REASONS = ("non_finite", "fall", "base_collision", "tracking_error", "no_progress")
+# A task with its own success rule (QUARD, ``envs.quard.rules``) labels by its outcome instead of
+# tracking; these are its failure reasons besides the physics ones above.
+TASK_FAILURE_REASONS = ("timeout", "wrong_target", "obstacle_collision", "missed")
 # Env termination reasons that are failures in themselves (``envs.terminations.TERMINATION_REASONS``).
 _TERMINAL_FAILURES = ("non_finite", "fall", "base_collision")
 _NON_FAILING_TERMINATIONS = ("none", "time_out")
@@ -100,6 +104,8 @@ def label(info: Mapping[str, Any], rule: LabelRule = LabelRule()) -> tuple[bool,
     ``commanded_displacement`` (m) - or, if absent, ``commanded_distance``, the path length.
     ``reason`` is "success" or one of ``FAILURE_REASONS``.
     """
+    if "quard_outcome" in info:
+        return _task_label(info)
     termination = termination_name(info.get("termination_reason", "none"))
     if termination not in _TERMINAL_FAILURES + _NON_FAILING_TERMINATIONS:
         raise ValueError(f"termination_reason {termination!r}; allowed: {_NON_FAILING_TERMINATIONS + _TERMINAL_FAILURES}")
@@ -122,3 +128,17 @@ def label(info: Mapping[str, Any], rule: LabelRule = LabelRule()) -> tuple[bool,
     if target >= rule.min_commanded_displacement and distance < rule.min_progress_fraction * target:
         return False, "no_progress", numbers
     return True, "success", numbers
+
+
+def _task_label(info: Mapping[str, Any]) -> tuple[bool, str, dict[str, float]]:
+    """A QUARD episode: its outcome (name or code into ``envs.quard.rules.OUTCOMES``) is the label."""
+    outcome = info["quard_outcome"]
+    if not isinstance(outcome, str):
+        code = int(outcome)
+        if not 0 <= code < len(OUTCOMES):
+            raise ValueError(f"quard_outcome code {code}; allowed: 0..{len(OUTCOMES) - 1} ({', '.join(OUTCOMES)})")
+        outcome = OUTCOMES[code]
+    if outcome not in OUTCOMES or outcome == "running":
+        raise ValueError(f"quard_outcome {outcome!r}; a finished episode has one of {OUTCOMES[1:]}")
+    numbers = {k: float(info[k]) for k in ("time_to_success", "path_length", "obstacle_contacts") if k in info}
+    return outcome == "success", outcome, numbers

@@ -42,6 +42,7 @@ from quadforge.collection.labels import LabelRule, label, termination_name
 from quadforge.collection.skills import SKILLS, SkillCommandSampler
 from quadforge.data.images import DEFAULT_FRAME_STRIDE, is_image
 from quadforge.envs.config import GAITS
+from quadforge.envs.quard.rules import OUTCOMES
 from quadforge.layout import COMMAND_NAMES
 from quadforge.experts.policy import check_policy
 from quadforge.seeding import torch_generator
@@ -318,8 +319,10 @@ class Rollout:
         if "terrain_type" in info and terrain_types:
             info["terrain_type"] = terrain_types[int(info["terrain_type"])]
         info.update(self._commands.take(i))
+        if "quard_outcome" in info:  # a task with its own rule (QUARD): the outcome's name, not its code
+            info["quard_outcome"] = OUTCOMES[int(info["quard_outcome"])]
         success, reason, numbers = label(info, self.cfg.label_rule)
-        if not math.isfinite(numbers["progress"]):
+        if "progress" in numbers and not math.isfinite(numbers["progress"]):
             numbers["progress"] = None  # no commanded displacement: progress is undefined
         info.update({
             "env_id": i, "length": length, "task": self._skill[i], "policy_id": self.policy.policy_id,
@@ -333,6 +336,9 @@ class Rollout:
         if self._image_names:
             info["frame_stride"] = self.frame_stride
         self._task_info(i, info, features)
+        task_info = getattr(self.env, "episode_task_info", None)
+        if task_info is not None:  # the env's own record of the episode that just ended (QUARD): it wins over the start-of-episode read
+            info.update(task_info(i))
         return Episode(features, info)
 
     def _task_info(self, i: int, info: dict[str, Any], features: dict[str, np.ndarray]) -> None:

@@ -37,6 +37,13 @@ _TERM_INFO: dict[str, tuple[tuple[str, ...], str]] = {
     "height_scan": (tuple(f"{x:+.1f},{y:+.1f}" for x in HEIGHT_SCAN_X for y in HEIGHT_SCAN_Y), "m"),
     "friction": (("mu",), "1"),
     "added_mass": (("kg",), "kg"),
+    "task_base_pose": (("x", "y", "z", "yaw"), "m, rad (world)"),
+    "task_target_pos": (_XYZ, "m (world)"),
+    "task_target_vel": (_XYZ, "m/s (world)"),
+    "task_distractor_pos": (_XYZ, "m (world)"),
+    "task_obstacle_pos": (_XYZ, "m (world)"),
+    "task_tunnel_entry": (_XYZ, "m (world)"),
+    "task_info": (("family", "speed", "gait", "has_obstacle"), "codes (envs.quard.instructions)"),
 }
 
 

@@ -26,18 +26,20 @@ class Task:
     name: str
     configure: Callable[[EnvConfig], EnvConfig]   # default config -> the task's config
     help: str
+    make: Callable[[EnvConfig], LeggedEnv] | None = None  # the env of a task with its own class (QUARD)
 
 
 TASKS: dict[str, Task] = {}
 # Task-name prefix -> the module that registers those tasks when imported (imported on first use, so a
 # task family's optional heavy parts never load for another's user), e.g. {"quard": "quadforge.envs.tasks.quard"}.
-TASK_MODULES: dict[str, str] = {}
+TASK_MODULES: dict[str, str] = {"quard": "quadforge.envs.quard.tasks"}
 
 
-def register_task(name: str, configure: Callable[[EnvConfig], EnvConfig], help: str) -> None:
+def register_task(name: str, configure: Callable[[EnvConfig], EnvConfig], help: str,
+                  make: Callable[[EnvConfig], LeggedEnv] | None = None) -> None:
     if name in TASKS:
         raise ValueError(f"task {name!r} is already registered")
-    TASKS[name] = Task(name, configure, help)
+    TASKS[name] = Task(name, configure, help, make)
 
 
 register_task("locomotion", lambda cfg: cfg,
@@ -69,6 +71,9 @@ def make_env(robot: str = "go1", terrain: str = "flat", task: str = "locomotion"
              seed: int = 0, num_threads: int | None = 1, overrides: Mapping[str, Any] | None = None,
              one_column_per_type: bool = False, terrain_grid: Mapping[str, Any] | None = None,
              backend: str = "mujoco_cpu", warp: WarpConfig | None = None) -> LeggedEnv:
-    """A ``LeggedEnv`` of (robot, terrain spec, task, overrides) on the named physics backend."""
-    return LeggedEnv(make_env_config(robot, terrain, task, num_envs, seed, num_threads, overrides,
-                                     one_column_per_type, terrain_grid, backend, warp))
+    """A ``LeggedEnv`` of (robot, terrain spec, task, overrides) on the named physics backend (a ``QuardEnv``
+    for ``quard:*`` tasks)."""
+    cfg = make_env_config(robot, terrain, task, num_envs, seed, num_threads, overrides, one_column_per_type,
+                          terrain_grid, backend, warp)
+    make = TASKS[task].make
+    return make(cfg) if make is not None else LeggedEnv(cfg)

@@ -6,6 +6,8 @@ added inside the policy group's ``CompiledLayout`` only, never to what ``env.ter
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -34,6 +36,7 @@ class TaskView:
     terrain_height: Callable[[torch.Tensor], torch.Tensor]   # (..., 2) world xy -> (...)
     flat: bool                           # a plane at z = 0: no terrain lookups needed
     yaw: torch.Tensor | None = None      # (N,) base yaw of state.root_quat_w when already computed
+    task_terms: Mapping[str, torch.Tensor] | None = None  # a task's own ``task_*`` terms (QUARD), (N, dim)
 
 
 def foot_phases(gait_time: torch.Tensor, commands: torch.Tensor) -> torch.Tensor:
@@ -103,6 +106,13 @@ def _param(v: TaskView, name: str) -> torch.Tensor:
     return p.reshape(n, 1).to(torch.float32)
 
 
+def _task_term(v: TaskView, name: str) -> torch.Tensor:
+    """A task's privileged term; zeros in an env whose task has none (locomotion)."""
+    if v.task_terms is not None and name in v.task_terms:
+        return v.task_terms[name]
+    return torch.zeros(v.state.root_pos_w.shape[0], TERM_DIMS[name], device=v.state.root_pos_w.device)
+
+
 def make_term_fns(points_b: torch.Tensor) -> dict[str, Callable[[TaskView], torch.Tensor]]:
     fns: dict[str, Callable[[TaskView], torch.Tensor]] = {
         "base_lin_vel": lambda v: v.state.root_lin_vel_b,
@@ -122,6 +132,9 @@ def make_term_fns(points_b: torch.Tensor) -> dict[str, Callable[[TaskView], torc
         "friction": lambda v: _param(v, "friction"),
         "added_mass": lambda v: _param(v, "added_mass"),
     }
+    for name in TERM_DIMS:
+        if name.startswith("task_"):
+            fns[name] = functools.partial(_task_term, name=name)
     assert set(fns) == set(TERM_DIMS), "every layout term needs an observation function"
     return fns
 

@@ -70,6 +70,7 @@ class Scene:
     robot: object          # envs.robots.RobotSpec
     terrain: object | None  # envs.terrain.Terrain, None for a plane
     ground_geom: int
+    addon_sensors: dict[str, slice] = None  # columns of sensordata the scene addon added, by name
 
 
 def _check_names(model: mujoco.MjModel, robot) -> None:
@@ -135,8 +136,9 @@ def _add_sensors(spec: mujoco.MjSpec, robot) -> SensorLayout:
     return SensorLayout(size=cursor, **layout)
 
 
-def build_scene(robot, terrain=None, sim_dt: float = 0.005) -> Scene:
-    """Compile the robot + ground (+ sensors) model. ``terrain`` is an ``envs.terrain.Terrain`` or None."""
+def build_scene(robot, terrain=None, sim_dt: float = 0.005, addon=None) -> Scene:
+    """Compile the robot + ground (+ sensors) model. ``terrain`` is an ``envs.terrain.Terrain`` or None;
+    ``addon`` (optional) adds task objects after the robot's sensors (``BackendConfig.scene_addon``)."""
     if not sim_dt > 0:
         raise ValueError(f"sim_dt must be > 0 seconds, got {sim_dt}")
     spec = robot.spec()
@@ -146,10 +148,12 @@ def build_scene(robot, terrain=None, sim_dt: float = 0.005) -> Scene:
     spec.option.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_AUTORESET)
     _add_ground(spec, terrain)
     sensors = _add_sensors(spec, robot)
+    addon_sensors = addon.add_to(spec, sensors.size) if addon is not None else {}
+    extra = max((s.stop for s in addon_sensors.values()), default=sensors.size) - sensors.size
     model = spec.compile()
     _check_names(model, robot)
-    if model.nsensordata != sensors.size:
-        raise RuntimeError(f"scene sensors hold {model.nsensordata} values, layout expects {sensors.size}")
+    if model.nsensordata != sensors.size + extra:
+        raise RuntimeError(f"scene sensors hold {model.nsensordata} values, layout expects {sensors.size + extra}")
     free = mujoco.mjtJoint.mjJNT_FREE
     if model.njnt != 1 + len(JOINT_NAMES) or model.jnt_type[0] != free or model.nq != 7 + len(JOINT_NAMES):
         raise ValueError(f"robot MJCF {robot.mjcf_path}: expected a free joint on the base followed by "
@@ -157,7 +161,7 @@ def build_scene(robot, terrain=None, sim_dt: float = 0.005) -> Scene:
     if model.nu != len(JOINT_NAMES):
         raise ValueError(f"robot MJCF {robot.mjcf_path}: {model.nu} actuators, expected {len(JOINT_NAMES)}")
     return Scene(model=model, sensors=sensors, robot=robot, terrain=terrain,
-                 ground_geom=mujoco.mj_name2id(model, _OBJ.mjOBJ_GEOM, GROUND_NAME))
+                 ground_geom=mujoco.mj_name2id(model, _OBJ.mjOBJ_GEOM, GROUND_NAME), addon_sensors=addon_sensors)
 
 
 @dataclass

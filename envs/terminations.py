@@ -14,8 +14,10 @@ from quadforge.envs.config import TerminationsConfig
 from quadforge.envs.fast_paths import numpy_path
 from quadforge.envs.view_cache import ViewCache
 
-TERMINATION_REASONS = ("none", "time_out", "fall", "base_collision", "non_finite")
-NONE, TIME_OUT, FALL, BASE_COLLISION, NON_FINITE = range(len(TERMINATION_REASONS))
+# "task_end": a task's own rule ended the episode (QUARD tasks: success, wrong target, obstacle
+# collision; the task's outcome says which). Locomotion never emits it.
+TERMINATION_REASONS = ("none", "time_out", "fall", "base_collision", "non_finite", "task_end")
+NONE, TIME_OUT, FALL, BASE_COLLISION, NON_FINITE, TASK_END = range(len(TERMINATION_REASONS))
 
 
 class Outcome(NamedTuple):

@@ -79,7 +79,7 @@ class LeggedEnv(VecEnv):
         self.terrain = TerrainState(cfg, n, torch_generator(cfg.seed, "env/terrain"), dev)
         self.terrain_types = self.terrain.types
         body_names = tuple(self.backend.state.body_names)
-        self.task = LocomotionTask(cfg, self.robot, body_names, self.dt, gen("commands"), dev)
+        self.task = self._make_task(cfg, body_names, gen("commands"))
         self.pushes = Pushes(cfg.randomization, self.dt, gen("push"))
         self.latency = ActionLatency(cfg.randomization, n, gen("latency"), dev)
 
@@ -120,6 +120,10 @@ class LeggedEnv(VecEnv):
 
         self.reset_envs(torch.arange(n, device=dev))
         self._obs = self._compute_obs()
+
+    def _make_task(self, cfg: EnvConfig, body_names: tuple[str, ...], gen: torch.Generator) -> LocomotionTask:
+        """The task scoring and ending episodes; a subclass (``envs.quard.env.QuardEnv``) returns its own."""
+        return LocomotionTask(cfg, self.robot, body_names, self.dt, gen, self.device)
 
     # --- rsl_rl VecEnv --------------------------------------------------------------------------------
     def get_observations(self) -> TensorDict:
@@ -276,9 +280,10 @@ class LeggedEnv(VecEnv):
         self.task.before_physics()
         # fresh (N,) columns every step: a consumer may keep last step's extras
         n = self.num_envs
-        episode = dict(zip(_EPISODE_LONG, torch.zeros(len(_EPISODE_LONG), n, dtype=torch.long,
-                                                       device=self.device).unbind(0)))
-        episode.update(zip(_EPISODE_FLOAT, torch.zeros(len(_EPISODE_FLOAT), n, device=self.device).unbind(0)))
+        long_keys = _EPISODE_LONG + tuple(getattr(self.task, "extra_episode_long", ()))
+        float_keys = _EPISODE_FLOAT + tuple(getattr(self.task, "extra_episode_float", ()))
+        episode = dict(zip(long_keys, torch.zeros(len(long_keys), n, dtype=torch.long, device=self.device).unbind(0)))
+        episode.update(zip(float_keys, torch.zeros(len(float_keys), n, device=self.device).unbind(0)))
         self._episode = episode
         self._noise = self._policy_obs.draw_noise(n, self._noise_gen)
 

@@ -10,3 +10,11 @@ try:
     __version__ = version("quadforge")
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
+
+# MuJoCo picks its OpenGL platform when it is first imported; headless EGL is the only one that works
+# on a machine without a display (the QUARD camera renders offscreen). A user's own choice wins.
+import os as _os
+
+if "MUJOCO_GL" not in _os.environ:
+    _os.environ["MUJOCO_GL"] = "egl"
+    _os.environ.setdefault("PYOPENGL_PLATFORM", "egl")

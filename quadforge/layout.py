@@ -47,8 +47,18 @@ TERM_DIMS: dict[str, int] = {
     "height_scan": len(HEIGHT_SCAN_X) * len(HEIGHT_SCAN_Y),  # base z - terrain z at the grid points, m
     "friction": 1,
     "added_mass": 1,
+    # privileged QUARD task terms (envs/quard): world frame, m; emitted by QuardEnv only
+    "task_base_pose": 4,        # base x, y, z and yaw (rad)
+    "task_target_pos": 3,       # the point to reach or face: target object, target ball, 1 m past the named tunnel
+    "task_target_vel": 3,       # velocity of the target (the rolling ball of `stop`, else 0)
+    "task_distractor_pos": 3,   # the other object / ball / the point past the other tunnel
+    "task_obstacle_pos": 3,     # go_avoid's obstacle (its centre on the ground), else 0
+    "task_tunnel_entry": 3,     # go_through: the centre of the named tunnel's entrance, else 0
+    "task_info": 4,             # family, speed word, gait word (codes into envs.quard.instructions), has obstacle
 }
-PRIVILEGED_TERMS = frozenset({"base_height", "height_scan", "friction", "added_mass"})
+# Terms a deployable policy does not get by default; every ``task_*`` term is privileged.
+PRIVILEGED_TERMS = frozenset({"base_height", "height_scan", "friction", "added_mass"}
+                             | {name for name in TERM_DIMS if name.startswith("task_")})
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,13 @@ from quadforge.seeding import seed_everything
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", default="locomotion",
+                        help="locomotion (joystick commands), or a QUARD task: quard:<family> | quard:all "
+                             "(families go_to, go_avoid, stop, distinguish, go_through; --policy expert or zero)")
+    parser.add_argument("--images", action="store_true", help="QUARD tasks: render the front camera (5 Hz)")
+    parser.add_argument("--colours", default="train", choices=("train", "held_out", "all"),
+                        help="QUARD tasks: object colours (train: blue green red yellow; held_out: gold orange "
+                             "pink purple)")
     add_robot(parser)
     add_num_envs(parser, 16)
     parser.add_argument("--seconds", type=float, default=5.0, help="simulated seconds per env")
@@ -117,6 +124,8 @@ def format_summary(s: dict, policy: str, terrain: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.task != "locomotion":
+        return run_quard(args)
     spec = args.policy
     if args.gait is not None:
         if spec != "gait":
@@ -139,4 +148,52 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.json, summary)
         if args.json != "-":
             print(f"wrote {args.json}")
+    return 0
+
+
+def run_quard(args: argparse.Namespace) -> int:
+    """``--task quard:...``: the QUARD env under the privileged expert (or zero actions) for
+    ``--seconds`` of simulated time per env; per family: episodes, success rate, outcomes."""
+    import collections
+
+    from quadforge.collection.rollout import Rollout, RolloutConfig
+    from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    from quadforge.envs.quard.instructions import task_families
+    from quadforge.envs.terrain import terrain_config
+
+    task_families(args.task)   # a one-line error for a bad task name
+    if args.policy not in ("expert", "zero"):
+        raise ValueError(f"--policy {args.policy!r} with --task {args.task}: allowed: expert, zero")
+    if args.num_envs < 1 or not args.seconds > 0:
+        raise ValueError("--num-envs must be >= 1 and --seconds > 0")
+    seed_everything(args.seed)
+    torch.set_num_threads(1)
+    env = QuardEnv(QuardConfig.make(args.task, robot=args.robot, num_envs=args.num_envs, seed=args.seed,
+                                    terrain=terrain_config(args.terrain), images=args.images,
+                                    colours=args.colours))
+    try:
+        if args.policy == "expert":
+            from quadforge.experts.quard_expert import make_quard_expert
+            policy = make_quard_expert(env)
+        else:
+            policy = policy_for_env("zero", env, args.robot)
+        steps = max(1, int(round(args.seconds / env.dt)))
+        t0 = time.perf_counter()
+        outcomes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for ep in Rollout(env, policy, RolloutConfig(record=False)).episodes(max_steps=steps):
+            outcomes[ep.info["task"]][ep.info["quard_outcome"]] += 1
+        wall = time.perf_counter() - t0
+    finally:
+        env.close()
+    summary = {"task": args.task, "policy": args.policy, "num_envs": args.num_envs, "sim_seconds": steps * env.dt,
+               "wall_seconds": wall, "env_steps_per_s": steps * args.num_envs / wall,
+               "families": {t: {"episodes": sum(c.values()), "success_rate": c["success"] / max(sum(c.values()), 1),
+                                "outcomes": dict(c)} for t, c in sorted(outcomes.items())}}
+    print(f"rollout: task={args.task} policy={args.policy} envs={args.num_envs} "
+          f"{summary['sim_seconds']:.1f} s simulated in {wall:.1f} s wall ({summary['env_steps_per_s']:.0f} env steps/s)")
+    for t, f in summary["families"].items():
+        print(f"  {t:18s} episodes {f['episodes']:4d}  success {f['success_rate']:.3f}  "
+              + "  ".join(f"{k}={v}" for k, v in sorted(f["outcomes"].items())))
+    if args.json:
+        write_json(args.json, summary)
     return 0

@@ -57,6 +57,9 @@ class BackendConfig:
     randomization: RandomizationConfig | None = None  # None -> nominal physics in every env
     # terrain: an envs.terrain.TerrainConfig, or None for a flat plane
     terrain: object | None = None
+    # scene_addon: adds task objects (and their sensors) to the scene, e.g. envs.quard.objects.ObjectLibrary;
+    # an object with ``add_to(spec, first_sensor) -> dict[str, slice]`` (its sensordata columns by name)
+    scene_addon: object | None = None
     warp: WarpConfig = field(default_factory=WarpConfig)
 
 

@@ -88,7 +88,8 @@ class MujocoCpuBackend:
         self.num_non_finite = 0
 
         self.robot = get_robot(cfg.robot)
-        self.scene: Scene = build_scene(self.robot, _load_terrain(cfg.terrain), self.sim_dt)
+        self.scene: Scene = build_scene(self.robot, _load_terrain(cfg.terrain), self.sim_dt,
+                                        getattr(cfg, "scene_addon", None))
         self.variants = make_variants(self.scene, cfg.randomization, self.num_envs,
                                       numpy_rng(cfg.seed, "backend/variants"))
         self.models = [self.variants.models[v] for v in self.variants.env_variant]
@@ -97,7 +98,7 @@ class MujocoCpuBackend:
         self._ctrl_views = [d.ctrl for d in self.datas]
         self._sens_views = [d.sensordata for d in self.datas]
 
-        n, s = self.num_envs, self.scene.sensors.size
+        n, s = self.num_envs, self.models[0].nsensordata  # the robot's sensors, then a scene addon's
         self._sens = np.zeros((n, s))                  # (N, S) readout, float64 as MuJoCo computes it
         self._targets = np.zeros((n, NUM_JOINTS))      # (N, 12) ctrl for the next step
         self._targets_t = torch.from_numpy(self._targets)
@@ -204,6 +205,37 @@ class MujocoCpuBackend:
         if self.scene.terrain is None:
             return torch.zeros(xy_w.shape[:-1], dtype=torch.float32, device=xy_w.device)
         return self.scene.terrain.height_at(xy_w)
+
+    # ------------------------------------------------------------------ task scenes (optional capabilities)
+    def set_mocap(self, env_ids, pos: np.ndarray, quat: np.ndarray | None = None, forward: bool = False) -> None:
+        """Place the scene's mocap bodies (task objects) of the given envs: ``pos`` (k, nmocap, 3),
+        ``quat`` (k, nmocap, 4) wxyz or None to keep. ``forward`` recomputes the envs' derived
+        quantities now (after a reset, so the first frame and contacts see the objects); otherwise the
+        next step does."""
+        ids = self._ids(env_ids)
+        nm = self.models[0].nmocap
+        pos = np.asarray(pos, dtype=np.float64)
+        if pos.shape != (len(ids), nm, 3):
+            raise ValueError(f"set_mocap: pos must have shape ({len(ids)}, {nm}, 3), got {pos.shape}")
+        for row, i in enumerate(ids):
+            d = self.datas[i]
+            d.mocap_pos[:] = pos[row]
+            if quat is not None:
+                d.mocap_quat[:] = quat[row]
+            if forward:
+                mujoco.mj_forward(self.models[i], d)
+                self._sens[i] = self._sens_views[i]
+
+    def sensor_columns(self, cols: slice) -> np.ndarray:
+        """(N, k) float64 view of the last readout's sensordata columns (e.g. a scene addon's sensors)."""
+        return self._sens[:, cols]
+
+    def make_camera(self, cfg):
+        """A batched camera over this backend's envs (``envs.quard.camera.MujocoCamera``): a backend
+        capability, so a GPU backend can supply its own renderer behind the same interface."""
+        from quadforge.envs.quard.camera import MujocoCamera
+
+        return MujocoCamera(self.models, self.datas, cfg)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -128,10 +128,11 @@ def test_train_cli_routes_rt1_and_vision_germ_to_the_vla_trainer(tmp_path):
     args = argparse.Namespace(model="rt1", store=str(tmp_path), out=str(tmp_path / "o"), preset=None, seed=0,
                               max_steps=None, batch_size=None, log_every=None, val_every=None, success_only=False,
                               inputs="auto", overrides=[], device="cpu", resume=False)
-    with pytest.raises(NotImplementedError, match="image-window sampler"):
+    # both reach the image store reader (an empty folder is not a store: a clear error naming it)
+    with pytest.raises(FileNotFoundError, match="missing manifest"):
         cli.run(args)
     args.model, args.inputs = "germ", "vision"
-    with pytest.raises(NotImplementedError, match="image-window sampler"):
+    with pytest.raises(FileNotFoundError, match="missing manifest"):
         cli.run(args)
     args.model = "rt2"
     with pytest.raises(ValueError, match="unknown"):

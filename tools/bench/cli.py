@@ -15,6 +15,7 @@ BENCHMARKS = {
     "germ": "quadforge.tools.bench.germ",
     "env_step": "quadforge.tools.bench.env_step",
     "scale": "quadforge.tools.bench.scale",
+    "quard": "quadforge.tools.bench.quard",
     "vla": "quadforge.tools.bench.vla",
 }
 
@@ -26,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "image section); store_images: the image section alone; "
                              "models: step latency and training throughput; germ: GeRM trainer; "
                              "scale: env steps/s vs worlds per backend (mujoco_cpu, mujoco_warp) + compile time; "
+                             "quard: QUARD expert success, speeds, gaits and camera frames/s; "
                              "vla: vision-language-action acting latency and training throughput")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
     add_json(parser, "the results")

@@ -1,0 +1,1 @@
+"""QUARD-style vision-language tasks (seed 003 Table I): scenes, camera, instructions, rules, the env."""

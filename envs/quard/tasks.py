@@ -1,0 +1,29 @@
+"""Registers ``quard:<family>`` and ``quard:all`` with the env builder (``envs.builder.make_env``).
+
+The builder imports this module on the first ``quard:`` task name. ``configure`` puts the QUARD
+locomotion settings (``envs.quard.env.quard_env_config``: nominal physics, no pushes, calm start, the
+env's own velocity commands zero, 20 s, no curriculum) onto the builder's config, keeping its robot,
+terrain, envs, seed, threads and backend; ``make`` builds a ``QuardEnv`` with the default camera (64x64 RGB at
+5 Hz): overrides of ``EnvConfig`` fields apply after ``configure`` as for any task.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from quadforge.envs.builder import register_task
+from quadforge.envs.config import EnvConfig
+from quadforge.envs.quard.env import QuardConfig, QuardEnv, quard_env_config
+from quadforge.envs.quard.instructions import FAMILIES, TEMPLATES
+
+
+def _configure(cfg: EnvConfig) -> EnvConfig:
+    q = quard_env_config(cfg.backend.robot, cfg.num_envs, cfg.seed, cfg.terrain)
+    q.backend = replace(q.backend, num_threads=cfg.backend.num_threads, warp=cfg.backend.warp)
+    q.backend_name = cfg.backend_name
+    return q
+
+
+for _name in ("quard:all",) + tuple(f"quard:{f}" for f in FAMILIES):
+    _help = ("QUARD: a family drawn per episode" if _name == "quard:all"
+             else f"QUARD {_name[6:]}: \"{TEMPLATES[_name[6:]]}, <speed> with a <gait> gait\"")
+    register_task(_name, _configure, _help, make=lambda cfg, name=_name: QuardEnv(QuardConfig(task=name, env=cfg)))

@@ -1,0 +1,289 @@
+"""QUARD tasks: scenes per seed, the rules per family, instructions, the camera and its GL error."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from quadforge.envs.quard import instructions as ins
+from quadforge.envs.quard.families import sample_episode
+from quadforge.envs.quard.rules import FAMILY_CODE, OUTCOME_CODE, RuleState, judge
+from quadforge.seeding import numpy_rng
+
+
+# ---------------------------------------------------------------- instructions
+def test_every_table_instruction_parses_back_to_its_words():
+    table = ins.instruction_table()
+    assert len(table) == len(set(table))
+    n_words = {"go_to": 8 * 6, "go_avoid": 6, "stop": 8, "distinguish": 6, "go_through": 8 * 2}
+    assert len(table) == sum(n_words.values()) * 12
+    for text in table:
+        p = ins.parse_instruction(text)
+        words = {k: v for k, v in p.items() if k not in ("family", "speed", "gait")}
+        assert ins.instruction(p["family"], p["speed"], p["gait"], **words) == text
+
+
+def test_sampled_scene_instruction_names_its_target():
+    for family in ins.FAMILIES:
+        for k in range(20):
+            scene = sample_episode(family, numpy_rng(k, family), ins.TRAIN_COLOURS)
+            p = scene.params
+            parsed = ins.parse_instruction(p["instruction"].upper() + ".")   # case and a full stop ignored
+            assert parsed["family"] == family and parsed["speed"] == p["speed"] and parsed["gait"] == p["gait"]
+            t = p["target"]
+            if family == "go_to":
+                assert (parsed["colour"], parsed["object"]) == (t["colour"], t["object"])
+                assert (t["colour"], t["object"]) != (p["distractor"]["colour"], p["distractor"]["object"])
+            elif family == "go_avoid":
+                assert parsed["object"] == t["object"] != p["distractor"]["object"]
+            elif family == "stop":
+                assert parsed["colour"] == t["ball"] != p["distractor"]["ball"]
+            elif family == "distinguish":
+                assert parsed["letter"] == t["letter"] != p["distractor"]["letter"]
+            else:
+                assert (parsed["colour"], parsed["shape"]) == (t["colour"], t["tunnel"])
+                assert t["colour"] != p["distractor"]["colour"] and t["tunnel"] != p["distractor"]["tunnel"]
+
+
+def test_bad_instructions_and_tasks_are_one_line_errors():
+    with pytest.raises(ValueError, match="fits no QUARD template"):
+        ins.parse_instruction("go to the silver cube, slowly with a trotting gait")
+    with pytest.raises(ValueError, match="unknown QUARD family 'jump'"):
+        ins.task_families("quard:jump")
+    with pytest.raises(ValueError, match="not a QUARD task"):
+        ins.task_families("walking")
+    assert ins.task_families("quard:all") == ins.FAMILIES
+
+
+# ---------------------------------------------------------------- scenes
+def test_scene_generation_is_deterministic_per_seed():
+    for family in ins.FAMILIES:
+        a = sample_episode(family, numpy_rng(3, "x"), ins.TRAIN_COLOURS)
+        b = sample_episode(family, numpy_rng(3, "x"), ins.TRAIN_COLOURS)
+        c = sample_episode(family, numpy_rng(4, "x"), ins.TRAIN_COLOURS)
+        assert a.params == b.params and a.placements == b.placements
+        assert a.params != c.params
+        (tx, ty), (dx, dy) = a.params["target_slot"], a.params["distractor_slot"]
+        assert 2.7 <= tx <= 3.3 and 2.7 <= dx <= 3.3
+        assert 0.65 <= abs(ty) <= 0.85 and 0.65 <= abs(dy) <= 0.85 and ty * dy < 0
+
+
+def test_held_out_colours_stay_held_out():
+    for k in range(30):
+        p = sample_episode("go_to", numpy_rng(k, "c"), ins.HELD_OUT_COLOURS).params
+        assert p["target"]["colour"] in ins.HELD_OUT_COLOURS and p["distractor"]["colour"] in ins.HELD_OUT_COLOURS
+
+
+# ---------------------------------------------------------------- rules on hand-placed states
+def _state(family, base=(0.0, 0.0), yaw=0.0, target=(3.0, 0.75), distractor=(3.0, -0.75), through=(False, False),
+           contact=False, t=1.0):
+    return RuleState(family=np.array([FAMILY_CODE[family]]), base_xy=np.array([base], float), yaw=np.array([yaw]),
+                     target_xy=np.array([target], float), distractor_xy=np.array([distractor], float),
+                     through_named=np.array([through[0]]), through_other=np.array([through[1]]),
+                     obstacle_contact=np.array([contact]), time_s=np.array([t]))
+
+
+def _outcome(**kw) -> str:
+    from quadforge.envs.quard.rules import OUTCOMES
+    return OUTCOMES[int(judge(_state(**kw))[0])]
+
+
+@pytest.mark.parametrize("family", ["go_to", "go_avoid"])
+def test_reach_rules(family):
+    assert _outcome(family=family) == "running"
+    assert _outcome(family=family, base=(2.2, 0.5)) == "success"
+    assert _outcome(family=family, base=(2.2, -0.5)) == "wrong_target"
+    assert _outcome(family=family, t=20.0) == "timeout"
+    assert _outcome(family=family, base=(2.2, 0.5), t=20.0) == "success"     # success beats the clock
+    if family == "go_avoid":
+        assert _outcome(family=family, base=(1.5, 0.2), contact=True) == "obstacle_collision"
+
+
+def test_stop_rules():
+    assert _outcome(family="stop", target=(2.5, 0.75)) == "running"
+    assert _outcome(family="stop", base=(1.6, 0.5), target=(2.3, 0.75)) == "success"
+    assert _outcome(family="stop", base=(0.0, 0.0), target=(0.9, 0.75)) == "missed"   # rolled past, never met
+    assert _outcome(family="stop", base=(2.3, -0.6), target=(2.5, 0.75)) == "wrong_target"
+
+
+def test_distinguish_rules():
+    bearing = math.atan2(0.75, 3.0)
+    assert _outcome(family="distinguish") == "running"
+    assert _outcome(family="distinguish", yaw=bearing - math.radians(4)) == "success"
+    assert _outcome(family="distinguish", yaw=bearing - math.radians(7)) == "running"
+    assert _outcome(family="distinguish", base=(0.5, 0.6)) == "success"           # lined up, |dy| < 0.2
+    assert _outcome(family="distinguish", yaw=-bearing) == "wrong_target"
+    assert _outcome(family="distinguish", t=20.0) == "timeout"
+
+
+def test_go_through_rules():
+    goal, other = (4.5, 0.75), (4.5, -0.75)
+    kw = dict(family="go_through", target=goal, distractor=other)
+    assert _outcome(base=(3.9, 0.75), **kw) == "running"                            # near the goal, went around
+    assert _outcome(base=(3.9, 0.75), through=(True, False), **kw) == "success"
+    assert _outcome(base=(3.0, -0.75), through=(False, True), **kw) == "wrong_target"
+    assert _outcome(base=(1.0, 0.0), t=15.0, **kw) == "timeout"                     # 15 s limit
+
+
+# ---------------------------------------------------------------- the env
+@pytest.fixture(scope="module")
+def go_to_env():
+    from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    env = QuardEnv(QuardConfig.make("quard:go_to", num_envs=3, seed=5, images=False))
+    yield env
+    env.close()
+
+
+def test_env_scenes_are_deterministic_and_differ_between_envs(go_to_env):
+    from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    other = QuardEnv(QuardConfig.make("quard:go_to", num_envs=3, seed=5, images=False))
+    try:
+        assert [p["instruction"] for p in other.scenes.params] == [p["instruction"] for p in go_to_env.scenes.params]
+        np.testing.assert_array_equal(other.scenes.mocap_pos, go_to_env.scenes.mocap_pos)
+        assert len({p["target_slot"][1] for p in go_to_env.scenes.params}) == 3
+    finally:
+        other.close()
+
+
+def test_task_terms_and_instruction(go_to_env):
+    env = go_to_env
+    terms = env.terms
+    for i, p in enumerate(env.scenes.params):
+        assert env.instruction_table[int(terms["instruction"][i])] == p["instruction"]
+        np.testing.assert_allclose(terms["task_target_pos"][i, :2].numpy(), p["target_slot"], atol=1e-5)
+        assert int(terms["task_info"][i, 0]) == FAMILY_CODE["go_to"]
+    from quadforge.layout import PRIVILEGED_TERMS
+    assert {k for k in terms if k.startswith("task_")} <= PRIVILEGED_TERMS
+
+
+def test_camera_sees_the_go_to_target_at_spawn(go_to_env):
+    env = go_to_env
+    from quadforge.envs.quard.camera import CameraConfig
+    cam = env.backend.make_camera(CameraConfig())   # segmentation by rays: no OpenGL needed
+    lib = env.library
+    for i, p in enumerate(env.scenes.params):
+        seg = cam.segment(i)
+        target = lib.instances[lib.find("object", p["target"]["object"], 0)]
+        distractor = lib.instances[lib.find("object", p["distractor"]["object"], 1)]
+        assert np.isin(seg, target.geom_ids).sum() > 0, p["instruction"]
+        assert np.isin(seg, distractor.geom_ids).sum() > 0
+        depth = cam.ray_depth(i)
+        tx = p["target_slot"][0]
+        assert np.nanmin(np.where(np.isin(seg, target.geom_ids), depth, np.nan)) < tx
+
+
+def test_env_ends_an_episode_on_success_and_reports_it(go_to_env):
+    env = go_to_env
+    p = env.scenes.params[1]
+    before = dict(p)
+    # put env 1's robot 0.6 m short of its target: the next step succeeds
+    tx, ty = p["target_slot"]
+    st = env.backend.state
+    pos = torch.tensor([[tx - 0.6, ty, float(st.root_pos_w[1, 2])]])
+    env.backend.reset(torch.tensor([1]), pos, st.root_quat_w[1:2].clone(), torch.zeros(1, 3), torch.zeros(1, 3),
+                      st.joint_pos[1:2].clone(), torch.zeros(1, 12))
+    _, rew, dones, extras = env.step(torch.zeros(3, 12))
+    assert bool(dones[1]) and float(rew[1]) == 1.0
+    ep = extras["episode_end"]
+    assert int(ep["quard_outcome"][1]) == OUTCOME_CODE["success"]
+    assert float(ep["time_to_success"][1]) == pytest.approx(env.dt * int(ep["length"][1]))
+    info = env.episode_task_info(1)
+    assert info["task_params"]["instruction"] == before["instruction"] and info["task"] == "quard:go_to"
+    assert env.scenes.params[1]["episode"] == before["episode"] + 1      # a fresh scene was drawn
+    from quadforge.collection.labels import label
+    ok, reason, _ = label({"quard_outcome": int(ep["quard_outcome"][1]), "termination_reason": "task_end"})
+    assert ok and reason == "success"
+
+
+def test_gl_failure_names_mujoco_gl(monkeypatch):
+    import mujoco
+    from quadforge.envs.quard import camera
+
+    def broken(*a, **k):
+        raise mujoco.FatalError("an OpenGL platform library has not been loaded into this process")
+
+    monkeypatch.setattr(mujoco, "Renderer", broken)
+    with pytest.raises(RuntimeError, match="MUJOCO_GL"):
+        camera.make_renderer(mujoco.MjModel.from_xml_string("<mujoco/>"), 16, 16)
+
+
+def test_camera_config_errors():
+    from quadforge.envs.quard.camera import CameraConfig
+    with pytest.raises(ValueError, match="camera.width"):
+        CameraConfig(width=1000).validate()
+    with pytest.raises(ValueError, match="depth_source"):
+        CameraConfig(depth_source="lidar").validate()
+
+
+def test_rollout_command_runs_a_quard_task(tmp_path, capsys):
+    import argparse
+
+    from quadforge.tools import rollout_cmd
+    p = argparse.ArgumentParser()
+    rollout_cmd.add_arguments(p)
+    args = p.parse_args(["--task", "quard:distinguish", "--policy", "expert", "--num-envs", "2", "--seconds", "3",
+                         "--json", str(tmp_path / "s.json")])
+    assert rollout_cmd.run(args) == 0
+    import json
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["task"] == "quard:distinguish" and summary["num_envs"] == 2
+    fams = summary["families"]
+    assert set(fams) <= {"quard:distinguish"} and sum(f["episodes"] for f in fams.values()) >= 1
+    bad = p.parse_args(["--task", "quard:jump"])
+    with pytest.raises(ValueError, match="unknown QUARD family"):
+        rollout_cmd.run(bad)
+
+
+def _with_gl(build):
+    """Build an env that renders; skip where this machine has no OpenGL (the error names MUJOCO_GL)."""
+    try:
+        return build()
+    except RuntimeError as err:
+        if "MUJOCO_GL" in str(err):
+            pytest.skip(f"no OpenGL here: {err}")
+        raise
+
+
+def test_builder_makes_a_rendering_quard_env_with_the_target_in_view():
+    from quadforge.envs.builder import make_env
+    from quadforge.envs.quard.objects import RGB
+    env = _with_gl(lambda: make_env(task="quard:stop", num_envs=2, seed=1))
+    try:
+        assert type(env).__name__ == "QuardEnv" and env.families == ("stop",)
+        rgb = env.terms["images/front_rgb"]
+        assert rgb.dtype == torch.uint8 and tuple(rgb.shape) == (2, 64, 64, 3)
+        for i, p in enumerate(env.scenes.params):
+            want = np.array(RGB[p["target"]["ball"]]) * 255
+            # the target ball's colour (lit: within a wide tolerance of hue) appears in the frame
+            img = rgb[i].numpy().astype(float)
+            scale = img.max(axis=-1, keepdims=True).clip(min=1) / max(want.max(), 1)
+            close = np.abs(img / scale - want).max(axis=-1) < 60
+            assert close.sum() >= 4, p["instruction"]
+        # frames are held between the 5 Hz renders and refreshed on the 10th step
+        before = env.images.copy()
+        for _ in range(9):
+            env.step(torch.zeros(2, 12))
+        np.testing.assert_array_equal(env.images, before)
+        env.step(torch.zeros(2, 12))
+        assert (env.images != before).any()
+    finally:
+        env.close()
+
+
+def test_gl_depth_agrees_with_ray_depth():
+    from quadforge.envs.quard.camera import CameraConfig
+    from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    env = _with_gl(lambda: QuardEnv(QuardConfig.make("quard:go_avoid", num_envs=2, seed=2,
+                                                     camera=CameraConfig(depth=True))))
+    try:
+        depth = env.terms["images/front_depth"].numpy()
+        assert depth.dtype == np.float32 and depth.shape == (2, 64, 64)
+        for i in range(2):
+            rays = env.camera.ray_depth(i)
+            hit = np.isfinite(rays) & (rays < env.qcfg.camera.max_depth)
+            assert hit.mean() > 0.3
+            assert np.median(np.abs(rays[hit] - depth[i][hit])) < 0.01   # the same metres, two ways
+    finally:
+        env.close()
