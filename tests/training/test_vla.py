@@ -232,3 +232,30 @@ def test_store_source_adapts_the_image_window_sampler_batch():
     batch["instruction"] = torch.tensor([0, -1, 1])
     with pytest.raises(ValueError, match="without an instruction"):
         src.sample(b)
+
+
+def test_germ_image_targets_match_separate_forward_passes_of_the_two_windows():
+    """The image-rate Eq. 2 targets, rebuilt by hand: dims < d-1 from the CURRENT window (frames 0..T-1)
+    teacher-forced on the dataset bins, the last dim r + γ·max Q(next window = frames 1..T, dim 0), and no
+    bootstrap where the episode ended; computed without gradients."""
+    from quadforge.training.vla import VLATrainConfig, q_targets
+    torch.manual_seed(0)
+    t, k = 3, 9
+    net = GeRMVLA(_cfg(moe=True)).eval()
+    with torch.no_grad():
+        net.heads.weight.normal_(0, 1.0)
+    ins = net.frontend.prepare_instructions(INSTRUCTIONS[:3])
+    frames, mask = torch.rand(3, t + 1, 3, 16, 16), torch.ones(3, t + 1, dtype=torch.bool)
+    mask[0, :2] = False                                                   # an episode start: padded frames
+    bins = torch.randint(0, k, (3, 12))
+    batch = {"reward": torch.tensor([0.0, 1.0, 0.0]), "discount": torch.full((3,), 0.9),
+             "done": torch.tensor([False, False, True]), "last": torch.tensor([False, True, True]),
+             "mc_return": torch.zeros(3)}
+    cfg = VLATrainConfig(model_name="germ", objective="q", mc_lower_bound=False)
+    y = q_targets(net, frames, mask, ins, bins, batch, cfg)
+    assert not y.requires_grad
+    q_now = torch.sigmoid(net(frames[:, :t], mask[:, :t], ins, bins[:, :-1]).logits)
+    q_next = torch.sigmoid(net(frames[:, 1:], mask[:, 1:], ins).logits[:, 0])
+    assert torch.allclose(y[:, :-1], q_now[:, 1:].max(-1).values, atol=1e-5)
+    assert torch.allclose(y[:, -1], torch.stack([0.9 * q_next[0].max(), torch.tensor(1.0), torch.tensor(0.0)]),
+                          atol=1e-5)
