@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.training.checkpoint import Checkpoint, save_checkpoint
 from quadforge.progress import progress_bar
 from quadforge.training.distributed import DistInfo, all_reduce_mean, barrier
@@ -184,3 +185,22 @@ class TrainLoop:
                 bar.set_postfix(loss=f"{float(terms['loss']):.4g}", refresh=False)
         bar.close()
         return self.history
+
+
+# the step-count flags every trainer takes (docs/cli.md)
+COMMON_STEP_FLAGS = ("max_steps", "batch_size", "log_every", "val_every")
+
+
+def apply_trainer_args(cfg: Any, args: Any, fields: tuple[str, ...] = COMMON_STEP_FLAGS) -> Any:
+    """A Q-learning or VLA trainer config from the command line: ``--seed``, the step-count flags given,
+    ``--success-only`` (successful episodes only, no mixing ratio), then ``key=value`` overrides; validated."""
+    cfg.seed = int(getattr(args, "seed", 0) or 0)
+    for name in fields:
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(cfg, name, value)
+    if getattr(args, "success_only", False):
+        cfg.success_only, cfg.success_ratio = True, None
+    apply_overrides(cfg, parse_overrides(getattr(args, "overrides", None)))
+    cfg.validate()
+    return cfg

@@ -50,10 +50,10 @@ from quadforge.training.binning import BIN_METHODS, ActionBinner, fit_binner
 from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state
 from quadforge.training.distributed import DistInfo, broadcast_object, cleanup, init_distributed, wrap_model
 from quadforge.experts.germ_policy import action_space_of
-from quadforge.training.loop import RunLog, TrainLoop, save_run_checkpoint, set_rng_state
+from quadforge.training.loop import (COMMON_STEP_FLAGS, RunLog, TrainLoop, apply_trainer_args, save_run_checkpoint,
+                                     set_rng_state)
 from quadforge.training.models.germ import GeRM, GeRMConfig
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
-from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
 
 GERM_MODELS = ("germ", "germ-il", "germ-dense")
@@ -384,19 +384,8 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
 # --- CLI -----------------------------------------------------------------------------------------
 
 def config_from_args(args: argparse.Namespace) -> GeRMTrainConfig:
-
-    cfg = default_config(str(args.model), getattr(args, "preset", None))
-    cfg.seed = int(getattr(args, "seed", 0) or 0)
-    for arg, name in (("max_steps", "max_steps"), ("batch_size", "batch_size"), ("log_every", "log_every"),
-                      ("val_every", "val_every"), ("layout", "layout")):
-        value = getattr(args, arg, None)
-        if value is not None:
-            setattr(cfg, name, value)
-    if getattr(args, "success_only", False):
-        cfg.success_only, cfg.success_ratio = True, None
-    apply_overrides(cfg, parse_overrides(getattr(args, "overrides", None)))
-    cfg.validate()
-    return cfg
+    return apply_trainer_args(default_config(str(args.model), getattr(args, "preset", None)), args,
+                              COMMON_STEP_FLAGS + ("layout",))
 
 
 def run_from_args(args: argparse.Namespace) -> int:

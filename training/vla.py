@@ -46,7 +46,7 @@ from quadforge.training.optim import OptimConfig, build_optimizer, build_schedul
 from quadforge.training.qlearning import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, conservative_loss,
                                           ema_update, td_loss, with_mc_lower_bound)
 from quadforge.training.vla_data import ImageWindowSource, check_batch, open_image_source
-from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.training.loop import apply_trainer_args
 from quadforge.seeding import seed_everything
 
 BIN_SOURCES = ("controller", "data")
@@ -353,17 +353,7 @@ def validate(model: nn.Module, target: nn.Module | None, source: ImageWindowSour
 # --- CLI -------------------------------------------------------------------------------------------
 
 def config_from_args(args: argparse.Namespace) -> VLATrainConfig:
-    cfg = default_config(str(args.model), getattr(args, "preset", None))
-    cfg.seed = int(getattr(args, "seed", 0) or 0)
-    for arg in ("max_steps", "batch_size", "log_every", "val_every"):
-        value = getattr(args, arg, None)
-        if value is not None:
-            setattr(cfg, arg, value)
-    if getattr(args, "success_only", False):
-        cfg.success_only, cfg.success_ratio = True, None
-    apply_overrides(cfg, parse_overrides(getattr(args, "overrides", None)))
-    cfg.validate()
-    return cfg
+    return apply_trainer_args(default_config(str(args.model), getattr(args, "preset", None)), args)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
