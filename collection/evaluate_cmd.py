@@ -34,7 +34,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--video", action="store_true", help="also render a short GIF of env 0 (MUJOCO_GL=egl)")
     p.add_argument("--allow-robot-mismatch", action="store_true",
                    help="evaluate a checkpoint on --robot although it was trained for another robot")
+    p.add_argument("--task", default="locomotion",
+                   help="locomotion (the terrain sweep), or a QUARD task quard:<family> | quard:all: success, failure "
+                        "reasons, time to success, path length, obstacle contacts per family (--policy quard_expert "
+                        "or a VLA checkpoint; --episodes-per-cell is then per family and colour set)")
+    p.add_argument("--colours", default="train,held_out",
+                   help="with --task quard:...: colour sets to evaluate, comma list of train, held_out, all")
     add_backend_arguments(p)
+
+
+def run_task(args: argparse.Namespace) -> int:
+    """``--task quard:...``: the QUARD evaluation (collection.evaluate_task)."""
+    from quadforge.collection.evaluate_task import TaskEvalConfig, evaluate_task, write_task_outputs
+    policy = "quard_expert" if args.policy == EvalConfig().policy else args.policy
+    cfg = TaskEvalConfig(task=args.task, policy=policy, out=args.out, robot=args.robot,
+                         colours=tuple(c.strip() for c in args.colours.split(",") if c.strip()),
+                         episodes=args.episodes, num_envs=args.num_envs, seed=args.seed,
+                         num_threads=args.num_threads, allow_robot_mismatch=args.allow_robot_mismatch).validate()
+    paths = write_task_outputs(evaluate_task(cfg), cfg.out)
+    print(f"report: {paths['report']}  json: {paths['json']}")
+    return 0
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
@@ -47,6 +66,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "task", "locomotion") != "locomotion":
+        return run_task(args)
     cfg = config_from_args(args).validate()
     result = evaluate(cfg)
     paths = write_outputs(result, cfg.out)
