@@ -58,6 +58,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     from quadforge.collection.evaluate import EvalConfig
     from quadforge.collection.evaluate_expert import expert_report
     from quadforge.training.imitation import train
+    from quadforge.training.optim import OptimConfig
     from quadforge.training.presets import preset
 
     cfg.validate()
@@ -79,6 +80,12 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
 
     t0 = time.perf_counter()
     tcfg = preset("fcnet", "cpu")
+    # The demo keeps the optimizer its README number was measured with (seed 000's AdamW form at lr 2e-3):
+    # the equal-budget sweep picked the cpu preset's AdamW 3e-3 by validation loss after 500 steps, and
+    # on this closed-loop demo that gave 54 % (26/48) against 62.5-73 % (docs/models.md, the ladder:
+    # offline loss is not how to pick imitation policies).
+    tcfg.optim = OptimConfig(name="adamw", lr=2e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=1e-4,
+                             warmup_frac=0.2, grad_clip=1.0)
     tcfg.seed, tcfg.max_steps, tcfg.batch_size = cfg.seed, cfg.train_steps, cfg.batch_size
     tcfg.val_every = tcfg.log_every = max(1, cfg.train_steps // 3)
     tcfg.tensorboard = False
