@@ -46,7 +46,8 @@ from quadforge.training.optim import OptimConfig, build_optimizer, build_schedul
 from quadforge.training.qlearning import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, conservative_loss,
                                           ema_update, td_loss, with_mc_lower_bound)
 from quadforge.training.vla_data import ImageWindowSource, check_batch, open_image_source
-from quadforge.training.loop import apply_trainer_args
+from quadforge.training.distributed import DistInfo
+from quadforge.training.loop import apply_trainer_args, rng_state, set_rng_state
 from quadforge.seeding import seed_everything
 
 BIN_SOURCES = ("controller", "data")
@@ -233,6 +234,7 @@ def train(cfg: VLATrainConfig, source: ImageWindowSource, out_dir: str | Path, d
     cfg.validate()
     seed_everything(cfg.seed)
     dev = torch.device(device)
+    info = DistInfo(device=dev)   # one process: the VLA trainer has no DDP yet
     out = Path(out_dir)
     instructions = list(source.instructions)
     vla = model_config(cfg, tuple(source.image_size), instructions)
@@ -266,8 +268,7 @@ def train(cfg: VLATrainConfig, source: ImageWindowSource, out_dir: str | Path, d
         start = ckpt.step
         if target is not None:
             target.load_state_dict(ckpt.extra["target_state_dict"])
-        if "torch_rng" in ckpt.extra:
-            torch.set_rng_state(ckpt.extra["torch_rng"])
+        set_rng_state(ckpt.extra.get("rng"), info)
     counts = model.parameter_counts()
 
     def prepare(batch: Mapping[str, torch.Tensor], augment: bool):
@@ -281,7 +282,7 @@ def train(cfg: VLATrainConfig, source: ImageWindowSource, out_dir: str | Path, d
     def save(step: int) -> None:
         extra = {"policy_kind": POLICY_KIND, "binner": {"edges": binner.edges.cpu()},
                  "settings": dict(source.settings), "instructions": instructions,
-                 "instruction_inputs": table.cpu(), "action_space": "command", "torch_rng": torch.get_rng_state()}
+                 "instruction_inputs": table.cpu(), "action_space": "command", "rng": rng_state(info)}
         if target is not None:
             extra["target_state_dict"] = {k: v.detach().cpu() for k, v in target.state_dict().items()}
         c = Checkpoint(model_name=cfg.model_name, model_config=vla.to_dict(),
