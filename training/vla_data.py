@@ -34,7 +34,7 @@ from quadforge.data.store import TrajectoryStore
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES
 from quadforge.seeding import numpy_rng
 
-SAMPLING_MODES = ("stream", "uniform")
+SAMPLING_MODES = ("auto", "stream", "uniform")
 BATCH_KEYS = ("frames", "frame_mask", "instruction", "action", "reward", "discount", "mc_return", "success",
               "done", "last")
 
@@ -106,6 +106,12 @@ class StoreImageSource:
     def num_windows(self) -> int:
         return int(self.sampler.num_windows)
 
+    @property
+    def fits_in_cache(self) -> bool:
+        """Every chunk of the camera's frames fits in the sampler's cache at once."""
+        cache = self.sampler.caches[self.camera]
+        return -(-cache.length // cache.chunk) <= cache.capacity
+
     def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
         """Uniformly random windows (the success ratio when set) from the sampler's own random stream."""
         return self.convert(self.sampler.sample(int(batch_size)))
@@ -116,10 +122,13 @@ class StoreImageSource:
         ``start_step``): a run resumed at a step draws what an uninterrupted run that restarted there drew.
         ``mode`` "stream": the sampler's chunk-aware ``stream()`` (a resident set of chunks per pool,
         one swapped per batch; decodes a few chunks per batch); "uniform": i.i.d. windows, each may need
-        its own chunk. Both keep the success:failure ratio and the success-only filter. With
+        its own chunk; "auto": uniform when the store's chunks all fit in the cache (i.i.d. at the same
+        cost), else the stream. All keep the success:failure ratio and the success-only filter. With
         ``prefetch_depth`` the next batches are built on a thread. Close the iterator to stop it."""
         if mode not in SAMPLING_MODES:
             raise ValueError(f"sampling {mode!r} unknown; allowed: {SAMPLING_MODES}")
+        if mode == "auto":
+            mode = "uniform" if self.fits_in_cache else "stream"
         s, b = self.sampler, int(batch_size)
         # the sampler draws (and stream() refreshes its chunks) from s._rng: a stream of its own per segment
         s._rng = numpy_rng(s.seed, f"vla/batches/rank{s.rank}/step{int(start_step)}")

@@ -351,6 +351,8 @@ def test_store_batches_keep_the_success_ratio_and_success_only(image_store):
     assert all(bool(next(only)["success"].all()) for _ in range(3))
     with pytest.raises(ValueError, match="sampling 'shuffle' unknown"):
         mixed.batches(8, 0, "shuffle")
+    # auto: uniform while the store's chunks all fit in the cache, the stream once they do not
+    assert mixed.fits_in_cache and not open_image_source(image_store, 2, cache_chunks=4).fits_in_cache
     # the stream from a step is a function of (seed, rank, step), whatever ran before
     a = [next(mixed.batches(8, 5, "stream"))["frames"] for _ in range(2)]
     assert torch.equal(a[0], a[1])
@@ -362,6 +364,7 @@ def test_resume_on_a_store_is_exact_with_the_stream_and_prefetch(image_store, tm
     import shutil
     cfg = _cfg("germ", steps=4)
     cfg.val_every, cfg.keep_every, cfg.batch_size, cfg.prefetch, cfg.tensorboard = 2, 2, 6, 2, False
+    cfg.sampling, cfg.cache_chunks = "stream", 4
     whole = train(copy.deepcopy(cfg), str(image_store), tmp_path / "a")
     (tmp_path / "b").mkdir()
     shutil.copy(tmp_path / "a" / "step_2.pt", tmp_path / "b" / "last.pt")   # as if stopped after step 2
@@ -391,7 +394,7 @@ def _former_checkpoint(path, model, vla, binner, source, cfg, rng_key):
                    provenance={"parameters": model.parameter_counts()}, optimizer=opt.state_dict(),
                    scheduler=build_scheduler(opt, cfg.optim, cfg.max_steps).state_dict(), step=1, seed=cfg.seed,
                    train_config={k: v for k, v in dataclasses.asdict(cfg).items()
-                                 if k not in ("sampling", "prefetch", "cache_chunks", "val_fraction", "keep_every",
+                                 if k not in ("sampling", "prefetch", "val_fraction", "keep_every",
                                               "checkpoint_every_s", "tensorboard")},
                    extra=extra)
     return save_checkpoint(path / "last.pt", c)
@@ -423,7 +426,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, store: str, out_dir: str)
                       RANK=str(rank), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     cfg = _cfg("germ", steps=3)
-    cfg.val_every, cfg.log_every, cfg.batch_size, cfg.tensorboard = 3, 1, 4, False
+    cfg.val_every, cfg.log_every, cfg.batch_size, cfg.tensorboard, cfg.sampling = 3, 1, 4, False, "stream"
     summary = train(cfg, store, out_dir)
     torch.save({"model": summary["model"].state_dict(), "target": summary["target"].state_dict(),
                 "val": summary["val"]}, f"{out_dir}/rank{rank}.pt")
