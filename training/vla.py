@@ -292,21 +292,20 @@ def average_buffers(model: nn.Module, info: DistInfo) -> None:
 def _store_sources(path: str | Path, cfg: VLATrainConfig, info: DistInfo):
     """Training (this rank's shard) and validation sources of an image store: the validation split holds
     ``val_fraction`` of the episodes out by the seeded episode permutation the other trainers use
-    (``data.episodes.split_episodes``); None when it is empty or 0."""
+    (``data.episodes.split_episodes``); None when it is empty or 0, and off the main rank."""
     history = int(cfg.model.get("history", 6))
     common = dict(history=history, seed=cfg.seed, val_fraction=cfg.val_fraction, success_only=cfg.success_only,
                   cache_chunks=cfg.cache_chunks)
     source = open_image_source(path, split="train" if cfg.val_fraction > 0 else "all", success_ratio=cfg.success_ratio,
                                rank=info.rank, world_size=info.world_size, **common)
     val = None
-    if cfg.val_fraction > 0:
+    if cfg.val_fraction > 0 and info.is_main:   # the main rank validates
         try:   # the held-out episodes as they come (successes only when training on them)
             val = open_image_source(path, split="val", **common)
         except ValueError as err:   # e.g. one episode, or no successes among the held-out ones
             if "no episodes left" not in str(err):
                 raise
-            if info.is_main:
-                print(f"[{cfg.model_name}] validation disabled: {err}", flush=True)
+            print(f"[{cfg.model_name}] validation disabled: {err}", flush=True)
     return source, val
 
 
