@@ -23,8 +23,10 @@ logged rows (TensorBoard ``OUT/tb``), validation and ``last.pt`` every ``val_eve
 ``last.pt`` every ``checkpoint_every_s``, resume (``--resume``) and DDP under torchrun. On a store the
 trainer holds ``val_fraction`` of the episodes out (the seeded episode split of every trainer) and
 reports their loss terms (val ``ce`` / ``bin_accuracy`` for imitation) and greedy bin agreement; its
-batches come from the image sampler's chunk-aware ``stream()`` (``sampling="uniform"``: i.i.d. draws),
-restarted at every checkpoint from (seed, rank, step) so that a resumed run draws what the whole run drew.
+batches come from the image sampler's chunk-aware ``stream()`` when the store is larger than the chunk
+cache and i.i.d. windows when it fits (``sampling="auto"``; or ``"stream"`` / ``"uniform"``), their random
+stream restarted at every checkpoint from (seed, rank, step) so that a resumed run draws what the whole
+run drew.
 """
 from __future__ import annotations
 

@@ -180,7 +180,7 @@ class _Converted:
             close()
 
 
-def open_image_source(path: str | Path | TrajectoryStore, history: int, seed: int = 0, split: str = "all",
+def open_image_source(path: str | Path, history: int, seed: int = 0, split: str = "all",
                       success_ratio: float | None = None, success_only: bool = False,
                       camera: str = "images/front_rgb", val_fraction: float = 0.1, rank: int = 0,
                       world_size: int = 1, cache_chunks: int = 32) -> StoreImageSource:
@@ -189,13 +189,10 @@ def open_image_source(path: str | Path | TrajectoryStore, history: int, seed: in
     "train" / "val" holds ``val_fraction`` of the episodes out by the seeded episode permutation every
     trainer uses (``data.episodes.split_episodes``: the same ``seed`` gives the same held-out episodes);
     ``rank`` / ``world_size`` take a strided shard of the windows (DDP)."""
-    if isinstance(path, TrajectoryStore):
-        store, path = path, Path(path.root)
-    else:
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"--store {path}: no trajectory store there")
-        store = TrajectoryStore.open(path)
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"--store {path}: no trajectory store there")
+    store = TrajectoryStore.open(path)
     if camera not in store.image_features:
         raise ValueError(f"--store {path}: no {camera!r} frames (image features: {list(store.image_features)}); "
                          f"collect with a camera task (quadforge collect --task quard:...)")

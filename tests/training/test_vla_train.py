@@ -418,6 +418,10 @@ def test_checkpoints_of_the_former_trainer_load_act_and_resume(tmp_path, rng_key
     assert torch.allclose(cmd, want)
     summary = train(cfg, src, tmp_path, resume=True)         # the new loop continues the former run
     assert [r["step"] for r in summary["history"]] == [2]
+    from quadforge.training.checkpoint import export_checkpoint   # and its run ships as a deployable copy
+    export_checkpoint(tmp_path / "last.pt", tmp_path / "shipped" / "vla.pt")
+    obs = {"images/front_rgb": frames[:, 1], "instruction": torch.tensor([0, 1])}
+    assert torch.equal(load_vla(tmp_path / "shipped" / "vla.pt", 2).act(obs), load_vla(tmp_path, 2).act(obs))
 
 
 def _ddp_worker(rank: int, world_size: int, port: int, store: str, out_dir: str) -> None:
