@@ -377,6 +377,13 @@ class QuardEnv(LeggedEnv):
         if self.camera is not None and len(env_ids):
             self.camera.render(env_ids, self.images, self.depth)
 
+    def reset(self):
+        # a full reset (the rollout's start) draws a new scene in every env: show it, or the first frame
+        # of every env's first episode is the scene drawn at construction (``step`` renders the envs it resets)
+        out = super().reset()
+        self.render(np.arange(self.num_envs))
+        return out
+
     @property
     def terms(self) -> dict[str, torch.Tensor]:
         out = dict(super().terms)

@@ -338,6 +338,20 @@ def test_builder_makes_a_rendering_quard_env_with_the_target_in_view():
         env.close()
 
 
+def test_a_full_reset_renders_the_new_scenes():
+    from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    env = _with_gl(lambda: QuardEnv(QuardConfig.make("quard:go_to", num_envs=2, seed=3)))
+    try:
+        before = env.images.copy()
+        env.reset()                                    # what a rollout does first: new scenes in every env
+        after = env.images.copy()
+        assert not np.array_equal(before, after)
+        env.render(np.arange(2))                       # the frame shows the current scene, not the first one
+        np.testing.assert_array_equal(after, env.images)
+    finally:
+        env.close()
+
+
 def test_gl_depth_agrees_with_ray_depth():
     from quadforge.envs.quard.camera import CameraConfig
     from quadforge.envs.quard.env import QuardConfig, QuardEnv
