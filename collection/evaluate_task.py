@@ -13,11 +13,13 @@ Instruction following (issue 15): on swapped scenes ``follows`` is the rate of r
 swapped instruction names (its success rate) and ``to_original`` the rate of reaching the object the
 original instruction named instead (its ``wrong_target`` rate). A policy that picks one of the two
 objects at random follows ~50 %; one that keys on something other than the words (e.g. the rolling ball
-in stop) follows ~0 % with ``to_original`` ~100 %.
+in stop) follows ~0 % with ``to_original`` ~100 %. ``named_share`` = success / (success + wrong target),
+the share of the episodes that reached one of the two objects which reached the named one, separates
+the words from the walking: ~0.5 when the words are ignored, however often the policy reaches anything.
 
 ``eval.json``: ``families[colours][family]`` (original instructions) and ``swapped[colours][family]``
 rows; ``overall`` {success, episodes} over the original rows like the locomotion eval, so reports read
-either, and ``instruction_following`` {follows, to_original, episodes} over the swapped rows.
+either, and ``instruction_following`` {follows, to_original, named_share, episodes} over the swapped rows.
 """
 from __future__ import annotations
 
@@ -82,7 +84,8 @@ def _family_rows(episodes: list[Any], dt: float, swapped: bool = False) -> dict[
     wrong = outcomes.get("wrong_target", 0) / max(n, 1)
     follow = {"follows": len(wins) / max(n, 1), "to_original": wrong} if swapped else {}
     return {
-        "episodes": n, "success": len(wins) / max(n, 1), "wrong_target": wrong, **follow, "outcomes": outcomes,
+        "episodes": n, "success": len(wins) / max(n, 1), "wrong_target": wrong, **follow,
+        "named_share": _named_share(len(wins), outcomes.get("wrong_target", 0)), "outcomes": outcomes,
         "time_to_success_s": float(np.mean([ep.info["time_to_success"] for ep in wins])) if wins else None,
         "path_length_m": float(np.mean([ep.info["path_length"] for ep in episodes])) if n else None,
         "obstacle_contacts_mean": float(np.mean([ep.info["obstacle_contacts"] for ep in episodes])) if n else None,
@@ -157,10 +160,23 @@ def evaluate_task(cfg: TaskEvalConfig, log: Callable[[str], None] = print) -> di
     return {"policy": cfg.policy, "policy_id": policy_id, "task": cfg.task, "config": asdict(cfg),
             "overall": _pooled(results, "success"),
             "instruction_following": {**_pooled(swapped_rows, "follows"),
-                                      "to_original": _pooled(swapped_rows, "to_original")["to_original"]},
+                                      "to_original": _pooled(swapped_rows, "to_original")["to_original"],
+                                      "named_share": _pooled_share(swapped_rows)},
             "families": results, "swapped": swapped_rows, "frames": strips,
             "wall_s": time.perf_counter() - t_start,
             "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+
+
+def _named_share(reached_named: float, reached_other: float) -> float | None:
+    """Of the episodes that reached one of the two objects, the share that reached the named one."""
+    reached = reached_named + reached_other
+    return reached_named / reached if reached > 0 else None
+
+
+def _pooled_share(rows: dict[str, dict[str, Any]]) -> float | None:
+    flat = [r for by_family in rows.values() for r in by_family.values()]
+    return _named_share(sum(r["success"] * r["episodes"] for r in flat),
+                        sum(r["wrong_target"] * r["episodes"] for r in flat))
 
 
 def _pooled(rows: dict[str, dict[str, Any]], key: str) -> dict[str, Any]:
@@ -180,21 +196,25 @@ def task_report_markdown(result: dict[str, Any]) -> str:
         lines.append(f"overall success {rate(o['success'])} over {o['episodes']} episodes")
     if follow.get("episodes"):
         lines.append(f"instruction following (swapped instructions) {rate(follow['follows'])}, to the originally "
-                     f"named object {rate(follow['to_original'])}, over {follow['episodes']} episodes")
+                     f"named object {rate(follow['to_original'])} (named share {rate(follow['named_share'])}), "
+                     f"over {follow['episodes']} episodes")
     lines += [f"({result['wall_s']:.0f} s)", "",
-              "| instructions | colours | family | episodes | success | wrong target | time to success s | path m "
-              "| obstacle contacts | outcomes |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| instructions | colours | family | episodes | success | wrong target | named share | time to success s "
+              "| path m | obstacle contacts | outcomes |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for instructions, rows in (("original", result["families"]), ("swapped", result.get("swapped", {}))):
         for colours, by_family in rows.items():
             for family, r in by_family.items():
                 outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))
                 lines.append(f"| {instructions} | {colours} | {family} | {r['episodes']} | {r['success']:.3f} | "
-                             f"{r['wrong_target']:.3f} | {fmt(r['time_to_success_s'])} | {fmt(r['path_length_m'])} | "
+                             f"{r['wrong_target']:.3f} | {rate(r.get('named_share'))} | {fmt(r['time_to_success_s'])} | "
+                             f"{fmt(r['path_length_m'])} | "
                              f"{fmt(r['obstacle_contacts_mean'])} | {outcomes} |")
     if result.get("swapped"):
         lines += ["", "On swapped instructions, success is the instruction-following rate and wrong target the "
                   "rate of going to the originally named object."]
+    lines += ["", "Named share: of the episodes that reached one of the two objects, the share that reached the "
+              "named one (~0.5 when the instruction's words are ignored)."]
     lines += [""] + [f"![{k}]({v})" for k, v in result["frames"].items()]
     return "\n".join(lines) + "\n"
 

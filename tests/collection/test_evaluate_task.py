@@ -38,6 +38,7 @@ def test_eval_quard_swapped_instructions_measures_instruction_following(tmp_path
     follow = result["instruction_following"]
     assert follow["episodes"] == 1 and follow["follows"] == swapped["follows"]
     assert follow["follows"] == 1.0          # the privileged expert reads the swapped target
+    assert swapped["named_share"] == follow["named_share"] == 1.0
     report = (out / "report.md").read_text()
     assert "| swapped | train | distinguish | 1 |" in report and "instruction following" in report
     assert (out / "frames_distinguish_train_swapped.png").stat().st_size > 0

@@ -88,4 +88,5 @@ def test_bench_tabulates_a_vla_beside_the_expert(tiny_vla, tmp_path, capsys):
     assert all(r["episodes"] == 1 and r["episodes/min"] > 0 for r in speed)
     assert record["policy_ids"]["vla_rt1"].startswith("hier:vla-rt1:")
     swapped = record["evaluations"][str(tiny_vla)]["swapped"]["swapped"]["train"]["go_to"]
-    assert swapped["episodes"] == 1 and to_original[0]["vla_rt1"] == swapped["to_original"]
+    assert swapped["episodes"] == 1 and to_original[0]["vla_rt1 to original"] == swapped["to_original"]
+    assert to_original[0]["expert named share"] == 1.0

@@ -12,8 +12,10 @@ evaluations of ``--task`` (default ``quard:all``, every family) through the QUAR
   Its success is the instruction-following rate: a policy that ignores the words and picks one of the two
   objects at random follows ~50 %; one that keys on a visual cue (stop's rolling ball) ~0 %.
 
-Tables: success per family (rows) with, per policy, seen / held-out / follows; the rate of going to the
-originally named object on swapped scenes (the other half of "ignores language"); episodes per minute
+Tables: success per family (rows) with, per policy, seen / held-out / follows; on swapped scenes the rate
+of going to the originally named object (the other half of "ignores language") and the named object's
+share of the episodes that reached either object (~0.5 when the words are ignored, however well or
+badly the policy walks); episodes per minute
 of each evaluation (env + policy + gait controller + camera at 5 Hz, ``--num-envs`` batched envs, one
 torch thread). ``--episodes`` is per family and evaluation (default 100; ``--quick``: 2 on 2 envs).
 The JSON (``--json``) also holds every evaluation's full per-family rows (outcomes, time to success, ...).
@@ -68,8 +70,9 @@ def tables(results: dict[str, dict[str, Any]], families: Sequence[str]) -> list[
     n = next(iter(results.values()))["seen"]["overall"]["episodes"] // max(len(families), 1)
     success = Table(f"QUARD closed-loop success per family ({n} episodes per cell; follows: success on swapped "
                     f"instructions, ~0.5 for a policy that picks an object at random)", cols)
-    to_original = Table("swapped instructions: rate of going to the originally named object",
-                        ["family"] + [labels[s] for s in results])
+    to_original = Table("swapped instructions: rate of going to the originally named object, and the named "
+                        "object's share of the episodes that reached either (~0.5: the words ignored)",
+                        ["family"] + [f"{labels[s]} {c}" for s in results for c in ("to original", "named share")])
     for family in list(families) + ["all"]:
         row, orig = [family], [family]
         for spec, by_condition in results.items():
@@ -81,8 +84,8 @@ def tables(results: dict[str, dict[str, Any]], families: Sequence[str]) -> list[
                 else:
                     row.append(_rows(res, condition)[family][key])
             swapped = by_condition["swapped"]
-            orig.append(swapped["instruction_following"]["to_original"] if family == "all"
-                        else _rows(swapped, "swapped")[family]["to_original"])
+            cell = swapped["instruction_following"] if family == "all" else _rows(swapped, "swapped")[family]
+            orig += [cell["to_original"], "-" if cell["named_share"] is None else cell["named_share"]]
         success.add(*row)
         to_original.add(*orig)
     speed = Table(f"evaluation throughput ({torch.get_num_threads()} torch thread)",
