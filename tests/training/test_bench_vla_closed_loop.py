@@ -90,3 +90,19 @@ def test_bench_tabulates_a_vla_beside_the_expert(tiny_vla, tmp_path, capsys):
     swapped = record["evaluations"][str(tiny_vla)]["swapped"]["swapped"]["train"]["go_to"]
     assert swapped["episodes"] == 1 and to_original[0]["vla_rt1 to original"] == swapped["to_original"]
     assert to_original[0]["expert named share"] == 1.0
+
+
+@pytest.mark.slow
+def test_evaluations_in_worker_processes_equal_the_in_process_ones(tiny_vla):
+    from quadforge.tools.bench.vla_closed_loop import evaluate_all
+    def timeless(rows):   # per family rows without their wall-clock time
+        return {k: timeless(v) if isinstance(v, dict) else v for k, v in rows.items() if k != "wall_s"}
+
+    def strip(by):
+        return {c: (r["policy_id"], timeless(r["families"]), timeless(r["swapped"])) for c, r in by.items()}
+    specs = ["quard_expert", str(tiny_vla)]
+    one = evaluate_all(specs, "quard:go_to", episodes=2, num_envs=2, workers=1)
+    two = evaluate_all(specs, "quard:go_to", episodes=2, num_envs=2, workers=2)
+    assert list(two) == specs
+    for spec in specs:
+        assert strip(two[spec]) == strip(one[spec])
