@@ -287,3 +287,19 @@ def test_gl_depth_agrees_with_ray_depth():
             assert np.median(np.abs(rays[hit] - depth[i][hit])) < 0.01   # the same metres, two ways
     finally:
         env.close()
+
+
+def test_builder_task_options_turn_the_camera_off_and_bad_options_are_named():
+    from quadforge.envs.builder import make_env
+    env = make_env(task="quard:go_to", num_envs=2, seed=1, task_options={"images": False})
+    try:
+        assert env.camera is None and env.images is None
+        terms = env.terms
+        assert not any(k.startswith("images/") for k in terms)
+        assert "instruction" in terms and "task_target_pos" in terms      # the rest of the task is there
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match=r"quard:go_to: unknown task options \['camera_on'\]"):
+        make_env(task="quard:go_to", num_envs=1, task_options={"camera_on": False})
+    with pytest.raises(ValueError, match="task 'locomotion' takes no task options"):
+        make_env(task="locomotion", num_envs=1, task_options={"images": False})
