@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "image section); store_images: the image section alone; "
                              "models: step latency and training throughput; germ: GeRM trainer; "
                              "scale: env steps/s vs worlds per backend (mujoco_cpu, mujoco_warp) + compile time; "
-                             "quard: QUARD expert success, speeds, gaits and camera frames/s; "
+                             "quard: QUARD expert success (flat and terrain), speeds, gaits, camera frames/s and collect-path "
+                             "episodes/min with and without images; "
                              "vla: vision-language-action acting latency and training throughput")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
     add_json(parser, "the results")
