@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "scale: env steps/s vs worlds per backend (mujoco_cpu, mujoco_warp) + compile time; "
                              "quard: QUARD expert success (flat and terrain), speeds, gaits, camera frames/s and collect-path "
                              "episodes/min with and without images; "
-                             "vla: vision-language-action acting latency and training throughput")
+                             "vla: vision-language-action acting latency, training throughput and image-window sampling (uniform vs stream)")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
     add_json(parser, "the results")
 
