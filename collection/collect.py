@@ -67,6 +67,7 @@ class CollectConfig:
     collector_id: str = "main"
     task: str = "locomotion"            # locomotion (skills over the gait command) | quard:<family> | quard:all
     frame_stride: int = 10              # control steps per recorded camera frame (10: 5 Hz at 50 Hz)
+    images: bool = True                 # task envs: render the camera (False: proprioception + task terms only)
     compact_every: int = 100            # episodes between compactions (0: only at the end)
     num_threads: int = 1                # physics threads per env batch
     backend: str = "mujoco_cpu"         # envs.backends name
@@ -103,6 +104,8 @@ class CollectConfig:
         terrain_types(self.terrain)
         if self.task not in TASKS:
             raise bad("task", ", ".join(TASKS))
+        if not self.images and self.task == "locomotion":
+            raise ValueError("--no-images applies to camera tasks (--task quard:...); the locomotion task has no camera")
         if not isinstance(self.frame_stride, int) or self.frame_stride < 1:
             raise bad("frame_stride", "an integer >= 1 (control steps per camera frame; 10 = 5 Hz at 50 Hz)")
         parse_skills(self.skills)
@@ -126,9 +129,11 @@ def build_task_env(cfg: CollectConfig, seed: int) -> Any:
     """The vision-language env of ``cfg.task`` (``quard:<family>`` | ``quard:all``): scenes, the front camera,
     instructions, per-episode task parameters (``envs.quard``). Its episode limits are the family's own
     (20 s, 15 s for go_through), so ``--max-episode-s`` does not apply; the rollout records the camera
-    every ``cfg.frame_stride`` steps (a multiple of the env's own camera rate, 10 steps = 5 Hz)."""
+    every ``cfg.frame_stride`` steps (a multiple of the env's own camera rate, 10 steps = 5 Hz); with
+    ``cfg.images`` off the env has no camera and the episodes no image features."""
     return make_env(cfg.robot, cfg.terrain, task=cfg.task, num_envs=cfg.num_envs, seed=seed,
-                    num_threads=cfg.num_threads, backend=cfg.backend, warp=cfg.warp)
+                    num_threads=cfg.num_threads, backend=cfg.backend, warp=cfg.warp,
+                    task_options={"images": cfg.images})
 
 
 def build_env(cfg: CollectConfig, seed: int) -> Any:

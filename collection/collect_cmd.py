@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default=d.task, help=" | ".join(TASKS))
     p.add_argument("--frame-stride", type=int, default=d.frame_stride,
                    help="control steps per recorded camera frame (10: 5 Hz at 50 Hz control)")
+    p.add_argument("--no-images", action="store_true",
+                   help="camera tasks (quard:*): no camera - proprioception, commands, instructions and task terms only")
     p.add_argument("--collector-id", default=d.collector_id, help="prefix of episode ids written by this run")
     p.add_argument("--compact-every", type=int, default=d.compact_every,
                    help="compact the store every N episodes (0: only at the end)")
@@ -56,7 +58,7 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         skills=args.skills, num_envs=args.num_envs, seed=args.seed, workers=args.workers,
         address=args.address, action_noise=args.action_noise, push=args.push,
         push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s, task=args.task,
-        frame_stride=args.frame_stride,
+        frame_stride=args.frame_stride, images=not args.no_images,
         collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
         progress=not args.no_progress, allow_robot_mismatch=args.allow_robot_mismatch, relabel=args.relabel,
         expert_drive_prob=args.expert_drive_prob,

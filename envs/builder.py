@@ -26,7 +26,7 @@ class Task:
     name: str
     configure: Callable[[EnvConfig], EnvConfig]   # default config -> the task's config
     help: str
-    make: Callable[[EnvConfig], LeggedEnv] | None = None  # the env of a task with its own class (QUARD)
+    make: Callable[..., LeggedEnv] | None = None  # the env of a task with its own class (QUARD): make(cfg, **options)
 
 
 TASKS: dict[str, Task] = {}
@@ -36,7 +36,7 @@ TASK_MODULES: dict[str, str] = {"quard": "quadforge.envs.quard.tasks"}
 
 
 def register_task(name: str, configure: Callable[[EnvConfig], EnvConfig], help: str,
-                  make: Callable[[EnvConfig], LeggedEnv] | None = None) -> None:
+                  make: Callable[..., LeggedEnv] | None = None) -> None:
     if name in TASKS:
         raise ValueError(f"task {name!r} is already registered")
     TASKS[name] = Task(name, configure, help, make)
@@ -70,10 +70,17 @@ def make_env_config(robot: str = "go1", terrain: str = "flat", task: str = "loco
 def make_env(robot: str = "go1", terrain: str = "flat", task: str = "locomotion", num_envs: int = 16,
              seed: int = 0, num_threads: int | None = 1, overrides: Mapping[str, Any] | None = None,
              one_column_per_type: bool = False, terrain_grid: Mapping[str, Any] | None = None,
-             backend: str = "mujoco_cpu", warp: WarpConfig | None = None) -> LeggedEnv:
+             backend: str = "mujoco_cpu", warp: WarpConfig | None = None,
+             task_options: Mapping[str, Any] | None = None) -> LeggedEnv:
     """A ``LeggedEnv`` of (robot, terrain spec, task, overrides) on the named physics backend (a ``QuardEnv``
-    for ``quard:*`` tasks)."""
+    for ``quard:*`` tasks). ``task_options`` go to the task's own env class, beside its ``EnvConfig``
+    (a QUARD task: ``QuardConfig`` fields such as ``{"images": False}``); a task without one takes none."""
     cfg = make_env_config(robot, terrain, task, num_envs, seed, num_threads, overrides, one_column_per_type,
                           terrain_grid, backend, warp)
     make = TASKS[task].make
-    return make(cfg) if make is not None else LeggedEnv(cfg)
+    if make is None:
+        if task_options:
+            raise ValueError(f"task {task!r} takes no task options; got {sorted(task_options)} "
+                             f"(only tasks with their own env class, e.g. quard:*, do)")
+        return LeggedEnv(cfg)
+    return make(cfg, **dict(task_options or {}))

@@ -16,8 +16,9 @@ command ``[vx, vy, wz, theta1, theta2, theta3, f, h_z, pitch, s_y, h_z^f, T]`` f
   through the tunnel to the point 1 m past it (the lateral error to the axis is steered out with vy).
 
 Walking turns toward the current goal (yaw rate) and walks at it, the speed falling with the bearing
-error, half of the goal direction's sideways part commanded as vy (the rest is turned out). The speed word sets the band of ground speed the expert holds
-(``SPEED_BANDS``): the commanded speed is the band plus an integral of the measured shortfall (bound
+error, half of the goal direction's sideways part commanded as vy (the rest is turned out). The speed
+word sets the band of ground speed the expert holds and the stepping frequency, per gait word
+(``GAIT_SPEEDS``): the commanded speed is the band plus an integral of the measured shortfall (bound
 and pronk lose 0.2-0.3 m/s of the commanded speed in the gait controller, docs/experts.md), capped
 at ``MAX_COMMAND_SPEED``. The gait word sets (theta1..3) to walk-these-ways' named gait. T is raised
 when the expert judges the task done (the env ends the episode on its own rule at the same time).
@@ -35,8 +36,21 @@ from quadforge.experts.gait import GAITS
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES
 from quadforge.experts.registry import LoadContext, register_policy_kind
 
-SPEED_BANDS = {"slowly": 0.45, "normally": 0.7, "quickly": 1.0}   # m/s of ground speed per speed word
-MAX_COMMAND_SPEED = 1.4           # m/s: the integral may ask for at most this
+# per gait word and speed word: (band of ground speed m/s the expert holds, stepping frequency Hz).
+# Trot and pace track the commanded speed at 3 Hz. Bound and pronk lose 0.2-0.3 m/s of it in the gait
+# controller (docs/experts.md) and at 3 Hz reach only ~0.5 m/s at the 1.5 m/s command limit, so with
+# the trot's bands every word wound the integral up to the limit and all three walked ~0.37 m/s. Their
+# bands are lower and the faster words step faster (measured, constant command on flat ground, 5 s:
+# bound at 4 Hz 0.45-0.48 m/s at 1.0 commanded, 0.69-0.76 at 1.5; pronk at 5 Hz 0.63-0.69 at 1.0).
+# Their "slowly" stays at 0.35 m/s: a slower bound or pronk would not get through go_through in 15 s.
+SPEED_BANDS = {"slowly": 0.45, "normally": 0.7, "quickly": 1.0}   # m/s: trotting and pacing, at 3 Hz
+GAIT_SPEEDS = {
+    "trotting": {w: (b, 3.0) for w, b in SPEED_BANDS.items()},
+    "pacing": {w: (b, 3.0) for w, b in SPEED_BANDS.items()},
+    "bounding": {"slowly": (0.35, 3.0), "normally": (0.5, 4.0), "quickly": (0.65, 4.0)},
+    "pronking": {"slowly": (0.35, 3.0), "normally": (0.5, 4.0), "quickly": (0.65, 5.0)},
+}
+MAX_COMMAND_SPEED = 1.5           # m/s: the integral may ask for at most this (the gait controller's limit)
 SPEED_KI = 2.0                    # 1/s, integral gain on the speed shortfall
 YAW_GAIN, MAX_YAW_RATE = 1.5, 1.0
 LATERAL_SHARE = 0.5               # of the goal direction's sideways part that is commanded as vy
@@ -48,7 +62,6 @@ APPROACH_SLOWDOWN = 0.8           # m: closer than this to the approach point th
 TUNNEL_SPEED = 0.6                # m/s commanded at most inside a tunnel
 TUNNEL_LOOKAHEAD = 0.5            # m: the goal point on the tunnel axis ahead of the robot
 TUNNEL_MAX_YAW = 0.35             # rad: short of the entrance the speed falls to 0 at this heading error
-GAIT_FREQUENCY = 3.0              # Hz
 _COL = {n: i for i, n in enumerate(HL_COMMAND_NAMES)}
 
 
@@ -72,7 +85,9 @@ class QuardExpert:
         self.passed_obstacle = torch.zeros(n, dtype=torch.bool, device=self.device)
         self.cleared_side = torch.zeros(n, dtype=torch.bool, device=self.device)
         self.in_tunnel_phase = torch.zeros(n, dtype=torch.bool, device=self.device)
-        self._bands = torch.tensor([SPEED_BANDS[s] for s in SPEEDS], device=self.device)
+        # (gait word, speed word) -> band, frequency
+        table = torch.tensor([[GAIT_SPEEDS[g][s] for s in SPEEDS] for g in GAIT_WORDS], device=self.device)
+        self._bands, self._frequencies = table[..., 0], table[..., 1]
         self._gaits = torch.tensor([GAITS[GAIT_OF_WORD[w]] for w in GAIT_WORDS], device=self.device)
 
     def reset(self, env_ids: torch.Tensor) -> None:
@@ -93,7 +108,7 @@ class QuardExpert:
         info = o["task_info"].round().long()
         family, speed_word, gait_word = info[:, 0], info[:, 1], info[:, 2]
         target, distractor = o["task_target_pos"][:, :2], o["task_distractor_pos"][:, :2]
-        band = self._bands[speed_word]
+        band = self._bands[gait_word, speed_word]
 
         goal = target.clone()
         # go_avoid: a waypoint beside the obstacle until the robot is past it
@@ -190,7 +205,7 @@ class QuardExpert:
         out[:, _COL["ang_vel_yaw"]] = wz
         gaits = self._gaits[gait_word]
         out[:, _COL["gait_phase"]], out[:, _COL["gait_offset"]], out[:, _COL["gait_bound"]] = gaits.unbind(1)
-        out[:, _COL["gait_frequency"]] = GAIT_FREQUENCY
+        out[:, _COL["gait_frequency"]] = self._frequencies[gait_word, speed_word]
         out[:, _COL["body_height"]] = 0.0
         out[:, _COL["body_pitch"]] = 0.0
         out[:, _COL["stance_width"]] = 0.25

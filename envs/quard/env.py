@@ -285,9 +285,24 @@ class QuardTask(LocomotionTask):
         spawn = root_pos_w.detach().cpu().numpy().astype(np.float64)
         ground = self.backend.terrain_height(root_pos_w[:, :2]).detach().cpu().numpy().astype(np.float64)
         self.scenes.new_episodes(ids, spawn, ground)
+        self.stand_on_ground(ids)
         self.backend.set_mocap(ids, self.scenes.mocap_pos[ids], self.scenes.mocap_quat[ids], forward=True)
         self.outcome[ids] = 0
         self.success_time[ids] = -1.0
+
+    def stand_on_ground(self, env_ids: np.ndarray, mocap: np.ndarray | None = None) -> None:
+        """Put the placed objects of these envs (all of them, or the one ``mocap`` index per env) on the
+        terrain under their own centre, not at the spawn's height (on a slope that is ~0.3 m apart 3 m
+        ahead); on flat ground nothing moves. Objects are not tilted to the slope."""
+        pos = self.scenes.mocap_pos
+        rows = np.asarray(env_ids, dtype=np.int64)
+        cols = np.arange(pos.shape[1])[None, :] if mocap is None else np.asarray(mocap, dtype=np.int64)[:, None]
+        sel = pos[rows[:, None], cols]                                  # (k, m | 1, 3)
+        placed = sel[..., 2] > PARK[2] / 2                              # parked instances stay under the ground
+        if placed.any():
+            xy = torch.as_tensor(sel[placed][:, :2], dtype=torch.float32, device=self.device)
+            sel[placed, 2] = self.backend.terrain_height(xy).detach().cpu().numpy().astype(np.float64)
+            pos[rows[:, None], cols] = sel
 
     def post_step(self, view, base_height, last_joint_vel, non_finite, time_out) -> StepResult:
         res = super().post_step(view, base_height, last_joint_vel, non_finite, time_out)
@@ -365,6 +380,7 @@ class QuardEnv(LeggedEnv):
     def step(self, actions):
         moved = self.scenes.advance_balls()
         if len(moved):
+            self.task.stand_on_ground(moved, self.scenes.moving[moved])     # a ball rolls over the terrain
             self.backend.set_mocap(moved, self.scenes.mocap_pos[moved], self.scenes.mocap_quat[moved])
         obs, rew, dones, extras = super().step(actions)
         if self.camera is not None:

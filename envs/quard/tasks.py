@@ -4,11 +4,13 @@ The builder imports this module on the first ``quard:`` task name. ``configure``
 locomotion settings (``envs.quard.env.quard_env_config``: nominal physics, no pushes, calm start, the
 env's own velocity commands zero, 20 s, no curriculum) onto the builder's config, keeping its robot,
 terrain, envs, seed, threads and backend; ``make`` builds a ``QuardEnv`` with the default camera (64x64 RGB at
-5 Hz): overrides of ``EnvConfig`` fields apply after ``configure`` as for any task.
+5 Hz) unless ``make_env(..., task_options=...)`` gives other ``QuardConfig`` fields (``{"images": False}``:
+no camera, proprioception and task terms only); overrides of ``EnvConfig`` fields apply after
+``configure`` as for any task.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from quadforge.envs.builder import register_task
 from quadforge.envs.config import EnvConfig
@@ -26,4 +28,13 @@ def _configure(cfg: EnvConfig) -> EnvConfig:
 for _name in ("quard:all",) + tuple(f"quard:{f}" for f in FAMILIES):
     _help = ("QUARD: a family drawn per episode" if _name == "quard:all"
              else f"QUARD {_name[6:]}: \"{TEMPLATES[_name[6:]]}, <speed> with a <gait> gait\"")
-    register_task(_name, _configure, _help, make=lambda cfg, name=_name: QuardEnv(QuardConfig(task=name, env=cfg)))
+    register_task(_name, _configure, _help, make=lambda cfg, name=_name, **options: _make(name, cfg, options))
+
+
+def _make(name: str, cfg: EnvConfig, options: dict) -> QuardEnv:
+    """``QuardEnv`` of task ``name`` over ``cfg``; ``options`` are ``QuardConfig`` fields (``images``, ``colours``, ...)."""
+    allowed = {f.name for f in fields(QuardConfig)} - {"task", "env"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(f"{name}: unknown task options {unknown}; allowed: {', '.join(sorted(allowed))}")
+    return QuardEnv(QuardConfig(task=name, env=cfg, **options))

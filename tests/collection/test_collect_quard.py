@@ -27,3 +27,23 @@ def test_collect_quard_with_the_expert_writes_frames_instructions_and_task_param
     assert s.frame_stride("images/front_rgb") == 10
     assert int(s.frame_counts("images/front_rgb").sum()) == frames.shape[0]
     assert frames[:].max() > 0   # rendered, not blank
+
+
+def test_collect_quard_without_images_keeps_everything_but_the_frames(tmp_path, capsys):
+    store = tmp_path / "quard_no_images"
+    assert main(["collect", "--task", "quard:stop", "--policy", "quard_expert", "--episodes", "1",
+                 "--num-envs", "1", "--store", str(store), "--no-progress", "--seed", "3", "--no-images"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["in_store"] == 1
+
+    from quadforge.data.store import TrajectoryStore
+    from quadforge.data.validate import validate
+    assert validate(store).ok
+    s = TrajectoryStore.open(store)
+    assert s.image_features == () and not any(n.startswith("images/") for n in s.feature_names)
+    assert {"instruction", "task_target_pos", "hl_commands", "dof_pos"} <= set(s.feature_names)
+    assert s.task_params(0)["family"] == "stop" and s.instruction_text(0).startswith("stop the ")
+
+
+def test_no_images_is_refused_for_the_locomotion_task(tmp_path, capsys):
+    assert main(["collect", "--episodes", "1", "--store", str(tmp_path / "s"), "--no-images"]) != 0
+    assert "--no-images applies to camera tasks" in capsys.readouterr().err

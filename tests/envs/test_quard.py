@@ -367,3 +367,47 @@ def test_gl_depth_agrees_with_ray_depth():
             assert np.median(np.abs(rays[hit] - depth[i][hit])) < 0.01   # the same metres, two ways
     finally:
         env.close()
+
+
+def test_builder_task_options_turn_the_camera_off_and_bad_options_are_named():
+    from quadforge.envs.builder import make_env
+    env = make_env(task="quard:go_to", num_envs=2, seed=1, task_options={"images": False})
+    try:
+        assert env.camera is None and env.images is None
+        terms = env.terms
+        assert not any(k.startswith("images/") for k in terms)
+        assert "instruction" in terms and "task_target_pos" in terms      # the rest of the task is there
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match=r"quard:go_to: unknown task options \['camera_on'\]"):
+        make_env(task="quard:go_to", num_envs=1, task_options={"camera_on": False})
+    with pytest.raises(ValueError, match="task 'locomotion' takes no task options"):
+        make_env(task="locomotion", num_envs=1, task_options={"images": False})
+
+
+def test_objects_stand_on_the_terrain_under_them_and_the_ball_rolls_over_it():
+    from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    from quadforge.envs.quard.objects import PARK
+    from quadforge.envs.terrain import TerrainConfig
+    tc = TerrainConfig.of_types(["slope_down"], num_levels=4, num_cols=1, tile_size=8.0, border=2.0)
+    env = QuardEnv(QuardConfig.make("quard:stop", num_envs=2, seed=5, images=False, terrain=tc))
+    try:
+        env.set_terrain_levels(torch.arange(2), 3)           # the steepest slope: 0.4 rise over run
+
+        def check():
+            pos = env.scenes.mocap_pos
+            placed = pos[..., 2] > PARK[2] / 2
+            ground = env.backend.terrain_height(torch.as_tensor(pos[placed][:, :2], dtype=torch.float32)).numpy()
+            np.testing.assert_allclose(pos[placed][:, 2], ground, atol=1e-5)
+            return pos[placed][:, 2]
+
+        z0 = check()
+        assert (np.abs(z0 - env.scenes.origin[0, 2]) > 0.2).all()    # 3 m out: far from the spawn's height
+        ball = env.scenes.mocap_pos[np.arange(2), env.scenes.moving].copy()
+        for _ in range(25):
+            env.step(torch.zeros(2, 12))
+        moved = env.scenes.mocap_pos[np.arange(2), env.scenes.moving]
+        assert (moved[:, 0] < ball[:, 0]).all() and (np.abs(moved[:, 2] - ball[:, 2]) > 0.01).all()   # rolled on the slope
+        check()
+    finally:
+        env.close()

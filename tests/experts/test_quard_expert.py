@@ -10,7 +10,7 @@ import torch
 from quadforge.envs.quard.instructions import GAIT_OF_WORD, SPEEDS
 from quadforge.experts.gait import GAITS
 from quadforge.experts.hierarchical import HL_COMMAND_NAMES
-from quadforge.experts.quard_expert import SPEED_BANDS, QuardExpert
+from quadforge.experts.quard_expert import GAIT_SPEEDS, QuardExpert
 
 C = {n: i for i, n in enumerate(HL_COMMAND_NAMES)}
 
@@ -35,10 +35,21 @@ def test_expert_command_follows_the_instruction_at_spawn():
             assert v[0] > 0 and torch.sign(v[1]) == torch.sign(torch.tensor(ty))       # toward the target
             # the forward speed is the band's, falling with the bearing error (turn, then walk)
             bearing = math.atan2(ty, tx)
-            assert float(v[0]) >= SPEED_BANDS[p["speed"]] * math.cos(bearing) ** 2 * 0.99
+            band, frequency = GAIT_SPEEDS[p["gait"]][p["speed"]]
+            assert float(v[0]) >= band * math.cos(bearing) ** 2 * 0.99
+            assert float(cmd[i, C["gait_frequency"]]) == pytest.approx(frequency)
             assert float(cmd[i, C["terminate"]]) == 0.0
     finally:
         env.close()
+
+
+def test_speed_words_are_ordered_for_every_gait_word():
+    from quadforge.envs.quard.instructions import GAIT_WORDS
+    for gait in GAIT_WORDS:
+        bands = [GAIT_SPEEDS[gait][s][0] for s in SPEEDS]
+        frequencies = [GAIT_SPEEDS[gait][s][1] for s in SPEEDS]
+        assert bands == sorted(bands) and len(set(bands)) == 3, gait          # slowly < normally < quickly
+        assert frequencies == sorted(frequencies), gait                       # never slower steps for faster words
 
 
 def test_expert_turns_toward_the_named_letter():

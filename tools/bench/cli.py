@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "image section); store_images: the image section alone; "
                              "models: step latency and training throughput; germ: GeRM trainer; "
                              "scale: env steps/s vs worlds per backend (mujoco_cpu, mujoco_warp) + compile time; "
-                             "quard: QUARD expert success, speeds, gaits and camera frames/s; "
+                             "quard: QUARD expert success (flat and terrain), speeds, gaits, camera frames/s and collect-path "
+                             "episodes/min with and without images; "
                              "vla: vision-language-action acting latency, training throughput and image-window sampling (uniform vs stream); "
                              "vla_closed_loop: QUARD success per family of --policy checkpoints beside the "
                              "privileged expert (seen / held-out colours, swapped instructions)")

@@ -8,9 +8,19 @@ gait it walks at per instruction word, and the camera's frames per second.
 2. Speed words: mean ground speed (path length / time to success, successful episodes) per speed word
    and gait word; gaits: the measured phase offsets of the feet - each foot's touchdown times against
    the front-right foot's, as a fraction of the cycle - against walk-these-ways' (phase, offset, bound).
+   The speed table also has the mean forward speed (base x velocity after the 0.3 s settle) of
+   recorded go_to episodes, per speed word and gait word, and the stepping frequency the expert chose.
 3. Camera: frames per second on one core (the render thread) at 64^2, 96^2, 128^2, RGB and RGB-D
    (depth from the GL depth buffer), MuJoCo's offscreen renderer with shadows, reflections and
    multisampling off; and env steps per second with images at 5 Hz against without images.
+4. Collection: the whole ``collect`` path (``collection.collect.run_local``: env and policy build,
+   rollout, background staging writes, compaction) of the privileged expert on quard:all, one
+   collector, 8 envs, into a fresh store - with the camera (64^2 RGB at 5 Hz) and without it
+   (``CollectConfig.images=False``), the same seed and so the same episodes, the two alternated
+   ``repeats`` times in this run. Episodes per minute, their ratio, and the store's real bytes on
+   disk per recorded frame (the image group) and per control step (everything).
+5. Terrain: the expert's success per family on non-flat curriculum terrain (``TERRAIN_SECTION``:
+   rough_slope, slope_up and slope_down at level 3 of 10, every env on that level), images off.
 """
 from __future__ import annotations
 
@@ -24,22 +34,107 @@ import torch
 from quadforge.tools.bench.common import Table, report
 
 EXPERT_SEED = 1000
+COLLECT_SEED = 2000
+TERRAIN_SEED = 3000
 RESOLUTIONS = (64, 96, 128)
+# terrain types under the tasks and the curriculum level (of TERRAIN_LEVELS) every env is put on:
+# level 3 of 10 is difficulty 0.33 - slopes of 0.13 rise/run (7.5 deg), rough +-5 cm on top
+TERRAIN_SECTION = ("rough_slope", "slope_up", "slope_down")
+TERRAIN_LEVEL, TERRAIN_LEVELS = 3, 10
+SECTIONS = ("expert", "gaits", "camera", "steps", "collect", "terrain")
 
 
-def _expert_run(family: str, episodes: int, num_envs: int, seed: int, record: bool = False):
+def _expert_run(family: str, episodes: int, num_envs: int, seed: int, record: bool = False,
+                terrain: str | None = None, level: int = 0):
+    """The expert's episodes of quard:<family>; on ``terrain`` (a terrain type) every env on ``level``."""
     from quadforge.collection.rollout import Rollout, RolloutConfig
     from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    from quadforge.envs.terrain import TerrainConfig
     from quadforge.experts.quard_expert import make_quard_expert
 
-    env = QuardEnv(QuardConfig.make(f"quard:{family}", num_envs=num_envs, seed=seed, images=False))
+    tc = None if terrain is None else TerrainConfig.of_types([terrain], num_levels=TERRAIN_LEVELS, num_cols=1,
+                                                           seed=seed)
+    env = QuardEnv(QuardConfig.make(f"quard:{family}", num_envs=num_envs, seed=seed, images=False, terrain=tc))
     try:
+        if tc is not None:
+            env.set_terrain_levels(torch.arange(env.num_envs), level)
         rollout = Rollout(env, make_quard_expert(env), RolloutConfig(record=record))
         t0 = time.perf_counter()
-        eps = list(rollout.episodes(max_episodes=episodes))
+        eps = list(rollout.episodes(max_episodes=episodes, reset=tc is None))
         return eps, time.perf_counter() - t0
     finally:
         env.close()
+
+
+def _outcome_row(table: Table, label: tuple, eps: list, wall: float) -> float:
+    """One row: episodes, success, each failure reason, time and path of the successes, the gait words
+    of the failures (which gaits fail says why), wall time."""
+    from quadforge.envs.quard.rules import OUTCOMES
+    outcomes = collections.Counter(e.info["quard_outcome"] for e in eps)
+    ok = [e for e in eps if e.info["quard_outcome"] == "success"]
+    failed = collections.Counter(e.info["task_params"]["gait"] for e in eps if e.info["quard_outcome"] != "success")
+    rate = len(ok) / max(len(eps), 1)
+    table.add(*label, len(eps), round(rate, 4), *[outcomes.get(o, 0) for o in OUTCOMES[2:]],
+              round(float(np.mean([e.info["time_to_success"] for e in ok])), 2) if ok else None,
+              round(float(np.mean([e.info["path_length"] for e in ok])), 2) if ok else None,
+              " ".join(f"{g}:{n}" for g, n in sorted(failed.items())) or "-", round(wall, 1))
+    return rate
+
+
+def _dir_bytes(path) -> int:
+    """Real bytes of the files under ``path`` (what the store costs on disk, compressed)."""
+    from pathlib import Path
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def _collect_rows(table: Table, ratio: Table, quick: bool) -> dict:
+    """Whole-collect-path throughput with and without the camera, alternated (module doc, 4)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from quadforge.collection.collect import CollectConfig, run_local
+    from quadforge.data.store import TrajectoryStore, array_path
+
+    episodes, repeats = (16, 1) if quick else (48, 2)
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    tmp = Path(tempfile.mkdtemp(prefix="bench_quard_collect_"))
+    try:
+        for rep in range(repeats):
+            for images in (True, False):
+                out = tmp / f"r{rep}_{'camera' if images else 'no_camera'}"
+                cfg = CollectConfig(out=str(out), episodes=episodes, policy="quard_expert", task="quard:all",
+                                    num_envs=8, seed=COLLECT_SEED, images=images, progress=False).validate()
+                t0 = time.perf_counter()
+                summary = run_local(cfg)
+                wall = time.perf_counter() - t0
+                store = TrajectoryStore.open(out)
+                steps = int(store.num_steps)
+                frames = int(store.frame_counts("images/front_rgb").sum()) if images else 0
+                image_bytes = _dir_bytes(out / array_path("images/front_rgb")) if images else 0
+                total = _dir_bytes(out)
+                per_min = 60.0 * summary["in_store"] / wall
+                rates[images].append(per_min)
+                table.add(rep, "64x64 RGB at 5 Hz" if images else "off", summary["in_store"], steps, frames,
+                          round(wall, 1), round(per_min, 1), total,
+                          round(image_bytes / frames) if frames else None, round(total / steps))
+                shutil.rmtree(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    pairs = [w / wo for w, wo in zip(rates[True], rates[False])]
+    ratio.add(round(float(np.median(rates[True])), 1), round(float(np.median(rates[False])), 1),
+              round(float(np.median(pairs)), 3), " ".join(f"{r:.3f}" for r in pairs))
+    return {"episodes_per_min_camera": rates[True], "episodes_per_min_no_camera": rates[False], "ratios": pairs}
+
+
+def _terrain_rows(table: Table, quick: bool, families: tuple[str, ...]) -> None:
+    episodes, num_envs = (8, 8) if quick else (24, 12)
+    for terrain in TERRAIN_SECTION:
+        for family in families:
+            eps, wall = _expert_run(family, episodes, num_envs, TERRAIN_SEED, terrain=terrain, level=TERRAIN_LEVEL)
+            rate = _outcome_row(table, (terrain, family), eps, wall)
+            print(f"[bench quard] {terrain} level {TERRAIN_LEVEL}: {family} {rate:.3f} of {len(eps)} ({wall:.0f} s)",
+                  flush=True)
 
 
 def _phase_offsets(contacts: np.ndarray, frequency: float, dt: float) -> np.ndarray:
@@ -111,71 +206,107 @@ def _step_rows(table: Table, quick: bool) -> None:
             env.close()
 
 
-def main(quick: bool = False, json_path: str | None = None, families: tuple[str, ...] | None = None) -> int:
+def main(quick: bool = False, json_path: str | None = None, families: tuple[str, ...] | None = None,
+         sections: tuple[str, ...] = SECTIONS) -> int:
     os.environ.setdefault("LP_NUM_THREADS", "1")   # llvmpipe: one render thread per worker
-    from quadforge.envs.quard.instructions import FAMILIES, GAIT_OF_WORD, GAIT_WORDS, SPEEDS
+    from quadforge.envs.quard.instructions import FAMILIES, GAIT_WORDS, SPEEDS
     from quadforge.envs.quard.rules import OUTCOMES
-    from quadforge.experts.quard_expert import SPEED_BANDS
+    from quadforge.experts.quard_expert import GAIT_SPEEDS
 
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        raise ValueError(f"bench quard: unknown sections {unknown}; allowed: {', '.join(SECTIONS)}")
     families = tuple(families or FAMILIES)
     episodes, num_envs = (24, 12) if quick else (200, 40)
-    title = f"QUARD expert, training colours, flat, seed {EXPERT_SEED}" + (" (--quick)" if quick else "")
-    expert = Table(title, ["family", "episodes", "success", "target >= 0.95"] + list(OUTCOMES[2:])
-                   + ["mean time to success s", "mean path m", "wall s"])
-    speed_sum: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    outcome_cols = list(OUTCOMES[2:]) + ["mean time to success s", "mean path m", "failures by gait", "wall s"]
+    tables, extra = [], {"load_avg_start": os.getloadavg()}
     t_start = time.perf_counter()
-    for family in families:
-        eps, wall = _expert_run(family, episodes, num_envs, EXPERT_SEED)
-        outcomes = collections.Counter(e.info["quard_outcome"] for e in eps)
-        ok = [e for e in eps if e.info["quard_outcome"] == "success"]
-        rate = len(ok) / len(eps)
-        expert.add(family, len(eps), round(rate, 4), rate >= 0.95, *[outcomes.get(o, 0) for o in OUTCOMES[2:]],
-                   round(float(np.mean([e.info["time_to_success"] for e in ok])), 2) if ok else None,
-                   round(float(np.mean([e.info["path_length"] for e in ok])), 2) if ok else None, round(wall, 1))
-        if family != "distinguish":    # distinguish turns on the spot: no walking speed
-            for e in ok:
-                p = e.info["task_params"]
-                speed_sum[(p["speed"], p["gait"])].append(e.info["path_length"] / max(e.info["time_to_success"], 1e-6))
-        print(f"[bench quard] {family}: {rate:.3f} of {len(eps)} ({wall:.0f} s)", flush=True)
+    speed_sum: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    if "expert" in sections:
+        expert = Table(f"QUARD expert, training colours, flat, seed {EXPERT_SEED}" + (" (--quick)" if quick else ""),
+                       ["family", "episodes", "success"] + outcome_cols)
+        for family in families:
+            eps, wall = _expert_run(family, episodes, num_envs, EXPERT_SEED)
+            rate = _outcome_row(expert, (family,), eps, wall)
+            if family != "distinguish":    # distinguish turns on the spot: no walking speed
+                for e in eps:
+                    if e.info["quard_outcome"] == "success":
+                        p = e.info["task_params"]
+                        speed_sum[(p["gait"], p["speed"])].append(
+                            e.info["path_length"] / max(e.info["time_to_success"], 1e-6))
+            print(f"[bench quard] {family}: {rate:.3f} of {len(eps)} ({wall:.0f} s)", flush=True)
+        tables.append(expert)
 
-    speeds = Table("mean ground speed m/s per speed word x gait word (successful walking episodes)",
-                   ["speed word", "band m/s"] + list(GAIT_WORDS) + ["all gaits"])
-    for s in SPEEDS:
-        cells = [round(float(np.mean(speed_sum[(s, g)])), 3) if speed_sum[(s, g)] else None for g in GAIT_WORDS]
-        pooled = [v for g in GAIT_WORDS for v in speed_sum[(s, g)]]
-        speeds.add(s, SPEED_BANDS[s], *cells, round(float(np.mean(pooled)), 3) if pooled else None)
+    if "gaits" in sections:
+        # recorded go_to episodes: the gait phase offsets of the feet and the forward speed after the settle
+        from quadforge.envs.quard.instructions import GAIT_OF_WORD
+        from quadforge.experts.hierarchical import HL_COMMAND_NAMES
+        f_col = HL_COMMAND_NAMES.index("gait_frequency")
+        eps, _ = _expert_run("go_to", 24 if quick else 96, 16, EXPERT_SEED + 1, record=True)
+        by_gait, forward = collections.defaultdict(list), collections.defaultdict(list)
+        for e in eps:
+            p = e.info["task_params"]
+            vx = np.asarray(e.features["base_lin_vel"])[15:, 0]      # after the gait controller's 0.3 s settle
+            if len(vx):
+                forward[(p["gait"], p["speed"])].append(float(vx.mean()))
+            contacts = e.features["foot_contacts"]
+            if len(contacts) > 100:
+                freq = float(np.median(np.asarray(e.features["hl_commands"])[:, f_col]))
+                by_gait[p["gait"]].append(_phase_offsets(contacts[50:], freq, 0.02))
+        speeds = Table("speed words per gait word: band and stepping frequency the expert holds, mean ground speed "
+                       "(path / time to success of successful walking episodes, flat) and mean forward speed "
+                       "after the settle (recorded go_to episodes), m/s",
+                       ["gait word", "speed word", "band m/s", "frequency Hz", "episodes", "ground speed",
+                        "go_to episodes", "forward speed"])
+        for g in GAIT_WORDS:
+            for s in SPEEDS:
+                band, freq = GAIT_SPEEDS[g][s]
+                gs, fw = speed_sum[(g, s)], forward[(g, s)]
+                speeds.add(g, s, band, freq, len(gs), round(float(np.mean(gs)), 3) if gs else None,
+                           len(fw), round(float(np.mean(fw)), 3) if fw else None)
+        gaits = Table("gait phase offsets of the feet relative to FR (FR, FL, RR, RL), measured vs commanded",
+                      ["gait word", "episodes", "measured", "commanded", "max abs error"])
+        for word in GAIT_WORDS:
+            rows = [r for r in by_gait[word] if np.isfinite(r).all()]
+            if not rows:
+                gaits.add(word, 0, None, None, None)
+                continue
+            ang = 2 * np.pi * np.asarray(rows)
+            mean = (np.arctan2(np.sin(ang).mean(0), np.cos(ang).mean(0)) / (2 * np.pi)) % 1.0
+            want = _expected_offsets(GAIT_OF_WORD[word])
+            err = np.abs((mean - want + 0.5) % 1.0 - 0.5).max()
+            gaits.add(word, len(rows), " ".join(f"{v:.2f}" for v in mean), " ".join(f"{v:.2f}" for v in want),
+                      round(float(err), 3))
+        tables += [speeds, gaits]
 
-    # gait phase offsets, measured from the foot contacts of recorded go_to episodes
-    gaits = Table("gait phase offsets of the feet relative to FR (FR, FL, RR, RL), measured vs commanded",
-                  ["gait word", "episodes", "measured", "commanded", "max abs error"])
-    eps, _ = _expert_run("go_to", 16 if quick else 48, 16, EXPERT_SEED + 1, record=True)
-    by_gait = collections.defaultdict(list)
-    from quadforge.experts.quard_expert import GAIT_FREQUENCY
-    for e in eps:
-        contacts = e.features["foot_contacts"]
-        if len(contacts) > 100:
-            by_gait[e.info["task_params"]["gait"]].append(_phase_offsets(contacts[50:], GAIT_FREQUENCY, 0.02))
-    for word in GAIT_WORDS:
-        rows = [r for r in by_gait[word] if np.isfinite(r).all()]
-        if not rows:
-            gaits.add(word, 0, None, None, None)
-            continue
-        ang = 2 * np.pi * np.asarray(rows)
-        mean = (np.arctan2(np.sin(ang).mean(0), np.cos(ang).mean(0)) / (2 * np.pi)) % 1.0
-        want = _expected_offsets(GAIT_OF_WORD[word])
-        err = np.abs((mean - want + 0.5) % 1.0 - 0.5).max()
-        gaits.add(word, len(rows), " ".join(f"{v:.2f}" for v in mean), " ".join(f"{v:.2f}" for v in want),
-                  round(float(err), 3))
-
-    camera = Table("camera frames per second on one core (render thread; shadows, reflections, MSAA off)",
-                   ["resolution", "channels", "frames", "ms per frame", "frames/s"])
-    _camera_rows(camera, quick)
-    steps = Table("QuardEnv + expert steps per second, 16 envs, quard:all",
-                  ["images", "envs", "steps", "env steps/s"])
-    _step_rows(steps, quick)
-    report("quard", [expert, speeds, gaits, camera, steps], json_path,
+    if "camera" in sections:
+        camera = Table("camera frames per second on one core (render thread; shadows, reflections, MSAA off)",
+                       ["resolution", "channels", "frames", "ms per frame", "frames/s"])
+        _camera_rows(camera, quick)
+        tables.append(camera)
+    if "steps" in sections:
+        steps = Table("QuardEnv + expert steps per second, 16 envs, quard:all",
+                      ["images", "envs", "steps", "env steps/s"])
+        _step_rows(steps, quick)
+        tables.append(steps)
+    if "collect" in sections:
+        collect = Table("collect path (run_local), quard:all, privileged expert, 1 collector x 8 envs, 1 physics "
+                        f"thread, seed {COLLECT_SEED}: camera on / off alternated",
+                        ["repeat", "camera", "episodes", "steps", "frames", "wall s", "episodes/min", "store bytes",
+                         "image bytes per frame", "store bytes per step"])
+        ratio = Table("collect path: episodes/min with the camera against without (median over repeats)",
+                      ["camera on", "camera off", "ratio on/off", "ratio per repeat"])
+        extra["collect"] = _collect_rows(collect, ratio, quick)
+        tables += [collect, ratio]
+    if "terrain" in sections:
+        terrain = Table(f"QUARD expert on terrain, level {TERRAIN_LEVEL} of {TERRAIN_LEVELS}, training colours, "
+                        f"seed {TERRAIN_SEED}" + (" (--quick)" if quick else ""),
+                        ["terrain", "family", "episodes", "success"] + outcome_cols)
+        _terrain_rows(terrain, quick, families)
+        tables.append(terrain)
+    report("quard", tables, json_path,
            extra={"wall_s": round(time.perf_counter() - t_start, 1), "expert_seed": EXPERT_SEED,
-                  "load_avg": os.getloadavg()})
+                  "load_avg": os.getloadavg(), **extra})
     return 0
 
 
