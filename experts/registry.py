@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -50,6 +50,7 @@ class LoadContext:
     allow_robot_mismatch: bool = False  # a checkpoint recording another robot than ``robot`` (refused otherwise)
     task: str | None = None           # the env's task (a VLA checkpoint refuses another); None: unchecked
     camera: Mapping[str, Any] | None = None   # the env's camera {name, height, width, image_every}
+    instructions: Sequence[str] | None = None  # the env's instruction table (its ``instruction`` term indexes it)
 
 
 @dataclass(frozen=True)
@@ -171,16 +172,19 @@ def check_policy_spec(spec: str) -> None:
 
 def load_policy(spec: str | Path, num_envs: int, device: str | torch.device = "cpu", robot: str | None = None,
                 control_dt: float = DEFAULT_CONTROL_DT, allow_robot_mismatch: bool = False,
-                task: str | None = None, camera: Mapping[str, Any] | None = None) -> Any:
+                task: str | None = None, camera: Mapping[str, Any] | None = None,
+                instructions: Sequence[str] | None = None) -> Any:
     """The Policy a spec names, for ``num_envs`` envs, in the action space the policy has. A checkpoint
     that records another robot than ``robot`` is refused unless ``allow_robot_mismatch``. ``task`` and
-    ``camera`` (the env's) are checked by policies trained on a task's camera frames (VLAs)."""
+    ``camera`` (the env's) are checked by policies trained on a task's camera frames (VLAs); ``instructions`` is
+    the env's instruction table, which a VLA's instruction indices refer to."""
     if int(num_envs) < 1:
         raise ValueError(f"num_envs={num_envs}; must be >= 1")
     if robot is not None and robot not in ROBOTS:
         raise ValueError(f"robot={robot!r} is invalid; allowed: {', '.join(ROBOTS)}")
     kind, arg = parse_policy_spec(str(spec))
-    ctx = LoadContext(int(num_envs), str(device), robot, float(control_dt), bool(allow_robot_mismatch), task, camera)
+    ctx = LoadContext(int(num_envs), str(device), robot, float(control_dt), bool(allow_robot_mismatch), task, camera,
+                      None if instructions is None else list(instructions))
     return POLICY_KINDS[kind].load(arg, ctx)
 
 
@@ -188,8 +192,10 @@ def policy_for_env(spec: str | Path, env: Any, robot: str | None = None, allow_r
     """``load_policy`` for this env's batch, robot, control period and device; a ``command`` policy runs
     over the gait controller. ``robot`` (default: the env's) names the robot an outside checkpoint drives."""
     robot = robot or getattr(getattr(env, "robot", None), "name", None)
+    # a QUARD env's ``instruction`` term indexes ITS table, not the one a VLA was trained with
     policy = load_policy(spec, env.num_envs, str(env.device), robot=robot, control_dt=float(env.dt),
-                         allow_robot_mismatch=allow_robot_mismatch)
+                         allow_robot_mismatch=allow_robot_mismatch,
+                         instructions=getattr(env, "instruction_table", None))
     if policy.action_space == "command":
         low = GaitController(env.robot, env.num_envs, env.dt, device=str(env.device))
         policy = HierarchicalPolicy(policy, low)

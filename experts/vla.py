@@ -172,7 +172,7 @@ def load_vla(path: str | Path, num_envs: int, device: str | torch.device = "cpu"
 
 
 def _load_for_registry(arg: str, ctx: LoadContext) -> VLAPolicy:
-    return load_vla(arg, ctx.num_envs, ctx.device, task=ctx.task, camera=ctx.camera)
+    return load_vla(arg, ctx.num_envs, ctx.device, task=ctx.task, camera=ctx.camera, instructions=ctx.instructions)
 
 
 register_policy_kind("vla", _load_for_registry,
