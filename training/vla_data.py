@@ -119,7 +119,7 @@ class StoreImageSource:
 
 def open_image_source(path: str | Path, history: int, seed: int = 0, split: str = "all",
                       success_ratio: float | None = None, success_only: bool = False,
-                      camera: str = "images/front_rgb") -> ImageWindowSource:
+                      camera: str = "images/front_rgb", cache_chunks: int = 32) -> ImageWindowSource:
     """Image windows from a trajectory store holding ``camera`` (``data.image_sampler``): ``history``
     frames + the next one, the ``hl_commands`` at each frame's step, the success/failure mix."""
     path = Path(path)
@@ -131,7 +131,8 @@ def open_image_source(path: str | Path, history: int, seed: int = 0, split: str 
                          f"collect with a camera task (quadforge collect --task quard:...)")
     sampler = ImageWindowSampler(store, cameras=[camera], history=history, next_frame=True,
                                  action_feature="hl_commands", split=split, seed=seed,
-                                 success_ratio=success_ratio, filters={"success_only": True} if success_only else None)
+                                 success_ratio=success_ratio, filters={"success_only": True} if success_only else None,
+                                 cache_chunks=cache_chunks)
     return StoreImageSource(sampler, store, camera)
 
 
