@@ -225,8 +225,9 @@ def table3_section(data: Mapping[str, Any]) -> list[str]:
     wall: dict[str, float] = {}
     for s in steps:
         wall[s["stage"]] = wall.get(s["stage"], 0.0) + float(s["wall_s"])
-    lines += ["### Wall time", "", "Summed over steps, seconds: " + ", ".join(f"{k} {fmt(v)}" for k, v in wall.items())
-              + f"; all {fmt(sum(wall.values()))}.", "", "<details><summary>The exact commands, in the order they ran "
+    total = sum(wall.values())
+    lines += ["### Wall time", "", "Summed over steps, seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items())
+              + f"; all {total:.0f} ({total / 3600:.2f} h).", "", "<details><summary>The exact commands, in the order they ran "
               f"({len(steps)} steps)</summary>", "", "```"]
     lines += [s["command"] for s in sorted(steps, key=lambda s: s["started_utc"])]
     lines += ["```", "", "</details>", ""]

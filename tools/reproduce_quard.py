@@ -500,13 +500,14 @@ def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str
     records = {s.id: json.loads(step_record_path(cfg.out, s).read_text())
                for s in steps if step_record_path(cfg.out, s).exists()}
     for step in steps:
-        if step in todo:
+        ran = step in todo
+        if ran:
             log(f"[quard] {step.id}: {step.command}")
             records[step.id] = run_step(cfg, step, log)
             bar.update(1)
         if step.stage == "eval":
             paths = {fam: out / "results" / f"{step.meta['run']}_{fam}.json" for fam in FAMILIES}
-            if not all(p.exists() for p in paths.values()):
+            if ran or not all(p.exists() for p in paths.values()):   # an evaluation run again replaces its results
                 per = eval_results(cfg, step, records.get(f"train-{step.meta['run']}"), records[step.id])
                 for fam, path in paths.items():
                     _write_json(path, per[fam])
