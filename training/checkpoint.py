@@ -151,3 +151,18 @@ def load_state(model: nn.Module, ckpt: Checkpoint) -> None:
         raise ValueError(f"checkpoint does not fit model {ckpt.model_name!r}: shape (ckpt, model) {bad_shape}, "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.load_state_dict(ckpt.state_dict)
+
+
+# extra keys only a run that continues training needs (random streams, the EMA target network)
+TRAINING_ONLY_EXTRA = ("rng", "target_state_dict")
+
+
+def export_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, **provenance: Any) -> Path:
+    """A deployable copy of a training checkpoint: the same model, config, layout, stats and settings,
+    without the optimizer and scheduler states and ``TRAINING_ONLY_EXTRA`` (about a third of an Adam
+    run's file). ``provenance`` entries (e.g. the command that trained it) are added to the copy's."""
+    ckpt = load_checkpoint(src)
+    ckpt.optimizer = ckpt.scheduler = None
+    ckpt.extra = {k: v for k, v in ckpt.extra.items() if k not in TRAINING_ONLY_EXTRA}
+    ckpt.provenance = {**ckpt.provenance, "exported_from": str(Path(src)), **provenance}
+    return save_checkpoint(dst, ckpt)

@@ -3,7 +3,8 @@ import torch
 from torch import nn
 
 from quadforge.layout import get_layout
-from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
+from quadforge.training.checkpoint import (Checkpoint, check_model, export_checkpoint, latest_checkpoint, load_checkpoint,
+                                          load_state, save_checkpoint)
 
 torch.set_num_threads(1)
 
@@ -29,6 +30,20 @@ def test_round_trip(tmp_path):
     opt2 = torch.optim.AdamW(other.parameters()); opt2.load_state_dict(ck.optimizer)
     assert load_checkpoint(tmp_path / "a").step == 7        # a directory resolves to last.pt
     assert not list((tmp_path / "a").glob("*.tmp"))
+
+
+def test_export_keeps_the_policy_and_drops_training_state(tmp_path):
+    model = nn.Linear(3, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 3)).sum().backward(); opt.step()
+    extra = {"policy_kind": "vla", "rng": {"torch": torch.get_rng_state()}, "target_state_dict": model.state_dict()}
+    src = save_checkpoint(tmp_path / "run" / "last.pt", _ckpt(model, optimizer=opt.state_dict(), extra=extra))
+    out = export_checkpoint(src, tmp_path / "shipped.pt", command="quadforge train ...")
+    ck = load_checkpoint(out)
+    assert ck.optimizer is None and ck.scheduler is None and ck.extra == {"policy_kind": "vla"}
+    assert ck.provenance["command"] == "quadforge train ..." and ck.provenance["generation"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ck.state_dict.values()))
+    assert out.stat().st_size < src.stat().st_size
 
 
 def test_wrong_shape_or_model_is_clear(tmp_path):
