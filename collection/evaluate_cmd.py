@@ -40,6 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or a VLA checkpoint; --episodes-per-cell is then per family and colour set)")
     p.add_argument("--colours", default="train,held_out",
                    help="with --task quard:...: colour sets to evaluate, comma list of train, held_out, all")
+    p.add_argument("--instructions", default="original",
+                   help="with --task quard:...: instruction sets to evaluate, comma list of original, swapped "
+                        "(swapped: the same scenes with the instruction naming the other object; its success is "
+                        "the instruction-following rate, its wrong-target rate going to the originally named one)")
     add_backend_arguments(p)
 
 
@@ -49,6 +53,7 @@ def run_task(args: argparse.Namespace) -> int:
     policy = "quard_expert" if args.policy == EvalConfig().policy else args.policy
     cfg = TaskEvalConfig(task=args.task, policy=policy, out=args.out, robot=args.robot,
                          colours=tuple(c.strip() for c in args.colours.split(",") if c.strip()),
+                         instructions=tuple(c.strip() for c in args.instructions.split(",") if c.strip()),
                          episodes=args.episodes, num_envs=args.num_envs, seed=args.seed,
                          num_threads=args.num_threads, allow_robot_mismatch=args.allow_robot_mismatch).validate()
     paths = write_task_outputs(evaluate_task(cfg), cfg.out)
@@ -68,6 +73,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "task", "locomotion") != "locomotion":
         return run_task(args)
+    if getattr(args, "instructions", "original") != "original":
+        raise ValueError(f"--instructions {args.instructions}: instruction sets apply to --task quard:... only")
     cfg = config_from_args(args).validate()
     result = evaluate(cfg)
     paths = write_outputs(result, cfg.out)

@@ -1,10 +1,25 @@
 """`quadforge eval --task quard:<family>|quard:all`: closed-loop evaluation on the QUARD vision-language tasks.
 
-For every family of the task and every colour set (``train``: the colours seen in training; ``held_out``:
-gold, orange, pink, purple), ``episodes`` episodes of the policy over the gait controller: success rate,
-failure reasons (``envs.quard.rules.OUTCOMES``), mean time to success, path length and obstacle
-contacts, and a strip of the camera frames of one episode per family (``frames_<family>.png``).
-``eval.json`` carries ``overall`` {success, episodes} like the locomotion eval, so reports read either.
+For every family of the task, every colour set (``train``: the colours seen in training; ``held_out``:
+gold, orange, pink, purple) and every instruction set (``original``: the instruction names the scene's
+target; ``swapped``: the same scenes - same env seeds, so env i's k-th episode has the same objects,
+colours, slots and ball speed - with the instruction naming the other object,
+``envs.quard.families.swap_instruction``), ``episodes`` episodes of the policy over the gait controller:
+success rate, failure reasons (``envs.quard.rules.OUTCOMES``), mean time to success, path length and
+obstacle contacts, and a strip of the camera frames of one episode per family
+(``frames_<family>_<colours>[_swapped].png``).
+
+Instruction following (issue 15): on swapped scenes ``follows`` is the rate of reaching the object the
+swapped instruction names (its success rate) and ``to_original`` the rate of reaching the object the
+original instruction named instead (its ``wrong_target`` rate). A policy that picks one of the two
+objects at random follows ~50 %; one that keys on something other than the words (e.g. the rolling ball
+in stop) follows ~0 % with ``to_original`` ~100 %. ``named_share`` = success / (success + wrong target),
+the share of the episodes that reached one of the two objects which reached the named one, separates
+the words from the walking: ~0.5 when the words are ignored, however often the policy reaches anything.
+
+``eval.json``: ``families[colours][family]`` (original instructions) and ``swapped[colours][family]``
+rows; ``overall`` {success, episodes} over the original rows like the locomotion eval, so reports read
+either, and ``instruction_following`` {follows, to_original, named_share, episodes} over the swapped rows.
 """
 from __future__ import annotations
 
@@ -26,6 +41,7 @@ from quadforge.progress import progress_bar
 from quadforge.seeding import derive_seed, seed_everything
 
 STRIP_FRAMES = 8
+INSTRUCTION_SETS = ("original", "swapped")
 
 
 @dataclass
@@ -35,6 +51,7 @@ class TaskEvalConfig:
     out: str = ""
     robot: str = "go1"
     colours: tuple[str, ...] = ("train", "held_out")
+    instructions: tuple[str, ...] = ("original",)   # INSTRUCTION_SETS: swapped measures instruction following
     episodes: int = 20          # per family and colour set
     num_envs: int = 8
     seed: int = 0
@@ -48,19 +65,27 @@ class TaskEvalConfig:
         bad = [c for c in self.colours if c not in COLOUR_SETS]
         if bad or not self.colours:
             raise ValueError(f"--colours {','.join(self.colours)!r}: allowed sets {', '.join(COLOUR_SETS)}")
+        bad = [c for c in self.instructions if c not in INSTRUCTION_SETS]
+        if bad or not self.instructions:
+            raise ValueError(f"--instructions {','.join(self.instructions)!r}: allowed sets "
+                             f"{', '.join(INSTRUCTION_SETS)}")
         if self.episodes < 1 or self.num_envs < 1:
             raise ValueError(f"--episodes-per-cell {self.episodes} and --num-envs {self.num_envs} must be >= 1")
         return self
 
 
-def _family_rows(episodes: list[Any], dt: float) -> dict[str, Any]:
+def _family_rows(episodes: list[Any], dt: float, swapped: bool = False) -> dict[str, Any]:
     outcomes: dict[str, int] = {}
     for ep in episodes:
         outcomes[ep.info["quard_outcome"]] = outcomes.get(ep.info["quard_outcome"], 0) + 1
     wins = [ep for ep in episodes if ep.info["success"]]
     n = len(episodes)
+    # reached the object the instruction did not name (on swapped scenes: the originally named one)
+    wrong = outcomes.get("wrong_target", 0) / max(n, 1)
+    follow = {"follows": len(wins) / max(n, 1), "to_original": wrong} if swapped else {}
     return {
-        "episodes": n, "success": len(wins) / max(n, 1), "outcomes": outcomes,
+        "episodes": n, "success": len(wins) / max(n, 1), "wrong_target": wrong, **follow,
+        "named_share": _named_share(len(wins), outcomes.get("wrong_target", 0)), "outcomes": outcomes,
         "time_to_success_s": float(np.mean([ep.info["time_to_success"] for ep in wins])) if wins else None,
         "path_length_m": float(np.mean([ep.info["path_length"] for ep in episodes])) if n else None,
         "obstacle_contacts_mean": float(np.mean([ep.info["obstacle_contacts"] for ep in episodes])) if n else None,
@@ -94,53 +119,102 @@ def evaluate_task(cfg: TaskEvalConfig, log: Callable[[str], None] = print) -> di
     results: dict[str, dict[str, Any]] = {}
     strips: dict[str, str] = {}
     policy_id = None
-    bar = progress_bar(len(families) * len(cfg.colours) * cfg.episodes, desc="eval quard", unit="ep")
-    for colours in cfg.colours:
-        for family in families:
-            env_seed = derive_seed(cfg.seed, f"eval/quard/{family}/{colours}") % (2**31)
-            env = QuardEnv(QuardConfig.make(f"quard:{family}", robot=cfg.robot, num_envs=cfg.num_envs,
-                                            seed=env_seed, images=True, colours=colours))
-            try:
-                policy = policy_for_env(cfg.policy, env, cfg.robot, allow_robot_mismatch=cfg.allow_robot_mismatch)
-                policy_id = policy.policy_id
-                rollout = Rollout(env, policy, RolloutConfig(record=cfg.frames, seed=cfg.seed))
-                episodes = list(rollout.episodes(max_episodes=cfg.episodes))
-                results.setdefault(colours, {})[family] = _family_rows(episodes, float(env.dt))
-            finally:
-                env.close()
-            bar.update(cfg.episodes)
-            if cfg.frames and episodes and "images/front_rgb" in episodes[0].features:
-                ep = episodes[0]
-                out.mkdir(parents=True, exist_ok=True)
-                name = f"frames_{family}_{colours}.png"
-                _frame_strip(np.asarray(ep.features["images/front_rgb"]), out / name,
-                             f"{ep.info['instruction']} -> {ep.info['quard_outcome']}")
-                strips[f"{family}/{colours}"] = name
-            r = results[colours][family]
-            log(f"eval quard:{family} [{colours}] success {r['success']:.3f} of {r['episodes']}  {r['outcomes']}")
+    swapped_rows: dict[str, dict[str, Any]] = {}
+    bar = progress_bar(len(families) * len(cfg.colours) * len(cfg.instructions) * cfg.episodes,
+                       desc="eval quard", unit="ep")
+    for instructions in cfg.instructions:
+        swapped = instructions == "swapped"
+        table = swapped_rows if swapped else results
+        for colours in cfg.colours:
+            for family in families:
+                t_cell = time.perf_counter()
+                # the env seed leaves the instruction set out: swapped scenes are the original ones
+                env_seed = derive_seed(cfg.seed, f"eval/quard/{family}/{colours}") % (2**31)
+                env = QuardEnv(QuardConfig.make(f"quard:{family}", robot=cfg.robot, num_envs=cfg.num_envs,
+                                                seed=env_seed, images=True, colours=colours,
+                                                swap_instruction=swapped))
+                try:
+                    policy = policy_for_env(cfg.policy, env, cfg.robot,
+                                            allow_robot_mismatch=cfg.allow_robot_mismatch)
+                    policy_id = policy.policy_id
+                    rollout = Rollout(env, policy, RolloutConfig(record=cfg.frames, seed=cfg.seed))
+                    episodes = list(rollout.episodes(max_episodes=cfg.episodes))
+                    row = _family_rows(episodes, float(env.dt), swapped)
+                finally:
+                    env.close()
+                row["wall_s"] = time.perf_counter() - t_cell
+                table.setdefault(colours, {})[family] = row
+                bar.update(cfg.episodes)
+                suffix = "_swapped" if swapped else ""
+                if cfg.frames and episodes and "images/front_rgb" in episodes[0].features:
+                    ep = episodes[0]
+                    out.mkdir(parents=True, exist_ok=True)
+                    name = f"frames_{family}_{colours}{suffix}.png"
+                    _frame_strip(np.asarray(ep.features["images/front_rgb"]), out / name,
+                                 f"{ep.info['instruction']} -> {ep.info['quard_outcome']}")
+                    strips[f"{family}/{colours}{suffix}"] = name
+                follow = (f"  follows {row['follows']:.3f} to_original {row['to_original']:.3f}" if swapped else "")
+                log(f"eval quard:{family} [{colours}, {instructions} instructions] success {row['success']:.3f} "
+                    f"of {row['episodes']}{follow}  {row['outcomes']}")
     bar.close()
-    all_rows = [r for by_family in results.values() for r in by_family.values()]
-    total = sum(r["episodes"] for r in all_rows)
-    wins = sum(r["success"] * r["episodes"] for r in all_rows)
     return {"policy": cfg.policy, "policy_id": policy_id, "task": cfg.task, "config": asdict(cfg),
-            "overall": {"success": wins / max(total, 1), "episodes": total},
-            "families": results, "frames": strips, "wall_s": time.perf_counter() - t_start,
+            "overall": _pooled(results, "success"),
+            "instruction_following": {**_pooled(swapped_rows, "follows"),
+                                      "to_original": _pooled(swapped_rows, "to_original")["to_original"],
+                                      "named_share": _pooled_share(swapped_rows)},
+            "families": results, "swapped": swapped_rows, "frames": strips,
+            "wall_s": time.perf_counter() - t_start,
             "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
 
 
+def _named_share(reached_named: float, reached_other: float) -> float | None:
+    """Of the episodes that reached one of the two objects, the share that reached the named one."""
+    reached = reached_named + reached_other
+    return reached_named / reached if reached > 0 else None
+
+
+def _pooled_share(rows: dict[str, dict[str, Any]]) -> float | None:
+    flat = [r for by_family in rows.values() for r in by_family.values()]
+    return _named_share(sum(r["success"] * r["episodes"] for r in flat),
+                        sum(r["wrong_target"] * r["episodes"] for r in flat))
+
+
+def _pooled(rows: dict[str, dict[str, Any]], key: str) -> dict[str, Any]:
+    """{key: the episode-weighted mean of ``key`` over every row, episodes: their sum}; key None without rows."""
+    flat = [r for by_family in rows.values() for r in by_family.values()]
+    total = sum(r["episodes"] for r in flat)
+    value = sum(r[key] * r["episodes"] for r in flat) / total if total else None
+    return {key: value, "episodes": total}
+
+
 def task_report_markdown(result: dict[str, Any]) -> str:
-    lines = [f"# QUARD evaluation: {result['policy_id']} on {result['task']}", "",
-             f"overall success {result['overall']['success']:.3f} over {result['overall']['episodes']} episodes "
-             f"({result['wall_s']:.0f} s)", "",
-             "| colours | family | episodes | success | time to success s | path m | obstacle contacts | outcomes |",
-             "|---|---|---|---|---|---|---|---|"]
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-    for colours, by_family in result["families"].items():
-        for family, r in by_family.items():
-            outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))
-            lines.append(f"| {colours} | {family} | {r['episodes']} | {r['success']:.3f} | "
-                         f"{fmt(r['time_to_success_s'])} | {fmt(r['path_length_m'])} | "
-                         f"{fmt(r['obstacle_contacts_mean'])} | {outcomes} |")
+    rate = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    o, follow = result["overall"], result.get("instruction_following") or {}
+    lines = [f"# QUARD evaluation: {result['policy_id']} on {result['task']}", ""]
+    if o["episodes"]:
+        lines.append(f"overall success {rate(o['success'])} over {o['episodes']} episodes")
+    if follow.get("episodes"):
+        lines.append(f"instruction following (swapped instructions) {rate(follow['follows'])}, to the originally "
+                     f"named object {rate(follow['to_original'])} (named share {rate(follow['named_share'])}), "
+                     f"over {follow['episodes']} episodes")
+    lines += [f"({result['wall_s']:.0f} s)", "",
+              "| instructions | colours | family | episodes | success | wrong target | named share | time to success s "
+              "| path m | obstacle contacts | outcomes |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for instructions, rows in (("original", result["families"]), ("swapped", result.get("swapped", {}))):
+        for colours, by_family in rows.items():
+            for family, r in by_family.items():
+                outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))
+                lines.append(f"| {instructions} | {colours} | {family} | {r['episodes']} | {r['success']:.3f} | "
+                             f"{r['wrong_target']:.3f} | {rate(r.get('named_share'))} | {fmt(r['time_to_success_s'])} | "
+                             f"{fmt(r['path_length_m'])} | "
+                             f"{fmt(r['obstacle_contacts_mean'])} | {outcomes} |")
+    if result.get("swapped"):
+        lines += ["", "On swapped instructions, success is the instruction-following rate and wrong target the "
+                  "rate of going to the originally named object."]
+    lines += ["", "Named share: of the episodes that reached one of the two objects, the share that reached the "
+              "named one (~0.5 when the instruction's words are ignored)."]
     lines += [""] + [f"![{k}]({v})" for k, v in result["frames"].items()]
     return "\n".join(lines) + "\n"
 

@@ -176,26 +176,29 @@ def load_policy(spec: str | Path, num_envs: int, device: str | torch.device = "c
                 instructions: Sequence[str] | None = None) -> Any:
     """The Policy a spec names, for ``num_envs`` envs, in the action space the policy has. A checkpoint
     that records another robot than ``robot`` is refused unless ``allow_robot_mismatch``. ``task`` and
-    ``camera`` (the env's) are checked by policies trained on a task's camera frames (VLAs); ``instructions`` is
-    the env's instruction table, which a VLA's instruction indices refer to."""
+    ``camera`` (the env's) are checked by policies trained on a task's camera frames (VLAs);
+    ``instructions`` is the env's instruction table, which such a policy reads its indices against."""
     if int(num_envs) < 1:
         raise ValueError(f"num_envs={num_envs}; must be >= 1")
     if robot is not None and robot not in ROBOTS:
         raise ValueError(f"robot={robot!r} is invalid; allowed: {', '.join(ROBOTS)}")
     kind, arg = parse_policy_spec(str(spec))
     ctx = LoadContext(int(num_envs), str(device), robot, float(control_dt), bool(allow_robot_mismatch), task, camera,
-                      None if instructions is None else list(instructions))
+                      None if instructions is None else tuple(instructions))
     return POLICY_KINDS[kind].load(arg, ctx)
 
 
 def policy_for_env(spec: str | Path, env: Any, robot: str | None = None, allow_robot_mismatch: bool = False) -> Any:
     """``load_policy`` for this env's batch, robot, control period and device; a ``command`` policy runs
-    over the gait controller. ``robot`` (default: the env's) names the robot an outside checkpoint drives."""
+    over the gait controller. ``robot`` (default: the env's) names the robot an outside checkpoint drives.
+    An env with ``policy_context()`` (a QUARD env: its task, camera and instruction table) has it checked
+    and used by the policies that read camera frames and instructions (a VLA numbers instructions as its
+    training store did; the env's ``instruction`` term indexes the env's own table)."""
     robot = robot or getattr(getattr(env, "robot", None), "name", None)
-    # a QUARD env's ``instruction`` term indexes ITS table, not the one a VLA was trained with
+    context = env.policy_context() if callable(getattr(env, "policy_context", None)) else {}
     policy = load_policy(spec, env.num_envs, str(env.device), robot=robot, control_dt=float(env.dt),
-                         allow_robot_mismatch=allow_robot_mismatch,
-                         instructions=getattr(env, "instruction_table", None))
+                         allow_robot_mismatch=allow_robot_mismatch, task=context.get("task"),
+                         camera=context.get("camera"), instructions=context.get("instructions"))
     if policy.action_space == "command":
         low = GaitController(env.robot, env.num_envs, env.dt, device=str(env.device))
         policy = HierarchicalPolicy(policy, low)

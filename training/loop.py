@@ -1,11 +1,11 @@
 """What every trainer's loop shares: the step loop, the TensorBoard log and the checkpoint files of a run.
 
-``TrainLoop.run`` is the one skeleton under both trainers (``training.imitation``, ``training.qlearning``):
-optimizer step with gradient clipping, a logged row every ``log_every`` steps (loss terms averaged over
+``TrainLoop.run`` is the one skeleton under the trainers (``training.imitation``, ``training.qlearning``,
+``training.vla``): optimizer step with gradient clipping, a logged row every ``log_every`` steps (loss terms averaged over
 ranks, lr, grad norm, throughput), validation and ``last.pt`` every ``val_every`` steps and at the end,
 a wall-time ``last.pt`` in between, and the progress bar. A trainer supplies only its batch -> loss terms
 step (``loss_terms``), what follows an optimizer step (GeRM's EMA target), its validation and its
-checkpoint contents (``checkpoint(step, rngs)``). Both write
+checkpoint contents (``checkpoint(step, rngs)``). All write
 
 - ``OUT/tb/``: TensorBoard scalars ``<group>/<name>`` (main rank only; a missing tensorboard package
   only disables them),
@@ -13,8 +13,10 @@ checkpoint contents (``checkpoint(step, rngs)``). Both write
 
 and resume from ``OUT/last.pt`` (``training.checkpoint.latest_checkpoint``) with the random streams
 of every rank restored (``rng_state`` / ``set_rng_state``, in the checkpoint's ``extra["rng"]``): torch's
-generator (dropout, MoE gating noise) and any named numpy generator (GeRM's transition sampler).
-Imitation batches come from streams derived from (seed, rank, step), so they need no saved state.
+generator (dropout, MoE gating noise, DrQ shifts) and any named numpy generator (GeRM's transition
+sampler); ``resume_from`` restores optimizer, scheduler, target network and those streams in one call.
+Imitation batches come from streams derived from (seed, rank, step), so they need no saved state; the VLA
+trainer's store batches restart from such a stream at every checkpoint.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ class RunLog:
     """TensorBoard scalars of one run (a no-op off the main rank, without ``out`` or when disabled)."""
 
     def __init__(self, out: Path | None, is_main: bool, enabled: bool = True, who: str = "train"):
-        self.writer = None
+        self.writer, self.who = None, who
         if out is None or not is_main or not enabled:
             return
         try:
@@ -53,6 +55,11 @@ class RunLog:
         for k, v in row.items():
             if k != "step":
                 self.writer.add_scalar(f"{group}/{k}", v, step)
+
+    def line(self, group: str, head: str, row: Mapping[str, float], step: int) -> None:
+        """Print ``[who] head k=v ...`` and write the same scalars under ``group/`` (call on the main rank)."""
+        print(f"[{self.who}] {head} " + " ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "step"), flush=True)
+        self.scalars(group, row, step)
 
     def close(self) -> None:
         if self.writer is not None:
@@ -99,6 +106,20 @@ def set_rng_state(saved: Mapping[str, Any] | None, info: DistInfo,
         if name in state:
             gen.bit_generator.state = state[name]
     return True
+
+
+def resume_from(ckpt: Checkpoint, optimizer: torch.optim.Optimizer, scheduler: Any, info: DistInfo,
+                target: torch.nn.Module | None = None,
+                generators: Mapping[str, np.random.Generator] | None = None) -> int:
+    """Continue a run from ``ckpt`` (its weights already loaded): the optimizer and scheduler states, the
+    target network (``extra["target_state_dict"]``) when there is one, every random stream; the step to
+    continue from."""
+    optimizer.load_state_dict(ckpt.optimizer)
+    scheduler.load_state_dict(ckpt.scheduler)
+    if target is not None:
+        target.load_state_dict(ckpt.extra["target_state_dict"])
+    set_rng_state(ckpt.extra.get("rng"), info, generators)
+    return int(ckpt.step)
 
 
 # --- the step loop ---------------------------------------------------------------------------------------

@@ -50,8 +50,8 @@ from quadforge.training.binning import BIN_METHODS, ActionBinner, fit_binner
 from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state
 from quadforge.training.distributed import DistInfo, broadcast_object, cleanup, init_distributed, wrap_model
 from quadforge.experts.germ_policy import action_space_of
-from quadforge.training.loop import (COMMON_STEP_FLAGS, RunLog, TrainLoop, apply_trainer_args, save_run_checkpoint,
-                                     set_rng_state)
+from quadforge.training.loop import (COMMON_STEP_FLAGS, RunLog, TrainLoop, apply_trainer_args, resume_from,
+                                     save_run_checkpoint)
 from quadforge.training.models.germ import GeRM, GeRMConfig
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
 from quadforge.seeding import seed_everything
@@ -309,25 +309,12 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
     target = copy.deepcopy(model).eval().requires_grad_(False) if cfg.objective == "q" else None
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.max_steps)
-    start = 0
-    if ckpt is not None:
-        optimizer.load_state_dict(ckpt.optimizer)
-        scheduler.load_state_dict(ckpt.scheduler)
-        start = ckpt.step
-        if target is not None:
-            target.load_state_dict(ckpt.extra["target_state_dict"])
-        set_rng_state(ckpt.extra.get("rng"), info, {"sampler": sampler._rng})
+    start = 0 if ckpt is None else resume_from(ckpt, optimizer, scheduler, info, target, {"sampler": sampler._rng})
 
     prov = {"episodes": int(data.num_episodes), "steps": int(data.num_steps),
             "successes": int(np.asarray(data.episode_info["success"]).astype(bool).sum()),
             "train_transitions": len(sampler) * info.world_size, **dict(provenance or {})}
     log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name)
-
-    def log_row(group: str, head: str, row: dict[str, float], step: int) -> None:
-        """Print a progress line and write the same scalars to TensorBoard under ``group/``."""
-        print(f"[{cfg.model_name}] {head} " + " ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "step"),
-              flush=True)
-        log.scalars(group, row, step)
 
     def checkpoint(step: int, rngs: dict | None, scheduled: bool) -> Path | None:
         if not info.is_main:
@@ -362,12 +349,12 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
             v = validate(model, target, val_sampler, binner, cfg, info.device)
             v["step"] = step
             val_history.append(v)
-            log_row("val", f"val step {step}", v, step)
+            log.line("val", f"val step {step}", v, step)
 
     model.train()
     loop = TrainLoop(info=info, optimizer=optimizer, scheduler=scheduler, clip_module=model,
                      grad_clip=cfg.optim.grad_clip, loss_terms=loss_terms, checkpoint=checkpoint,
-                     report=lambda row: log_row("train", f"step {row['step']}/{cfg.max_steps}", row, row["step"]),
+                     report=lambda row: log.line("train", f"step {row['step']}/{cfg.max_steps}", row, row["step"]),
                      max_steps=cfg.max_steps, log_every=cfg.log_every, val_every=cfg.val_every,
                      items_per_step=cfg.batch_size * info.world_size, rate_name="transitions_per_s",
                      checkpoint_every_s=cfg.checkpoint_every_s, desc=f"train {cfg.model_name}",

@@ -17,16 +17,26 @@ binned per dimension: ``bins="controller"`` (default) uses the gait controller's
 commands. Checkpoints are self-contained (model config incl. vocabulary, bin edges, the instruction table
 with its prepared encoder inputs, task/camera settings, target network) and deploy alone through
 ``experts.registry.load_policy`` (``experts.vla.load_vla``, found by ``extra["policy_kind"] == "vla"``).
+
+The step loop is ``training.loop.TrainLoop`` (as for the imitation and proprioceptive GeRM trainers):
+logged rows (TensorBoard ``OUT/tb``), validation and ``last.pt`` every ``val_every`` steps, a wall-time
+``last.pt`` every ``checkpoint_every_s``, resume (``--resume``) and DDP under torchrun. On a store the
+trainer holds ``val_fraction`` of the episodes out (the seeded episode split of every trainer) and
+reports their loss terms (val ``ce`` / ``bin_accuracy`` for imitation) and greedy bin agreement; its
+batches come from the image sampler's chunk-aware ``stream()`` when the store is larger than the chunk
+cache and i.i.d. windows when it fits (``sampling="auto"``; or ``"stream"`` / ``"uniform"``), their random
+stream restarted at every checkpoint from (seed, rank, step) so that a resumed run draws what the whole
+run drew.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import dataclasses
-import time
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -35,19 +45,20 @@ from torch import nn
 from quadforge.experts.hierarchical import command_binner
 from quadforge.experts.vla import POLICY_KIND
 from quadforge.training.binning import ActionBinner, fit_binner
-from quadforge.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state, save_checkpoint
+from quadforge.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
 from quadforge.training.models.germ_vla import GeRMVLA
 from quadforge.training.models.instruction import build_vocabulary
 from quadforge.training.models.rt1 import RT1
 from quadforge.training.models.vision import random_shift
 from quadforge.training.models.vla import VLAConfig, images_to_float
 from quadforge.training.models.vla_zoo import VLA_MODELS, build_vla_model
-from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
+from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
 from quadforge.training.qlearning import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, conservative_loss,
                                           ema_update, td_loss, with_mc_lower_bound)
-from quadforge.training.vla_data import ImageWindowSource, check_batch, open_image_source
-from quadforge.training.distributed import DistInfo
-from quadforge.training.loop import apply_trainer_args, rng_state, set_rng_state
+from quadforge.training.vla_data import SAMPLING_MODES, ImageWindowSource, check_batch, open_image_source
+from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup, init_distributed, unwrap,
+                                            wrap_model)
+from quadforge.training.loop import RunLog, TrainLoop, apply_trainer_args, resume_from, save_run_checkpoint
 from quadforge.seeding import seed_everything
 
 BIN_SOURCES = ("controller", "data")
@@ -101,13 +112,19 @@ class VLATrainConfig:
     mc_bound_dims: str = "last"
     success_ratio: float | None = SEED003_SUCCESS_RATIO
     success_only: bool = False
+    sampling: str = "auto"               # store windows: "auto" | "stream" (chunk-aware) | "uniform" (i.i.d.)
+    prefetch: int = 2                    # store batches built ahead on a thread (0: off)
     # decompressed frame chunks kept in RAM by the sampler: uniform windows over a store larger than the
     # cache decode a chunk per window (measured ~350 ms per batch of 32 on a 28k-frame store with 32);
     # 128 chunks of 256 64² RGB frames are ~400 MB and hold a 30k-frame store whole
     cache_chunks: int = 128
+    val_fraction: float = 0.1            # store episodes held out for validation (data.episodes.split_episodes)
     log_every: int = 50
-    val_every: int = 500
+    val_every: int = 500                 # validate and checkpoint every N steps (and at the end)
     val_batches: int = 4
+    keep_every: int = 0                  # also keep step_N.pt every N steps (0: only last.pt)
+    checkpoint_every_s: float = 600.0    # also write last.pt after this much wall time (0: off)
+    tensorboard: bool = True
     seed: int = 0
     # β2 = 0.95, not Adam's 0.999: the first steps' gradients (12 heads × 256 bins from uniform) are
     # large and a 1000-step second-moment memory then shrinks the steps for the small, late signal that
@@ -125,9 +142,16 @@ class VLATrainConfig:
             raise ValueError(f"VLA bins {self.bins!r} unknown; allowed: {BIN_SOURCES}")
         if self.mc_bound_dims not in MC_BOUND_DIMS:
             raise ValueError(f"mc_bound_dims {self.mc_bound_dims!r} unknown; allowed: {MC_BOUND_DIMS}")
-        for name in ("batch_size", "max_steps", "cache_chunks", "log_every", "val_every", "val_batches", "num_bins"):
+        if self.sampling not in SAMPLING_MODES:
+            raise ValueError(f"VLA sampling {self.sampling!r} unknown; allowed: {SAMPLING_MODES}")
+        for name in ("batch_size", "max_steps", "log_every", "val_every", "val_batches", "num_bins", "cache_chunks"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"VLA train config {name}={getattr(self, name)}; must be >= 1")
+        for name in ("prefetch", "keep_every", "checkpoint_every_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"VLA train config {name}={getattr(self, name)}; must be >= 0")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction={self.val_fraction}; must be in [0, 1)")
         if self.shift_pad < 0:
             raise ValueError(f"shift_pad={self.shift_pad}; must be >= 0")
         if self.success_ratio is not None and not 0.0 <= self.success_ratio <= 1.0:
@@ -164,12 +188,6 @@ build_model = build_vla_model
 
 # --- the objectives --------------------------------------------------------------------------------
 
-def _windows(model: nn.Module, frames: torch.Tensor, mask: torch.Tensor, instruction: torch.Tensor):
-    """Current window (frames 0..T-1 of the T+1) through the front-end -> (tokens, valid, rank)."""
-    t = model.cfg.history
-    return model.frontend(frames[:, :t], mask[:, :t], instruction)
-
-
 @torch.no_grad()
 def q_targets(target: GeRMVLA, frames: torch.Tensor, mask: torch.Tensor, instruction: torch.Tensor,
               bins: torch.Tensor, batch: Mapping[str, torch.Tensor], cfg: VLATrainConfig) -> torch.Tensor:
@@ -190,14 +208,15 @@ def q_targets(target: GeRMVLA, frames: torch.Tensor, mask: torch.Tensor, instruc
 def losses(model: nn.Module, target: nn.Module | None, batch: Mapping[str, torch.Tensor], frames: torch.Tensor,
            instruction: torch.Tensor, binner: ActionBinner, cfg: VLATrainConfig) -> dict[str, torch.Tensor]:
     """All loss terms of one batch (``loss`` is minimised). ``frames`` (B, T+1, 3, H, W) float (augmented),
-    ``instruction`` the prepared encoder inputs of each row."""
+    ``instruction`` the prepared encoder inputs of each row. ``model`` may be DDP-wrapped: it is called
+    (its forward), so DDP sees the step; the current window is frames 0..T-1 of the T+1."""
     mask = batch["frame_mask"].bool()
     bins = binner.encode(batch["action"])                                         # (B, d)
-    tokens = _windows(model, frames, mask, instruction)
-    if isinstance(model, RT1):
-        out = model.logits_from_tokens(*tokens)
+    t = unwrap(model).cfg.history
+    if isinstance(unwrap(model), RT1):
+        out = model(frames[:, :t], mask[:, :t], instruction)
     else:
-        out = model.logits_from_tokens(*tokens, bins[:, :-1])                     # teacher-forced (B, d, K)
+        out = model(frames[:, :t], mask[:, :t], instruction, bins[:, :-1])        # teacher-forced (B, d, K)
     if cfg.objective == "ce":
         ce = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), bins.reshape(-1))
         acc = (out.logits.argmax(-1) == bins).float().mean()
@@ -231,15 +250,92 @@ def _filter(batch: dict[str, torch.Tensor], cfg: VLATrainConfig) -> dict[str, to
 
 # --- training --------------------------------------------------------------------------------------
 
-def train(cfg: VLATrainConfig, source: ImageWindowSource, out_dir: str | Path, device: str = "cpu",
+class BatchFeed:
+    """The training batches of a source, one per step. A store source (``batches()``) gives its sampler's
+    chunk-aware stream (or uniform draws) from a random stream derived from (seed, rank, step), restarted
+    at every checkpoint, so a run resumed there draws what the uninterrupted run drew; any other source
+    (e.g. ``ColourChoiceTask``) is asked ``sample(batch_size)``."""
+
+    def __init__(self, source: ImageWindowSource, batch_size: int, mode: str, prefetch: int, start: int):
+        self.source, self.batch_size, self.mode, self.prefetch = source, int(batch_size), mode, int(prefetch)
+        self.segment_start, self._it = int(start), None
+
+    def next(self) -> dict[str, torch.Tensor]:
+        if not hasattr(self.source, "batches"):
+            return self.source.sample(self.batch_size)
+        if self._it is None:   # opened lazily: a restart at the run's last save starts no thread
+            self._it = self.source.batches(self.batch_size, self.segment_start, self.mode, self.prefetch)
+        return next(self._it)
+
+    def restart(self, step: int) -> None:
+        self.close()
+        self.segment_start = int(step)
+
+    def close(self) -> None:
+        if self._it is not None:
+            self._it.close()
+            self._it = None
+
+
+@torch.no_grad()
+def average_buffers(model: nn.Module, info: DistInfo) -> None:
+    """Under DDP, the mean over ranks of the floating-point buffers (the trunk's BatchNorm running
+    statistics): each rank's forward updates them from its own batch, so without this the ranks (and their
+    EMA targets) drift apart in them while the weights stay identical. A no-op in one process."""
+    if not info.enabled:
+        return
+    import torch.distributed as dist
+    for buf in model.buffers():
+        if buf.is_floating_point():
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+            buf.div_(info.world_size)
+
+
+def _store_sources(path: str | Path, cfg: VLATrainConfig, info: DistInfo):
+    """Training (this rank's shard) and validation sources of an image store: the validation split holds
+    ``val_fraction`` of the episodes out by the seeded episode permutation the other trainers use
+    (``data.episodes.split_episodes``); None when it is empty or 0, and off the main rank."""
+    history = int(cfg.model.get("history", 6))
+    common = dict(history=history, seed=cfg.seed, val_fraction=cfg.val_fraction, success_only=cfg.success_only,
+                  cache_chunks=cfg.cache_chunks)
+    source = open_image_source(path, split="train" if cfg.val_fraction > 0 else "all", success_ratio=cfg.success_ratio,
+                               rank=info.rank, world_size=info.world_size, **common)
+    val = None
+    if cfg.val_fraction > 0 and info.is_main:   # the main rank validates
+        try:   # the held-out episodes as they come (successes only when training on them)
+            val = open_image_source(path, split="val", **common)
+        except ValueError as err:   # e.g. one episode, or no successes among the held-out ones
+            if "no episodes left" not in str(err):
+                raise
+            print(f"[{cfg.model_name}] validation disabled: {err}", flush=True)
+    return source, val
+
+
+def train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out_dir: str | Path, device: str = "cpu",
           val_source: ImageWindowSource | None = None, resume: bool = False,
           provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Train on any ImageWindowSource; writes OUT/last.pt; returns a summary (history, model, binner)."""
+    """Train on an ImageWindowSource, or on an image store (a path: split into training and validation
+    episodes, sharded over ranks); writes OUT/last.pt; returns a summary (history, val, model, binner).
+    One process, or DDP under torchrun (``training.distributed``)."""
     cfg.validate()
-    seed_everything(cfg.seed)
-    dev = torch.device(device)
-    info = DistInfo(device=dev)   # one process: the VLA trainer has no DDP yet
-    out = Path(out_dir)
+    info = init_distributed(device)
+    try:
+        return _train(cfg, source, Path(out_dir), info, val_source, resume, provenance)
+    finally:
+        cleanup(info)
+
+
+def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Path, info: DistInfo,
+           val_source: ImageWindowSource | None, resume: bool, provenance: Mapping[str, Any] | None) -> dict[str, Any]:
+    seed_everything(cfg.seed + info.rank)   # rank 0's initial weights reach every rank through DDP
+    if info.enabled:   # ranks share the machine's cores
+        torch.set_num_threads(max(1, torch.get_num_threads() // info.world_size))
+    dev = info.device
+    prov = dict(provenance or {})
+    if isinstance(source, (str, Path)):
+        source, val_source = _store_sources(source, cfg, info)
+        prov.update(train_episodes=source.num_episodes, train_windows=source.num_windows * info.world_size,
+                    val_episodes=val_source.num_episodes if val_source is not None else 0)
     instructions = list(source.instructions)
     vla = model_config(cfg, tuple(source.image_size), instructions)
     if vla.history != int(source.history):
@@ -259,21 +355,26 @@ def train(cfg: VLATrainConfig, source: ImageWindowSource, out_dir: str | Path, d
         commands = getattr(source, "commands", None)
         if commands is None:
             raise ValueError("bins='data' needs a source with commands() (the stored 12-D commands)")
-        binner = fit_binner(commands(), cfg.num_bins, "uniform")
+        binner = broadcast_object(fit_binner(commands(), cfg.num_bins, "uniform") if info.is_main else None, info)
     binner = ActionBinner(binner.edges.to(dev))
     table = model.frontend.prepare_instructions(instructions).to(dev)           # (K, ...) prepared inputs
+    ddp_model = wrap_model(model, info)   # DDP broadcasts rank 0's weights: copy the target after this
     target = copy.deepcopy(model).eval().requires_grad_(False) if cfg.objective == "q" else None
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.max_steps)
     start = 0
     if ckpt is not None:
-        optimizer.load_state_dict(ckpt.optimizer)
-        scheduler.load_state_dict(ckpt.scheduler)
-        start = ckpt.step
-        if target is not None:
-            target.load_state_dict(ckpt.extra["target_state_dict"])
-        set_rng_state(ckpt.extra.get("rng"), info)
+        start = resume_from(ckpt, optimizer, scheduler, info, target)
+        if "rng" not in ckpt.extra and "torch_rng" in ckpt.extra:   # written before the shared rng state
+            torch.set_rng_state(ckpt.extra["torch_rng"])
     counts = model.parameter_counts()
+    feed = BatchFeed(source, cfg.batch_size, cfg.sampling, cfg.prefetch, start)
+    val_draw = None
+    if val_source is not None:
+        fixed = getattr(val_source, "fixed_batches", None)
+        val_draw = (fixed(cfg.val_batches, cfg.batch_size, cfg.seed) if fixed is not None
+                    else lambda: (val_source.sample(cfg.batch_size) for _ in range(cfg.val_batches)))
+    log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name)
 
     def prepare(batch: Mapping[str, torch.Tensor], augment: bool):
         check_batch(batch, vla.history, vla.image.image_size)
@@ -283,76 +384,84 @@ def train(cfg: VLATrainConfig, source: ImageWindowSource, out_dir: str | Path, d
             frames = random_shift(frames, cfg.shift_pad)
         return batch, frames, table[batch["instruction"]]
 
-    def save(step: int) -> None:
+    def checkpoint(step: int, rngs: dict | None, scheduled: bool) -> Path | None:
+        feed.restart(step)   # every rank that saves: the batches from here derive from (seed, rank, step)
+        if not info.is_main:
+            return None
         extra = {"policy_kind": POLICY_KIND, "binner": {"edges": binner.edges.cpu()},
                  "settings": dict(source.settings), "instructions": instructions,
-                 "instruction_inputs": table.cpu(), "action_space": "command", "rng": rng_state(info)}
+                 "instruction_inputs": table.cpu(), "action_space": "command", "rng": rngs}
         if target is not None:
             extra["target_state_dict"] = {k: v.detach().cpu() for k, v in target.state_dict().items()}
         c = Checkpoint(model_name=cfg.model_name, model_config=vla.to_dict(),
                        state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
                        layout={"name": "vla", "terms": ["images/front_rgb", "instruction"]},
-                       provenance={**dict(provenance or {}), "parameters": counts},
+                       provenance={**prov, "parameters": counts},
                        optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=step,
                        seed=cfg.seed, train_config=dataclasses.asdict(cfg), extra=extra)
-        save_checkpoint(out / "last.pt", c)
+        keep = scheduled and bool(cfg.keep_every) and step % cfg.keep_every == 0
+        return save_run_checkpoint(out, c, step, keep=keep)
 
-    history: list[dict[str, float]] = []
-    val_history: list[dict[str, float]] = []
-    model.train()
-    t0, seen = time.perf_counter(), 0
-    for step in range(start, cfg.max_steps):
-        batch, frames, instruction = prepare(source.sample(cfg.batch_size), augment=True)
-        terms = losses(model, target, batch, frames, instruction, binner, cfg)
-        optimizer.zero_grad(set_to_none=True)
-        terms["loss"].backward()
-        grad_norm = clip_gradients(model, cfg.optim.grad_clip)
-        optimizer.step()
-        scheduler.step()
+    def loss_terms(step: int) -> dict[str, torch.Tensor]:
+        batch, frames, instruction = prepare(feed.next(), augment=True)
+        return losses(ddp_model, target, batch, frames, instruction, binner, cfg)
+
+    def after_step() -> None:
+        average_buffers(model, info)
         if target is not None:
             ema_update(target, model, cfg.tau)
-        seen += frames.shape[0]
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.max_steps:
-            dt = time.perf_counter() - t0
-            row = {k: float(v.detach()) for k, v in terms.items()}
-            row.update(step=done, lr=scheduler.get_last_lr()[0], grad_norm=float(grad_norm),
-                       samples_per_s=seen / max(dt, 1e-9))
-            history.append(row)
-            t0, seen = time.perf_counter(), 0
-            print(f"[{cfg.model_name}] step {done}/{cfg.max_steps} "
-                  + " ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "step"), flush=True)
-        if done % cfg.val_every == 0 or done == cfg.max_steps:
-            if val_source is not None:
-                v = validate(model, target, val_source, binner, cfg, prepare)
-                v["step"] = done
-                val_history.append(v)
-                print(f"[{cfg.model_name}] val step {done} "
-                      + " ".join(f"{k}={x:.4g}" for k, x in v.items() if k != "step"), flush=True)
-            save(done)
-    if start >= cfg.max_steps:
-        save(start)
+
+    val_history: list[dict[str, float]] = []
+
+    def validate_main(step: int) -> None:
+        """On the main rank, into its own rows (``val/`` in TensorBoard); the other ranks wait at the save."""
+        if val_draw is not None and info.is_main:
+            v = validate(model, target, val_draw(), binner, cfg, prepare)
+            v["step"] = step
+            val_history.append(v)
+            log.line("val", f"val step {step}", v, step)
+
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    model.train()
+    loop = TrainLoop(info=info, optimizer=optimizer, scheduler=scheduler, clip_module=model,
+                     grad_clip=cfg.optim.grad_clip, loss_terms=loss_terms, checkpoint=checkpoint,
+                     report=lambda row: log.line("train", f"step {row['step']}/{cfg.max_steps}", row, row["step"]),
+                     max_steps=cfg.max_steps, log_every=cfg.log_every, val_every=cfg.val_every,
+                     items_per_step=cfg.batch_size * info.world_size, rate_name="samples_per_s",
+                     checkpoint_every_s=cfg.checkpoint_every_s, desc=f"train {cfg.model_name}",
+                     after_step=after_step, validate=validate_main)
+    try:
+        history = loop.run(start)
+        if start >= cfg.max_steps:
+            loop.save(start)
+    finally:
+        feed.close()
+        log.close()
     return {"history": history, "val": val_history, "checkpoint": str(out / "last.pt"), "model": model,
             "target": target, "binner": binner, "parameters": counts, "instruction_inputs": table}
 
 
 @torch.no_grad()
-def validate(model: nn.Module, target: nn.Module | None, source: ImageWindowSource, binner: ActionBinner,
-             cfg: VLATrainConfig, prepare) -> dict[str, float]:
-    """Mean loss terms and greedy-vs-dataset bin agreement over a few batches (no augmentation)."""
+def validate(model: nn.Module, target: nn.Module | None, batches: Iterable[Mapping[str, torch.Tensor]],
+             binner: ActionBinner, cfg: VLATrainConfig, prepare) -> dict[str, float]:
+    """Mean loss terms (``ce`` and teacher-forced ``bin_accuracy`` for imitation, the Q terms for GeRM)
+    and greedy-vs-dataset bin agreement over the validation batches (no augmentation)."""
     was = model.training
     model.eval()
     sums: dict[str, float] = {}
-    for _ in range(cfg.val_batches):
-        batch, frames, instruction = prepare(source.sample(cfg.batch_size), augment=False)
+    n = 0
+    for raw in batches:
+        batch, frames, instruction = prepare(raw, augment=False)
         terms = losses(model, target, batch, frames, instruction, binner, cfg)
         t = model.cfg.history
         greedy = act_bins(model, frames[:, :t], batch["frame_mask"][:, :t].bool(), instruction)
         terms["greedy_agreement"] = (greedy == binner.encode(batch["action"])).float().mean()
         for k, v in terms.items():
-            sums[k] = sums.get(k, 0.0) + float(v) / cfg.val_batches
+            sums[k] = sums.get(k, 0.0) + float(v)
+        n += 1
     model.train(was)
-    return sums
+    return {k: v / max(n, 1) for k, v in sums.items()}
 
 
 # --- CLI -------------------------------------------------------------------------------------------
@@ -367,12 +476,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         raise ValueError("--store STORE is required for VLA training")
     if not getattr(args, "out", None):
         raise ValueError("--out DIR is required for VLA training")
-    history = int(cfg.model.get("history", 6))
-    source = open_image_source(args.store, history, seed=cfg.seed, split="train",
-                               success_ratio=cfg.success_ratio, success_only=cfg.success_only,
-                               cache_chunks=cfg.cache_chunks)
-    summary = train(cfg, source, args.out, device=getattr(args, "device", "cpu"),
+    summary = train(cfg, args.store, args.out, device=getattr(args, "device", "cpu"),
                     resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.store).resolve())})
     p = summary["parameters"]
-    print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {p['active']:,} / total {p['total']:,} parameters)")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {p['active']:,} / total {p['total']:,} parameters)")
     return 0

@@ -22,16 +22,19 @@ below generates the same batches for tests and the benchmark.
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Iterator, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
-from quadforge.data.image_sampler import ImageWindowSampler
+from quadforge.data.image_sampler import ImageWindowSampler, prefetch
 from quadforge.data.store import TrajectoryStore
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES
+from quadforge.seeding import numpy_rng
 
+SAMPLING_MODES = ("auto", "stream", "uniform")
 BATCH_KEYS = ("frames", "frame_mask", "instruction", "action", "reward", "discount", "mc_return", "success",
               "done", "last")
 
@@ -95,8 +98,50 @@ class StoreImageSource:
         self.image_size = (self.settings["camera"]["height"], self.settings["camera"]["width"])
         self._frames = np.asarray(store.frame_counts(camera), dtype=np.int64)     # (E,) frames per episode
 
+    @property
+    def num_episodes(self) -> int:
+        return int(self.sampler.num_episodes)
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.sampler.num_windows)
+
+    @property
+    def fits_in_cache(self) -> bool:
+        """Every chunk of the camera's frames fits in the sampler's cache at once."""
+        cache = self.sampler.caches[self.camera]
+        return -(-cache.length // cache.chunk) <= cache.capacity
+
     def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
+        """Uniformly random windows (the success ratio when set) from the sampler's own random stream."""
         return self.convert(self.sampler.sample(int(batch_size)))
+
+    def batches(self, batch_size: int, start_step: int = 0, mode: str = "stream",
+                prefetch_depth: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+        """Endless training batches from ``start_step`` on, their random stream restarted from (seed, rank,
+        ``start_step``): a run resumed at a step draws what an uninterrupted run that restarted there drew.
+        ``mode`` "stream": the sampler's chunk-aware ``stream()`` (a resident set of chunks per pool,
+        one swapped per batch; decodes a few chunks per batch); "uniform": i.i.d. windows, each may need
+        its own chunk; "auto": uniform when the store's chunks all fit in the cache (i.i.d. at the same
+        cost), else the stream. All keep the success:failure ratio and the success-only filter. With
+        ``prefetch_depth`` the next batches are built on a thread. Close the iterator to stop it."""
+        if mode not in SAMPLING_MODES:
+            raise ValueError(f"sampling {mode!r} unknown; allowed: {SAMPLING_MODES}")
+        if mode == "auto":
+            mode = "uniform" if self.fits_in_cache else "stream"
+        s, b = self.sampler, int(batch_size)
+        # the sampler draws (and stream() refreshes its chunks) from s._rng: a stream of its own per segment
+        s._rng = numpy_rng(s.seed, f"vla/batches/rank{s.rank}/step{int(start_step)}")
+        raw = s.stream(b) if mode == "stream" else (s.sample(b) for _ in itertools.count())
+        return _Converted(prefetch(raw, prefetch_depth) if prefetch_depth else raw, self.convert)
+
+    def fixed_batches(self, count: int, batch_size: int, seed: int) -> Callable[[], Iterator[dict[str, torch.Tensor]]]:
+        """``count`` batches of windows chosen once (seeded), rebuilt from the store on each call: the same
+        validation windows at every validation step, only their indices held in RAM."""
+        rng = numpy_rng(seed, "vla/validation")
+        size = min(int(batch_size), self.num_windows)
+        picks = [rng.integers(0, self.num_windows, size=size) for _ in range(int(count))]
+        return lambda: (self.convert(self.sampler.batch_at(w)) for w in picks)
 
     def convert(self, b: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cam = self.camera
@@ -117,11 +162,33 @@ class StoreImageSource:
                 "success": success, "done": b["done"].bool(), "last": b["last"].bool()}
 
 
+class _Converted:
+    """An iterator of sampler batches as this module's batches; ``close()`` also stops a prefetch thread."""
+
+    def __init__(self, raw: Iterator[dict[str, torch.Tensor]], convert: Callable):
+        self.raw, self.convert = raw, convert
+
+    def __iter__(self) -> "_Converted":
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        return self.convert(next(self.raw))
+
+    def close(self) -> None:
+        close = getattr(self.raw, "close", None)
+        if close is not None:
+            close()
+
+
 def open_image_source(path: str | Path, history: int, seed: int = 0, split: str = "all",
                       success_ratio: float | None = None, success_only: bool = False,
-                      camera: str = "images/front_rgb", cache_chunks: int = 32) -> ImageWindowSource:
+                      camera: str = "images/front_rgb", val_fraction: float = 0.1, rank: int = 0,
+                      world_size: int = 1, cache_chunks: int = 32) -> StoreImageSource:
     """Image windows from a trajectory store holding ``camera`` (``data.image_sampler``): ``history``
-    frames + the next one, the ``hl_commands`` at each frame's step, the success/failure mix."""
+    frames + the next one, the ``hl_commands`` at each frame's step, the success/failure mix. ``split``
+    "train" / "val" holds ``val_fraction`` of the episodes out by the seeded episode permutation every
+    trainer uses (``data.episodes.split_episodes``: the same ``seed`` gives the same held-out episodes);
+    ``rank`` / ``world_size`` take a strided shard of the windows (DDP)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"--store {path}: no trajectory store there")
@@ -130,9 +197,9 @@ def open_image_source(path: str | Path, history: int, seed: int = 0, split: str 
         raise ValueError(f"--store {path}: no {camera!r} frames (image features: {list(store.image_features)}); "
                          f"collect with a camera task (quadforge collect --task quard:...)")
     sampler = ImageWindowSampler(store, cameras=[camera], history=history, next_frame=True,
-                                 action_feature="hl_commands", split=split, seed=seed,
+                                 action_feature="hl_commands", split=split, val_fraction=val_fraction, seed=seed,
                                  success_ratio=success_ratio, filters={"success_only": True} if success_only else None,
-                                 cache_chunks=cache_chunks)
+                                 rank=rank, world_size=world_size, cache_chunks=cache_chunks)
     return StoreImageSource(sampler, store, camera)
 
 

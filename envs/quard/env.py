@@ -32,7 +32,7 @@ from quadforge.envs.backends import make_backend
 from quadforge.envs.commands import yaw_from_quat
 from quadforge.envs.config import CommandsConfig, EnvConfig, InitConfig, RandomizationConfig
 from quadforge.envs.quard.camera import CameraConfig
-from quadforge.envs.quard.families import EpisodeScene, sample_episode
+from quadforge.envs.quard.families import EpisodeScene, sample_episode, swap_instruction
 from quadforge.envs.quard.instructions import (GAIT_WORDS, HELD_OUT_COLOURS, SPEEDS, TRAIN_COLOURS,
                                                instruction_table, task_families)
 from quadforge.envs.quard.objects import NEUTRAL, PARK, RGB, ObjectLibrary
@@ -68,6 +68,9 @@ class QuardConfig:
     images: bool = True
     camera: CameraConfig = field(default_factory=CameraConfig)
     image_every: int = 10             # control steps between frames: 5 Hz at the 50 Hz control rate
+    # every scene as drawn, its instruction naming the other object (families.swap_instruction): the
+    # instruction-following measurement (`quadforge eval --instructions swapped`)
+    swap_instruction: bool = False
 
     @classmethod
     def make(cls, task: str = "quard:all", robot: str = "go1", num_envs: int = 16, seed: int = 0,
@@ -125,11 +128,12 @@ class QuardScenes:
         self.speed = np.zeros(n, dtype=np.int64)
         self.gait = np.zeros(n, dtype=np.int64)
         self.instruction = np.zeros(n, dtype=np.int64)
-        self.target, self.target_vel, self.distractor = f2(), f2(), f2()
+        self.target, self.target_vel, self.distractor, self.distractor_vel = f2(), f2(), f2(), f2()
         self.obstacle, self.tunnel_named, self.tunnel_other = f2(), f2(), f2()
         self.has_obstacle = np.zeros(n, dtype=bool)
         self.has_tunnels = np.zeros(n, dtype=bool)
         self.moving = np.full(n, -1, dtype=np.int64)        # mocap index of the rolling ball
+        self.rolls_target = np.ones(n, dtype=bool)          # it is the target (a swapped stop: the distractor)
         self.through = np.zeros((n, 2), dtype=bool)         # named, other
         self.path_length = np.zeros(n)
         self.last_xy = f2()
@@ -155,6 +159,8 @@ class QuardScenes:
             rng = numpy_rng(self.seed, f"quard/env{i}/episode{k}")
             family = self.families[int(rng.integers(len(self.families)))]
             scene: EpisodeScene = sample_episode(family, rng, self.colours)
+            if self.qcfg.swap_instruction:
+                scene = swap_instruction(scene)
             scene.params.update(seed=int(self.seed), env_id=i, episode=k, colour_set=self.qcfg.colours)
             self.params[i] = scene.params
             self.origin[i] = [spawn[row, 0], spawn[row, 1], ground_z[row]]
@@ -175,7 +181,8 @@ class QuardScenes:
             self.gait[i] = GAIT_WORDS.index(scene.params["gait"])
             self.instruction[i] = self._table_index[scene.params["instruction"]]
             self.target[i], self.distractor[i] = scene.target, scene.distractor
-            self.target_vel[i] = scene.target_vel
+            self.target_vel[i], self.distractor_vel[i] = scene.target_vel, scene.distractor_vel
+            self.rolls_target[i] = any(scene.target_vel)
             self.has_obstacle[i] = scene.obstacle is not None
             self.obstacle[i] = scene.obstacle if scene.obstacle is not None else (0.0, 0.0)
             self.has_tunnels[i] = scene.tunnel_named is not None
@@ -193,11 +200,14 @@ class QuardScenes:
         ids = np.flatnonzero(self.moving >= 0)
         if len(ids):
             self.target[ids] += self.target_vel[ids] * self.dt
-            self.mocap_pos[ids, self.moving[ids], :2] = self.origin[ids, :2] + self.target[ids]
+            self.distractor[ids] += self.distractor_vel[ids] * self.dt
+            on_target = self.rolls_target[ids, None]
+            ball_xy = np.where(on_target, self.target[ids], self.distractor[ids])
+            ball_vel = np.where(on_target, self.target_vel[ids], self.distractor_vel[ids])
+            self.mocap_pos[ids, self.moving[ids], :2] = self.origin[ids, :2] + ball_xy
             # the ball turns as it rolls without slipping (seen as its shading moves): about the axis
             # z x v, by |v| dt / r, accumulated into its orientation
-            for i in ids:
-                v = self.target_vel[i]
+            for i, v in zip(ids, ball_vel):
                 speed = float(np.hypot(*v))
                 if speed > 0:
                     axis = np.array([-v[1], v[0], 0.0]) / speed
@@ -367,6 +377,13 @@ class QuardEnv(LeggedEnv):
         if self.camera is not None and len(env_ids):
             self.camera.render(env_ids, self.images, self.depth)
 
+    def reset(self):
+        # a full reset (the rollout's start) draws a new scene in every env: show it, or the first frame
+        # of every env's first episode is the scene drawn at construction (``step`` renders the envs it resets)
+        out = super().reset()
+        self.render(np.arange(self.num_envs))
+        return out
+
     @property
     def terms(self) -> dict[str, torch.Tensor]:
         out = dict(super().terms)
@@ -381,6 +398,12 @@ class QuardEnv(LeggedEnv):
     def frame_stride(self) -> int:
         """Control steps between camera frames (the rollout records images at this rate)."""
         return self.qcfg.image_every
+
+    def policy_context(self) -> dict[str, Any]:
+        """What a policy reading this env's frames and instructions checks and uses (``policy_for_env``)."""
+        c = self.qcfg.camera
+        return {"task": self.qcfg.task, "instructions": list(self.instruction_table),
+                "camera": {"name": "front", "height": c.height, "width": c.width, "image_every": self.qcfg.image_every}}
 
     def task_params(self, env_id: int) -> dict[str, Any]:
         """The task of env ``env_id``'s current episode (the rollout reads it when the episode starts)."""

@@ -9,6 +9,13 @@ behind each tunnel.
 ``sample_episode(family, rng, colours)`` returns an ``EpisodeScene``: the JSON-able task parameters
 (carried with the episode into the store) and the placements the env applies. The same generator state
 gives the same scene (``tools.seeding.numpy_rng(seed, name)`` per env and episode).
+
+``swap_instruction(scene)`` is the same scene (kinds, colours, slots, obstacle, ball speed: every
+placement) with the instruction naming the other object - go_to / go_avoid the distractor object, stop
+the other ball, distinguish the other letter box, go_through the other tunnel - and the target and
+distractor exchanged, so the rules judge the object the new instruction names (the instruction-following
+measurement of issue 15). In a swapped stop scene the named ball stands still and the other one rolls;
+in a swapped go_avoid scene the obstacle stands on the line to the other object.
 """
 from __future__ import annotations
 
@@ -45,6 +52,7 @@ class EpisodeScene:
     target: tuple[float, float]               # the point to reach / face
     distractor: tuple[float, float]
     target_vel: tuple[float, float] = (0.0, 0.0)
+    distractor_vel: tuple[float, float] = (0.0, 0.0)   # the rolling ball of a swapped stop scene
     obstacle: tuple[float, float] | None = None
     tunnel_named: tuple[float, float] | None = None   # centre of the named tunnel
     tunnel_other: tuple[float, float] | None = None
@@ -132,3 +140,31 @@ def sample_episode(family: str, rng: np.random.Generator, colours: tuple[str, ..
         scene = EpisodeScene(p, placements, goal, d_goal, tunnel_named=(tx, ty), tunnel_other=(dx, dy))
     p["instruction"] = instruction(family, speed, gait, **words)
     return scene
+
+
+# the template's words of each family -> the key of the target / distractor dict that holds them
+_WORD_KEYS = {"go_to": {"colour": "colour", "object": "object"}, "go_avoid": {"object": "object"},
+              "stop": {"colour": "ball"}, "distinguish": {"letter": "letter"},
+              "go_through": {"colour": "colour", "shape": "tunnel"}}
+
+
+def swap_instruction(scene: EpisodeScene) -> EpisodeScene:
+    """The same placements with the instruction naming the other object (module doc); the returned
+    scene's params keep the original instruction under ``original_instruction``."""
+    p = dict(scene.params)
+    family = p["family"]
+    if p.get("instruction_swapped"):
+        raise ValueError(f"scene of {family} is already swapped (instruction {p['instruction']!r})")
+    named, other = p["distractor"], p["target"]
+    words = {slot: named[key] for slot, key in _WORD_KEYS[family].items()}
+    p.update(target=named, distractor=other, target_slot=p["distractor_slot"], distractor_slot=p["target_slot"],
+             original_instruction=p["instruction"], instruction=instruction(family, p["speed"], p["gait"], **words),
+             instruction_swapped=True)
+    if family == "go_through":
+        p["goal"] = list(scene.distractor)
+    if family == "stop":
+        p["rolling_ball"] = "distractor"
+    return EpisodeScene(p, list(scene.placements), target=scene.distractor, distractor=scene.target,
+                        target_vel=scene.distractor_vel, distractor_vel=scene.target_vel, obstacle=scene.obstacle,
+                        tunnel_named=scene.tunnel_other, tunnel_other=scene.tunnel_named, moving=scene.moving,
+                        extra=dict(scene.extra))

@@ -14,7 +14,9 @@ go_through). Ours adds what the public code leaves out:
   footprint at some step) before reaching the goal point;
 - stop counts only while the ball is still at least ``STOP_MEET_X`` = 1 m ahead of the spawn (the
   robot went to meet it); a ball that rolls past that line un-met is ``missed``. Without this a robot
-  standing still succeeds, since the ball rolls by at |y| ~ 0.75 m < 1 m.
+  standing still succeeds, since the ball rolls by at |y| ~ 0.75 m < 1 m. The other ball likewise
+  counts as met only while it is ahead of that line (it stands at x ~ 3 m, except in a swapped-instruction
+  scene, where it is the one rolling past: ``families.swap_instruction``).
 
 Physics failures (fall, base collision, non-finite) come from the env's terminations and rank first.
 """
@@ -92,6 +94,7 @@ def judge(s: RuleState) -> np.ndarray:
     stop = fam == _STOP
     ahead = s.target_xy[:, 0] >= STOP_MEET_X
     reach = np.where(stop, reach & ahead, reach)
+    reach_other = np.where(stop, reach_other & (s.distractor_xy[:, 0] >= STOP_MEET_X), reach_other)
     missed = stop & ~ahead & ~reach
 
     both = reach & reach_other

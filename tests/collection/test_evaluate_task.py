@@ -23,3 +23,40 @@ def test_eval_quard_reports_per_family_and_colour_set_with_a_frame_strip(tmp_pat
 def test_eval_quard_refuses_an_unknown_colour_set(tmp_path, capsys):
     assert main(["eval", "--task", "quard:go_to", "--colours", "neon", "--out", str(tmp_path / "e")]) == 2
     assert "neon" in capsys.readouterr().err
+
+
+def test_eval_quard_swapped_instructions_measures_instruction_following(tmp_path):
+    out = tmp_path / "eval"
+    assert main(["eval", "--task", "quard:distinguish", "--policy", "quard_expert", "--colours", "train",
+                 "--instructions", "original,swapped", "--episodes-per-cell", "1", "--num-envs", "1",
+                 "--out", str(out)]) == 0
+    result = json.loads((out / "eval.json").read_text())
+    original, swapped = result["families"]["train"]["distinguish"], result["swapped"]["train"]["distinguish"]
+    assert swapped["episodes"] == 1 and swapped["follows"] == swapped["success"]
+    assert swapped["to_original"] == swapped["outcomes"].get("wrong_target", 0)
+    assert "follows" not in original and result["overall"]["episodes"] == 1
+    follow = result["instruction_following"]
+    assert follow["episodes"] == 1 and follow["follows"] == swapped["follows"]
+    assert follow["follows"] == 1.0          # the privileged expert reads the swapped target
+    assert swapped["named_share"] == follow["named_share"] == 1.0
+    report = (out / "report.md").read_text()
+    assert "| swapped | train | distinguish | 1 |" in report and "instruction following" in report
+    assert (out / "frames_distinguish_train_swapped.png").stat().st_size > 0
+
+
+def test_eval_refuses_bad_instruction_sets(tmp_path, capsys):
+    assert main(["eval", "--task", "quard:go_to", "--instructions", "reversed", "--out", str(tmp_path / "e")]) == 2
+    assert "reversed" in capsys.readouterr().err
+    assert main(["eval", "--instructions", "swapped", "--out", str(tmp_path / "f")]) == 2
+    assert "quard" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_privileged_expert_follows_swapped_instructions_in_every_family(tmp_path):
+    from quadforge.collection.evaluate_task import TaskEvalConfig, evaluate_task
+    result = evaluate_task(TaskEvalConfig(task="quard:all", colours=("train",), instructions=("swapped",), episodes=2,
+                                          num_envs=2, frames=False, out=str(tmp_path)), log=lambda _: None)
+    assert result["overall"]["episodes"] == 0 and result["instruction_following"]["episodes"] == 10
+    for family, row in result["swapped"]["train"].items():
+        assert row["follows"] >= 0.5 and row["to_original"] == 0.0, (family, row["outcomes"])
+    assert result["instruction_following"]["follows"] >= 0.9

@@ -76,6 +76,39 @@ def test_held_out_colours_stay_held_out():
         assert p["target"]["colour"] in ins.HELD_OUT_COLOURS and p["distractor"]["colour"] in ins.HELD_OUT_COLOURS
 
 
+def test_swapped_instruction_names_the_other_object_of_the_same_scene():
+    from quadforge.envs.quard.families import swap_instruction
+    for family in ins.FAMILIES:
+        for k in range(10):
+            scene = sample_episode(family, numpy_rng(k, family), ins.TRAIN_COLOURS)
+            before = sample_episode(family, numpy_rng(k, family), ins.TRAIN_COLOURS)
+            sw = swap_instruction(scene)
+            assert scene.params == before.params                                # the original is left as it was
+            assert sw.placements == scene.placements and sw.obstacle == scene.obstacle and sw.moving == scene.moving
+            p, q = scene.params, sw.params
+            assert q["instruction_swapped"] and q["original_instruction"] == p["instruction"] != q["instruction"]
+            assert (q["target"], q["distractor"]) == (p["distractor"], p["target"])
+            assert (q["target_slot"], q["distractor_slot"]) == (p["distractor_slot"], p["target_slot"])
+            assert (sw.target, sw.distractor) == (scene.distractor, scene.target)
+            assert (q["speed"], q["gait"]) == (p["speed"], p["gait"])
+            parsed = ins.parse_instruction(q["instruction"])
+            t = q["target"]
+            named = {"go_to": lambda: (parsed["colour"], parsed["object"]) == (t["colour"], t["object"]),
+                     "go_avoid": lambda: parsed["object"] == t["object"],
+                     "stop": lambda: parsed["colour"] == t["ball"],
+                     "distinguish": lambda: parsed["letter"] == t["letter"],
+                     "go_through": lambda: (parsed["colour"], parsed["shape"]) == (t["colour"], t["tunnel"])}
+            assert parsed["family"] == family and named[family](), q["instruction"]
+            if family == "stop":   # the same ball rolls at the same speed: now it is the distractor
+                assert sw.target_vel == (0.0, 0.0) and sw.distractor_vel == scene.target_vel != (0.0, 0.0)
+                assert q["ball_speed"] == p["ball_speed"]
+            if family == "go_through":
+                assert (sw.tunnel_named, sw.tunnel_other) == (scene.tunnel_other, scene.tunnel_named)
+                assert q["goal"] == list(scene.distractor)
+            with pytest.raises(ValueError, match="already swapped"):
+                swap_instruction(sw)
+
+
 # ---------------------------------------------------------------- rules on hand-placed states
 def _state(family, base=(0.0, 0.0), yaw=0.0, target=(3.0, 0.75), distractor=(3.0, -0.75), through=(False, False),
            contact=False, t=1.0):
@@ -106,6 +139,9 @@ def test_stop_rules():
     assert _outcome(family="stop", base=(1.6, 0.5), target=(2.3, 0.75)) == "success"
     assert _outcome(family="stop", base=(0.0, 0.0), target=(0.9, 0.75)) == "missed"   # rolled past, never met
     assert _outcome(family="stop", base=(2.3, -0.6), target=(2.5, 0.75)) == "wrong_target"
+    # a swapped scene: the named ball stands, the other rolls; it counts only while ahead of the 1 m line
+    assert _outcome(family="stop", base=(1.2, -0.2), target=(3.0, -0.75), distractor=(1.5, 0.7)) == "wrong_target"
+    assert _outcome(family="stop", base=(0.3, -0.2), target=(3.0, -0.75), distractor=(0.6, 0.7)) == "running"
 
 
 def test_distinguish_rules():
@@ -145,6 +181,36 @@ def test_env_scenes_are_deterministic_and_differ_between_envs(go_to_env):
         assert len({p["target_slot"][1] for p in go_to_env.scenes.params}) == 3
     finally:
         other.close()
+
+
+@pytest.mark.parametrize("family", ["go_to", "stop", "go_through"])
+def test_swapped_env_keeps_each_seeds_scene_and_judges_the_other_object(family):
+    from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    envs = [QuardEnv(QuardConfig.make(f"quard:{family}", num_envs=2, seed=7, images=False, swap_instruction=swap))
+            for swap in (False, True)]
+    try:
+        a, b = (e.scenes for e in envs)
+        np.testing.assert_array_equal(a.mocap_pos, b.mocap_pos)          # same object poses
+        np.testing.assert_array_equal(a.mocap_quat, b.mocap_quat)
+        np.testing.assert_array_equal(a.rgba, b.rgba)                    # same colours
+        np.testing.assert_array_equal(a.target, b.distractor)
+        np.testing.assert_array_equal(a.distractor, b.target)
+        for i in range(2):
+            assert b.params[i]["original_instruction"] == a.params[i]["instruction"] != b.params[i]["instruction"]
+            assert envs[1].instruction_table[int(envs[1].terms["instruction"][i])] == b.params[i]["instruction"]
+        terms = [e.terms for e in envs]
+        np.testing.assert_allclose(terms[1]["task_target_pos"].numpy(), terms[0]["task_distractor_pos"].numpy())
+        for _ in range(5):
+            for e in envs:
+                e.step(torch.zeros(2, 12))
+        np.testing.assert_allclose(a.mocap_pos, b.mocap_pos)              # the ball rolls alike in both
+        np.testing.assert_allclose(a.target, b.distractor)
+        if family == "stop":
+            assert (b.distractor[:, 0] < np.array([p["distractor_slot"][0] for p in b.params])).all()
+            assert np.allclose(b.target, [p["target_slot"] for p in b.params])
+    finally:
+        for e in envs:
+            e.close()
 
 
 def test_task_terms_and_instruction(go_to_env):
@@ -268,6 +334,20 @@ def test_builder_makes_a_rendering_quard_env_with_the_target_in_view():
         np.testing.assert_array_equal(env.images, before)
         env.step(torch.zeros(2, 12))
         assert (env.images != before).any()
+    finally:
+        env.close()
+
+
+def test_a_full_reset_renders_the_new_scenes():
+    from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    env = _with_gl(lambda: QuardEnv(QuardConfig.make("quard:go_to", num_envs=2, seed=3)))
+    try:
+        before = env.images.copy()
+        env.reset()                                    # what a rollout does first: new scenes in every env
+        after = env.images.copy()
+        assert not np.array_equal(before, after)
+        env.render(np.arange(2))                       # the frame shows the current scene, not the first one
+        np.testing.assert_array_equal(after, env.images)
     finally:
         env.close()
 

@@ -17,6 +17,7 @@ BENCHMARKS = {
     "scale": "quadforge.tools.bench.scale",
     "quard": "quadforge.tools.bench.quard",
     "vla": "quadforge.tools.bench.vla",
+    "vla_closed_loop": "quadforge.tools.bench.vla_closed_loop",
 }
 
 
@@ -28,20 +29,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "models: step latency and training throughput; germ: GeRM trainer; "
                              "scale: env steps/s vs worlds per backend (mujoco_cpu, mujoco_warp) + compile time; "
                              "quard: QUARD expert success, speeds, gaits and camera frames/s; "
-                             "vla: vision-language-action acting latency and training throughput")
+                             "vla: vision-language-action acting latency, training throughput and image-window sampling (uniform vs stream); "
+                             "vla_closed_loop: QUARD success per family of --policy checkpoints beside the "
+                             "privileged expert (seen / held-out colours, swapped instructions)")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
     add_json(parser, "the results")
+    # flags of the benchmarks that evaluate given policies (a module lists the ones it takes in OPTIONS)
+    parser.add_argument("--policy", action="append", default=None, metavar="PATH",
+                        help="vla_closed_loop: a policy checkpoint to evaluate (repeatable)")
+    parser.add_argument("--episodes", type=int, default=None,
+                        help="vla_closed_loop: episodes per family and evaluation (default 100; --quick 2)")
+    parser.add_argument("--num-envs", type=int, default=None,
+                        help="vla_closed_loop: envs stepped as one batch (default 16; --quick 2)")
+    parser.add_argument("--task", default=None, help="vla_closed_loop: quard:all (default) or quard:<family>")
 
 
 def run(args: argparse.Namespace) -> int:
     from quadforge.progress import progress_bar
     from quadforge.tools.bench import common
     module = importlib.import_module(BENCHMARKS[args.name])
+    options = {k: getattr(args, k) for k in ("policy", "episodes", "num_envs", "task") if getattr(args, k) is not None}
+    refused = sorted(set(options) - set(getattr(module, "OPTIONS", ())))
+    if refused:
+        flags = ", ".join("--" + k.replace("_", "-") for k in refused)
+        raise ValueError(f"bench {args.name} takes no {flags} (only vla_closed_loop evaluates given policies)")
     # a bar of measured rows and elapsed time (a benchmark does not know its row count in advance, so
     # there is no ETA); ticks land between measurements, never inside one
     common.PROGRESS = progress_bar(None, desc=f"bench {args.name}", unit="row")
     try:
-        return int(module.main(quick=args.quick, json_path=args.json) or 0)
+        return int(module.main(quick=args.quick, json_path=args.json, **options) or 0)
     finally:
         common.PROGRESS.close()
         common.PROGRESS = None

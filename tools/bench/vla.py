@@ -8,6 +8,12 @@ Tables:
 2. training throughput (samples/s) of one optimizer step - DrQ shift, forward, (for the Q objective the
    target network's pass over the 7 frames), backward, AdamW - on synthetic image windows
    (``training.vla_data.ColourChoiceTask`` rendered at 64²) at the preset's batch size.
+3. image-window sampling throughput (windows/s) of the trainer's store source
+   (``training.vla_data.open_image_source(...).batches``: 6 history frames + the next one, the commands,
+   the 75.69 % success mix, converted to the trainer's batch) on synthetic QUARD-like episodes staged and
+   compacted to a temporary store (``bench store_images``'s episodes: 64² RGB + depth every 10th step),
+   through a chunk cache smaller than the store: uniform i.i.d. draws vs the chunk-aware stream the
+   trainer uses by default, without the prefetch thread (the sampler's own rate).
 Candidates are timed round-robin so load drift on the shared machine hits them alike; medians; one
 torch thread.
 """
@@ -94,6 +100,55 @@ def throughput_table(steps: int) -> Table:
     return t
 
 
+def sampling_table(quick: bool) -> Table:
+    import shutil
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from quadforge.data.compaction import compact
+    from quadforge.data.store import TrajectoryStore
+    from quadforge.tools.bench.store_images import _stage
+    from quadforge.training.vla_data import open_image_source
+    episodes, length, rounds, per_round, batch = (12, 1000, 3, 2, 32) if quick else (60, 1000, 5, 4, 32)
+    tmp = Path(tempfile.mkdtemp(prefix="qf_bench_vla_"))
+    try:
+        root = tmp / "s"
+        _, frames, _, _ = _stage(root, episodes, length)
+        compact(root)
+        cam = "images/front_rgb"
+        chunk = TrajectoryStore.open(root).array(cam).chunks[0]
+        n_chunks = -(-frames // chunk)
+        cache = max(2, n_chunks // 6)
+        t = Table(f"VLA image-window sampling from the store (B={batch}, 6+1 frames of 64², {episodes} episodes = "
+                  f"{frames} frames in {n_chunks} chunks of {chunk}; cache {cache} chunks; no prefetch)",
+                  ["sampling", "windows per wall s", "windows per CPU s", "chunk misses per batch", "vs uniform"])
+        feeds, caches, spent = {}, {}, {}
+        for mode in ("uniform", "stream"):
+            src = open_image_source(root, 6, split="train", success_ratio=0.7569, cache_chunks=cache)
+            feeds[mode], caches[mode] = src.batches(batch, 0, mode), src.sampler.caches[cam]
+            next(feeds[mode])                                 # first batch: the resident set's first decodes
+            spent[mode] = [0.0, 0.0, 0, caches[mode].misses]
+        for _ in range(rounds):                               # round-robin: load drift hits both alike
+            for mode, feed in feeds.items():
+                w0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(per_round):
+                    next(feed)
+                spent[mode][0] += time.perf_counter() - w0
+                spent[mode][1] += time.process_time() - c0
+                spent[mode][2] += per_round
+        rate = {m: spent[m][2] * batch / spent[m][0] for m in feeds}
+        for mode in feeds:
+            wall, cpu, n, first = spent[mode]
+            t.add(mode, rate[mode], n * batch / max(cpu, 1e-9), (caches[mode].misses - first) / n,
+                  rate[mode] / rate["uniform"])
+        for feed in feeds.values():
+            feed.close()
+        return t
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(quick: bool = False, json_path: str | None = None, threads: int = 1) -> int:
     # one thread by default, like the other model benchmarks: on this shared 2-core machine two threads
     # per process oversubscribe the cores and turn every op into a wait (measured: ~10x slower acting
@@ -103,7 +158,8 @@ def main(quick: bool = False, json_path: str | None = None, threads: int = 1) ->
     try:
         lat = latency_table((1, 64), repeats=5 if quick else 20)
         thr = throughput_table(steps=3 if quick else 10)
-        report("vla", [lat, thr], json_path, {"quick": quick, "image_size": IMAGE_SIZE, "threads": threads})
+        smp = sampling_table(quick)
+        report("vla", [lat, thr, smp], json_path, {"quick": quick, "image_size": IMAGE_SIZE, "threads": threads})
     finally:
         torch.set_num_threads(before)
     return 0

@@ -1,0 +1,128 @@
+"""`quadforge bench vla_closed_loop --policy PATH [--policy PATH ...]`: closed-loop success of VLA policies
+beside the privileged expert, per QUARD family, on seen colours, held-out colours and swapped instructions.
+
+Every policy given, and the privileged expert (``quard_expert``, always the first column group), runs three
+evaluations of ``--task`` (default ``quard:all``, every family) through the QUARD evaluation
+(``collection.evaluate_task.evaluate_task``, the one closed-loop code path of ``quadforge eval --task``):
+
+- ``seen``: the training colours (blue, green, red, yellow), the instructions as drawn;
+- ``held_out``: gold, orange, pink, purple, the instructions as drawn;
+- ``swapped``: the training-colour scenes of ``seen`` (same env seeds: the same objects, colours, slots,
+  ball speeds) with the instruction naming the other object (``envs.quard.families.swap_instruction``).
+  Its success is the instruction-following rate: a policy that ignores the words and picks one of the two
+  objects at random follows ~50 %; one that keys on a visual cue (stop's rolling ball) ~0 %.
+
+Tables: success per family (rows) with, per policy, seen / held-out / follows; on swapped scenes the rate
+of going to the originally named object (the other half of "ignores language") and the named object's
+share of the episodes that reached either object (~0.5 when the words are ignored, however well or
+badly the policy walks); episodes per minute
+of each evaluation (env + policy + gait controller + camera at 5 Hz, ``--num-envs`` batched envs, one
+torch thread). ``--episodes`` is per family and evaluation (default 100; ``--quick``: 2 on 2 envs).
+The JSON (``--json``) also holds every evaluation's full per-family rows (outcomes, time to success, ...).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from quadforge.tools.bench.common import Table, report
+
+EXPERT = "quard_expert"
+# column name -> (colour set, instruction set) of TaskEvalConfig
+CONDITIONS = {"seen": ("train", "original"), "held_out": ("held_out", "original"), "swapped": ("train", "swapped")}
+OPTIONS = ("policy", "episodes", "num_envs", "task")   # the `quadforge bench` flags this benchmark takes
+
+
+def policy_label(spec: str) -> str:
+    """A short column label: ``expert`` for the privileged expert, else the checkpoint's name (its run
+    directory's name for ``.../last.pt``)."""
+    if spec == EXPERT:
+        return "expert"
+    path = Path(str(spec).split(":", 1)[-1] if str(spec).startswith("vla:") else spec)
+    return path.parent.name if path.stem == "last" and path.parent.name else path.stem or str(spec)
+
+
+def evaluate_policy(spec: str, task: str, episodes: int, num_envs: int, seed: int = 0,
+                    log=lambda _: None) -> dict[str, Any]:
+    """The three evaluations of one policy: {condition: evaluate_task's result}."""
+    from quadforge.collection.evaluate_task import TaskEvalConfig, evaluate_task
+    out = {}
+    for name, (colours, instructions) in CONDITIONS.items():
+        cfg = TaskEvalConfig(task=task, policy=spec, colours=(colours,), instructions=(instructions,),
+                             episodes=episodes, num_envs=num_envs, seed=seed, num_threads=1, frames=False)
+        out[name] = evaluate_task(cfg, log=log)
+    return out
+
+
+def _rows(result: dict[str, Any], condition: str) -> dict[str, dict[str, Any]]:
+    colours, instructions = CONDITIONS[condition]
+    return result["swapped" if instructions == "swapped" else "families"][colours]
+
+
+def tables(results: dict[str, dict[str, Any]], families: Sequence[str]) -> list[Table]:
+    """Success / follows per family, to-original per family, and episodes per minute per evaluation."""
+    labels = {spec: policy_label(spec) for spec in results}
+    cols = ["family"]
+    for spec in results:
+        cols += [f"{labels[spec]} seen", f"{labels[spec]} held-out", f"{labels[spec]} follows"]
+    n = next(iter(results.values()))["seen"]["overall"]["episodes"] // max(len(families), 1)
+    success = Table(f"QUARD closed-loop success per family ({n} episodes per cell; follows: success on swapped "
+                    f"instructions, ~0.5 for a policy that picks an object at random)", cols)
+    to_original = Table("swapped instructions: rate of going to the originally named object, and the named "
+                        "object's share of the episodes that reached either (~0.5: the words ignored)",
+                        ["family"] + [f"{labels[s]} {c}" for s in results for c in ("to original", "named share")])
+    for family in list(families) + ["all"]:
+        row, orig = [family], [family]
+        for spec, by_condition in results.items():
+            for condition, key in (("seen", "success"), ("held_out", "success"), ("swapped", "follows")):
+                res = by_condition[condition]
+                if family == "all":
+                    pooled = res["instruction_following"] if condition == "swapped" else res["overall"]
+                    row.append(pooled[key])
+                else:
+                    row.append(_rows(res, condition)[family][key])
+            swapped = by_condition["swapped"]
+            cell = swapped["instruction_following"] if family == "all" else _rows(swapped, "swapped")[family]
+            orig += [cell["to_original"], "-" if cell["named_share"] is None else cell["named_share"]]
+        success.add(*row)
+        to_original.add(*orig)
+    speed = Table(f"evaluation throughput ({torch.get_num_threads()} torch thread)",
+                  ["policy", "evaluation", "episodes", "wall s", "episodes/min"])
+    for spec, by_condition in results.items():
+        for condition, res in by_condition.items():
+            rows = _rows(res, condition).values()
+            episodes, wall = sum(r["episodes"] for r in rows), sum(r["wall_s"] for r in rows)
+            speed.add(labels[spec], condition, episodes, wall, 60.0 * episodes / wall if wall > 0 else float("nan"))
+    return [success, to_original, speed]
+
+
+def main(quick: bool = False, json_path: str | None = None, policy: Sequence[str] = (), episodes: int | None = None,
+         num_envs: int | None = None, task: str | None = None) -> int:
+    from quadforge.envs.quard.instructions import task_families
+    from quadforge.experts.registry import check_policy_spec
+    torch.set_num_threads(1)
+    task = task or "quard:all"
+    families = task_families(task)
+    episodes = int(episodes or (2 if quick else 100))
+    num_envs = int(num_envs or (2 if quick else 16))
+    if episodes < 1 or num_envs < 1:
+        raise ValueError(f"bench vla_closed_loop: --episodes {episodes} and --num-envs {num_envs} must be >= 1")
+    specs = [EXPERT] + [str(p) for p in policy if str(p) != EXPERT]
+    for spec in specs:
+        check_policy_spec(spec)
+        if spec != EXPERT and ":" not in spec and not Path(spec).exists():
+            raise FileNotFoundError(f"bench vla_closed_loop: --policy {spec}: no such checkpoint file or directory")
+    if len(specs) == 1:
+        print("bench vla_closed_loop: no --policy given; measuring the privileged expert alone")
+    results = {}
+    for spec in specs:
+        results[spec] = evaluate_policy(spec, task, episodes, num_envs, log=print)
+    policy_ids = {policy_label(s): r["seen"]["policy_id"] for s, r in results.items()}
+    detail = {s: {c: {k: r[k] for k in ("policy_id", "overall", "instruction_following", "families", "swapped",
+                                          "wall_s")} for c, r in by.items()} for s, by in results.items()}
+    report("vla_closed_loop", tables(results, families), json_path,
+           extra={"task": task, "episodes_per_cell": episodes, "num_envs": num_envs, "quick": quick,
+                  "policy_ids": policy_ids, "evaluations": detail})
+    return 0
