@@ -9,8 +9,10 @@ import pytest
 
 from quadforge.tools.cli import main as cli_main
 from quadforge.tools.quard_report import BEGIN, END, FAMILIES, TABLE3_ROWS, load_run, table3_section
-from quadforge.tools.reproduce_quard import (SCALES, QuardConfig, Step, build_plan, is_complete, missing_capabilities,
-                                             plan_markdown, resume_argv, run_quard, step_record_path)
+from quadforge.tools.reproduce_quard import (SCALES, QuardConfig, Step, build_plan, eval_results, is_complete,
+                                             missing_capabilities,
+                                             plan_markdown, resume_argv, run_quard, run_step,
+                                             step_record_path)
 from quadforge.tools.results_report import two_proportion_z, write_report
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "quard_auto.md"
@@ -48,11 +50,14 @@ def test_plan_trains_table3_rows_on_one_store_and_budget_and_chains_the_collecto
     for s in train0:   # the same data and budget, failures only in the (Y) rows
         a = s.argv
         assert a[a.index("--store") + 1] == f"{cfg.out}/data/round0"
-        assert a[a.index("--max-steps") + 1] == "1500" and a[a.index("--batch-size") + 1] == "16"
+        assert a[a.index("--max-steps") + 1] == "300" and a[a.index("--batch-size") + 1] == "16"
         assert ("--success-only" in a) == (not s.meta["failures"])
     evals = [s for s in steps if s.stage == "eval"]
-    assert {s.meta["family"] for s in evals} == set(FAMILIES)
-    assert len(evals) == 5 * len([s for s in steps if s.stage == "train"])
+    assert len(evals) == len([s for s in steps if s.stage == "train"])      # one eval per trained model
+    for e in evals:   # every family in one process, no more envs than the episodes kept per cell
+        a = e.argv
+        assert a[a.index("--task") + 1] == "quard:all" and a[a.index("--policy") + 1].endswith("/last.pt")
+        assert int(a[a.index("--num-envs") + 1]) <= int(a[a.index("--episodes-per-cell") + 1])
     auto1 = next(s for s in steps if s.id == "r1-auto")
     assert auto1.argv[auto1.argv.index("--policy") + 1] == f"{cfg.out}/train/germ_Y_r0_s0/last.pt"
     auto0 = next(s for s in steps if s.id == "r0-auto")
@@ -85,6 +90,24 @@ def test_missing_commands_fail_before_running_anything(tmp_path, capsys):
     assert not (tmp_path / "run" / "logs").exists() and not (tmp_path / "run" / "steps").exists()
 
 
+def test_eval_results_per_family_pool_the_colour_sets(tmp_path):
+    cfg = QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,))
+    ev = next(s for s in build_plan(cfg) if s.stage == "eval")
+    fams = {"train": {f: {"episodes": 4, "success": 0.25 * i} for i, f in enumerate(FAMILIES)},
+            "held_out": {f: {"episodes": 2, "success": 0.5} for f in FAMILIES}}
+    Path(ev.output).mkdir(parents=True)
+    (Path(ev.output) / "eval.json").write_text(json.dumps({"overall": {"success": 0.5, "episodes": 30},
+                                                           "families": fams}))
+    per = eval_results(cfg, ev, {"wall_s": 3.0, "command": "quadforge train x"}, {"wall_s": 7.0})
+    assert [(per[f]["successes"], per[f]["episodes"]) for f in FAMILIES] == [(1, 6), (2, 6), (3, 6), (4, 6), (5, 6)]
+    assert per["stop"]["model"] == ev.meta["model"] and per["stop"]["colour_sets"] == ["held_out", "train"]
+    assert per["stop"]["train_wall_s"] == 3.0 and per["stop"]["eval_wall_s"] == 7.0
+    del fams["train"]["stop"], fams["held_out"]["stop"]
+    (Path(ev.output) / "eval.json").write_text(json.dumps({"families": fams}))
+    with pytest.raises(ValueError, match="no results for family 'stop'"):
+        eval_results(cfg, ev, None, {"wall_s": 1.0})
+
+
 def test_finished_steps_are_recognised(tmp_path):
     cfg = QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,))
     train = next(s for s in build_plan(cfg) if s.stage == "train")
@@ -101,6 +124,63 @@ def test_finished_steps_are_recognised(tmp_path):
     assert not is_complete(cfg, demos)      # no store yet
 
 
+def _image_store(root: Path, episodes: int = 3) -> Path:
+    """A small store with camera frames, as a demonstration store looks (synthetic episodes)."""
+    import numpy as np
+
+    from quadforge.data.compaction import compact
+    from quadforge.data.synthetic import synthetic_image_episode, synthetic_info, synthetic_task_params
+    from quadforge.data.writer import StagingWriter
+    rng = np.random.default_rng(0)
+    w = StagingWriter(root, "expert")
+    for e in range(episodes):
+        f = synthetic_image_episode(rng, 12, True, stride=3, size=4, instruction_index=0)
+        w.write_episode(f, {**synthetic_info(e, True), "task_params": synthetic_task_params(e), "frame_stride": 3,
+                            "instruction": "go left", "instructions": {"0": "go left"}})
+    compact(root)
+    return root
+
+
+def test_plan_starts_from_an_existing_demo_store_and_pretrained_vla(tmp_path):
+    demos = _image_store(tmp_path / "demos", episodes=3)
+    cfg = QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,), rounds=2, demos=str(demos),
+                      pretrained=str(tmp_path / "vla.pt"))
+    steps = build_plan(cfg)
+    assert [s.id for s in steps[:2]] == ["r0-demos", "r0-auto"]     # neither collected nor pre-trained here
+    copy, auto = steps[0], steps[1]
+    assert copy.program == "copy" and copy.argv == [str(demos), f"{cfg.out}/data/round0"] and not copy.needs
+    assert copy.command == f"cp -r {demos} {cfg.out}/data/round0"
+    a = auto.argv
+    assert a[a.index("--policy") + 1] == cfg.pretrained
+    assert a[a.index("--episodes") + 1] == str(3 + cfg.sizes.auto_episodes)    # a total: the 3 copied + the round's
+    assert all(s.argv[s.argv.index("--store") + 1] == f"{cfg.out}/data/round0"
+               for s in steps if s.stage == "train" and s.meta["round"] == 0)
+    # without the flags the demonstrations are collected once and copied into every round's store
+    plain = build_plan(QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,), rounds=2))
+    assert [s.id for s in plain[:3]] == ["demos", "pretrain", "r0-demos"]
+    assert plain[2].argv == [f"{cfg.out}/data/demos", f"{cfg.out}/data/round0"]
+    # the copy step: a store with the demonstrations, complete once copied, kept when it holds episodes
+    assert not is_complete(cfg, copy)
+    rec = run_step(cfg, copy, log=lambda s: None)
+    assert is_complete(cfg, copy) and rec["collection"]["episodes"] == 3
+    from quadforge.data.store import TrajectoryStore
+    assert len(TrajectoryStore.open(copy.output).episode_ids) == 3 and not Path(copy.output + ".copying").exists()
+
+
+def test_demos_and_pretrained_flags_are_checked(tmp_path, capsys):
+    with pytest.raises(ValueError, match="--demos .*no trajectory store"):
+        QuardConfig(demos=str(tmp_path / "nothing")).validate()
+    with pytest.raises(FileNotFoundError, match="--pretrained .*no checkpoint"):
+        QuardConfig(pretrained=str(tmp_path / "none.pt")).validate()
+    ppo = Path(__file__).resolve().parents[1] / "experts" / "checkpoints" / "go1_flat_forward_ppo.pt"
+    with pytest.raises(ValueError, match="--pretrained .*not a quadforge policy checkpoint"):
+        QuardConfig(pretrained=str(ppo)).validate()
+    assert cli_main(["reproduce", "--stages", "quard", "--demos", str(tmp_path / "nothing"), "--out",
+                     str(tmp_path / "run")]) == 2
+    assert "--demos" in capsys.readouterr().err
+    assert cli_main(["reproduce", "--stages", "germ", "--pretrained", str(ppo)]) == 2
+
+
 # --- the report from stored files ---------------------------------------------------------------------------
 # success counts per (model, failures) for seeds 0, 1, 2 (the same in every family), 10 episodes each
 COUNTS = {("rt1", False): (2, 3, 4), ("germ-il", False): (3, 3, 3), ("germ-dense", False): (4, 5, 6),
@@ -115,7 +195,13 @@ def _write_run(out: Path) -> None:
                            "scale": {"name": "tiny", "note": "plumbing only", "demo_episodes": 8, "auto_episodes": 8,
                                      "train_steps": 4, "batch_size": 4, "preset": "cpu", "eval_episodes": 10},
                            "commands": ["quadforge reproduce --stages quard --scale tiny --rounds 2"],
-                           "started_utc": "2026-11-24 01:00:00", "finished_utc": "2026-11-24 02:00:00"})
+                           "started_utc": "2026-11-24 01:00:00", "finished_utc": "2026-11-24 02:00:00",
+                           "preset_parameters": {
+                               "cpu": {"image_size": [64, 64], "instructions": 1008, "models": {
+                                   "rt1": {"total": 1_000_000, "active": 1_000_000},
+                                   "germ": {"total": 3_400_000, "active": 1_800_000}}},
+                               "paper": {"image_size": [300, 300], "instructions": 1008, "models": {
+                                   "germ": {"total": 49_840_000, "active": 24_620_000}}}}})
     put(out / "steps" / "r0-auto.json", {"id": "r0-auto", "stage": "auto", "command": "quadforge collect X",
                                          "meta": {"policy": "pre/last.pt"}, "started_utc": "2026-11-24 01:00:01",
                                          "wall_s": 60.0, "collection": {"collector": "auto0", "episodes": 8,
@@ -163,6 +249,10 @@ def test_report_is_rebuilt_from_stored_results_alone(tmp_path):
     z, p = two_proportion_z(150, 150, 120, 150)
     assert f"z = {z:.2f}, p = {p:.3g}: rises" in text and "| 0 | 3/8 |" in text
     assert "go_stop" not in text and "go_to: 1/4, stop: 2/4" in text and "quadforge train --model germ" in text
+    # GeRM's active of total parameters at the shipped (cpu) and paper presets, next to seed 003's
+    assert "| GeRM | 1.80 M of 3.40 M (53 %) | 24.62 M of 49.84 M (49 %) |" in text
+    assert "| RT-1-style | 1.00 M of 1.00 M (100 %) | - |" in text
+    assert "| GeRM, seed 003 | - | 39.31 M of 83.48 M (47 %) |" in text
     # rebuilt identically, and kept when the first reproduction's report is rewritten
     assert cli_main(["reproduce", "--stages", "quard", "--report-only", "--out", str(out), "--docs", str(docs)]) == 0
     assert docs.read_text() == text
@@ -201,3 +291,48 @@ def test_quard_loop_end_to_end_at_toy_size(tmp_path):
     run_quard(cfg, log=lambda s: None)
     assert sorted(p.stat().st_mtime_ns for p in (tmp_path / "run" / "steps").glob("*.json")) == before
     assert isinstance(build_plan(cfg)[0], Step)
+
+
+@pytest.mark.slow
+def test_loop_starts_from_an_existing_demo_store_and_pretrained_checkpoint(tmp_path):
+    """--demos / --pretrained at toy size: a demonstration store and a VLA checkpoint made beforehand (as a
+    user has them) start round 0: the round's store is a copy of the demonstrations topped up by the given
+    checkpoint's episodes; nothing is collected by the expert or pre-trained by the loop."""
+    cfg = QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,))
+    if missing_capabilities(build_plan(cfg)):
+        pytest.skip("the QUARD loop needs commands this build lacks")
+    demos, ckpt = tmp_path / "demos", tmp_path / "vla"
+    assert cli_main(["collect", "--task", "quard:all", "--policy", "quard_expert", "--store", str(demos),
+                     "--episodes", "2", "--num-envs", "2", "--collector-id", "mine", "--no-progress"]) == 0
+    assert cli_main(["train", "--model", "germ-dense", "--store", str(demos), "--out", str(ckpt), "--preset", "cpu",
+                     "--max-steps", "2", "--batch-size", "2", "--success-only"]) == 0
+    cfg = QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,), demos=str(demos),
+                      pretrained=str(ckpt)).validate()
+    assert cfg.pretrained == str(ckpt / "last.pt")             # a training directory means its last.pt
+    steps = build_plan(cfg)
+    assert {s.stage for s in steps[:2]} == {"auto"} and not any(s.stage in ("demos", "pretrain") for s in steps)
+    for step in steps[:2]:                                       # the copy and round 0's auto-collection
+        run_step(cfg, step, log=lambda s: None)
+        assert is_complete(cfg, step)
+    from quadforge.data.store import TrajectoryStore
+    ids = [str(i) for i in TrajectoryStore.open(steps[1].output).episode_ids]
+    assert sum(i.startswith("mine-") for i in ids) == 2 and sum(i.startswith("auto0-") for i in ids) == 8
+    rec = json.loads(step_record_path(cfg.out, steps[1]).read_text())
+    assert rec["collection"]["episodes"] == 8 and f"--policy {cfg.pretrained}" in rec["command"]
+    assert not (tmp_path / "run" / "data" / "demos").exists() and not (tmp_path / "run" / "train").exists()
+
+
+@pytest.mark.slow
+def test_preset_parameters_count_germ_active_about_half_of_total():
+    """The counts a run stores for the report (meta device: nothing allocated; ~5 s of CPU for the paper
+    models' construction)."""
+    from quadforge.tools.reproduce_quard import preset_parameters
+    counts = preset_parameters()
+    assert set(counts) == {"cpu", "paper"}
+    for preset in counts.values():
+        m = preset["models"]
+        assert m["rt1"]["active"] == m["rt1"]["total"] and m["germ-dense"]["active"] == m["germ-dense"]["total"]
+        g = m["germ"]
+        assert 0.4 < g["active"] / g["total"] < 0.6                 # top-2 of 8 experts: about half
+        assert abs(m["germ-dense"]["total"] - g["active"]) < 0.01 * g["active"]   # dense at the MoE's active size
+    assert counts["paper"]["models"]["germ"]["total"] > 10 * counts["cpu"]["models"]["germ"]["total"]

@@ -1,20 +1,24 @@
 """`quadforge reproduce --stages quard`: the QUARD-Auto loop and seed 003's Table III on our tasks.
 
     quadforge reproduce --stages quard [--scale tiny|cpu|paper] [--rounds K] [--seeds 0,1,2]
+                        [--demos STORE] [--pretrained CKPT]
                         [--out runs/reproduce_quard] [--docs docs/results.md] [--report-only]
 
 The loop is a fixed sequence of ordinary ``quadforge`` commands (the plan, ``build_plan``), each run as its
 own process so the report can quote the exact command line:
 
-1. ``demos``     the privileged expert collects demonstrations (``collect --task quard:all --policy quard_expert``).
-2. ``pretrain``  GeRM w/o MoE learns from the demonstrations alone (seed 003 §IV-A: the pre-trained VLA).
-3. ``auto``      round k's collector (round 0: the pre-trained VLA; round k: round k-1's GeRM) drives the
-                 gait controller and records successes and failures; the round's training store is the
-                 demonstrations (collected again with the same seed: the same episodes) + this collection.
+1. ``demos``     the privileged expert collects demonstrations (``collect --task quard:all --policy quard_expert``);
+                 skipped with ``--demos STORE`` (an existing demonstration store).
+2. ``pretrain``  GeRM w/o MoE learns from the demonstrations alone (seed 003 §IV-A: the pre-trained VLA);
+                 skipped with ``--pretrained CKPT`` (an existing VLA checkpoint collects round 0).
+3. ``auto``      round k's training store starts as a copy of the demonstrations (``cp -r``, done in this
+                 process), then round k's collector (round 0: the pre-trained VLA; round k: round k-1's GeRM)
+                 drives the gait controller and adds its successes and failures.
 4. ``train``     Table III's models on that store with the same steps and batch: RT-1-style, GeRM w/o RL,
                  GeRM w/o MoE and GeRM, the last two with (Y) and without (N, ``--success-only``) the
                  failures. Later rounds train GeRM (Y) only: it is the next round's collector.
-5. ``eval``      every trained model on every family (``eval --task quard:<family>``) over the seeds.
+5. ``eval``      every trained model on every family (one ``eval --task quard:all`` per model: success per
+                 family and colour set) over the seeds.
 
 A step is complete when its output is (a store holding its target episode count; a training directory with
 ``last.pt`` and the step's record; an ``eval.json``), and is then skipped: an interrupted run resumes where
@@ -58,10 +62,12 @@ class QuardScale:
 SCALE_PRESETS: dict[str, QuardScale] = {
     # a smoke test of the plumbing: minutes, numbers meaningless
     "tiny": QuardScale("tiny", demo_episodes=8, auto_episodes=8, train_steps=4, batch_size=4, preset="cpu",
-                       eval_episodes=2, num_envs=2, note="plumbing only (minutes); the numbers mean nothing"),
-    # the documented run on this machine: a few hours on 2 cores
-    "cpu": QuardScale("cpu", demo_episodes=200, auto_episodes=200, train_steps=1500, batch_size=16, preset="cpu",
-                      eval_episodes=20, num_envs=8, note="a few hours on 2 shared cores"),
+                       eval_episodes=1, num_envs=2, note="plumbing only (tens of minutes); the numbers mean nothing"),
+    # the documented run on this machine, sized from per-step costs measured at tiny scale (docs/quard_auto.md,
+    # "Scales and what each costs"): training the 18 Table III runs dominates, so steps are what was cut
+    "cpu": QuardScale("cpu", demo_episodes=200, auto_episodes=200, train_steps=300, batch_size=16, preset="cpu",
+                      eval_episodes=3, num_envs=8, note="about 3 h as the machine's main job on 2 cores "
+                      "(estimate from measured per-step costs; ~7 h niced beside other work)"),
     # seed 003's sizes: 8610 demonstrations; QUARD-Auto failed 53.5 % of the time (138290 / 258418), so
     # 5200 auto-collected episodes give about the 2766 failures Table III trained on; a GPU cluster's run
     "paper": QuardScale("paper", demo_episodes=8610, auto_episodes=5200, train_steps=None, batch_size=None,
@@ -80,6 +86,8 @@ class QuardConfig:
     pretrain_model: str = "germ-dense"   # seed 003: GeRM w/o MoE pre-trained on demonstrations
     task: str = "quard:all"
     seed: int = 0                    # root seed of the collections
+    demos: str | None = None         # an existing demonstration store instead of the demos step (--demos)
+    pretrained: str | None = None    # a VLA checkpoint as round 0's collector instead of pretrain (--pretrained)
 
     @property
     def sizes(self) -> QuardScale:
@@ -94,7 +102,38 @@ class QuardConfig:
             raise ValueError(f"--rounds={self.rounds}; give 1..10 collection rounds")
         if self.pretrain_model not in MODEL_NAMES:
             raise ValueError(f"--pretrain-model={self.pretrain_model!r}; allowed: {', '.join(MODEL_NAMES)}")
+        if self.demos is not None:
+            n = _store_episodes(self.demos)
+            if n == 0:
+                raise ValueError(f"--demos {self.demos}: no trajectory store with episodes there; give the store a "
+                                 f"`quadforge collect --task quard:all --policy quard_expert` run wrote")
+            from quadforge.data.store import TrajectoryStore
+            feats = TrajectoryStore.open(self.demos).image_features
+            if "images/front_rgb" not in feats:
+                raise ValueError(f"--demos {self.demos}: the store has no camera frames (images/front_rgb); the VLAs "
+                                 f"train on them: collect it with --task quard:...")
+        if self.pretrained is not None:
+            self.pretrained = str(pretrained_checkpoint(self.pretrained))
         return self
+
+
+def pretrained_checkpoint(path: str) -> Path:
+    """``--pretrained``: a VLA checkpoint file (or a training directory holding ``last.pt``), checked to be one."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "last.pt"
+    if not p.is_file():
+        raise FileNotFoundError(f"--pretrained {path}: no checkpoint there (a .pt file or a training directory "
+                                f"with last.pt)")
+    from quadforge.training.checkpoint import load_checkpoint
+    try:
+        kind = (load_checkpoint(str(p)).extra or {}).get("policy_kind")
+    except ValueError as err:
+        raise ValueError(f"--pretrained {path}: {err}") from err
+    if kind != "vla":
+        raise ValueError(f"--pretrained {path}: not a vision-language-action checkpoint (policy kind {kind!r}); "
+                         f"give one `quadforge train --model germ-dense|germ|rt1|germ-il` wrote on an image store")
+    return p
 
 
 # --- the plan --------------------------------------------------------------------------------------------
@@ -106,9 +145,12 @@ class Step:
     output: str                 # the path whose completeness marks the step done
     needs: tuple[str, ...]      # capabilities (CAPABILITIES) the command needs
     meta: dict[str, Any] = field(default_factory=dict)
+    program: str = "quadforge"  # or "copy": argv = [source store, destination store], done in this process
 
     @property
     def command(self) -> str:
+        if self.program == "copy":
+            return "cp -r " + " ".join(shlex.quote(a) for a in self.argv)
         return "quadforge " + " ".join(shlex.quote(a) for a in self.argv)
 
 
@@ -138,24 +180,30 @@ def build_plan(cfg: QuardConfig) -> list[Step]:
     as given). Pure: the same config gives the same plan (docs/quard_auto.md prints it per scale)."""
     s, out = cfg.sizes, cfg.out.rstrip("/")
     steps: list[Step] = []
-    demos = f"{out}/data/demos"
-    steps.append(Step("demos", "demos", _collect_argv(cfg, "quard_expert", demos, s.demo_episodes, "expert", cfg.seed),
-                      demos, ("quard_collect", "quard_expert"), {"episodes": s.demo_episodes}))
-    pre = f"{out}/train/pretrain_{cfg.pretrain_model}"
-    steps.append(Step("pretrain", "pretrain", _train_argv(cfg, cfg.pretrain_model, False, demos, pre, cfg.seed),
-                      pre, ("vla_train",), {"model": cfg.pretrain_model}))
-    collector = f"{pre}/last.pt"
+    if cfg.demos is None:
+        demos, n_demos = f"{out}/data/demos", s.demo_episodes
+        steps.append(Step("demos", "demos", _collect_argv(cfg, "quard_expert", demos, n_demos, "expert", cfg.seed),
+                          demos, ("quard_collect", "quard_expert"), {"episodes": n_demos}))
+    else:   # --demos: a store someone already collected (read now: the round stores start from all of it)
+        demos, n_demos = cfg.demos.rstrip("/"), _store_episodes(cfg.demos)
+    if cfg.pretrained is None:
+        pre = f"{out}/train/pretrain_{cfg.pretrain_model}"
+        steps.append(Step("pretrain", "pretrain", _train_argv(cfg, cfg.pretrain_model, False, demos, pre, cfg.seed),
+                          pre, ("vla_train",), {"model": cfg.pretrain_model}))
+        collector = f"{pre}/last.pt"
+    else:   # --pretrained: a shipped VLA checkpoint collects round 0
+        collector = cfg.pretrained
     for rnd in range(cfg.rounds):
         store = f"{out}/data/round{rnd}"
-        steps.append(Step(f"r{rnd}-demos", "auto",
-                          _collect_argv(cfg, "quard_expert", store, s.demo_episodes, "expert", cfg.seed),
-                          store, ("quard_collect", "quard_expert"), {"round": rnd, "episodes": s.demo_episodes,
-                                                                      "collector": "expert"}))
+        # the round's store starts as a copy of the demonstrations (collecting them again would cost as much
+        # as the first time for the same episodes), then the round's collector tops it up
+        steps.append(Step(f"r{rnd}-demos", "auto", [demos, store], store, (),
+                          {"round": rnd, "episodes": n_demos, "collector": "demos"}, program="copy"))
         steps.append(Step(f"r{rnd}-auto", "auto",
-                          _collect_argv(cfg, collector, store, s.demo_episodes + s.auto_episodes, f"auto{rnd}",
+                          _collect_argv(cfg, collector, store, n_demos + s.auto_episodes, f"auto{rnd}",
                                         cfg.seed + 1 + rnd),
                           store, ("quard_collect", "vla_policy"),
-                          {"round": rnd, "episodes": s.demo_episodes + s.auto_episodes, "collector": f"auto{rnd}",
+                          {"round": rnd, "episodes": n_demos + s.auto_episodes, "collector": f"auto{rnd}",
                            "policy": collector}))
         rows = TABLE3_ROWS if rnd == 0 else (("germ", True),)
         for model, failures in rows:
@@ -165,13 +213,15 @@ def build_plan(cfg: QuardConfig) -> list[Step]:
                 meta = {"model": model, "failures": failures, "round": rnd, "seed": seed, "run": name}
                 steps.append(Step(f"train-{name}", "train", _train_argv(cfg, model, failures, store, tdir, seed),
                                   tdir, ("vla_train",), meta))
-                for fam in FAMILIES:
-                    edir = f"{out}/eval/{name}/{fam}"
-                    steps.append(Step(f"eval-{name}-{fam}", "eval",
-                                      ["eval", "--task", f"quard:{fam}", "--policy", f"{tdir}/last.pt", "--out", edir,
-                                       "--episodes-per-cell", str(s.eval_episodes), "--num-envs", str(s.num_envs),
-                                       "--seed", str(1000 + seed)],
-                                      edir, ("quard_eval", "vla_policy"), {**meta, "family": fam}))
+                # one process evaluates every family (and colour set) in turn: the start-up (torch, the
+                # checkpoint) is paid once per model, not per family; no more envs than episodes per cell,
+                # or the surplus envs would run episodes nobody keeps
+                edir = f"{out}/eval/{name}"
+                steps.append(Step(f"eval-{name}", "eval",
+                                  ["eval", "--task", "quard:all", "--policy", f"{tdir}/last.pt", "--out", edir,
+                                   "--episodes-per-cell", str(s.eval_episodes),
+                                   "--num-envs", str(min(s.num_envs, s.eval_episodes)), "--seed", str(1000 + seed)],
+                                  edir, ("quard_eval", "vla_policy"), meta))
         collector = f"{out}/train/{run_name('germ', True, rnd, cfg.seeds[0])}/last.pt"
     return steps
 
@@ -192,8 +242,6 @@ def plan_markdown(scale: str, rounds: int = 2, seeds: tuple[int, ...] = (0, 1, 2
             else:
                 text = text.replace(f"--seed {m['seed']}", "--seed {seed}")
             text = text.replace(f"/round{m['round']}", "/round{round}")
-            if st.stage == "eval":
-                text = text.replace(f"quard:{m['family']}", "quard:{family}").replace(f"/{m['family']}", "/{family}")
             if st.stage == "train":   # the (N) rows add --success-only
                 text = text.replace(" --success-only", "") + " [--success-only]"
         key = (st.stage, text)
@@ -270,6 +318,10 @@ def is_complete(cfg: QuardConfig, step: Step) -> bool:
     return (Path(step.output) / "eval.json").exists() and step_record_path(cfg.out, step).exists()
 
 
+class StepFailed(RuntimeError):
+    """A step's command exited non-zero; the steps before it are kept, a rerun resumes at it."""
+
+
 # --- running ----------------------------------------------------------------------------------------------
 def _write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -294,13 +346,22 @@ def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[s
     logfile.parent.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     t0 = time.perf_counter()
+    if step.program == "copy":
+        copy_store(*step.argv)
+        wall = time.perf_counter() - t0
+        record = {"id": step.id, "stage": step.stage, "command": step.command, "argv": argv, "meta": step.meta,
+                  "started_utc": started, "wall_s": wall,
+                  "collection": {**collection_stats(step.output, None), "episodes_per_min": None}}
+        _write_json(step_record_path(cfg.out, step), record)
+        log(f"[quard] {step.id}: done in {wall:.0f} s")
+        return record
     with open(logfile, "w") as fh:
         proc = subprocess.run([sys.executable, "-m", "quadforge.tools.cli", *argv], stdout=fh, stderr=subprocess.STDOUT,
                               env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         tail = [ln for ln in logfile.read_text().splitlines() if ln.strip()][-1:] or ["(no output)"]
-        raise RuntimeError(f"step {step.id} failed (exit {proc.returncode}): {tail[0]} (command: "
+        raise StepFailed(f"step {step.id} failed (exit {proc.returncode}): {tail[0]} (command: "
                            f"{step.command}; log {logfile})")
     record = {"id": step.id, "stage": step.stage, "command": step.command, "argv": argv, "meta": step.meta,
               "started_utc": started, "wall_s": wall}
@@ -312,13 +373,33 @@ def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[s
     return record
 
 
-def collection_stats(store: str, collector: str) -> dict[str, Any]:
-    """Successes and failures of one collector's episodes in a store, per family when the store says it."""
+def copy_store(source: str, dest: str) -> None:
+    """``dest`` becomes a copy of the store at ``source`` (through a temporary directory renamed at the end,
+    so an interrupted copy leaves no half store behind). A ``dest`` that already holds a store is kept."""
+    import shutil
+    src, dst = Path(source), Path(dest)
+    if _store_episodes(str(dst)) > 0:
+        return
+    if _store_episodes(str(src)) == 0:
+        raise ValueError(f"{source}: no store with episodes to copy")
+    tmp = dst.with_name(dst.name + ".copying")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    if dst.exists():          # an empty or broken leftover of this loop's own directory
+        shutil.rmtree(dst)
+    # a concurrent writer's staging/lock files are not the store's committed content
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("*.lock"))
+    os.replace(tmp, dst)
+
+
+def collection_stats(store: str, collector: str | None) -> dict[str, Any]:
+    """Successes and failures of one collector's episodes (``None``: every episode) in a store, per family
+    when the store says it."""
     from quadforge.data.store import TrajectoryStore
     st = TrajectoryStore.open(store)
     table = st.episodes
     ids = [str(i) for i in st.episode_ids]
-    mine = [k for k, i in enumerate(ids) if i.startswith(f"{collector}-")]
+    mine = [k for k, i in enumerate(ids) if collector is None or i.startswith(f"{collector}-")]
     success = table["success"] if "success" in table else None
     fam_col = next((c for c in ("family", "task") if c in table), None)
     per: dict[str, dict[str, int]] = {}
@@ -327,8 +408,33 @@ def collection_stats(store: str, collector: str) -> dict[str, Any]:
         ok = bool(success[k]) if success is not None else False
         d = per.setdefault(fam, {"successes": 0, "failures": 0})
         d["successes" if ok else "failures"] += 1
-    return {"store": store, "collector": collector, "episodes": len(mine), "per_family": per,
+    return {"store": store, "collector": collector or "all", "episodes": len(mine), "per_family": per,
             "success_labels": success is not None}
+
+
+# the frame size each preset is sized for: the cpu preset's 64² camera, RT-1's 300² for the paper one
+PRESET_IMAGE_SIZE = {"cpu": (64, 64), "paper": (300, 300)}
+
+
+def preset_parameters() -> dict[str, Any]:
+    """Total and active parameters of every Table III model at the cpu (shipped) and paper presets, counted
+    on the meta device (nothing is allocated), with the word vocabulary of the whole quard:all instruction
+    table. The report prints these next to seed 003's 39.31 M active of 83.48 M for GeRM."""
+    import torch
+
+    from quadforge.envs.quard.instructions import instruction_table, task_families
+    from quadforge.training.models.vla_zoo import build_vla_model
+    from quadforge.training.vla import default_config, model_config
+    table = list(instruction_table(task_families("quard:all")))
+    out: dict[str, Any] = {}
+    for preset, size in PRESET_IMAGE_SIZE.items():
+        counts = {}
+        for model in MODEL_NAMES:
+            with torch.device("meta"):
+                net = build_vla_model(model, model_config(default_config(model, preset), size, table))
+            counts[model] = {k: int(v) for k, v in net.parameter_counts().items()}
+        out[preset] = {"image_size": list(size), "instructions": len(table), "models": counts}
+    return out
 
 
 def parameters_of(checkpoint: Path) -> dict[str, Any] | None:
@@ -342,20 +448,28 @@ def parameters_of(checkpoint: Path) -> dict[str, Any] | None:
     return dict(p) if isinstance(p, dict) else None
 
 
-def eval_result(cfg: QuardConfig, step: Step, train_record: dict[str, Any] | None,
-                eval_record: dict[str, Any]) -> dict[str, Any]:
-    """One evaluation's stored result: successes / episodes of one model, seed, round and family."""
+def eval_results(cfg: QuardConfig, step: Step, train_record: dict[str, Any] | None,
+                 eval_record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One evaluation's stored results, per family: successes / episodes of one model, seed and round (the
+    colour sets of a family pooled), from ``eval.json``'s ``families[colours][family]``."""
     ev = json.loads((Path(step.output) / "eval.json").read_text())
-    overall = ev.get("overall") or {}
-    if "episodes" not in overall or "success" not in overall:
-        raise ValueError(f"{step.output}/eval.json has no overall success/episodes; cannot score {step.id}")
-    n = int(overall["episodes"])
+    by_colours = ev.get("families")
+    if not isinstance(by_colours, dict) or not by_colours:
+        raise ValueError(f"{step.output}/eval.json has no per-family results ('families'); cannot score {step.id}")
     m = step.meta
-    return {**{k: m[k] for k in ("model", "failures", "round", "seed", "family", "run")},
-            "successes": int(round(float(overall["success"]) * n)), "episodes": n,
-            "parameters": parameters_of(Path(step.argv[step.argv.index("--policy") + 1])),
-            "train_wall_s": (train_record or {}).get("wall_s"), "eval_wall_s": eval_record["wall_s"],
-            "train_command": (train_record or {}).get("command"), "eval_command": step.command}
+    params = parameters_of(Path(step.argv[step.argv.index("--policy") + 1]))
+    out: dict[str, dict[str, Any]] = {}
+    for fam in FAMILIES:
+        rows = [r[fam] for r in by_colours.values() if fam in r]
+        if not rows:
+            raise ValueError(f"{step.output}/eval.json has no results for family {fam!r}; cannot score {step.id}")
+        n = sum(int(r["episodes"]) for r in rows)
+        k = sum(int(round(float(r["success"]) * int(r["episodes"]))) for r in rows)
+        out[fam] = {**{key: m[key] for key in ("model", "failures", "round", "seed", "run")}, "family": fam,
+                    "successes": k, "episodes": n, "colour_sets": sorted(by_colours), "parameters": params,
+                    "train_wall_s": (train_record or {}).get("wall_s"), "eval_wall_s": eval_record["wall_s"],
+                    "train_command": (train_record or {}).get("command"), "eval_command": step.command}
+    return out
 
 
 def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str | None = None) -> Path:
@@ -371,6 +485,8 @@ def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str
                  "started_utc": meta.get("started_utc") or time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
                  "commands": meta.get("commands", []) + ([command] if command else []),
                  "machine": machine(), "git": git_state()})
+    if "preset_parameters" not in meta:
+        meta["preset_parameters"] = preset_parameters()
     _write_json(meta_path, meta)
     todo = [s for s in steps if not is_complete(cfg, s)]
     missing = missing_capabilities(todo)
@@ -384,14 +500,17 @@ def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str
     records = {s.id: json.loads(step_record_path(cfg.out, s).read_text())
                for s in steps if step_record_path(cfg.out, s).exists()}
     for step in steps:
-        if step in todo:
+        ran = step in todo
+        if ran:
             log(f"[quard] {step.id}: {step.command}")
             records[step.id] = run_step(cfg, step, log)
             bar.update(1)
         if step.stage == "eval":
-            res = out / "results" / f"{step.meta['run']}_{step.meta['family']}.json"
-            if not res.exists():
-                _write_json(res, eval_result(cfg, step, records.get(f"train-{step.meta['run']}"), records[step.id]))
+            paths = {fam: out / "results" / f"{step.meta['run']}_{fam}.json" for fam in FAMILIES}
+            if ran or not all(p.exists() for p in paths.values()):   # an evaluation run again replaces its results
+                per = eval_results(cfg, step, records.get(f"train-{step.meta['run']}"), records[step.id])
+                for fam, path in paths.items():
+                    _write_json(path, per[fam])
     bar.close()
     meta["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     _write_json(meta_path, meta)
@@ -404,6 +523,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "machine, hours), paper (seed 003's sizes, a GPU cluster); default cpu")
     p.add_argument("--rounds", type=int, default=None, help="quard stage: collection rounds of the data flywheel "
                    "(round k+1 collects with round k's GeRM); default 1")
+    p.add_argument("--demos", default=None, metavar="STORE", help="quard stage: an existing demonstration store "
+                   "(quadforge collect --task quard:all --policy quard_expert) instead of collecting one")
+    p.add_argument("--pretrained", default=None, metavar="CKPT", help="quard stage: a pre-trained VLA checkpoint "
+                   "(e.g. in experts/checkpoints/) as round 0's collector instead of training one")
 
 
 def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> int:
@@ -418,8 +541,16 @@ def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> in
         kw["scale"] = args.scale
     if args.rounds is not None:
         kw["rounds"] = args.rounds
+    if args.demos:
+        kw["demos"] = args.demos
+    if args.pretrained:
+        kw["pretrained"] = args.pretrained
     if seeds:
         kw["seeds"] = seeds
     command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
-    print(f"wrote {run_quard(QuardConfig(**kw), command=command)}")
+    try:
+        print(f"wrote {run_quard(QuardConfig(**kw), command=command)}")
+    except StepFailed as err:   # one line naming the step, its command and its log; rerun to resume
+        print(f"quadforge reproduce: error: {err}", file=sys.stderr)
+        return 1
     return 0
