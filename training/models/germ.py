@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quadforge.training.models.greedy import greedy_bins
 from quadforge.training.models.moe import DenseFFN, MoEConfig, SparseMoE, matched_dense_hidden
 
 ENCODERS = ("proprio", "image", "instruction")
@@ -255,21 +256,15 @@ class GeRM(nn.Module):
     @torch.no_grad()
     def greedy(self, obs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Argmax bins (B, d) and their Q values (B, d), choosing dimension i after dimensions < i."""
-        x = self._obs_tokens(obs)
-        valid = mask.bool()
-        h, _, caches = self._run(x, valid, None)
-        chosen, values = [], []
-        logits = self._head(h[:, -1:], 0)[:, 0]                         # (B, bins)
-        for i in range(self.cfg.action_dim):
-            best = logits.argmax(-1)                                   # (B,)
-            chosen.append(best)
-            values.append(torch.sigmoid(logits.gather(-1, best[:, None])[:, 0]))
-            if i == self.cfg.action_dim - 1:
-                break
-            valid = torch.cat([valid, valid.new_ones(valid.shape[0], 1)], dim=1)
-            h, _, caches = self._run(self._action_tokens(best[:, None], i), valid, caches)
-            logits = self._head(h, i + 1)[:, 0]
-        return torch.stack(chosen, 1), torch.stack(values, 1)
+        state = {"valid": mask.bool()}
+        h, _, state["caches"] = self._run(self._obs_tokens(obs), state["valid"], None)
+
+        def advance(best: torch.Tensor, i: int) -> torch.Tensor:
+            state["valid"] = torch.cat([state["valid"], state["valid"].new_ones(best.shape[0], 1)], dim=1)
+            h, _, state["caches"] = self._run(self._action_tokens(best[:, None], i), state["valid"], state["caches"])
+            return self._head(h, i + 1)[:, 0]
+
+        return greedy_bins(self._head(h[:, -1:], 0)[:, 0], advance, self.cfg.action_dim)
 
     def step(self, obs: torch.Tensor, window: "ContextWindow") -> torch.Tensor:
         """One control step: push obs (N, obs_dim) into the per-env window, greedy-decode bins (N, d)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from quadforge.training.models.greedy import greedy_bins
 from quadforge.training.models.vla import (BinHeads, Decoder, VLAConfig, VLAOutput, VisionLanguageFrontEnd,
                                            parameter_counts, rank_mask)
 
@@ -83,19 +84,16 @@ class GeRMVLA(nn.Module):
         """Argmax bins (B, d) and their Q values (B, d), dimension i chosen after dimensions < i."""
         x, valid, rank = self._prefix(tokens, valid, rank, None)
         h, _, caches = self.decoder(x, rank_mask(rank, valid, x.shape[1]))
-        logits = self.heads(h[:, -1:], 0)[:, 0]                                        # (B, K)
-        chosen, values = [], []
-        for i in range(self.cfg.action_dim):
-            best = logits.argmax(-1)                                                   # (B,)
-            chosen.append(best)
-            values.append(torch.sigmoid(logits.gather(-1, best[:, None])[:, 0]))
-            if i == self.cfg.action_dim - 1:
-                break
-            valid = torch.cat([valid, valid.new_ones(valid.shape[0], 1)], dim=1)
-            rank = torch.cat([rank, rank.new_full((1,), self.cfg.history + 1 + i)])
-            h, _, caches = self.decoder(self._action_tokens(best[:, None], i), rank_mask(rank, valid, 1), caches)
-            logits = self.heads(h, i + 1)[:, 0]
-        return torch.stack(chosen, 1), torch.stack(values, 1)
+        state = {"valid": valid, "rank": rank, "caches": caches}
+
+        def advance(best: torch.Tensor, i: int) -> torch.Tensor:
+            state["valid"] = torch.cat([state["valid"], state["valid"].new_ones(best.shape[0], 1)], dim=1)
+            state["rank"] = torch.cat([state["rank"], state["rank"].new_full((1,), self.cfg.history + 1 + i)])
+            h, _, state["caches"] = self.decoder(self._action_tokens(best[:, None], i),
+                                                 rank_mask(state["rank"], state["valid"], 1), state["caches"])
+            return self.heads(h, i + 1)[:, 0]
+
+        return greedy_bins(self.heads(h[:, -1:], 0)[:, 0], advance, self.cfg.action_dim)
 
     def act_from_tokens(self, tokens: torch.Tensor, valid: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
         return self.greedy_from_tokens(tokens, valid, rank)[0]
