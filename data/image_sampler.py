@@ -187,6 +187,12 @@ class ImageWindowSampler:
         self._home = (self._frame_start[self._win_ep] + self._win_j) // self.caches[cameras[0]].chunk
         self._rng = numpy_rng(self.seed, f"image_window_sampler/rank{self.rank}")
 
+    def window_actions(self) -> np.ndarray:
+        """(num_windows, D) the action feature at the step of every window's newest frame (this rank's
+        windows): the commands a model is trained to emit, e.g. to fit command bins to the data."""
+        steps = self._step_start[self._win_ep] + self._win_j * self.stride
+        return self._steps[self.action_feature][steps].copy()
+
     def __len__(self) -> int:
         return self.num_windows
 

@@ -112,6 +112,10 @@ class StoreImageSource:
         cache = self.sampler.caches[self.camera]
         return -(-cache.length // cache.chunk) <= cache.capacity
 
+    def commands(self) -> torch.Tensor:
+        """(num_windows, 12) the stored command of every window's newest frame (``bins=data`` fits on it)."""
+        return torch.from_numpy(self.sampler.window_actions())
+
     def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
         """Uniformly random windows (the success ratio when set) from the sampler's own random stream."""
         return self.convert(self.sampler.sample(int(batch_size)))

@@ -229,6 +229,23 @@ def test_the_vla_trainer_reads_windows_from_an_image_store(store):
         open_image_source(store.root, history=3, camera="images/side")
 
 
+def test_window_actions_are_the_commands_at_each_windows_newest_frame(store):
+    """hl_commands[:, 0] holds the step within the episode and [:, 1] the episode (see the fixture)."""
+    from quadforge.training.binning import fit_binner
+    from quadforge.training.vla_data import open_image_source
+    s = ImageWindowSampler(store, history=3, seed=0)
+    acts = s.window_actions()
+    assert acts.shape == (s.num_windows, 12)
+    for e in np.unique(acts[:, 1]).astype(int):
+        steps = np.sort(acts[acts[:, 1] == e, 0])
+        assert np.array_equal(steps, np.arange(len(steps)) * STRIDE)     # frame j's command is step j * stride
+    src = open_image_source(store.root, history=3, seed=0, split="all")
+    commands = src.commands()
+    assert torch.equal(commands, torch.from_numpy(src.sampler.window_actions()))
+    binner = fit_binner(commands, 16, "uniform")                         # what bins=data fits
+    assert binner.edges.shape[0] == commands.shape[1]
+
+
 @pytest.mark.parametrize("batch_size", [7, 10, 33, 256])
 def test_mixing_ratio_within_one_batch_of_a_store_with_both(store, batch_size):
     """GeRM's 75.69 % : 24.31 % on a store whose own window mix differs (every 4th episode failed): every
