@@ -190,8 +190,11 @@ class ImageWindowSampler:
     def window_actions(self) -> np.ndarray:
         """(num_windows, D) the action feature at the step of every window's newest frame (this rank's
         windows): the commands a model is trained to emit, e.g. to fit command bins to the data."""
-        steps = self._step_start[self._win_ep] + self._win_j * self.stride
-        return self._steps[self.action_feature][steps].copy()
+        return self._steps[self.action_feature][self._step_of(self._win_ep, self._win_j)].copy()
+
+    def _step_of(self, ep: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """The store step row of frame ``j`` of episode ``ep`` (broadcasting)."""
+        return self._step_start[ep] + j * self.stride
 
     def __len__(self) -> int:
         return self.num_windows
@@ -274,7 +277,7 @@ class ImageWindowSampler:
         mask = jj >= 0
         jj0 = np.where(mask, jj, 0)
         rows = self._frame_start[ep][:, None] + jj0                                  # (B, H) frame rows
-        steps = self._step_start[ep][:, None] + jj0 * self.stride                    # (B, H) step rows
+        steps = self._step_of(ep[:, None], jj0)                                     # (B, H) step rows
         has_next = j + 1 < self._frames[ep]
         next_rows = self._frame_start[ep] + np.where(has_next, j + 1, j)
         B = len(w)
@@ -294,7 +297,7 @@ class ImageWindowSampler:
             vals[~mask] = 0
             out["actions" if name == self.action_feature else name] = torch.from_numpy(vals)
         # the decision interval of frame j: steps [j*stride, min((j+1)*stride, T))
-        lo = self._step_start[ep] + j * self.stride
+        lo = self._step_of(ep, j)
         hi = self._step_start[ep] + np.minimum((j + 1) * self.stride, self._lengths[ep])
         last = ~has_next
         success = self._success[ep]
