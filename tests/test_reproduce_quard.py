@@ -11,7 +11,7 @@ from quadforge.tools.cli import main as cli_main
 from quadforge.tools.quard_report import BEGIN, END, FAMILIES, TABLE3_ROWS, load_run, table3_section
 from quadforge.tools.reproduce_quard import (SCALES, QuardConfig, Step, build_plan, eval_results, is_complete,
                                              missing_capabilities,
-                                             plan_markdown, resume_argv, run_quard, run_step,
+                                             clear_dead_attempt, plan_markdown, resume_argv, run_quard, run_step,
                                              step_record_path)
 from quadforge.tools.results_report import two_proportion_z, write_report
 
@@ -114,7 +114,11 @@ def test_finished_steps_are_recognised(tmp_path):
     assert not is_complete(cfg, train) and resume_argv(train) == train.argv
     Path(train.output).mkdir(parents=True)
     assert resume_argv(train) == train.argv + ["--overwrite"]   # died before its first checkpoint
+    (Path(train.output) / "tb").mkdir()        # ... leaving TensorBoard files only: the folder is cleared
+    assert clear_dead_attempt(train) and not Path(train.output).exists()
+    Path(train.output).mkdir(parents=True)
     (Path(train.output) / "last.pt").write_bytes(b"")
+    assert not clear_dead_attempt(train) and (Path(train.output) / "last.pt").exists()
     assert resume_argv(train) == train.argv + ["--resume"]
     assert not is_complete(cfg, train)      # a checkpoint without the step's record: interrupted, resume it
     step_record_path(cfg.out, train).parent.mkdir(parents=True)

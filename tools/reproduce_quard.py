@@ -34,6 +34,7 @@ import importlib.util
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -339,8 +340,23 @@ def resume_argv(step: Step) -> list[str]:
     return argv
 
 
+def clear_dead_attempt(step: Step) -> bool:
+    """Remove a training directory an interrupted attempt left before its first checkpoint (TensorBoard
+    files only, say): ``train`` refuses a non-empty folder that is not a run even with ``--overwrite``, and
+    the folder is this loop's own, so there is nothing in it to keep. True when something was removed."""
+    out = Path(step.output)
+    if step.stage not in ("pretrain", "train") or not out.is_dir():
+        return False
+    if any((out / f).exists() for f in ("last.pt", "best.pt")) or any(out.glob("step_*.pt")):
+        return False
+    shutil.rmtree(out)
+    return True
+
+
 def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[str, Any]:
     """Run one step's command in its own process; its record (command, wall time) on success."""
+    if clear_dead_attempt(step):
+        log(f"[quard] {step.id}: cleared {step.output} (an interrupted attempt left no checkpoint)")
     argv = resume_argv(step)
     logfile = Path(cfg.out) / "logs" / f"{step.id}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
@@ -376,7 +392,6 @@ def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[s
 def copy_store(source: str, dest: str) -> None:
     """``dest`` becomes a copy of the store at ``source`` (through a temporary directory renamed at the end,
     so an interrupted copy leaves no half store behind). A ``dest`` that already holds a store is kept."""
-    import shutil
     src, dst = Path(source), Path(dest)
     if _store_episodes(str(dst)) > 0:
         return
