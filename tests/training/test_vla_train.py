@@ -119,6 +119,46 @@ def test_env_instruction_table_with_unseen_words_and_gait_wrapping(tmp_path):
     assert cmd.shape == (2, 12) and torch.isfinite(cmd[:, t]).all()
 
 
+def test_gaussian_bin_targets_are_distributions_centred_on_the_data_bin():
+    from quadforge.training.vla import gaussian_bin_targets
+    bins = torch.tensor([0, 5, 9])
+    y = gaussian_bin_targets(bins, 10, sigma=1.5)
+    assert y.shape == (3, 10) and torch.allclose(y.sum(-1), torch.ones(3))
+    assert y.argmax(-1).tolist() == [0, 5, 9]
+    assert torch.allclose(y[1, 4], y[1, 6]) and y[1, 4] < y[1, 5] and y[1, 3] < y[1, 4]   # order respected
+    assert torch.allclose(gaussian_bin_targets(bins, 10, sigma=0.05), torch.nn.functional.one_hot(bins, 10).float())
+
+
+def test_label_smoothing_trains_imitation_and_is_refused_for_q(tmp_path):
+    src = ColourChoiceTask(image_size=16, history=2, seed=0)
+    cfg = _cfg("rt1", steps=2)
+    cfg.label_sigma = 2.0
+    summary = train(cfg, src, tmp_path, val_source=ColourChoiceTask(image_size=16, history=2, seed=1))
+    assert torch.isfinite(torch.tensor(summary["history"][-1]["ce"]))
+    val = summary["val"][-1]   # the steering read-outs: greedy error against the data's own magnitude
+    assert {"err_vx", "err_wz", "data_abs_wz"} <= set(val) and val["err_wz"] >= 0
+    q = _cfg("germ", steps=1)
+    q.label_sigma = 2.0
+    with pytest.raises(ValueError, match="label_sigma=2.0 smooths the imitation targets"):
+        train(q, src, tmp_path / "q")
+
+
+def test_init_from_starts_at_a_checkpoints_weights_with_a_fresh_optimizer(tmp_path):
+    src = ColourChoiceTask(image_size=16, history=2, seed=0)
+    first = train(_cfg("rt1", steps=2), src, tmp_path / "a")
+    cfg = _cfg("rt1", steps=1)
+    cfg.init_from, cfg.optim.lr = str(tmp_path / "a" / "last.pt"), 1e-12   # ~no step: the loaded weights
+    second = train(cfg, ColourChoiceTask(image_size=16, history=2, seed=0), tmp_path / "b")
+    # parameters, not buffers: BatchNorm's running statistics move in any training forward pass
+    for (name, a), b in zip(first["model"].named_parameters(), second["model"].parameters()):
+        assert torch.allclose(a, b, atol=1e-8), name
+    assert [r["step"] for r in second["history"]] == [1]          # a new run: its own step count
+    other = _cfg("rt1", steps=1, d_model=32)
+    other.init_from = str(tmp_path / "a" / "last.pt")
+    with pytest.raises(ValueError, match="different model config"):
+        train(other, src, tmp_path / "c")
+
+
 def test_resume_continues_from_the_checkpoint(tmp_path):
     src = ColourChoiceTask(image_size=16, history=2, seed=0)
     train(_cfg("germ", steps=2), src, tmp_path)
