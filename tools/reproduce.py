@@ -2,6 +2,7 @@
 
     quadforge reproduce [--quick] [--out runs/reproduce] [--docs docs/results.md]
                         [--sizes 50000,250000,1000000] [--seeds 0,1,2] [--train-steps 300] [--report-only]
+                        [--report-section imitation]
 
 Three questions, each answered by measurements taken in this run (nothing is copied from a paper):
 
@@ -16,7 +17,10 @@ Three questions, each answered by measurements taken in this run (nothing is cop
    (``quadforge bench models``, team models).
 
 Every stage appends to ``OUT/results.json`` as it finishes and the report is rebuilt from that file, so an
-interrupted run still documents what it measured (``--report-only`` rebuilds the report alone).
+interrupted run still documents what it measured (``--report-only`` rebuilds the report alone), and a rerun
+with the same ``--out`` resumes: the store is topped up, finished (model, size, seed) runs are skipped and an
+unfinished one is retrained from its start. ``--report-section imitation`` rewrites only section 1 of an
+existing page (with its own provenance line), so one page can hold sections measured by different runs.
 ``--quick`` scales everything down to finish in well under an hour on a shared 2-core machine; the
 defaults are the sizes the brief asks for (they are CPU-days here).
 """
@@ -33,6 +37,7 @@ from typing import Any, Callable
 from quadforge.tools.reproduce_quard import add_arguments as quard_arguments
 from quadforge.tools.reproduce_quard import run_from_args as run_quard_from_args
 from quadforge.tools.run_info import git_state, machine
+from quadforge.tools.results_report import SECTIONS
 from quadforge.training.models import MODELS
 
 # the imitation models the report trains by default: a subset of training.models.MODELS, the one list
@@ -275,7 +280,9 @@ def stage_germ(cfg: ReproduceConfig, res: Results, log: Callable[[str], None]) -
 
 
 def run_reproduction(cfg: ReproduceConfig, stages: tuple[str, ...] = ("imitation", "germ"),
-                     log: Callable[[str], None] = print, command: str | None = None) -> Path:
+                     log: Callable[[str], None] = print, command: str | None = None,
+                     report_section: str | None = None) -> Path:
+    """Run ``stages`` into ``cfg.out`` and write ``cfg.docs`` (only its ``report_section`` when given)."""
     import torch
 
     from quadforge.tools.results_report import write_report
@@ -296,7 +303,7 @@ def run_reproduction(cfg: ReproduceConfig, stages: tuple[str, ...] = ("imitation
         res.put("finished_utc", time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
         res.put(f"{stage}_wall_s", res.data.get(f"{stage}_wall_s", 0.0) + time.perf_counter() - t0)
         t0 = time.perf_counter()
-        write_report(res.data, Path(cfg.docs))
+        write_report(res.data, Path(cfg.docs), only=report_section)
     return Path(cfg.docs)
 
 
@@ -326,6 +333,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tools/reproduce_quard.py, docs/quard_auto.md)")
     p.add_argument("--report-only", action="store_true", help="rebuild --docs from OUT/results.json only "
                    "(with --stages quard: its section from OUT/steps and OUT/results)")
+    p.add_argument("--report-section", choices=SECTIONS, default=None,
+                   help="rewrite only this section of the existing --docs page from this run, keeping the rest "
+                        "(another run's sections, the reading written after the section)")
     quard_arguments(p)
 
 
@@ -344,8 +354,8 @@ def run(args: argparse.Namespace) -> int:
         path = Path(args.out) / "results.json"
         if not path.exists():
             raise FileNotFoundError(f"--report-only: no {path}; run the reproduction first")
-        write_report(json.loads(path.read_text()), Path(args.docs))
-        print(f"wrote {args.docs}")
+        write_report(json.loads(path.read_text()), Path(args.docs), only=args.report_section)
+        print(f"wrote {args.docs}" + (f" (section {args.report_section} only)" if args.report_section else ""))
         return 0
     kw: dict[str, Any] = {"out": args.out, "docs": args.docs}
     if args.sizes:
@@ -369,5 +379,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--stages={args.stages!r}; allowed: imitation, germ (comma-separated), or quard")
     import sys
     command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
-    print(f"wrote {run_reproduction(cfg, stages, command=command)}")
+    if args.report_section and not Path(args.docs).exists():
+        raise FileNotFoundError(f"--report-section {args.report_section}: no page {args.docs} to rewrite a section of")
+    print(f"wrote {run_reproduction(cfg, stages, command=command, report_section=args.report_section)}")
     return 0
