@@ -112,3 +112,16 @@ def test_report_section_errors(tmp_path):
         write_report(_fake_run("mlp", 0.5), other, only="imitation")
     with pytest.raises(ValueError, match="allowed: imitation"):
         write_report(_fake_run("mlp", 0.5), other, only="germ")
+
+
+def test_collection_resumes_from_episodes_staged_before_any_compaction(tmp_path):
+    """An interrupted first collection leaves staged episodes and no manifest: the rerun merges and tops up."""
+    from quadforge.collection.collect import CollectConfig, collect_episodes
+    from quadforge.tools.reproduce import collect_steps
+    store = tmp_path / "expert"
+    ccfg = CollectConfig(out=str(store), episodes=2, policy="gait", terrain="flat", skills="walking", num_envs=2,
+                         max_episode_s=0.3, progress=False)
+    collect_episodes(ccfg, "main", 2, compact=False)   # what a run killed before its first compaction leaves
+    assert not (store / "manifest.json").exists()
+    info = collect_steps(store, 40, _mini(tmp_path, max_episode_s=0.3, data_terrain="flat"), log=lambda s: None)
+    assert info["episodes"] >= 3 and info["steps"] >= 40

@@ -120,12 +120,14 @@ def collect_steps(store: Path, min_steps: int, cfg: ReproduceConfig, log: Callab
                   collector_id: str = "main", action_noise: float = 0.0, push: float = 0.0,
                   episodes: int | None = None) -> dict[str, Any]:
     """Top the store up until it holds ``min_steps`` env steps (or exactly ``episodes`` of this collector)."""
-    from quadforge.collection.collect import CollectConfig, run_local, store_count
+    from quadforge.collection.collect import CollectConfig, compact_store, run_local, store_count
     from quadforge.data.store import TrajectoryStore
 
     t0 = time.perf_counter()
     while True:
         have = store_count(str(store))
+        if have:   # a collection interrupted between compactions left staged episodes: merge them first
+            compact_store(str(store))
         steps = TrajectoryStore.open(str(store)).num_steps if have else 0
         if episodes is None and steps >= min_steps:
             break
