@@ -340,3 +340,11 @@ def test_preset_parameters_count_germ_active_about_half_of_total():
         assert 0.4 < g["active"] / g["total"] < 0.6                 # top-2 of 8 experts: about half
         assert abs(m["germ-dense"]["total"] - g["active"]) < 0.01 * g["active"]   # dense at the MoE's active size
     assert counts["paper"]["models"]["germ"]["total"] > 10 * counts["cpu"]["models"]["germ"]["total"]
+
+
+def test_report_counts_the_demonstrations_the_rows_trained_on():
+    from quadforge.tools.quard_report import demo_count
+    scale = {"demo_episodes": 200}
+    steps = [{"id": "r0-demos", "meta": {"round": 0, "episodes": 1000, "collector": "demos"}}]
+    assert demo_count({"demos": "/data/quard_demos"}, steps, scale) == 1000   # --demos: the store's count
+    assert demo_count({}, steps, scale) == 200                              # collected by the run: the scale's
