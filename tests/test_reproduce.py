@@ -48,6 +48,11 @@ def test_imitation_stage_writes_results_and_report(tmp_path):
     assert row["model"] == "mlp" and row["size"] == 120 and row["data_steps"] >= 120
     assert row["train_steps"] == 2 and 0.0 <= row["success"] <= 1.0 and row["episodes"] == 1
     assert results["expert_eval"]["episodes"] == 1
+    assert results["imitation_wall_s"] > 0 and results["finished_utc"] and results["imitation_data"]["seconds"] > 0
+    collect_s = results["imitation_data"]["seconds"]
+    run_reproduction(cfg, stages=("imitation",), log=lambda s: None)   # a resumed run: nothing left to do
+    again = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert len(again["imitation"]) == 1 and again["imitation_data"]["seconds"] >= collect_s
     text = docs.read_text()
     assert "| mlp | 120 |" in text and "Scaled down" in text
     assert "GeRM" in text and "_Not run yet._" in text      # the GeRM stage did not run

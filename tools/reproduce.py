@@ -98,11 +98,23 @@ class ReproduceConfig:
 
 # --- results file ------------------------------------------------------------------------------------------
 class Results:
-    """OUT/results.json, rewritten after every finished stage."""
+    """OUT/results.json, rewritten after every finished run and stage."""
 
     def __init__(self, path: Path):
         self.path = path
         self.data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        self._clock = time.perf_counter()
+
+    def restart_clock(self) -> None:
+        self._clock = time.perf_counter()
+
+    def tick(self, stage: str) -> None:
+        """Add the wall time since the last tick to ``{stage}_wall_s`` and stamp ``finished_utc``: called
+        after every run, so a run directory interrupted mid-stage still says how long it worked."""
+        now = time.perf_counter()
+        self.data[f"{stage}_wall_s"] = self.data.get(f"{stage}_wall_s", 0.0) + now - self._clock
+        self._clock = now
+        self.put("finished_utc", time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
 
     def put(self, key: str, value: Any) -> None:
         self.data[key] = value
@@ -190,7 +202,10 @@ def stage_imitation(cfg: ReproduceConfig, res: Results, log: Callable[[str], Non
     out = Path(cfg.out)
     store = out / "data" / "expert"
     log(f"[imitation] collecting >= {max(cfg.sizes)} env steps with the gait expert on {cfg.data_terrain}")
-    res.put("imitation_data", collect_steps(store, max(cfg.sizes), cfg, log))
+    collected = collect_steps(store, max(cfg.sizes), cfg, log)
+    # a rerun that finds the store complete keeps the collection's time (summed over invocations)
+    collected["seconds"] += res.data.get("imitation_data", {}).get("seconds", 0.0)
+    res.put("imitation_data", collected)
     data = load_all(store)
     if "expert_eval" not in res.data:
         log("[imitation] evaluating the gait expert (reference)")
@@ -221,6 +236,7 @@ def stage_imitation(cfg: ReproduceConfig, res: Results, log: Callable[[str], Non
                        "params": trained.model.num_parameters(), "val_loss": val[-1] if val else None,
                        "train_s": train_s, **ev}
                 res.append("imitation", row)
+                res.tick("imitation")
                 log(f"[imitation] {model} size {size} seed {seed}: val {row['val_loss']:.3g} "
                     f"success {ev['success']:.2f} return {ev['return']:.3g} ({train_s:.0f}s train, "
                     f"{ev['eval_s']:.0f}s eval)")
@@ -275,6 +291,7 @@ def stage_germ(cfg: ReproduceConfig, res: Results, log: Callable[[str], None]) -
                    "objective": g.objective, "success_only": g.success_only, "success_ratio": g.success_ratio,
                    "val_greedy_agreement": val[-1].get("greedy_agreement"), "train_s": train_s, **ev}
             res.append("germ", row)
+            res.tick("germ")
             log(f"[germ] {model} seed {seed}: success {ev['success']:.2f} return {ev['return']:.3g} "
                 f"({train_s:.0f}s train, {ev['eval_s']:.0f}s eval)")
             bar.update(1)
@@ -299,12 +316,10 @@ def run_reproduction(cfg: ReproduceConfig, stages: tuple[str, ...] = ("imitation
     res.put("git", git_state())
     res.put("machine", machine())
     res.put("started_utc", res.data.get("started_utc") or time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
-    t0 = time.perf_counter()
+    res.restart_clock()   # set-up above is no stage's time
     for stage in stages:
         {"imitation": stage_imitation, "germ": stage_germ}[stage](cfg, res, log)
-        res.put("finished_utc", time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
-        res.put(f"{stage}_wall_s", res.data.get(f"{stage}_wall_s", 0.0) + time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        res.tick(stage)
         write_report(res.data, Path(cfg.docs), only=report_section)
     return Path(cfg.docs)
 
