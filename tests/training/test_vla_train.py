@@ -491,3 +491,21 @@ def test_two_cpu_ranks_train_the_vla_on_a_store_and_checkpoint(image_store, tmp_
     assert ckpt.step == 3 and set(ckpt.extra["rng"]) == {"rank0", "rank1"}
     assert load_vla(tmp_path, 2).act({"images/front_rgb": torch.zeros(2, 16, 16, 3, dtype=torch.uint8),
                                       "instruction": torch.tensor([0, 1])}).shape == (2, HL_COMMAND_DIM)
+
+
+def test_steering_probe_reports_agreement_per_family(tmp_path):
+    import numpy as np
+    from quadforge.training.vla_probe import format_steering, quard_family, steering_by_family, steering_stats
+    data = np.array([-0.4, -0.1, 0.0, 0.2, 0.5])
+    same, none = steering_stats(data, data), steering_stats(data, np.zeros(5))
+    assert same["error"] == 0 and abs(same["corr"] - 1) < 1e-9 and abs(same["slope"] - 1) < 1e-9
+    assert abs(none["error"] - np.abs(data).mean()) < 1e-9 and abs(none["slope"]) < 1e-9   # does not steer
+    assert quard_family("go to the red cube, slowly with a trotting gait") == "go_to"
+    assert quard_family("go to the red") == "other"
+    src = ColourChoiceTask(image_size=16, history=2, seed=0)
+    train(_cfg("rt1", steps=1), src, tmp_path)
+    report = steering_by_family(str(tmp_path / "last.pt"), ColourChoiceTask(image_size=16, history=2, seed=1),
+                                windows=32, batch=16)
+    assert set(report) == {"all", "other"} and report["all"]["wz"]["n"] == 32
+    assert report["all"]["vy"]["data_abs"] > 0             # the colour task's commands are lateral
+    assert "| all | 32 |" in format_steering(report, "vy")

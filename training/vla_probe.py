@@ -1,0 +1,98 @@
+"""Does a VLA steer? Its greedy planar commands against the demonstrations' on held-out windows, by family.
+
+Closed-loop success can hide a policy that walks straight at the instructed gait (a straight walk passes
+within the success radius of both go_to slots). This compares, window by window, the yaw rate (and
+lateral speed) a checkpoint commands with the one the demonstration commanded on the same frames:
+mean magnitudes, mean absolute error, correlation and the regression slope of commanded on demonstrated
+(1: steers as much as the expert; 0: not at all). The numbers of the shipped checkpoints are in
+experts/checkpoints/VLA_MODEL_CARD.md.
+
+    from quadforge.training.vla_probe import steering_by_family
+    steering_by_family("experts/checkpoints/vla_rt1.pt", "quard_demos")   # {"all": {...}, "go_to": {...}, ...}
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from quadforge.envs.quard.instructions import parse_instruction
+from quadforge.experts.vla import load_vla
+from quadforge.training.models.vla import images_to_float
+from quadforge.training.vla import act_bins
+from quadforge.training.vla_data import ImageWindowSource, open_image_source
+
+STEERING_DIMS = {"vy": 1, "wz": 2}   # indices into HL_COMMAND_NAMES
+
+
+def quard_family(text: str) -> str:
+    """The QUARD family an instruction belongs to ("other" for text that fits no template)."""
+    try:
+        return str(parse_instruction(text)["family"])
+    except ValueError:
+        return "other"
+
+
+def steering_stats(data: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+    """One dimension's agreement: magnitudes, mean |error|, correlation and slope of pred on data."""
+    moving = data.std() > 0 and pred.std() > 0
+    return {"n": int(len(data)), "data_abs": float(np.abs(data).mean()), "pred_abs": float(np.abs(pred).mean()),
+            "error": float(np.abs(pred - data).mean()),
+            "corr": float(np.corrcoef(data, pred)[0, 1]) if moving else float("nan"),
+            "slope": float(np.polyfit(data, pred, 1)[0]) if data.std() > 0 else float("nan")}
+
+
+@torch.no_grad()
+def steering_by_family(checkpoint: str, source: ImageWindowSource | str, windows: int = 512, batch: int = 64,
+                       seed: int = 0, split: str = "val",
+                       family_of: Callable[[str], str] = quard_family) -> dict[str, dict[str, dict[str, float]]]:
+    """``{family or "all": {"wz": stats, "vy": stats}}`` over ``windows`` windows of the demonstrations'
+    successes (a store path: its ``split`` episodes, the trainer's seeded held-out 10 % by default)."""
+    policy = load_vla(checkpoint, 1)
+    model = policy.model.eval()
+    t = model.cfg.history
+    if not isinstance(source, ImageWindowSource):
+        source = open_image_source(str(source), t, seed=seed, split=split, success_only=True)
+    torch.manual_seed(seed)
+    fams: list[str] = []
+    data, pred = [], []
+    for _ in range(max(1, windows // batch)):
+        b = source.sample(batch)
+        texts = [source.instructions[i] for i in b["instruction"].tolist()]
+        cmd = policy.binner.decode(act_bins(model, images_to_float(b["frames"][:, :t]), b["frame_mask"][:, :t].bool(),
+                                            model.frontend.prepare_instructions(texts)))
+        fams += [family_of(s) for s in texts]
+        data.append(b["action"].float())
+        pred.append(cmd.float())
+    d, p = torch.cat(data).numpy(), torch.cat(pred).numpy()
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for fam in ["all", *sorted(set(fams))]:
+        rows = np.array([fam == "all" or f == fam for f in fams])
+        out[fam] = {name: steering_stats(d[rows, i], p[rows, i]) for name, i in STEERING_DIMS.items()}
+    return out
+
+
+def format_steering(report: dict[str, dict[str, dict[str, float]]], dim: str = "wz") -> str:
+    lines = [f"| family | windows | mean abs {dim}, data | mean abs {dim}, commanded | error | corr | slope |",
+             "|---|---|---|---|---|---|---|"]
+    for fam, dims in report.items():
+        s = dims[dim]
+        lines.append(f"| {fam} | {s['n']} | {s['data_abs']:.3f} | {s['pred_abs']:.3f} | {s['error']:.3f} | "
+                     f"{s['corr']:.2f} | {s['slope']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:   # python -m quadforge.training.vla_probe CKPT STORE
+    import sys
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        raise SystemExit("usage: python -m quadforge.training.vla_probe CHECKPOINT IMAGE_STORE")
+    torch.set_num_threads(1)
+    report = steering_by_family(args[0], args[1])
+    print(format_steering(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
