@@ -16,7 +16,7 @@ import numpy as np
 from quadforge.collection.reports import fmt, markdown_table
 from quadforge.tools.results_report import QUARD_BEGIN as BEGIN
 from quadforge.tools.results_report import QUARD_END as END
-from quadforge.tools.results_report import two_proportion_z
+from quadforge.tools.results_report import around_markers, two_proportion_z
 
 FAMILIES = ("go_to", "go_avoid", "stop", "distinguish", "go_through")   # seed 003 Table I
 # Table III's rows: (model, trained with the auto-collected failures)
@@ -248,9 +248,9 @@ def table3_section(data: Mapping[str, Any]) -> list[str]:
 def replace_section(page: str, section: Sequence[str]) -> str:
     """``page`` with the text between the markers replaced by ``section`` (appended when it has none)."""
     block = "\n".join([BEGIN, *section, END])
-    if BEGIN in page and END in page:
-        head, rest = page.split(BEGIN, 1)
-        return head + block + rest.split(END, 1)[1]
+    around = around_markers(page, BEGIN, END)
+    if around is not None:
+        return around[0] + block + around[1]
     return page.rstrip("\n") + "\n\n" + block + "\n"
 
 

@@ -246,11 +246,20 @@ def _imitation_block(data: Mapping[str, Any], page: Path, provenance: bool) -> l
     return lines + imitation_section(data, page.parent) + [IMITATION_END, ""]
 
 
+def around_markers(page: str, begin: str, end: str) -> tuple[str, str] | None:
+    """The text before ``begin`` and after ``end`` (markers excluded), or None when the page lacks either:
+    how every generated section of a results page is swapped for its rebuild."""
+    if begin not in page or end not in page:
+        return None
+    before, rest = page.split(begin, 1)
+    return before, rest.split(end, 1)[1]
+
+
 def _replace_section(old: str, block: str, path: Path) -> str:
     """``old`` with section 1 (between its markers, else from its heading to the next '## ') replaced."""
-    if IMITATION_BEGIN in old and IMITATION_END in old:
-        before, rest = old.split(IMITATION_BEGIN, 1)
-        return before + block + "\n" + rest.split(IMITATION_END, 1)[1].lstrip("\n")
+    around = around_markers(old, IMITATION_BEGIN, IMITATION_END)
+    if around is not None:
+        return around[0] + block + "\n" + around[1].lstrip("\n")
     if IMITATION_HEADING not in old:
         raise ValueError(f"{path}: no section 1 (neither {IMITATION_BEGIN} nor '{IMITATION_HEADING}') to replace")
     before, rest = old.split(IMITATION_HEADING, 1)
