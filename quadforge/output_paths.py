@@ -65,6 +65,12 @@ def check_output_dir(path: str | os.PathLike, kind: str, owns: Callable[[Path], 
     return p
 
 
+def holds_run(path: str | os.PathLike) -> bool:
+    """A folder with a training run's checkpoint in it (last.pt, best.pt or step_*.pt)."""
+    p = Path(path)
+    return p.is_dir() and (any((p / f).is_file() for f in RUN_FILES) or any(p.glob("step_*.pt")))
+
+
 def check_run_dir(path: str | os.PathLike, resume: bool = False, overwrite: bool = False,
                   flag: str = "--out") -> Path:
     """A training run folder: new/empty, or an existing run continued (``resume``) or replaced
@@ -75,7 +81,7 @@ def check_run_dir(path: str | os.PathLike, resume: bool = False, overwrite: bool
     if p.exists() and not p.is_dir():
         raise ValueError(f"{flag} {p}: is a file; give a folder for the run (created if missing)")
     _check_parents(p, flag)
-    has_run = p.is_dir() and (any((p / f).is_file() for f in RUN_FILES) or any(p.glob("step_*.pt")))
+    has_run = holds_run(p)
     if resume:
         if not has_run:
             raise ValueError(f"--resume: {p} holds no checkpoint (last.pt, best.pt or step_*.pt) to resume")

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from quadforge.output_paths import holds_run
 from quadforge.tools.quard_report import FAMILIES, MODEL_NAMES, TABLE3_ROWS, update_docs
 SCALES = ("tiny", "cpu", "paper")
 
@@ -345,9 +346,7 @@ def clear_dead_attempt(step: Step) -> bool:
     files only, say): ``train`` refuses a non-empty folder that is not a run even with ``--overwrite``, and
     the folder is this loop's own, so there is nothing in it to keep. True when something was removed."""
     out = Path(step.output)
-    if step.stage not in ("pretrain", "train") or not out.is_dir():
-        return False
-    if any((out / f).exists() for f in ("last.pt", "best.pt")) or any(out.glob("step_*.pt")):
+    if step.stage not in ("pretrain", "train") or not out.is_dir() or holds_run(out):
         return False
     shutil.rmtree(out)
     return True
