@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quadforge.layout import ObsLayout, get_layout
-from quadforge.data.episodes import as_episode_arrays
+from quadforge.data.ram_budget import sampler_source
 from quadforge.data.samplers import TransitionSampler
 from quadforge.data.store import TrajectoryStore
 from quadforge.training.binning import BIN_METHODS, ActionBinner, fit_binner
@@ -82,6 +82,7 @@ class GeRMTrainConfig:
     bin_method: str = "uniform"
     bin_percentile: float = 0.0          # 0 = min-max edges
     val_fraction: float = 0.1
+    ram_budget: str = "auto"      # the RAM path's limit ("auto": half the machine's memory); above it, out of core
     val_batches: int = 4
     log_every: int = 50
     val_every: int = 500                 # validate and checkpoint every N steps (and at the end)
@@ -228,7 +229,8 @@ def open_source(path: str | Path) -> Any:
 
 
 def make_samplers(source: Any, layout: ObsLayout, cfg: GeRMTrainConfig, info: DistInfo):
-    data = as_episode_arrays(source, list(layout.term_names) + [cfg.action_feature, "terminated"])
+    data = sampler_source(source, list(layout.term_names) + [cfg.action_feature, "terminated"], layout, cfg.ram_budget,
+                          log=print if info.is_main else None)
     common = dict(layout=layout, context=cfg.model.context, gamma=cfg.gamma, reward="sparse",
                   success_only=cfg.success_only, n_step=cfg.n_step, seed=cfg.seed,
                   val_fraction=cfg.val_fraction, action_feature=cfg.action_feature)
@@ -298,7 +300,7 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
     else:
         edges = None
         if info.is_main:
-            edges = fit_binner(sampler.steps.actions[1:], cfg.model.num_bins, cfg.bin_method, cfg.bin_percentile).edges
+            edges = fit_binner(sampler.binning_actions(), cfg.model.num_bins, cfg.bin_method, cfg.bin_percentile).edges
             mean, std = sampler.obs_stats()
             edges = (edges, mean, std)
         edges, mean, std = broadcast_object(edges, info)
@@ -309,7 +311,7 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
     target = copy.deepcopy(model).eval().requires_grad_(False) if cfg.objective == "q" else None
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.max_steps)
-    start = 0 if ckpt is None else resume_from(ckpt, optimizer, scheduler, info, target, {"sampler": sampler._rng})
+    start = 0 if ckpt is None else resume_from(ckpt, optimizer, scheduler, info, target, {"sampler": sampler.rng})
 
     prov = {"episodes": int(data.num_episodes), "steps": int(data.num_steps),
             "successes": int(np.asarray(data.episode_info["success"]).astype(bool).sum()),
@@ -358,7 +360,7 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
                      max_steps=cfg.max_steps, log_every=cfg.log_every, val_every=cfg.val_every,
                      items_per_step=cfg.batch_size * info.world_size, rate_name="transitions_per_s",
                      checkpoint_every_s=cfg.checkpoint_every_s, desc=f"train {cfg.model_name}",
-                     after_step=after_step, validate=validate_main, generators={"sampler": sampler._rng})
+                     after_step=after_step, validate=validate_main, generators={"sampler": sampler.rng})
     history = loop.run(start)
     if start >= cfg.max_steps:
         loop.save(start)
