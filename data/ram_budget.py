@@ -61,8 +61,12 @@ def ram_bytes_per_step(store: Any, features: Iterable[str], layout: ObsLayout | 
     for name in features:
         spec = store.schema.features[name]
         loaded += int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
-    tables = 4 * (layout.dim + 12 + 1) if layout is not None else 0
-    return loaded + 2 * tables + INDEX_BYTES_PER_STEP
+    if layout is None:
+        return loaded + INDEX_BYTES_PER_STEP
+    d, a = layout.dim, 12
+    # at its peak the RAM path holds the loaded features, the gathered term copies (4 d), the tables
+    # (4 (d + a + 1)) and the moments' float64 copy and deviations (16 d, 8 a): ~2.0 KB per step on proprio
+    return loaded + 4 * d + 4 * (d + a + 1) + 16 * d + 8 * a + INDEX_BYTES_PER_STEP
 
 
 def fits_in_ram(store: Any, features: Iterable[str], layout: ObsLayout | None, ram_budget: Any = "auto",

@@ -16,8 +16,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from quadforge.data.step_shards import PASS_BLOCK_STEPS, ShardArray, StepShards
+from quadforge.data.step_shards import ShardArray, StepShards
 from quadforge.layout import ObsLayout
+
+MOMENT_BLOCK_STEPS = 1 << 16     # rows per block of the moments pass (its float64 copies stay ~30 MB)
 
 
 class _PerStep:
@@ -111,6 +113,7 @@ class ShardSteps:
                 for m, table in zip(acc, (self.obs, self.actions)):
                     x = table.block(a, b)
                     m.add(x.reshape(len(x), -1)[keep])
+                    table.release()          # a pass over the whole table: its pages back to the page cache
             self._moments = tuple(m.result() for m in acc)
         return self._moments
 
@@ -118,8 +121,9 @@ class ShardSteps:
         """(a, b, mask) per block of source rows: which rows of a..b-1 belong to the selected episodes."""
         first, stop = self.source_starts, self.source_starts + self.lengths
         total = int(stop[-1])
-        for a in range(int(first[0]), total, PASS_BLOCK_STEPS):
-            b = min(total, a + PASS_BLOCK_STEPS)
+        block = MOMENT_BLOCK_STEPS
+        for a in range(int(first[0]), total, block):
+            b = min(total, a + block)
             lo, hi = np.searchsorted(stop, a, side="right"), np.searchsorted(first, b, side="left")
             d = np.zeros(b - a + 1, dtype=np.int64)
             np.add.at(d, np.clip(first[lo:hi] - a, 0, b - a), 1)

@@ -361,9 +361,8 @@ class _ShardWriter:
         self.out[self.pos:self.pos + len(rows)] = rows
         self.crcs.update(rows)
         self.pos += len(rows)
-        if self.pos % (8 * PASS_BLOCK_STEPS) < len(rows):   # written pages go to disk, not RSS
-            self.out.flush()
-            self.out._mmap.madvise(mmap.MADV_DONTNEED)
+        self.out.flush()                                  # written pages go to disk, not to this process's RSS
+        self.out._mmap.madvise(mmap.MADV_DONTNEED)
 
     def __exit__(self, kind, *rest) -> None:
         if kind is not None:

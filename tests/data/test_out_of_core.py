@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import quadforge.data.shard_steps as shard_steps
 import quadforge.data.step_shards as shards_mod
 from quadforge.data.compaction import compact
 from quadforge.data.ram_budget import parse_ram_budget, sampler_source
@@ -44,6 +45,7 @@ def store(pristine, tmp_path, monkeypatch):
     import shutil
     monkeypatch.setattr(shards_mod, "PASS_BLOCK_STEPS", 64)
     monkeypatch.setattr(shards_mod, "SHARD_CHUNK_BYTES", 1024)
+    monkeypatch.setattr(shard_steps, "MOMENT_BLOCK_STEPS", 50)
     root = tmp_path / "store"
     shutil.copytree(pristine, root)
     return TrajectoryStore.open(root)
