@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import torch
 
-from quadforge.data.episodes import discounted_returns
+from quadforge.data.episodes import EpisodeSpans, discounted_returns
 from quadforge.data.integrity import ChunkCrcs, canonical_digest, crc_rows
 from quadforge.data.store import TrajectoryStore, array_path
 from quadforge.layout import ObsLayout
@@ -175,7 +175,7 @@ class _LazyFeatures(Mapping[str, np.ndarray]):
         return len(self._shards.store.feature_names)
 
 
-class StepShards:
+class StepShards(EpisodeSpans):
     """The out-of-core view of a ``TrajectoryStore``: what ``EpisodeArrays`` offers (episode table,
     ``features[name]``, lengths), with per-step arrays memory-mapped from shard files instead of loaded."""
 
@@ -187,23 +187,6 @@ class StepShards:
         self.features = _LazyFeatures(self)
         self._log = log
         self._open: dict[str, ShardArray] = {}
-
-    # EpisodeArrays' interface -------------------------------------------------------------------------
-    @property
-    def num_episodes(self) -> int:
-        return len(self.episode_ends)
-
-    @property
-    def num_steps(self) -> int:
-        return int(self.episode_ends[-1]) if len(self.episode_ends) else 0
-
-    @property
-    def episode_starts(self) -> np.ndarray:
-        return np.concatenate([[0], self.episode_ends[:-1]]).astype(np.int64)
-
-    @property
-    def episode_lengths(self) -> np.ndarray:
-        return np.diff(self.episode_ends, prepend=0)
 
     def require(self, names, who: str) -> None:
         missing = [n for n in names if n not in self.store.feature_names]
