@@ -37,15 +37,19 @@ from quadforge.data.store import TrajectoryStore
 from quadforge.data.writer import StagingWriter
 from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.builder import make_env
+from quadforge.envs.quard.instructions import quard_tasks
 from quadforge.envs.robots import ROBOTS
 from quadforge.envs.terrain import terrain_types
 from quadforge.experts.registry import check_policy_spec, policy_for_env
 from quadforge.seeding import derive_seed, seed_everything
 from quadforge.output_paths import check_output_dir, is_store_dir
 
-# vision-language tasks (seed 003, Table I); `quard:all` mixes the families per episode
-QUARD_FAMILIES = ("go_to", "go_avoid", "stop", "distinguish", "go_through")
-TASKS = ("locomotion",) + tuple(f"quard:{f}" for f in QUARD_FAMILIES + ("all",))
+
+
+def collect_tasks() -> tuple[str, ...]:
+    """The tasks ``collect --task`` takes: locomotion, and a QUARD task per registered family
+    (``envs.quard.families``) plus ``quard:all`` (the families mixed per episode)."""
+    return ("locomotion",) + quard_tasks()
 
 
 @dataclass
@@ -102,8 +106,8 @@ class CollectConfig:
         if self.robot not in ROBOTS:
             raise bad("robot", ", ".join(ROBOTS))
         terrain_types(self.terrain)
-        if self.task not in TASKS:
-            raise bad("task", ", ".join(TASKS))
+        if self.task not in collect_tasks():
+            raise bad("task", ", ".join(collect_tasks()))
         if not self.images and self.task == "locomotion":
             raise ValueError("--no-images applies to camera tasks (--task quard:...); the locomotion task has no camera")
         if not isinstance(self.frame_stride, int) or self.frame_stride < 1:

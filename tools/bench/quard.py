@@ -209,14 +209,15 @@ def _step_rows(table: Table, quick: bool) -> None:
 def main(quick: bool = False, json_path: str | None = None, families: tuple[str, ...] | None = None,
          sections: tuple[str, ...] = SECTIONS) -> int:
     os.environ.setdefault("LP_NUM_THREADS", "1")   # llvmpipe: one render thread per worker
-    from quadforge.envs.quard.instructions import FAMILIES, GAIT_WORDS, SPEEDS
+    from quadforge.envs.quard.families import family_names
+    from quadforge.envs.quard.instructions import GAIT_WORDS, SPEEDS
     from quadforge.envs.quard.rules import OUTCOMES
     from quadforge.experts.quard_expert import GAIT_SPEEDS
 
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         raise ValueError(f"bench quard: unknown sections {unknown}; allowed: {', '.join(SECTIONS)}")
-    families = tuple(families or FAMILIES)
+    families = tuple(families or family_names())
     episodes, num_envs = (24, 12) if quick else (200, 40)
     outcome_cols = list(OUTCOMES[2:]) + ["mean time to success s", "mean path m", "failures by gait", "wall s"]
     tables, extra = [], {"load_avg_start": os.getloadavg()}
@@ -322,11 +323,12 @@ def frames_png(path: str, per_family: int = 4, size: int = 64, seed: int = 0, st
 
     from quadforge.envs.quard.camera import CameraConfig
     from quadforge.envs.quard.env import QuardConfig, QuardEnv
-    from quadforge.envs.quard.instructions import FAMILIES
+    from quadforge.envs.quard.families import family_names
     from quadforge.experts.quard_expert import make_quard_expert
 
-    fig, axes = plt.subplots(len(FAMILIES), 2 * per_family, figsize=(2.0 * 2 * per_family, 2.6 * len(FAMILIES)))
-    for r, family in enumerate(FAMILIES):
+    families = family_names()
+    fig, axes = plt.subplots(len(families), 2 * per_family, figsize=(2.0 * 2 * per_family, 2.6 * len(families)))
+    for r, family in enumerate(families):
         env = QuardEnv(QuardConfig.make(f"quard:{family}", num_envs=per_family, seed=seed,
                                         camera=CameraConfig(width=size, height=size)))
         try:
@@ -353,7 +355,7 @@ def frames_png(path: str, per_family: int = 4, size: int = 64, seed: int = 0, st
         finally:
             env.close()
     fig.suptitle(f"QUARD front camera, {size}x{size} RGB (as rendered), one row per family: "
-                 + ", ".join(FAMILIES), fontsize=9)
+                 + ", ".join(families), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
