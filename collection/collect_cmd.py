@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = CollectConfig(out="", episodes=0)
     add_store(p, "written to (created if missing)", old="--out")
     p.add_argument("--episodes", type=int, required=True, help="target number of episodes in the store (a total)")
-    p.add_argument("--policy", default=d.policy, help=spec_help())
+    p.add_argument("--policy", default=d.policy,
+                   help=f"{spec_help()} (default: the task's - gait for locomotion, quard_expert for quard:*)")
     add_robot(p, d.robot)
     p.add_argument("--terrain", default=d.terrain, help=TERRAIN_SPEC_HELP)
     p.add_argument("--skills", default=d.skills,

@@ -34,6 +34,7 @@ class Task:
     configure: Callable[[EnvConfig], EnvConfig]   # default config -> the task's config
     help: str
     make: Callable[..., LeggedEnv] | None = None  # the env of a task with its own class (QUARD): make(cfg, **options)
+    default_policy: str = "gait"                  # the policy spec a job runs when none is named: one that can succeed here
 
 
 @dataclass(frozen=True)

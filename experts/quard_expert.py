@@ -30,7 +30,7 @@ from quadforge.envs.quard.family.base import MAX_YAW_RATE, YAW_GAIN, ExpertStep
 from quadforge.envs.quard.words import GAIT_OF_WORD, GAIT_WORDS, SPEEDS
 from quadforge.experts.gait import GAITS
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES
-from quadforge.experts.registry import LoadContext, register_policy_kind
+from quadforge.experts.registry import LoadContext, policy_for_env, register_policy_kind
 
 # per gait word and speed word: (band of ground speed m/s the expert holds, stepping frequency Hz).
 # Trot and pace track the commanded speed at 3 Hz. Bound and pronk lose 0.2-0.3 m/s of it in the gait
@@ -161,12 +161,9 @@ class QuardExpert:
 
 
 def make_quard_expert(env) -> "object":
-    """``HierarchicalPolicy(QuardExpert, GaitController)`` for a ``QuardEnv``: a "joint" policy."""
-    from quadforge.experts.gait import GaitController
-    from quadforge.experts.hierarchical import HierarchicalPolicy
-
-    return HierarchicalPolicy(QuardExpert(env.num_envs, env.dt, env.device),
-                              GaitController(env.robot, env.num_envs, env.dt, env.device))
+    """``HierarchicalPolicy(QuardExpert, GaitController)`` for a ``QuardEnv``: a "joint" policy; the same as
+    ``experts.registry.policy_for_env("quard_expert", env)``, through which it is built."""
+    return policy_for_env("quard_expert", env)
 
 
 def _load_for_registry(arg: str, ctx: LoadContext) -> QuardExpert:

@@ -418,7 +418,10 @@ class QuardEnv(LeggedEnv):
     def policy_context(self) -> dict[str, Any]:
         """What a policy reading this env's frames and instructions checks and uses (``policy_for_env``)."""
         c = self.qcfg.camera
+        # task_terms: what says which object the task names; a policy reading neither can never succeed
+        # here (experts.registry.task_blindness)
         return {"task": self.qcfg.task, "instructions": list(self.instruction_table),
+                "task_terms": ("instruction", "task_target_pos"),
                 "camera": {"name": "front", "height": c.height, "width": c.width, "image_every": self.qcfg.image_every}}
 
     def task_params(self, env_id: int) -> dict[str, Any]:

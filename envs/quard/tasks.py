@@ -32,7 +32,8 @@ def _task(name: str) -> Task:
     families = task_families(name)        # a one-line error naming the allowed families
     help = ("QUARD: a family drawn per episode" if name == "quard:all"
             else f"QUARD {families[0]}: \"{get_family(families[0]).template}, <speed> with a <gait> gait\"")
-    return Task(name, _configure, help, make=lambda cfg, **options: _make(name, cfg, options))
+    return Task(name, _configure, help, make=lambda cfg, **options: _make(name, cfg, options),
+                default_policy="quard_expert")
 
 
 def _make(name: str, cfg: EnvConfig, options: dict) -> QuardEnv:

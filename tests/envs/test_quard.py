@@ -289,17 +289,41 @@ def test_rollout_command_runs_a_quard_task(tmp_path, capsys):
     from quadforge.tools import rollout_cmd
     p = argparse.ArgumentParser()
     rollout_cmd.add_arguments(p)
-    args = p.parse_args(["--task", "quard:distinguish", "--policy", "expert", "--num-envs", "2", "--seconds", "3",
+    # no --policy: the task's default, the privileged expert, loaded through the one policy loader
+    args = p.parse_args(["--task", "quard:distinguish", "--num-envs", "2", "--seconds", "3",
                          "--json", str(tmp_path / "s.json")])
     assert rollout_cmd.run(args) == 0
     import json
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["task"] == "quard:distinguish" and summary["num_envs"] == 2
+    assert summary["policy"] == "quard_expert" and "quard_expert" in summary["policy_id"]
     fams = summary["families"]
     assert set(fams) <= {"quard:distinguish"} and sum(f["episodes"] for f in fams.values()) >= 1
+    assert fams["quard:distinguish"]["success_rate"] == 1.0
     bad = p.parse_args(["--task", "quard:jump"])
     with pytest.raises(ValueError, match="unknown QUARD family"):
         rollout_cmd.run(bad)
+
+
+def test_rollout_command_runs_a_vla_checkpoint_with_the_camera_and_warns_for_a_blind_policy(tmp_path, capsys):
+    """`rollout --task quard:go_to --policy experts/checkpoints/vla_rt1.pt` (issue 27): the camera turns on
+    for a policy that reads frames; zero actions run but are named as unable to succeed."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from quadforge.tools import rollout_cmd
+    p = argparse.ArgumentParser()
+    rollout_cmd.add_arguments(p)
+    vla = Path(__file__).resolve().parents[2] / "experts" / "checkpoints" / "vla_rt1.pt"
+    args = p.parse_args(["--task", "quard:go_to", "--policy", str(vla), "--num-envs", "1", "--seconds", "0.5",
+                         "--json", str(tmp_path / "vla.json")])
+    assert _with_gl(lambda: rollout_cmd.run(args)) == 0
+    assert json.loads((tmp_path / "vla.json").read_text())["policy_id"].startswith("hier:vla-rt1")
+    assert "warning" not in capsys.readouterr().out
+    args = p.parse_args(["--task", "quard:go_to", "--policy", "zero", "--num-envs", "1", "--seconds", "0.2"])
+    assert rollout_cmd.run(args) == 0
+    assert "warning: --policy zero on --task quard:go_to: policy zero reads none of" in capsys.readouterr().out
 
 
 def _with_gl(build):
