@@ -98,9 +98,9 @@ def _calls(folders, names):
 def test_every_env_is_built_by_make_env_and_every_policy_loaded_by_load_policy():
     """Outside envs/ nothing constructs an env class (``envs.builder.make_env`` builds them all); outside
     experts/ nothing calls a policy loader but the registry's ``load_policy`` / ``policy_for_env``."""
-    outside_envs = ("collection", "training", "tools", "data", "experts", "quadforge")
+    outside_envs = ("collection", "training", "tools", "data", "experts", "models", "quadforge")
     assert _calls(outside_envs, _ENV_CLASSES) == []
-    direct = _calls(("collection", "training", "tools", "data", "envs", "quadforge"), _POLICY_LOADERS)
+    direct = _calls(("collection", "training", "tools", "data", "envs", "models", "quadforge"), _POLICY_LOADERS)
     assert [c for c in direct if c not in _DIRECT_LOADS] == []
 
 
