@@ -13,6 +13,10 @@ A policy step mirrors ``mujoco_cpu``'s split, so the two backends compute the sa
 
 On a CUDA device that sequence is captured once as a CUDA graph and replayed (one launch per policy
 step instead of hundreds of kernel launches); on Warp's CPU device (development, tests) it runs as is.
+Every Warp call and the torch work between them run on the backend's own ``torch.cuda.Stream``
+(``step_stream``): CUDA cannot capture a graph on the legacy default stream, which is torch's current
+stream unless the caller chose another. That stream waits for the caller's stream on entry, and the
+caller's stream waits for it on exit, so the caller sees ordinary stream semantics.
 
 Per-world randomisation: the model fields the variant pool changes (friction, masses and the
 constants derived from them, actuator gains and force ranges) get a leading world dimension
@@ -96,6 +100,30 @@ def default_buffers(model: mujoco.MjModel, has_terrain: bool) -> tuple[int, int]
     return nconmax, per_contact * nconmax + int(model.njnt) + 16
 
 
+# CUDA refuses to capture a graph on the legacy default stream: torch's default stream (handle 0) and the
+# special handles cudaStreamLegacy (1) and cudaStreamPerThread (2) ("Warp error: unknown stream").
+UNCAPTURABLE_STREAM_HANDLES = (0, 1, 2)
+
+
+def check_capturable(stream) -> None:
+    """RuntimeError unless a CUDA graph can be captured on ``stream`` (anything with ``cuda_stream``)."""
+    handle = int(getattr(stream, "cuda_stream", 0) or 0)   # Warp's default-stream wrapper holds None
+    if handle in UNCAPTURABLE_STREAM_HANDLES:
+        raise RuntimeError(f"mujoco_warp: stream handle {handle:#x} is a default CUDA stream, on which a CUDA "
+                           f"graph cannot be captured; the step must run on a stream of its own")
+
+
+def step_stream(device: torch.device, new_stream: Callable | None = None):
+    """The stream the backend runs its physics on: None on the CPU; on a GPU a dedicated stream (never
+    torch's current one, which is the legacy default stream unless the caller chose another), checked
+    capturable. ``new_stream(device=...)`` makes it (torch.cuda.Stream; a test passes a stand-in)."""
+    if torch.device(device).type != "cuda":
+        return None
+    stream = (new_stream or torch.cuda.Stream)(device=device)
+    check_capturable(stream)
+    return stream
+
+
 def _rotate_inverse(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """R(q)^T v for unit wxyz quaternions q (k, 4) and vectors v (k, 3): world -> body frame."""
     w, u = q[:, :1], q[:, 1:]
@@ -125,6 +153,8 @@ class MujocoWarpBackend:
         wp.init()
         self.wp_device = self._pick_device(wcfg.device)
         self.device = torch.device("cuda", self.wp_device.ordinal) if self.wp_device.is_cuda else torch.device("cpu")
+        self._stream = step_stream(self.device)
+        self._wp_stream = wp.stream_from_torch(self._stream) if self._stream is not None else None
         self.num_envs = n = int(cfg.num_envs)
         self.num_joints = NUM_JOINTS
         self.sim_dt = float(cfg.sim_dt)
@@ -301,14 +331,20 @@ class MujocoWarpBackend:
             have = [str(d) for d in wp.get_devices()]
             raise ValueError(f"WarpConfig.device={name!r} is not available here ({err}); devices: {have}") from None
 
+    @contextlib.contextmanager
     def _scope(self):
-        """Warp calls on our device, on torch's current stream when on a GPU (no cross-stream races)."""
+        """Warp calls on our device; on a GPU, torch and Warp both on the backend's own step stream,
+        ordered after the caller's stream on entry and before it on exit (no cross-stream races)."""
         wp = self._wp
-        stack = contextlib.ExitStack()
-        stack.enter_context(wp.ScopedDevice(self.wp_device))
-        if self.wp_device.is_cuda:
-            stack.enter_context(wp.ScopedStream(wp.stream_from_torch(torch.cuda.current_stream(self.device))))
-        return stack
+        with wp.ScopedDevice(self.wp_device):
+            if self._stream is None:
+                yield
+                return
+            caller = torch.cuda.current_stream(self.device)
+            self._stream.wait_stream(caller)          # what the caller queued (targets, resets) comes first
+            with torch.cuda.stream(self._stream), wp.ScopedStream(self._wp_stream, sync_enter=False):
+                yield
+            caller.wait_stream(self._stream)          # the caller's next reads see this step's results
 
     def _variant_fields(self, mjm: mujoco.MjModel) -> list[str]:
         """The Warp model fields whose value differs between the envs' variants."""
@@ -380,6 +416,7 @@ class MujocoWarpBackend:
                 return
             if self._graph is None:
                 self._run_physics()      # loads every kernel module first: a capture cannot compile
+                check_capturable(wp.get_stream(self.wp_device))
                 with wp.ScopedCapture(device=self.wp_device) as capture:
                     self._run_physics()
                 self._graph = capture.graph

@@ -88,6 +88,95 @@ def test_default_buffers_grow_on_a_heightfield():
     assert con_hf > con_flat and j_hf > j_flat and j_flat >= 3 * con_flat
 
 
+class _FakeStream:
+    """A stand-in for a torch/Warp CUDA stream: its handle and the streams it was told to wait for."""
+
+    def __init__(self, handle):
+        self.cuda_stream, self.waited = handle, []
+
+    def wait_stream(self, other):
+        self.waited.append(other)
+
+
+def test_step_stream_is_never_a_default_stream():
+    from quadforge.envs.backends.mujoco_warp import UNCAPTURABLE_STREAM_HANDLES, check_capturable, step_stream
+    assert step_stream(torch.device("cpu")) is None           # Warp's CPU device: no stream at all
+    own = _FakeStream(0x5EED)
+    made = []
+    got = step_stream(torch.device("cuda", 0), new_stream=lambda device: made.append(device) or own)
+    assert got is own and made == [torch.device("cuda", 0)]   # a new stream, not the caller's current one
+    for handle in UNCAPTURABLE_STREAM_HANDLES + (None,):
+        with pytest.raises(RuntimeError, match="graph cannot be captured"):
+            check_capturable(_FakeStream(handle))
+        with pytest.raises(RuntimeError, match="graph cannot be captured"):
+            step_stream(torch.device("cuda", 0), new_stream=lambda device: _FakeStream(handle))
+
+
+def test_graph_capture_runs_on_the_backends_stream_not_torchs_default(monkeypatch):
+    """The first CUDA step captures its graph while torch's current stream is the legacy default stream
+    (a caller that chose none): the capture must run on the backend's own stream, ordered after the
+    caller's on entry and before it on exit. Checked with stand-ins for torch.cuda and Warp, so it runs
+    without a GPU (the real capture is the gpu-marked test below)."""
+    import contextlib
+
+    from quadforge.envs.backends import mujoco_warp as mw
+    legacy = _FakeStream(0)
+    torch_streams, warp_streams, captured_on = [legacy], [_FakeStream(0x77)], []
+
+    @contextlib.contextmanager
+    def push(stack, stream):
+        stack.append(stream)
+        yield
+        stack.pop()
+
+    class FakeWarp:
+        ScopedDevice = staticmethod(lambda device: contextlib.nullcontext())
+        ScopedStream = staticmethod(lambda stream, sync_enter=True: push(warp_streams, stream))
+        get_stream = staticmethod(lambda device=None: warp_streams[-1])
+        stream_from_torch = staticmethod(lambda stream: stream)
+        capture_launch = staticmethod(lambda graph: captured_on.append(("replay", warp_streams[-1])))
+
+        @staticmethod
+        @contextlib.contextmanager
+        def ScopedCapture(device=None):
+            mw.check_capturable(warp_streams[-1])   # what CUDA refuses, as CUDA refuses it
+            captured_on.append(("capture", warp_streams[-1]))
+            yield type("Capture", (), {"graph": "graph"})()
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: torch_streams[-1])
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: push(torch_streams, stream))
+    b = mw.MujocoWarpBackend.__new__(mw.MujocoWarpBackend)
+    b._wp, b.wp_device, b.device = FakeWarp(), type("Dev", (), {"is_cuda": True})(), torch.device("cuda", 0)
+    b._stream = mw.step_stream(b.device, new_stream=lambda device: _FakeStream(0x5EED))
+    b._wp_stream = b._stream
+    b._use_graph, b._graph = True, None
+    physics_on = []
+    b._run_physics = lambda: physics_on.append((torch_streams[-1], warp_streams[-1]))
+    b._physics()
+    b._physics()
+    assert captured_on == [("capture", b._stream), ("replay", b._stream)]
+    assert physics_on == [(b._stream, b._stream)] * 2          # the uncaptured first run and the capture
+    assert b._stream.waited == [legacy, legacy] and legacy.waited == [b._stream, b._stream]
+    assert torch_streams == [legacy]                           # the caller's stream is current again
+
+
+@pytest.mark.gpu
+@needs_warp
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_step_runs_from_torchs_default_stream():
+    """The crash of every `--warp-device cuda` run (issue 23): the first step captured a graph on the
+    legacy default stream. Stepping from torch's default stream must capture, replay and stay finite."""
+    cfg = BackendConfig(num_envs=8, seed=0, warp=WarpConfig(device="cuda:0", cuda_graph=True))
+    b = make_backend("mujoco_warp", cfg)
+    assert torch.cuda.current_stream().cuda_stream == 0          # the caller chose no stream
+    targets = b.state.joint_pos.clone()
+    for _ in range(3):
+        bad = b.step(targets)
+    assert b._graph is not None and not bool(bad.any())
+    assert torch.isfinite(b.state.root_pos_w).all() and float(b.state.root_pos_w[:, 2].min()) > 0.15
+    b.close()
+
+
 # --- slow: Warp's CPU device -----------------------------------------------------------------------------
 def _pair(terrain=None, num_envs=6, **warp):
     cfg = BackendConfig(num_envs=num_envs, num_threads=1, seed=3, randomization=RandomizationConfig(),
