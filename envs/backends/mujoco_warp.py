@@ -44,10 +44,9 @@ import numpy as np
 import torch
 
 from quadforge.envs.backends.base import OVERFLOW_POLICIES, BackendConfig, RobotState, WarpConfig
-from quadforge.envs.backends.mujoco_cpu import FOOT_CONTACT_FORCE, MAX_ABS_STATE, _load_terrain
+from quadforge.envs.backends.common import FOOT_CONTACT_FORCE, MAX_ABS_STATE, SceneBackend
 from quadforge.layout import NUM_FEET, NUM_JOINTS
-from quadforge.envs.scene import TRACKED, Scene, build_scene, make_variants
-from quadforge.seeding import numpy_rng
+from quadforge.envs.scene import TRACKED
 
 INSTALL_HINT = "pip install 'quadforge[gpu]' (or: pip install mujoco-warp==4.0.0)"
 # Warp's overflow bits (mujoco_warp.OverflowType) that mean contacts or constraints were dropped. The
@@ -130,42 +129,32 @@ def _rotate_inverse(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return v * (2 * w * w - 1) - 2 * w * torch.cross(u, v, dim=1) + 2 * u * (u * v).sum(1, keepdim=True)
 
 
-class MujocoWarpBackend:
+class MujocoWarpBackend(SceneBackend):
     """``envs.backends.base.PhysicsBackend`` on MuJoCo Warp (see the module docstring)."""
 
     def __init__(self, cfg: BackendConfig):
-        from quadforge.envs.robots import get_robot
-
-        self.cfg = cfg
         wcfg: WarpConfig = cfg.warp if cfg.warp is not None else WarpConfig()
-        if int(cfg.num_envs) < 1:
-            raise ValueError(f"BackendConfig.num_envs must be >= 1, got {cfg.num_envs}")
-        if int(cfg.decimation) < 1:
-            raise ValueError(f"BackendConfig.decimation must be >= 1, got {cfg.decimation}")
         if wcfg.on_overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"WarpConfig.on_overflow={wcfg.on_overflow!r}; allowed: {OVERFLOW_POLICIES}")
         for name in ("nconmax", "njmax"):
             v = getattr(wcfg, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"WarpConfig.{name}={v!r}; allowed: None or an integer >= 1")
+        self.check_config(cfg)
+        if getattr(cfg, "scene_addon", None) is not None:
+            raise NotImplementedError("mujoco_warp: scene addons (task objects, their sensors) are not supported "
+                                      "yet; use backend mujoco_cpu for task scenes")
         wp, mjw = import_warp()
         self._wp, self._mjw = wp, mjw
         wp.init()
         self.wp_device = self._pick_device(wcfg.device)
-        self.device = torch.device("cuda", self.wp_device.ordinal) if self.wp_device.is_cuda else torch.device("cpu")
+        device = torch.device("cuda", self.wp_device.ordinal) if self.wp_device.is_cuda else torch.device("cpu")
+        self._setup_scene(cfg, device)
         self._stream = step_stream(self.device)
         self._wp_stream = wp.stream_from_torch(self._stream) if self._stream is not None else None
-        self.num_envs = n = int(cfg.num_envs)
-        self.num_joints = NUM_JOINTS
-        self.sim_dt = float(cfg.sim_dt)
-        self.decimation = int(cfg.decimation)
         self.on_overflow = wcfg.on_overflow
-        self.num_non_finite = 0
         self.num_overflow = 0
-
-        self.robot = get_robot(cfg.robot)
-        self.scene: Scene = build_scene(self.robot, _load_terrain(cfg.terrain), self.sim_dt)
-        self.variants = make_variants(self.scene, cfg.randomization, n, numpy_rng(cfg.seed, "backend/variants"))
+        n = self.num_envs
         mjm = copy.deepcopy(self.scene.model)
         # MuJoCo Warp never auto-resets (and rejects the flag): divergence is detected below, as on the CPU
         mjm.opt.disableflags &= ~int(mujoco.mjtDisableBit.mjDSBL_AUTORESET)
@@ -204,13 +193,8 @@ class MujocoWarpBackend:
         self._reset_qvel = torch.zeros(n, mjm.nv, device=dev)
         self._reset_ctrl = torch.zeros(n, mjm.nu, device=dev)
         self._reset_sens = torch.zeros(n, s, device=dev)        # the readout right after that reset
-        self._qpos_order = torch.as_tensor(self._hinge_order(), device=dev)
+        self._qpos_order = torch.as_tensor(self._qpos_order, device=dev)
         self._state = self._allocate_state()
-        self._env_params = {
-            "friction": torch.as_tensor(self.variants.friction, dtype=torch.float32, device=dev),
-            "added_mass": torch.as_tensor(self.variants.added_mass, dtype=torch.float32, device=dev),
-            "motor_strength": torch.as_tensor(self.variants.motor_strength, dtype=torch.float32, device=dev),
-        }
         self._graph = None
         self._use_graph = bool(wcfg.cuda_graph) and self.wp_device.is_cuda
         self._reset_default(torch.arange(n, device=dev))
@@ -219,10 +203,6 @@ class MujocoWarpBackend:
     @property
     def state(self) -> RobotState:
         return self._state
-
-    @property
-    def env_params(self) -> dict[str, torch.Tensor]:
-        return self._env_params
 
     def reset(self, env_ids: torch.Tensor, root_pos_w: torch.Tensor, root_quat_w: torch.Tensor,
               root_lin_vel_w: torch.Tensor, root_ang_vel_w: torch.Tensor,
@@ -303,13 +283,6 @@ class MujocoWarpBackend:
         self._forward_masked()
         self._refresh()
 
-    def terrain_height(self, xy_w: torch.Tensor) -> torch.Tensor:
-        if xy_w.shape[-1] != 2:
-            raise ValueError(f"terrain_height: points must have a last dimension of 2 (x, y), got {tuple(xy_w.shape)}")
-        if self.scene.terrain is None:
-            return torch.zeros(xy_w.shape[:-1], dtype=torch.float32, device=xy_w.device)
-        return self.scene.terrain.height_at(xy_w)
-
     def make_camera(self, cfg):
         """A batched camera over the worlds (``envs.backends.warp_camera.WarpCamera``): MuJoCo Warp's
         batch ray-tracing renderer, one call renders every world."""
@@ -384,14 +357,6 @@ class MujocoWarpBackend:
                 cols[m.sensor_adr[i]:m.sensor_adr[i] + m.sensor_dim[i]] = True
         return cols
 
-    def _hinge_order(self) -> np.ndarray:
-        """Column order taking project joint order to the model's hinge order (qpos[7:], qvel[6:])."""
-        m = self.mjm
-        adr = [m.jnt_qposadr[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, j)] - 7 for j in self.robot.joint_names]
-        order = np.empty(NUM_JOINTS, dtype=np.int64)
-        order[np.asarray(adr)] = np.arange(NUM_JOINTS)
-        return order
-
     def _ids(self, env_ids: torch.Tensor) -> torch.Tensor:
         ids = torch.as_tensor(env_ids).detach().to(self.device, torch.long).reshape(-1)
         if ids.numel():
@@ -453,14 +418,7 @@ class MujocoWarpBackend:
 
     def _reset_default(self, ids: torch.Tensor) -> None:
         """Standing pose at the origin, above the ground: a valid state before the caller's first reset."""
-        k, dev = ids.numel(), self.device
-        pos = torch.zeros(k, 3, device=dev)
-        pos[:, 2] = self.robot.nominal_base_height + float(self.terrain_height(torch.zeros(1, 2, device=dev)).max())
-        quat = torch.zeros(k, 4, device=dev)
-        quat[:, 0] = 1.0
-        q = torch.tensor(self.robot.default_joint_pos, dtype=torch.float32, device=dev).expand(k, -1)
-        z3, z12 = torch.zeros(k, 3, device=dev), torch.zeros(k, NUM_JOINTS, device=dev)
-        self.reset(ids, pos, quat, z3, z3, q, z12)
+        self.reset(ids, *(torch.as_tensor(a, dtype=torch.float32) for a in self._default_pose(ids.numel())))
 
     def _allocate_state(self) -> RobotState:
         n, dev = self.num_envs, self.device
