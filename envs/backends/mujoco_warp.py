@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
+from dataclasses import dataclass
 from typing import Callable
 
 import mujoco
@@ -89,14 +91,73 @@ def available() -> bool:
         return False
 
 
-def default_buffers(model: mujoco.MjModel, has_terrain: bool) -> tuple[int, int]:
-    """(nconmax, njmax) per world for one quadruped. On a plane a contact pair yields at most a few
-    contacts: 64 is ~4x a sprawled robot's count. A heightfield yields one contact per prism a geom
-    overlaps (up to MuJoCo's 50 per pair): 256. Rows: a pyramidal friction cone of condim 3 takes 4 rows
-    per contact (elliptic: 3), plus joint limits."""
-    nconmax = 256 if has_terrain else 64
-    per_contact = 4 if model.opt.cone == mujoco.mjtCone.mjCONE_PYRAMIDAL else 3
-    return nconmax, per_contact * nconmax + int(model.njnt) + 16
+# Buffer sizing (see measure_contact_load): the settled load measured on the CPU times this margin. Why 2:
+# MuJoCo Warp builds its own heightfield contacts per prism, so its counts differ from MuJoCo C's for
+# the same pose, and an episode reaches poses the probes do not (a stumble, a robot on its knees).
+# Contacts are one pool shared by all worlds (naconmax = nconmax x nworld), so a world may exceed its
+# share while others are below; constraint rows are a hard per-world limit. An overflow is never silent.
+BUFFER_SAFETY = 2.0
+# The floor of each buffer (contacts, rows): a scene whose probes touch little still gets room for four
+# feet on a heightfield prism corner each.
+MIN_BUFFERS = (32, 128)
+# The probes' settling time: 100 policy steps (2 s), long enough for a dropped robot to come to rest.
+PROBE_STEPS = 100
+
+
+@dataclass(frozen=True)
+class ContactLoad:
+    """The most contacts and constraint rows one world of a scene held over the probe rollouts."""
+
+    ncon: int
+    nefc: int
+    probes: int       # rollouts run (spawn points x poses)
+
+
+def _probe_spawns(scene, k: int) -> np.ndarray:
+    """(k', 3) ground points under the probes: the origin on a plane; on a terrain, tile centres spread
+    over the levels and columns (the same platforms the env spawns on), k at most."""
+    if scene.terrain is None:
+        return np.zeros((1, 3))
+    origins = scene.terrain.origins.numpy().astype(np.float64)       # (levels, cols, 3)
+    rows, cols = origins.shape[:2]
+    return np.stack([origins[(i * rows) // k % rows, i % cols] for i in range(min(k, rows * cols))])
+
+
+def measure_contact_load(scene, decimation: int, num_spawns: int = 8,
+                         steps: int = PROBE_STEPS) -> ContactLoad:
+    """Contacts and constraint rows of ``scene`` measured with MuJoCo C: from each probe spawn point, a
+    robot standing in its default pose under default targets, and one dropped on its side (the sprawled
+    worst case: trunk, thighs and calves on the ground), each settled for ``steps`` policy steps of
+    ``decimation`` substeps; the maxima over every substep of every rollout."""
+    robot = scene.robot
+    m = scene.model
+    d = mujoco.MjData(m)
+    q0 = np.asarray(robot.default_joint_pos, dtype=np.float64)
+    adr = [int(m.jnt_qposadr[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, j)]) for j in robot.joint_names]
+    act = [int(mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_ACTUATOR, a)) for a in robot.actuator_names]
+    side = np.array([np.cos(np.pi / 4), np.sin(np.pi / 4), 0.0, 0.0])       # 90 degrees about x
+    poses = ((np.array([1.0, 0.0, 0.0, 0.0]), robot.nominal_base_height + 0.02), (side, 0.3))
+    ncon = nefc = probes = 0
+    for ground in _probe_spawns(scene, num_spawns):
+        for quat, height in poses:
+            mujoco.mj_resetData(m, d)
+            d.qpos[0:3] = ground + [0.0, 0.0, height]
+            d.qpos[3:7] = quat
+            d.qpos[adr] = q0
+            d.ctrl[act] = q0
+            for _ in range(steps * decimation):
+                mujoco.mj_step(m, d)
+                ncon, nefc = max(ncon, int(d.ncon)), max(nefc, int(d.nefc))
+            probes += 1
+    return ContactLoad(ncon=ncon, nefc=nefc, probes=probes)
+
+
+def buffers_for(load: ContactLoad, safety: float = BUFFER_SAFETY) -> tuple[int, int]:
+    """(nconmax, njmax) per world from a measured load: ``safety`` times it, at least ``MIN_BUFFERS``."""
+    if not safety >= 1.0:
+        raise ValueError(f"buffer safety factor must be >= 1, got {safety!r}")
+    return (max(MIN_BUFFERS[0], math.ceil(safety * load.ncon)),
+            max(MIN_BUFFERS[1], math.ceil(safety * load.nefc)))
 
 
 # CUDA refuses to capture a graph on the legacy default stream: torch's default stream (handle 0) and the
@@ -159,9 +220,12 @@ class MujocoWarpBackend(SceneBackend):
         # MuJoCo Warp never auto-resets (and rejects the flag): divergence is detected below, as on the CPU
         mjm.opt.disableflags &= ~int(mujoco.mjtDisableBit.mjDSBL_AUTORESET)
         self.mjm = mjm
-        default_con, default_j = default_buffers(mjm, self.scene.terrain is not None)
-        self.nconmax = int(wcfg.nconmax or default_con)
-        self.njmax = int(wcfg.njmax or default_j)
+        self.contact_load = None
+        if wcfg.nconmax is None or wcfg.njmax is None:   # measured on the CPU, not guessed (buffers_for)
+            self.contact_load = measure_contact_load(self.scene, self.decimation)
+            con, rows = buffers_for(self.contact_load)
+        self.nconmax = int(wcfg.nconmax or con)
+        self.njmax = int(wcfg.njmax or rows)
 
         with self._scope():
             batched = self._variant_fields(mjm)
@@ -289,6 +353,28 @@ class MujocoWarpBackend(SceneBackend):
         from quadforge.envs.backends.warp_camera import WarpCamera
 
         return WarpCamera(self, cfg)
+
+    def memory_per_world(self) -> dict[str, float]:
+        """Device bytes per world: ``data`` (every array of Warp's ``Data``, measured here), ``ccd`` (the
+        convex-collision workspace MuJoCo Warp allocates in each step for its ``naccdmax`` contact slots:
+        EPA polytope vertices, faces, projections and horizon, by its allocation rule) and ``total``."""
+        wp = self._wp
+        seen, data = set(), 0
+
+        def walk(obj) -> None:
+            nonlocal data
+            for v in vars(obj).values():
+                if isinstance(v, wp.array) and id(v) not in seen:
+                    seen.add(id(v))
+                    data += v.size * wp.types.type_size_in_bytes(v.dtype)
+                elif hasattr(v, "__dataclass_fields__"):
+                    walk(v)
+        walk(self.d)
+        k = int(self.mjm.opt.ccd_iterations)
+        slot = (10 + 2 * k) * (12 + 4) + (6 + 5 * k) * (4 + 12 + 4) + 24 * 4   # vec3 12 B, int/float 4 B
+        ccd = slot * int(self.d.naccdmax)
+        n = self.num_envs
+        return {"data": data / n, "ccd": ccd / n, "total": (data + ccd) / n}
 
     def close(self) -> None:
         self._graph = None
