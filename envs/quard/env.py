@@ -28,21 +28,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from quadforge.envs.backends import make_backend
+from quadforge.envs.backends import make_backend, require_capabilities
 from quadforge.envs.commands import yaw_from_quat
 from quadforge.envs.config import CommandsConfig, EnvConfig, InitConfig, RandomizationConfig
 from quadforge.envs.quard.camera import CameraConfig
-from quadforge.envs.quard.families import EpisodeScene, sample_episode, swap_instruction
+from quadforge.envs.quard.families import EpisodeScene, family_code, get_family, sample_episode, swap_instruction
 from quadforge.envs.quard.instructions import (GAIT_WORDS, HELD_OUT_COLOURS, SPEEDS, TRAIN_COLOURS,
                                                instruction_table, task_families)
 from quadforge.envs.quard.objects import NEUTRAL, PARK, RGB, ObjectLibrary
-from quadforge.envs.quard.rules import (FAMILY_CODE, OUTCOME_CODE, OUTCOMES, TIME_LIMIT_S, RuleState, inside_tunnel,
-                                        judge)
+from quadforge.envs.quard.rules import OUTCOME_CODE, OUTCOMES, RuleState, inside_tunnel, judge
 from quadforge.envs.tasks.locomotion import LocomotionTask, StepResult
 from quadforge.envs.terminations import BASE_COLLISION, FALL, NON_FINITE, TASK_END, TIME_OUT
 from quadforge.envs.vec_env import LeggedEnv
 from quadforge.seeding import numpy_rng
 
+# What a QUARD scene asks of its physics backend (envs.backends.CAPABILITIES); "cameras" too with images.
+QUARD_CAPABILITIES = ("scene_addon", "set_mocap", "sensor_columns")
 COLOUR_SETS = {"train": TRAIN_COLOURS, "held_out": HELD_OUT_COLOURS, "all": TRAIN_COLOURS + HELD_OUT_COLOURS}
 OBSTACLE_CONTACT_FORCE = 1e-6   # N: any contact force on the obstacle (only the robot can touch it)
 
@@ -74,8 +75,10 @@ class QuardConfig:
 
     @classmethod
     def make(cls, task: str = "quard:all", robot: str = "go1", num_envs: int = 16, seed: int = 0,
-             terrain: Any | None = None, **kw: Any) -> "QuardConfig":
-        return cls(task=task, env=quard_env_config(robot, num_envs, seed, terrain), **kw)
+             terrain: Any | None = None, backend: str = "mujoco_cpu", **kw: Any) -> "QuardConfig":
+        env = quard_env_config(robot, num_envs, seed, terrain)
+        env.backend_name = backend      # any registered backend with QUARD_CAPABILITIES
+        return cls(task=task, env=env, **kw)
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -88,9 +91,10 @@ class QuardConfig:
         if not isinstance(self.image_every, int) or self.image_every < 1:
             raise ValueError(f"QuardConfig.image_every={self.image_every!r}; allowed: an integer >= 1 (control steps)")
         self.camera.validate()
-        if self.env.episode_length_s < max(TIME_LIMIT_S[f] for f in self.families):
+        longest = max(get_family(f).time_limit_s for f in self.families)
+        if self.env.episode_length_s < longest:
             raise ValueError(f"QuardConfig.env.episode_length_s={self.env.episode_length_s}; the families "
-                             f"{self.families} need >= {max(TIME_LIMIT_S[f] for f in self.families)} s")
+                             f"{self.families} need >= {longest} s")
         return self
 
 
@@ -176,7 +180,7 @@ class QuardScenes:
                 self.rgba[i, self._geom_slices[inst_idx]] = self._rgba(inst, place.colour)
                 if p_idx == scene.moving:
                     self.moving[i] = inst.mocap
-            self.family[i] = FAMILY_CODE[family]
+            self.family[i] = family_code(family)
             self.speed[i] = SPEEDS.index(scene.params["speed"])
             self.gait[i] = GAIT_WORDS.index(scene.params["gait"])
             self.instruction[i] = self._table_index[scene.params["instruction"]]
@@ -349,13 +353,11 @@ class QuardEnv(LeggedEnv):
         self.qcfg = qcfg.validate()
         cfg = qcfg.env
         self.library = ObjectLibrary(camera_fovy=qcfg.camera.fovy, camera_pos=qcfg.camera.pos)
+        # asked of the registry before anything is built: a backend lacking one fails in one line
+        require_capabilities(cfg.backend_name, QUARD_CAPABILITIES + (("cameras",) if qcfg.images else ()),
+                             f"QUARD task {qcfg.task!r}")
         if backend is None:
             backend = make_backend(cfg.backend_name, replace(cfg.backend_config(), scene_addon=self.library))
-        missing = [m for m in ("set_mocap", "sensor_columns", "make_camera") if not hasattr(backend, m)]
-        if missing or getattr(backend, "scene", None) is None or not backend.scene.addon_sensors:
-            raise NotImplementedError(
-                f"QUARD tasks need a physics backend that places task objects (scene_addon, {', '.join(missing) or 'set_mocap'}"
-                f"): mujoco_cpu has them; backend {cfg.backend_name!r} does not yet")
         self.library.bind(backend.scene.model)
         self.scenes = QuardScenes(qcfg, self.library, cfg.num_envs, cfg.seed, cfg.dt)
         self.instruction_table = self.scenes.table
@@ -418,7 +420,10 @@ class QuardEnv(LeggedEnv):
     def policy_context(self) -> dict[str, Any]:
         """What a policy reading this env's frames and instructions checks and uses (``policy_for_env``)."""
         c = self.qcfg.camera
+        # task_terms: what says which object the task names; a policy reading neither can never succeed
+        # here (experts.registry.task_blindness)
         return {"task": self.qcfg.task, "instructions": list(self.instruction_table),
+                "task_terms": ("instruction", "task_target_pos"),
                 "camera": {"name": "front", "height": c.height, "width": c.width, "image_every": self.qcfg.image_every}}
 
     def task_params(self, env_id: int) -> dict[str, Any]:
