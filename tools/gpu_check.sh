@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 23, in one call on a lent GPU machine (the `device` tool's `run`). Every log
 # and JSON lands under $OUT (they come back); each stage has its own time limit, so a slow one leaves
-# the others' results. Set-up first, as ../shared/gpu/README.md says (pack here, three `run` calls):
-#   here, once:  bash ../shared/gpu/pack.sh
+# the others' results. Set-up first, as ../shared/gpu/README.md says (pack here, three `run` calls);
+# that machine has no pytest, so its wheels go into the small pack too:
+#   here, once:  bash ../shared/gpu/pack.sh && python3 -m pip download -q --no-deps --only-binary=:all: \
+#                  --python-version 3.12 -d .gpu/small pytest pluggy iniconfig packaging pygments
 #   run 1: carry [".gpu/small", ".gpu/w1", ".gpu/unpack.sh"]  command: bash .gpu/unpack.sh
 #   run 2: carry [".gpu/w2", ".gpu/w3", ".gpu/unpack.sh"]     command: bash .gpu/unpack.sh
 #   run 3: carry [".gpu/w4", ".gpu/unpack.sh"]                command: bash .gpu/unpack.sh && bash tools/gpu_check.sh
@@ -32,6 +34,7 @@ log "machine: $(grep -m1 -o 'NVIDIA [A-Z0-9 ]*' "$out/env.txt" || echo unknown)"
 # cd away from the project root: its quadforge/ folder would shadow the installed package
 cd /tmp
 log "stage 1: pytest -m gpu"
+python3 -c "import pytest" 2>/dev/null || log "pytest is not installed here: add its wheels to .gpu/small (header)"
 timeout "${GPU_CHECK_TEST_S:-330}" python3 -m pytest "$proj/tests/envs/test_mujoco_warp.py" -m gpu -v -rs \
   -p no:cacheprovider --rootdir="$proj" -c "$proj/pyproject.toml" > "$out/pytest_gpu.txt" 2>&1
 log "stage 1 exit $? ($(tail -1 "$out/pytest_gpu.txt"))"
