@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from quadforge.envs.backends.base import BackendConfig, WarpConfig
+from quadforge.envs.backends.base import WarpConfig
 from quadforge.tools.bench.common import Table, report
 
 GPU_TARGET = 250_000      # env steps/s at 4096 worlds, Go1 rough terrain, one H100-class GPU (issue 23)
@@ -55,6 +55,7 @@ def _warp_device() -> str:
 
 
 def _env(backend: str, num_envs: int):
+    """Go1 on legged_gym's mixed terrain grid, physics on every core, through the one builder; (env, build s)."""
     from quadforge.envs.builder import make_env
 
     t0 = time.perf_counter()
