@@ -12,12 +12,15 @@
 #  `QF_REINSTALL=1 bash .gpu/unpack.sh && bash tools/gpu_check.sh`).
 #
 # Stages (cumulative wall time on one H100, first call: MuJoCo Warp's kernels compile cold, ~4-5 min):
-#   1. the GPU test lane: pytest -m gpu (the stream fix, Warp-on-CUDA equivalence with mujoco_cpu
-#      flat and rough, the gait expert under both backends)
+#   1. the GPU test lane: pytest -m gpu over every test module that has gpu-marked tests (the stream
+#      fix, Warp-on-CUDA equivalence with mujoco_cpu flat and rough, the gait expert under both
+#      backends; the trainers on CUDA)
 #   2. quadforge bench scale --quick: env and backend-only steps/s, env/backend, buffers and memory
 #      per world at 4096 worlds (Go1, mixed terrain)
 #   3. GPU_CHECK_FULL=1 only: the full sweep (4096 / 16384 / 32768 worlds and a cold compile)
-# Limits per stage (seconds): GPU_CHECK_TEST_S (default 330), GPU_CHECK_BENCH_S (200), GPU_CHECK_FULL_S (500).
+# Limits per stage (seconds): GPU_CHECK_TEST_S (default 400: a cold kernel compile is most of it),
+# GPU_CHECK_BENCH_S (160), GPU_CHECK_FULL_S (500, a later call: kernels cached on the warm machine).
+# Stages 1 and 2 fit one `run` of timeout_s 600.
 set -uo pipefail
 proj=$(pwd)
 out=${OUT:-/tmp/gpu_check_out}
@@ -35,12 +38,14 @@ log "machine: $(grep -m1 -o 'NVIDIA [A-Z0-9 ]*' "$out/env.txt" || echo unknown)"
 cd /tmp
 log "stage 1: pytest -m gpu"
 python3 -c "import pytest" 2>/dev/null || log "pytest is not installed here: add its wheels to .gpu/small (header)"
-timeout "${GPU_CHECK_TEST_S:-330}" python3 -m pytest "$proj/tests/envs/test_mujoco_warp.py" -m gpu -v -rs \
+# every module holding gpu-marked tests (collecting the whole tree would import packages this machine lacks)
+gpu_tests=$(grep -rl "mark.gpu" "$proj/tests" --include="test_*.py" | sort)
+timeout "${GPU_CHECK_TEST_S:-400}" python3 -m pytest $gpu_tests -m gpu -v -rs \
   -p no:cacheprovider --rootdir="$proj" -c "$proj/pyproject.toml" > "$out/pytest_gpu.txt" 2>&1
 log "stage 1 exit $? ($(tail -1 "$out/pytest_gpu.txt"))"
 
 log "stage 2: bench scale --quick"
-timeout "${GPU_CHECK_BENCH_S:-200}" python3 -m quadforge.tools.cli bench scale --quick \
+timeout "${GPU_CHECK_BENCH_S:-160}" python3 -m quadforge.tools.cli bench scale --quick \
   --json "$out/scale_quick.json" > "$out/scale_quick.txt" 2>&1
 log "stage 2 exit $? ($(grep -m1 'GPU targets' "$out/scale_quick.txt" || tail -1 "$out/scale_quick.txt"))"
 
