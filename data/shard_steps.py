@@ -113,7 +113,6 @@ class ShardSteps:
                 for m, table in zip(acc, (self.obs, self.actions)):
                     x = table.block(a, b)
                     m.add(x.reshape(len(x), -1)[keep])
-                    table.release()          # a pass over the whole table: its pages back to the page cache
             self._moments = tuple(m.result() for m in acc)
         return self._moments
 
@@ -122,7 +121,7 @@ class ShardSteps:
         first, stop = self.source_starts, self.source_starts + self.lengths
         total = int(stop[-1])
         block = MOMENT_BLOCK_STEPS
-        for a in range(int(first[0]), total, block):
+        for a in range(int(first[0]) // block * block, total, block):   # blocks on chunk boundaries
             b = min(total, a + block)
             lo, hi = np.searchsorted(stop, a, side="right"), np.searchsorted(first, b, side="left")
             d = np.zeros(b - a + 1, dtype=np.int64)

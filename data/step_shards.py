@@ -84,6 +84,7 @@ class ShardArray:
                              f"says {offset + count * dtype.itemsize} (truncated); delete {path} to rebuild it")
         self._map.madvise(mmap.MADV_RANDOM)   # window reads: no read-ahead of neighbours never asked for
         self.array = np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).reshape(shape)
+        self._offset, self._row_bytes = offset, int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
         self._checked = np.zeros(len(self.crcs), dtype=bool)
         self._all_checked = False
         self._gathers = 0
@@ -106,11 +107,13 @@ class ShardArray:
             c = int(c)
             block = self.array[c * self.chunk:(c + 1) * self.chunk]
             if crc_rows(block) != self.crcs[c]:
-                raise ValueError(f"{self.store_root}: out-of-core shard {self.path.name} chunk {c} (rows "
-                                 f"{c * self.chunk}..{c * self.chunk + len(block) - 1}) fails its CRC32C (damaged); "
-                                 f"delete {self.path.parent} to rebuild it from the store")
+                self._damaged(c, c * self.chunk, c * self.chunk + len(block))
             self._checked[c] = True
         self._all_checked = bool(self._checked.all())
+
+    def _damaged(self, c: int, lo: int, hi: int) -> None:
+        raise ValueError(f"{self.store_root}: out-of-core shard {self.path.name} chunk {c} (rows {lo}..{hi - 1}) "
+                         f"fails its CRC32C (damaged); delete {self.path.parent} to rebuild it from the store")
 
     def check_all(self) -> None:
         """Check every chunk now (a reader that indexes ``array`` directly)."""
@@ -130,10 +133,28 @@ class ShardArray:
         return out
 
     def block(self, start: int, stop: int) -> np.ndarray:
-        """Rows start..stop-1, checked, as a copy (streaming passes)."""
-        self.check(np.arange(start, stop, self.chunk, dtype=np.int64))
-        self.check(np.asarray([stop - 1]))
-        return np.array(self.array[start:stop])
+        """Rows start..stop-1, checked, as a copy (streaming passes). Read with ``pread``, not through the
+        map: the file's read-ahead applies (the map is ``MADV_RANDOM``) and no mapped page is left behind."""
+        n = (stop - start) * self._row_bytes
+        buf = bytearray(n)
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(self._offset + start * self._row_bytes)
+            got = f.readinto(buf)
+        if got != n:
+            raise ValueError(f"{self.store_root}: out-of-core shard {self.path.name} ends before row {stop} "
+                             f"(truncated); delete {self.path.parent} to rebuild it")
+        x = np.frombuffer(buf, dtype=self.array.dtype).reshape((stop - start,) + self.array.shape[1:])
+        for c in range(start // self.chunk, -(-stop // self.chunk)):
+            lo, hi = c * self.chunk, min(len(self.array), (c + 1) * self.chunk)
+            if self._checked[c]:
+                continue
+            if start <= lo and hi <= stop:       # the whole chunk is in the block: check the bytes just read
+                if crc_rows(x[lo - start:hi - start]) != self.crcs[c]:
+                    self._damaged(c, lo, hi)
+                self._checked[c] = True
+            else:
+                self.check(np.asarray([lo]))
+        return x
 
     def release(self) -> None:
         """Drop this process's mapped pages (they stay in the page cache for the next touch)."""

@@ -21,5 +21,5 @@ def test_out_of_core_bench_reports_both_paths(tmp_path, monkeypatch):
     assert record["raw"]["fits/out-of-core/sample"]["path"] == "out-of-core"
     assert record["raw"]["fits/RAM/sample"]["path"] == "RAM"
     bars = record["tables"]["issue 28 bars (same run)"]
-    assert len(bars) == 4 and all(isinstance(b["met"], bool) for b in bars)
+    assert len(bars) == 5 and all(isinstance(b["met"], bool) for b in bars)
     assert not (tmp_path / "runs" / "bench_out_of_core").exists()     # its stores deleted at the end

@@ -68,10 +68,11 @@ def _child(kind: str, store_path: str, budget: str, batches: int, train_steps: i
         res["moments_s"] = time.perf_counter() - t0
         for _ in range(3):
             s.sample(BATCH)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(batches):
             s.sample(BATCH)
         res["windows_per_s"] = batches * BATCH / (time.perf_counter() - t0)
+        res["windows_per_cpu_s"] = batches * BATCH / (time.process_time() - c0)   # less sensitive to the load
         res["finite"] = bool(np.isfinite(mean.numpy()).all())
     else:
         cfg = preset("fcnet", "cpu")
@@ -136,8 +137,8 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
 
         paths = Table(f"window sampling and training, context {CONTEXT}, B = {BATCH} (each row a fresh process; "
                       f"shared 2-core machine)",
-                      ["store steps", "path", "what", "windows/s", "setup s", "moments s", "peak RSS GB",
-                       "RSS growth B/step"])
+                      ["store steps", "path", "what", "windows/s", "windows/CPU s", "setup s", "moments s",
+                       "peak RSS GB", "RSS growth B/step"])
         results: dict[str, dict[str, Any]] = {}
         for store, steps, label in ((small, small_steps, "fits"), (big, big_steps, "large")):
             for budget in (("inf", "0") if label == "fits" else ("0",)):
@@ -147,7 +148,8 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
                     results[f"{label}/{path}/{kind}"] = r
                     growth = (r["peak_rss"] - r["base_rss"]) / steps
                     paths.add(steps, path, "sampler" if kind == "sample" else "FCNet training",
-                              r["windows_per_s"], r.get("build_s", r.get("train_s", 0.0)), r.get("moments_s", ""),
+                              r["windows_per_s"], r.get("windows_per_cpu_s", ""),
+                              r.get("build_s", r.get("train_s", 0.0)), r.get("moments_s", ""),
                               r["peak_rss"] / 1e9, growth)
 
         ram_per_step = ((results["fits/RAM/sample"]["peak_rss"] - results["fits/RAM/sample"]["base_rss"])
@@ -169,6 +171,8 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
             ratio = (results[f"fits/out-of-core/{kind}"]["windows_per_s"] / results[f"fits/RAM/{kind}"]["windows_per_s"])
             what = "sampler" if kind == "sample" else "training"
             bars.add(f"out-of-core / RAM {what} windows/s ({small_steps:,}-step store)", ratio, ">= 0.5", ratio >= 0.5)
+        cpu = (results["fits/out-of-core/sample"]["windows_per_cpu_s"] / results["fits/RAM/sample"]["windows_per_cpu_s"])
+        bars.add(f"out-of-core / RAM sampler windows per CPU s ({small_steps:,}-step store)", cpu, ">= 0.5", cpu >= 0.5)
         report("out_of_core", [writes, paths, ceiling, bars], json_path, extra={"raw": results})
     finally:
         if os.environ.get("QUADFORGE_BENCH_KEEP") != "1":
