@@ -12,12 +12,41 @@ import numpy as np
 from quadforge.cli_flags import add_store, require, write_json
 
 ACTIONS = ("info", "validate", "compact", "export-hdf5", "import-hdf5")
+# The positional spellings each action accepted before the flag convention (docs/cli.md), in their old
+# order: kept as deprecated aliases of the flags (`dataset export-hdf5 STORE OUT.h5`).
+OLD_POSITIONALS: dict[str, tuple[tuple[str, str], ...]] = {
+    "info": (("store", "--store"),), "validate": (("store", "--store"),), "compact": (("store", "--store"),),
+    "export-hdf5": (("store", "--store"), ("output", "--output")),
+    "import-hdf5": (("input", "--input"), ("store", "--store")),
+}
+
+
+def _old_positionals(p: argparse.ArgumentParser) -> None:
+    p.add_argument("old_positionals", nargs="*", default=[], metavar="ARG", help=argparse.SUPPRESS)
 
 
 def _store(p: argparse.ArgumentParser, what: str) -> None:
     add_store(p, what)
-    # the old positional spelling (dataset info PATH), kept as a deprecated alias of --store
-    p.add_argument("store_positional", nargs="?", default=None, metavar="STORE", help=argparse.SUPPRESS)
+    _old_positionals(p)
+
+
+def apply_old_positionals(args: argparse.Namespace) -> None:
+    """Give each old positional to the next flag of its action that the command line left unset, with
+    one deprecation warning; more positionals than that is a one-line error."""
+    given = list(getattr(args, "old_positionals", None) or [])
+    if not given:
+        return
+    names = OLD_POSITIONALS[args.action]
+    unset = [(dest, flag) for dest, flag in names if getattr(args, dest, None) is None]
+    if len(given) > len(unset):
+        spelled = " ".join(f"{flag} {dest.upper()}" for dest, flag in names)
+        raise ValueError(f"dataset {args.action}: unexpected argument(s) {given[len(unset):]}; use {spelled}")
+    flags = []
+    for value, (dest, flag) in zip(given, unset):
+        setattr(args, dest, value)
+        flags.append(flag)
+    print(f"quadforge: warning: positional arguments of dataset {args.action} are deprecated; use "
+          f"{' '.join(f + ' ...' for f in flags)}", file=sys.stderr)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,11 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _store(p, "the one to compact")
     p = sub.add_parser("export-hdf5", help="write the store as robomimic-style HDF5")
     _store(p, "the one to export")
-    p.add_argument("--output", required=True, metavar="FILE", help="the HDF5 file to write")
+    p.add_argument("--output", default=None, metavar="FILE", help="the HDF5 file to write (required)")
     p.add_argument("--compression", choices=("gzip", "lzf"), default=None, help="HDF5 compression (default none)")
     p = sub.add_parser("import-hdf5", help="append an exported HDF5 file's demos to a store")
-    p.add_argument("--input", required=True, metavar="FILE", help="the HDF5 file to read")
-    add_store(p, "appended to (created if missing)")
+    p.add_argument("--input", default=None, metavar="FILE", help="the HDF5 file to read (required)")
+    _store(p, "appended to (created if missing)")
 
 
 def summary(store_path: str | Path) -> dict[str, Any]:
@@ -124,10 +153,7 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    positional = getattr(args, "store_positional", None)
-    if positional is not None:
-        print("quadforge: warning: the positional store is deprecated; use --store PATH", file=sys.stderr)
-        args.store = args.store or positional
+    apply_old_positionals(args)
     require(args, "store", "--store")
     if args.action == "info":
         s = summary(args.store)
@@ -150,11 +176,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"WARNING: quarantined {q} (see {q}.reason.txt)")
         return 0
     if args.action == "export-hdf5":
+        require(args, "output", "--output")
         from quadforge.data.export import export_hdf5
         n = export_hdf5(args.store, args.output, compression=args.compression)
         print(f"wrote {n} demos to {args.output}")
         return 0
     if args.action == "import-hdf5":
+        require(args, "input", "--input")
         from quadforge.data.export import import_hdf5
         n = import_hdf5(args.input, args.store)
         print(f"imported {n} demos into {args.store}")
