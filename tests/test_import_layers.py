@@ -24,7 +24,7 @@ FOLDERS = {"quadforge": "quadforge", "envs": "quadforge.envs", "experts": "quadf
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundations", ("quadforge", "quadforge.seeding", "quadforge.overrides", "quadforge.layout",
                      "quadforge.cli_flags", "quadforge.output_paths", "quadforge.checkpoint_sniff",
-                     "quadforge.progress")),
+                     "quadforge.progress", "quadforge.errors")),
     ("envs", ("quadforge.envs",)),
     ("data", ("quadforge.data",)),
     ("models", ("quadforge.training.models", "quadforge.training.checkpoint", "quadforge.training.binning")),

@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quadforge: error: {what} (commands: {', '.join(COMMANDS)}; see quadforge --help)",
               file=sys.stderr)
         return 2
+    from quadforge.errors import JobFailed
     args = build_parser(with_subcommand=name).parse_args(argv)
     module = importlib.import_module(COMMANDS[name][0])
     try:
@@ -74,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except JobFailed as err:
+        # a job stopped for an outside reason (disk full, a worker died): its message says what is safe and how
+        # to go on
+        print(f"quadforge {name}: {err}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError, NotImplementedError, ImportError) as err:
         # Bad input (or a missing optional package) is a one-line error naming what is wrong, not a traceback.
         print(f"quadforge {name}: error: {err}", file=sys.stderr)
