@@ -19,6 +19,7 @@ demo order, so export -> import -> export reproduces the file's contents bit for
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from quadforge.data.admission import check_store_accepts
 from quadforge.data.images import is_image
 from quadforge.data.instructions import InstructionTable
 from quadforge.data.schema import TASK_PREFIX
-from quadforge.data.staging import write_staging_file
+from quadforge.data.locks import locked
+from quadforge.data.staging import write_staging_file, writer_lock_path
 from quadforge.data.compaction import compact
 from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore
 from quadforge.layout import TERM_DIMS
@@ -123,7 +125,10 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
     known = TrajectoryStore.existing_episode_ids(store_path)
     known_rows = _known_rows(store_path)
     imported = 0
-    with h5py.File(src, "r") as f:
+    held: set[str] = set()
+    # like a collector's writer, the import holds the writer lock of each collector id it stages under:
+    # a compaction meanwhile then knows its temp files are live, and a running collector of that id refuses it
+    with h5py.File(src, "r") as f, ExitStack() as writer_locks:
         g = f["data"]
         env_args = json.loads(_attr(g.attrs["env_args"]))
         tasks = json.loads(_attr(g.attrs.get("tasks", "{}")))
@@ -168,7 +173,12 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
             if text is not None:
                 info["instruction"] = text
             info.update(robot=env_args.get("robot", ""), control_dt=env_args.get("control_dt", 0.02))
-            write_staging_file(store_path, eid, str(attrs["collector_id"]), features, info)
+            cid = str(attrs["collector_id"])
+            if cid not in held:
+                held.add(cid)
+                writer_locks.enter_context(locked(writer_lock_path(store_path, cid), f"import-hdf5 writer {cid!r}",
+                                                  hint="a collector of this id is writing to the store"))
+            write_staging_file(store_path, eid, cid, features, info)
             imported += 1
     result = compact(store_path)
     if result.quarantined:
