@@ -174,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
               f"removed {len(r.skipped)} already-stored staging file(s); {r.seconds:.2f} s")
         for q in r.quarantined:
             print(f"WARNING: quarantined {q} (see {q}.reason.txt)")
+        for partial in r.removed_partial:
+            print(f"removed {partial} (a partial staging write of a writer that is gone: no episode)")
         return 0
     if args.action == "export-hdf5":
         require(args, "output", "--output")
