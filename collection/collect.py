@@ -31,7 +31,7 @@ from quadforge.collection.progress import Progress, Tally
 from quadforge.collection.relabel import RelabelledPolicy
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.collection.skills import SkillCommandSampler, parse_skills
-from quadforge.data.admission import check_store_accepts
+from quadforge.data.admission import check_store_accepts, features_the_store_predates
 from quadforge.data.compaction import compact as compact_staged
 from quadforge.data.locks import acquire
 from quadforge.data.staging import list_quarantined
@@ -222,11 +222,13 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
         tally = Tally()
         schedule = CompactionSchedule(cfg.compact_every, cfg.compact_every_s)
         t0 = time.perf_counter()
+        predates = features_the_store_predates(cfg.out)   # e.g. `pushed`, into a store written before it
         with BackgroundWriter(writer) as background:
             for episode in rollout.episodes(max_episodes=quota):
+                features = {k: v for k, v in episode.features.items() if k not in predates}
                 if tally.episodes == 0:   # the feature set, before the first episode reaches the store
-                    check_store_accepts(cfg.out, features=episode.features, what=f"collector {collector_id}")
-                background.submit(episode.features, episode.info)
+                    check_store_accepts(cfg.out, features=features, what=f"collector {collector_id}")
+                background.submit(features, episode.info)
                 tally.add(episode.info)
                 if on_episode is not None:
                     on_episode(tally, rollout.env_steps / max(time.perf_counter() - t0, 1e-9))
