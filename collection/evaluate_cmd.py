@@ -10,6 +10,7 @@ from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_se
 from quadforge.collection.evaluate import EvalConfig, evaluate, write_outputs
 from quadforge.collection.reports import cells_table
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
+from quadforge.envs.builder import get_task
 from quadforge.experts.registry import spec_help
 
 
@@ -50,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_task(args: argparse.Namespace) -> int:
     """``--task quard:...``: the QUARD evaluation (collection.evaluate_task)."""
     from quadforge.collection.evaluate_task import TaskEvalConfig, evaluate_task, write_task_outputs
-    policy = "quard_expert" if args.policy == EvalConfig().policy else args.policy
+    policy = get_task(args.task).default_policy if args.policy == EvalConfig().policy else args.policy
     cfg = TaskEvalConfig(task=args.task, policy=policy, out=args.out, robot=args.robot,
                          colours=tuple(c.strip() for c in args.colours.split(",") if c.strip()),
                          instructions=tuple(c.strip() for c in args.instructions.split(",") if c.strip()),

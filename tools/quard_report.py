@@ -14,17 +14,18 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from quadforge.collection.reports import fmt, markdown_table
+from quadforge.envs.quard.families import family_names
 from quadforge.tools.results_report import QUARD_BEGIN as BEGIN
 from quadforge.tools.results_report import QUARD_END as END
 from quadforge.tools.results_report import around_markers, two_proportion_z
 
-FAMILIES = ("go_to", "go_avoid", "stop", "distinguish", "go_through")   # seed 003 Table I
 # Table III's rows: (model, trained with the auto-collected failures)
 TABLE3_ROWS: tuple[tuple[str, bool], ...] = (("rt1", False), ("germ-il", False), ("germ-dense", False),
                                              ("germ-dense", True), ("germ", False), ("germ", True))
 MODEL_NAMES = {"rt1": "RT-1-style", "germ-il": "GeRM w/o RL", "germ-dense": "GeRM w/o MoE", "germ": "GeRM"}
 
 # seed 003 Table III (success %, per family go_to, go_avoid, stop, distinguish, go_through), for reference
+PAPER_FAMILIES = ("go_to", "go_avoid", "stop", "distinguish", "go_through")
 PAPER_TABLE3: dict[tuple[str, bool], tuple[float, ...]] = {
     ("rt1", False): (48.67, 33.50, 42.5, 44.33, 0.0), ("germ-il", False): (49.37, 46.37, 44.88, 52.00, 28.44),
     ("germ-dense", False): (55.01, 55.44, 43.93, 60.73, 35.34), ("germ-dense", True): (62.43, 60.89, 45.67, 63.55, 47.79),
@@ -129,6 +130,7 @@ def demo_count(cfg: Mapping[str, Any], steps: list[dict[str, Any]], scale: Mappi
 
 def table3_section(data: Mapping[str, Any]) -> list[str]:
     run, steps, results = data["run"], data["steps"], data["results"]
+    FAMILIES = family_names()
     cfg = run.get("config", {})
     scale = run.get("scale", {})
     out_dir = cfg.get("out", "runs/reproduce_quard")
@@ -192,7 +194,7 @@ def table3_section(data: Mapping[str, Any]) -> list[str]:
                                 table))
     lines += ["", "Seed 003's Table III for reference (its data and sizes, success %): "
               + "; ".join(f"{row_label(m, f)} " + "/".join(f"{v:g}" for v in vals)
-                          for (m, f), vals in PAPER_TABLE3.items()) + f" ({'/'.join(FAMILIES)}).", ""]
+                          for (m, f), vals in PAPER_TABLE3.items()) + f" ({'/'.join(PAPER_FAMILIES)}).", ""]
     lines += parameters_section(run.get("preset_parameters"))
     # GeRM vs each baseline
     germ = _select(r0, model="germ", failures=True)

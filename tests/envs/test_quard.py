@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from quadforge.envs.quard import instructions as ins
-from quadforge.envs.quard.families import sample_episode
-from quadforge.envs.quard.rules import FAMILY_CODE, OUTCOME_CODE, RuleState, judge
+from quadforge.envs.quard.families import family_code, family_names, sample_episode
+from quadforge.envs.quard.rules import OUTCOME_CODE, RuleState, judge
 from quadforge.seeding import numpy_rng
 
 
@@ -26,7 +26,7 @@ def test_every_table_instruction_parses_back_to_its_words():
 
 
 def test_sampled_scene_instruction_names_its_target():
-    for family in ins.FAMILIES:
+    for family in family_names():
         for k in range(20):
             scene = sample_episode(family, numpy_rng(k, family), ins.TRAIN_COLOURS)
             p = scene.params
@@ -54,12 +54,12 @@ def test_bad_instructions_and_tasks_are_one_line_errors():
         ins.task_families("quard:jump")
     with pytest.raises(ValueError, match="not a QUARD task"):
         ins.task_families("walking")
-    assert ins.task_families("quard:all") == ins.FAMILIES
+    assert ins.task_families("quard:all") == family_names()
 
 
 # ---------------------------------------------------------------- scenes
 def test_scene_generation_is_deterministic_per_seed():
-    for family in ins.FAMILIES:
+    for family in family_names():
         a = sample_episode(family, numpy_rng(3, "x"), ins.TRAIN_COLOURS)
         b = sample_episode(family, numpy_rng(3, "x"), ins.TRAIN_COLOURS)
         c = sample_episode(family, numpy_rng(4, "x"), ins.TRAIN_COLOURS)
@@ -78,7 +78,7 @@ def test_held_out_colours_stay_held_out():
 
 def test_swapped_instruction_names_the_other_object_of_the_same_scene():
     from quadforge.envs.quard.families import swap_instruction
-    for family in ins.FAMILIES:
+    for family in family_names():
         for k in range(10):
             scene = sample_episode(family, numpy_rng(k, family), ins.TRAIN_COLOURS)
             before = sample_episode(family, numpy_rng(k, family), ins.TRAIN_COLOURS)
@@ -112,7 +112,7 @@ def test_swapped_instruction_names_the_other_object_of_the_same_scene():
 # ---------------------------------------------------------------- rules on hand-placed states
 def _state(family, base=(0.0, 0.0), yaw=0.0, target=(3.0, 0.75), distractor=(3.0, -0.75), through=(False, False),
            contact=False, t=1.0):
-    return RuleState(family=np.array([FAMILY_CODE[family]]), base_xy=np.array([base], float), yaw=np.array([yaw]),
+    return RuleState(family=np.array([family_code(family)]), base_xy=np.array([base], float), yaw=np.array([yaw]),
                      target_xy=np.array([target], float), distractor_xy=np.array([distractor], float),
                      through_named=np.array([through[0]]), through_other=np.array([through[1]]),
                      obstacle_contact=np.array([contact]), time_s=np.array([t]))
@@ -219,7 +219,7 @@ def test_task_terms_and_instruction(go_to_env):
     for i, p in enumerate(env.scenes.params):
         assert env.instruction_table[int(terms["instruction"][i])] == p["instruction"]
         np.testing.assert_allclose(terms["task_target_pos"][i, :2].numpy(), p["target_slot"], atol=1e-5)
-        assert int(terms["task_info"][i, 0]) == FAMILY_CODE["go_to"]
+        assert int(terms["task_info"][i, 0]) == family_code("go_to")
     from quadforge.layout import PRIVILEGED_TERMS
     assert {k for k in terms if k.startswith("task_")} <= PRIVILEGED_TERMS
 
@@ -289,17 +289,41 @@ def test_rollout_command_runs_a_quard_task(tmp_path, capsys):
     from quadforge.tools import rollout_cmd
     p = argparse.ArgumentParser()
     rollout_cmd.add_arguments(p)
-    args = p.parse_args(["--task", "quard:distinguish", "--policy", "expert", "--num-envs", "2", "--seconds", "3",
+    # no --policy: the task's default, the privileged expert, loaded through the one policy loader
+    args = p.parse_args(["--task", "quard:distinguish", "--num-envs", "2", "--seconds", "3",
                          "--json", str(tmp_path / "s.json")])
     assert rollout_cmd.run(args) == 0
     import json
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["task"] == "quard:distinguish" and summary["num_envs"] == 2
+    assert summary["policy"] == "quard_expert" and "quard_expert" in summary["policy_id"]
     fams = summary["families"]
     assert set(fams) <= {"quard:distinguish"} and sum(f["episodes"] for f in fams.values()) >= 1
+    assert fams["quard:distinguish"]["success_rate"] == 1.0
     bad = p.parse_args(["--task", "quard:jump"])
     with pytest.raises(ValueError, match="unknown QUARD family"):
         rollout_cmd.run(bad)
+
+
+def test_rollout_command_runs_a_vla_checkpoint_with_the_camera_and_warns_for_a_blind_policy(tmp_path, capsys):
+    """`rollout --task quard:go_to --policy experts/checkpoints/vla_rt1.pt` (issue 27): the camera turns on
+    for a policy that reads frames; zero actions run but are named as unable to succeed."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from quadforge.tools import rollout_cmd
+    p = argparse.ArgumentParser()
+    rollout_cmd.add_arguments(p)
+    vla = Path(__file__).resolve().parents[2] / "experts" / "checkpoints" / "vla_rt1.pt"
+    args = p.parse_args(["--task", "quard:go_to", "--policy", str(vla), "--num-envs", "1", "--seconds", "0.5",
+                         "--json", str(tmp_path / "vla.json")])
+    assert _with_gl(lambda: rollout_cmd.run(args)) == 0
+    assert json.loads((tmp_path / "vla.json").read_text())["policy_id"].startswith("hier:vla-rt1")
+    assert "warning" not in capsys.readouterr().out
+    args = p.parse_args(["--task", "quard:go_to", "--policy", "zero", "--num-envs", "1", "--seconds", "0.2"])
+    assert rollout_cmd.run(args) == 0
+    assert "warning: --policy zero on --task quard:go_to: policy zero reads none of" in capsys.readouterr().out
 
 
 def _with_gl(build):

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from quadforge.envs.backends.base import BackendConfig, WarpConfig
+from quadforge.envs.backends.base import WarpConfig
 from quadforge.tools.bench.common import Table, report
 
 GPU_TARGET = 100_000   # env steps/s, Go1 rough terrain, one H100-class GPU (the issue's target)
@@ -47,15 +47,12 @@ def _warp_device() -> str:
 
 
 def _env(backend: str, num_envs: int):
-    from quadforge.envs.config import EnvConfig
-    from quadforge.envs.terrain import TerrainConfig
-    from quadforge.envs.vec_env import LeggedEnv
+    """Go1 on legged_gym's mixed terrain grid, physics on every core, through the one builder; (env, build s)."""
+    from quadforge.envs.builder import make_env
 
-    cfg = EnvConfig(backend=BackendConfig(num_envs=num_envs, num_threads=os.cpu_count(),
-                                          warp=WarpConfig(device=_warp_device())),
-                    terrain=TerrainConfig.mixed(), backend_name=backend)
     t0 = time.perf_counter()
-    env = LeggedEnv(cfg)
+    env = make_env("go1", "mixed", num_envs=num_envs, num_threads=os.cpu_count(), backend=backend,
+                   warp=WarpConfig(device=_warp_device()))
     return env, time.perf_counter() - t0
 
 
