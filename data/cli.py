@@ -1,4 +1,5 @@
-"""`quadforge dataset info [--json [PATH]] | validate | compact | export-hdf5 | import-hdf5`, each on ``--store PATH``."""
+"""`quadforge dataset info [--json [PATH]] | validate | compact | export-hdf5 | export-lerobot | import-hdf5`, each on
+``--store PATH``."""
 from __future__ import annotations
 
 import argparse
@@ -11,12 +12,13 @@ import numpy as np
 
 from quadforge.cli_flags import add_store, require, write_json
 
-ACTIONS = ("info", "validate", "compact", "export-hdf5", "import-hdf5")
+ACTIONS = ("info", "validate", "compact", "export-hdf5", "export-lerobot", "import-hdf5")
 # The positional spellings each action accepted before the flag convention (docs/cli.md), in their old
 # order: kept as deprecated aliases of the flags (`dataset export-hdf5 STORE OUT.h5`).
 OLD_POSITIONALS: dict[str, tuple[tuple[str, str], ...]] = {
     "info": (("store", "--store"),), "validate": (("store", "--store"),), "compact": (("store", "--store"),),
     "export-hdf5": (("store", "--store"), ("output", "--output")),
+    "export-lerobot": (),
     "import-hdf5": (("input", "--input"), ("store", "--store")),
 }
 
@@ -66,7 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     level.add_argument("--no-values", action="store_true", help="the default (checksums, no value checks)")
     p = sub.add_parser("compact", help="append staged episodes to the store")
     _store(p, "the one to compact")
-    p = sub.add_parser("export-hdf5", help="write the store as robomimic-style HDF5")
+    p = sub.add_parser("export-lerobot", help="write the store as a LeRobot v3 dataset (parquet, PNG frames, "
+                                              "instructions as tasks)")
+    add_store(p, "the one to export")
+    p.add_argument("--output", default=None, metavar="DIR", help="a new or empty folder for the dataset (required)")
+    p.add_argument("--action", dest="action_kind", choices=("auto", "command", "joint"), default="auto",
+                   help="the exported action: the 12-D high-level command (hl_commands), the joint actions, or "
+                        "auto: the command when the store has it (default)")
+    p = sub.add_parser("export-hdf5", help="write the store as robomimic HDF5 (SequenceDataset reads it)")
     _store(p, "the one to export")
     p.add_argument("--output", default=None, metavar="FILE", help="the HDF5 file to write (required)")
     p.add_argument("--compression", choices=("gzip", "lzf"), default=None, help="HDF5 compression (default none)")
@@ -182,6 +191,13 @@ def run(args: argparse.Namespace) -> int:
         from quadforge.data.export import export_hdf5
         n = export_hdf5(args.store, args.output, compression=args.compression)
         print(f"wrote {n} demos to {args.output}")
+        return 0
+    if args.action == "export-lerobot":
+        require(args, "output", "--output")
+        from quadforge.data.export_lerobot import export_lerobot
+        info = export_lerobot(args.store, args.output, action=args.action_kind)
+        print(f"wrote {info['total_episodes']} episodes, {info['total_frames']} frames, {info['total_tasks']} tasks "
+              f"to {args.output} (LeRobot {info['codebase_version']}, action = {info['quadforge']['action_feature']})")
         return 0
     if args.action == "import-hdf5":
         require(args, "input", "--input")
