@@ -213,6 +213,8 @@ def _arrow_table(pa, schema, cols: dict[str, Any]):
     arrays = []
     for field in schema:
         v = cols[field.name]
+        if isinstance(v, np.ndarray) and v.ndim > 1 and not pa.types.is_fixed_size_list(field.type):
+            v = v.reshape(len(v))   # a one-entry term (base_height, friction): LeRobot keeps shape [1] a scalar
         if isinstance(v, np.ndarray) and v.ndim > 1:   # fixed-size lists, nested for images
             flat = pa.array(v.reshape(-1))
             for size in reversed(v.shape[1:]):

@@ -137,7 +137,8 @@ SYNTHETIC_INSTRUCTIONS = ("go to the red cube, slowly with a trotting gait",
 
 def write_synthetic_image_store(root: str | Path, episodes: int = 5, stride: int = 10, size: int = 16,
                                 seed: int = 0) -> Path:
-    """A small compacted QUARD-like store - proprioception, ``hl_commands``, two instructions, ``size``²
+    """A small compacted QUARD-like store - proprioception (a one-entry term, ``base_height``, among it),
+    ``hl_commands``, two instructions, ``size``²
     RGB frames every ``stride`` steps, every fourth episode a failure - for tests and for trying the
     exports (tools/check_exports_external.py)."""
     from quadforge.data.compaction import compact
@@ -146,7 +147,8 @@ def write_synthetic_image_store(root: str | Path, episodes: int = 5, stride: int
     with StagingWriter(root, "cam") as w:
         for i in range(episodes):
             length, success, k = int(rng.integers(15, 40)), i % 4 != 3, i % 2
-            feats = synthetic_image_episode(rng, length, success, stride=stride, size=size, instruction_index=k)
+            feats = synthetic_image_episode(rng, length, success, stride=stride, size=size, instruction_index=k,
+                                            features=PROPRIO_FEATURES + ("hl_commands", "base_height"))
             params = synthetic_task_params(i, seed)
             text = SYNTHETIC_INSTRUCTIONS[k]
             w.write_episode(feats, {**synthetic_info(i, success), "task": f"quard:{params['family']}",

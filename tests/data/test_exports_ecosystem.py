@@ -108,6 +108,10 @@ def test_lerobot_v3_layout(tmp_path):
     assert [e["tasks"] for e in eps] == [[store.instruction_text(i)] for i in range(5)]
     assert [r["index"] for r in rows] == list(range(store.num_steps))
     np.testing.assert_array_equal(np.asarray([r["action"] for r in rows], np.float32), data["hl_commands"])
+    # a one-entry term is a scalar column (LeRobot's shape [1]), inside observation.state too
+    np.testing.assert_array_equal(np.asarray([r["observation.base_height"] for r in rows], np.float32),
+                                  data["base_height"][:, 0])
+    assert "base_height.z" in info["features"]["observation.state"]["names"]
     for i in range(5):
         lo, hi = int(t["start"][i]), int(t["end"][i])
         frames = np.stack([np.asarray(Image.open(io.BytesIO(r["observation.images.front_rgb"]["bytes"])))
