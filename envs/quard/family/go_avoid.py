@@ -1,10 +1,21 @@
 """go_avoid: "go to the {object} and avoid the obstacle" - walk to the named object around a fence panel.
 
 Scene: two objects of different kinds (the instruction names no colour) and a fence panel (0.8 m wide)
-standing across the line to the target at half its distance (~1.5 m ahead). Rule: the shared reach,
-and any contact between the robot and the panel fails (``obstacle_collision``, judged in ``rules``).
-Expert: to a waypoint 1.25 m beside the panel (on the side away from the distractor) 0.3 m short of
-it, then to one 0.4 m past it, then to the target.
+standing across the robot's way midway between the two objects, at half their distance (~1.5 m
+ahead). Rule: the shared reach, and any contact between the robot and the panel fails
+(``obstacle_collision``, judged in ``rules``). Expert: to a waypoint 1.25 m beside the panel (on the
+named object's side, away from the distractor) 0.3 m short of it, then to one 0.4 m past it, then to
+the target.
+
+Why midway (issue 24): seed 003 puts the panel on the line to the named object, so the picture alone
+told which object was meant - the one behind the panel - and a policy trained on it walked to whichever
+object stood behind the panel, ignoring the words. Midway it stands where neither object's placement
+decides, so the picture says nothing about which one is named; and it still blocks the straight path to
+both (each line passes 0.31-0.47 m off its centre, median 0.375: inside the panel's 0.4 m half-width or
+less than the robot's own half-width beyond its end), so every episode still asks the robot to go around
+it - on the named object's side. (Placing
+it on the line to either object at random would also hide the name, but then half the episodes leave
+the way to the named object clear, ~0.15 m off the panel's end, and "avoid" says little there.)
 """
 from __future__ import annotations
 
@@ -15,7 +26,7 @@ import torch
 from quadforge.envs.quard.family.base import Draw, EpisodeScene, ExpertBehaviour, ExpertStep, Family, Placement
 from quadforge.envs.quard.words import OBJECTS
 
-OBSTACLE_FRACTION = 0.5   # of the way to the target (about 1.5 m ahead)
+OBSTACLE_FRACTION = 0.5   # of the way to the point midway between the two objects (about 1.5 m ahead)
 AVOID_OFFSET = 1.25       # m beside the obstacle centre: the straight path from the spawn clears the panel end (0.46 m) by ~0.45 m
 AVOID_BEYOND = 0.4        # m past it along the line to the target
 AVOID_BEFORE = 0.3        # m short of it: the first waypoint
@@ -29,9 +40,9 @@ def sample(d: Draw) -> tuple[EpisodeScene, dict[str, str]]:
                   Placement(("object", d_kind, 1), d.distractor, 0.0, d_colour)]
     d.params.update(target={"object": kind, "colour": colour}, distractor={"object": d_kind, "colour": d_colour})
     scene = EpisodeScene(d.params, placements, d.target, d.distractor)
-    (tx, ty) = d.target
-    ox, oy = OBSTACLE_FRACTION * tx, OBSTACLE_FRACTION * ty
-    yaw = math.atan2(ty, tx)   # the panel stands across the line to the target
+    (tx, ty), (dx, dy) = d.target, d.distractor
+    ox, oy = OBSTACLE_FRACTION * (tx + dx) / 2, OBSTACLE_FRACTION * (ty + dy) / 2   # symmetric in the two objects
+    yaw = math.atan2(oy, ox)   # the panel stands across the line from the spawn to its centre
     placements.append(Placement(("obstacle", "", 0), (ox, oy), yaw, None))
     scene.obstacle = (ox, oy)
     d.params["obstacle"] = [ox, oy]
