@@ -74,7 +74,7 @@ def test_collect_and_the_expert_run_a_new_family(toy, tmp_path):
 
 
 def test_eval_and_the_report_list_a_new_family(toy, tmp_path):
-    from quadforge.collection.evaluate_task import TaskEvalConfig, evaluate_task
+    from quadforge.evaluation.evaluate_task import TaskEvalConfig, evaluate_task
     from quadforge.tools.quard_report import table3_section
 
     result = evaluate_task(TaskEvalConfig(task="quard:toy_reach", out=str(tmp_path), colours=("train",),

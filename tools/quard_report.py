@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from quadforge.collection.reports import fmt, markdown_table
+from quadforge.evaluation.reports import fmt, markdown_table
 from quadforge.envs.quard.families import family_names
 from quadforge.tools.results_report import QUARD_BEGIN as BEGIN
 from quadforge.tools.results_report import QUARD_END as END
