@@ -77,7 +77,11 @@ class ShardSteps:
         if valid is not None:
             ok &= np.asarray(valid, dtype=bool)[:, None]
         safe = np.where(ok, idx, last[:, None])
-        x = table.take(safe, span=np.concatenate([safe[:, 0], last]))
+        start = last - (self.context - 1)
+        if start.min() >= 0:   # each window one block of n rows (as the RAM path copies them), padding zeroed
+            x = table.windows(start, self.context, span=np.concatenate([safe[:, 0], last]))
+        else:                  # a window reaching before the store's first row: gather row by row
+            x = table.take(safe, span=np.concatenate([safe[:, 0], last]))
         x[~ok] = 0
         if x.ndim == 2:
             x = x[..., None]

@@ -132,6 +132,19 @@ class ShardArray:
             release_if_over()
         return out
 
+    def windows(self, starts: np.ndarray, n: int, span: np.ndarray) -> np.ndarray:
+        """(B, n, ...) the n consecutive rows from each of ``starts`` (>= 0, + n <= len): one block copy per
+        window through a sliding-window view of the map; ``span``: rows to check (see ``take``)."""
+        self.check(span)
+        a = self.array
+        view = np.lib.stride_tricks.as_strided(a, shape=(len(a) - n + 1, n) + a.shape[1:],
+                                               strides=(a.strides[0],) + a.strides, writeable=False)
+        out = view[np.asarray(starts, dtype=np.int64)]
+        self._gathers += 1
+        if self._gathers % RESIDENT_CHECK_EVERY == 0:
+            release_if_over()
+        return out
+
     def block(self, start: int, stop: int) -> np.ndarray:
         """Rows start..stop-1, checked, as a copy (streaming passes). Read with ``pread``, not through the
         map: the file's read-ahead applies (the map is ``MADV_RANDOM``) and no mapped page is left behind."""
