@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from quadforge.tools.bench.cli import BENCHMARKS
+
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("quadforge.tools.demo", "end-to-end demo: collect with the gait expert, train FCNet, evaluate both"),
@@ -24,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval-expert": ("quadforge.evaluation.evaluate_expert", "evaluate an expert per terrain type x level"),
     "eval-tracking": ("quadforge.evaluation.tracking_eval", "velocity tracking and fall rate of an expert per terrain type"),
     "reproduce": ("quadforge.tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency; --stages quard: QUARD-Auto and Table III)"),
-    "bench": ("quadforge.tools.bench.cli", "benchmarks: sim | env_step | experts | store | models | germ | scale"),
+    "bench": ("quadforge.tools.bench.cli", "benchmarks: " + " | ".join(BENCHMARKS)),
 }
 
 
