@@ -182,7 +182,10 @@ class LeggedEnv(VecEnv):
             self._obs = self._compute_obs(yaw=self.task.yaw, known=None if pushed else ground, noise=self._noise)
         else:
             self._obs = self._compute_obs(noise=self._noise)
-        self.extras = {"time_outs": res.time_outs, "log": log, "episode_end": episode}
+        # the push comes after this step's reward and before the next observation: who recomputes a reward from
+        # stored observations needs to know which steps it came between (stored per step as `pushed`)
+        self.extras = {"time_outs": res.time_outs, "log": log, "episode_end": episode,
+                       "pushed": torch.full((self.num_envs,), pushed, dtype=torch.bool, device=self.device)}
         return self._obs, res.rewards, res.dones, self.extras
 
     # --- contract extras -------------------------------------------------------------------------------
