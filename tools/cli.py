@@ -11,6 +11,8 @@ import importlib
 import os
 import sys
 
+from quadforge.tools.bench.cli import BENCHMARKS
+
 # what a Unix tool killed by SIGPIPE exits with (128 + 13), e.g. `quadforge dataset info | head -1`
 EXIT_BROKEN_PIPE = 141
 
@@ -28,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval-expert": ("quadforge.evaluation.evaluate_expert", "evaluate an expert per terrain type x level"),
     "eval-tracking": ("quadforge.evaluation.tracking_eval", "velocity tracking and fall rate of an expert per terrain type"),
     "reproduce": ("quadforge.tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency; --stages quard: QUARD-Auto and Table III)"),
-    "bench": ("quadforge.tools.bench.cli", "benchmarks: sim | env_step | experts | store | models | germ | scale"),
+    "bench": ("quadforge.tools.bench.cli", "benchmarks: " + " | ".join(BENCHMARKS)),
 }
 
 
