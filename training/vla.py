@@ -47,7 +47,6 @@ from quadforge.experts.vla import POLICY_KIND
 from quadforge.training.binning import ActionBinner, fit_binner
 from quadforge.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
 from quadforge.training.models.germ_vla import GeRMVLA
-from quadforge.training.models.instruction import build_vocabulary
 from quadforge.training.models.rt1 import RT1
 from quadforge.training.models.vision import random_shift
 from quadforge.training.models.vla import VLAConfig, images_to_float
@@ -56,6 +55,8 @@ from quadforge.training.optim import OptimConfig, build_optimizer, build_schedul
 from quadforge.training.qlearning import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, conservative_loss,
                                           ema_update, td_loss, with_mc_lower_bound)
 from quadforge.training.vla_data import SAMPLING_MODES, ImageWindowSource, check_batch, open_image_source
+from quadforge.training.grounding import (TARGET_TERMS, GroundingProbe, TargetAuxLoss, append_row, load_init_weights,
+                                         vocabulary_for)
 from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup, init_distributed, unwrap,
                                             wrap_model)
 from quadforge.training.loop import RunLog, TrainLoop, apply_trainer_args, resume_from, save_run_checkpoint
@@ -110,6 +111,12 @@ class VLATrainConfig:
     # commands (|wz| ~ 0.1 rad/s, ~10 bins from zero) get no graded signal (HL-Gauss, Farebrother et al. 2024)
     label_sigma: float = 0.0
     init_from: str | None = None         # a VLA checkpoint (same model and config) whose weights start the run
+    # the language-blind baseline: every instruction word maps to the unknown token (the model sees how many
+    # words there are, i.e. the family's template, never which object is named); grounding = score above it
+    blind_instruction: bool = False
+    # weight of the auxiliary grounding loss (training.grounding.TargetAuxLoss: a head regresses the named
+    # target's bearing and distance in the robot frame from the newest frame's tokens); 0: off
+    target_loss: float = 0.0
     gamma: float = 0.98
     alpha: float = 1.0                   # conservative weight (Q-T paper 1; GeRM code 0.1)
     tau: float = 0.999
@@ -127,6 +134,9 @@ class VLATrainConfig:
     log_every: int = 50
     val_every: int = 500                 # validate and checkpoint every N steps (and at the end)
     val_batches: int = 4
+    # held-out windows of the instruction-swap metric (training.grounding: does the command turn toward the
+    # object the words name?), logged as val/swap_* beside the losses; 0: off
+    swap_windows: int = 128
     keep_every: int = 0                  # also keep step_N.pt every N steps (0: only last.pt)
     checkpoint_every_s: float = 600.0    # also write last.pt after this much wall time (0: off)
     tensorboard: bool = True
@@ -162,6 +172,13 @@ class VLATrainConfig:
         if self.label_sigma > 0 and self.objective != "ce":
             raise ValueError(f"label_sigma={self.label_sigma} smooths the imitation targets; the {self.objective!r} "
                              f"objective has none (use it with rt1 or germ-il)")
+        if self.blind_instruction and self.instruction != "words":
+            raise ValueError(f"blind_instruction blanks the words encoder's vocabulary; instruction={self.instruction!r} "
+                             f"has none (train the blind baseline with instruction=words)")
+        if self.target_loss < 0:
+            raise ValueError(f"target_loss={self.target_loss}; must be >= 0 (the auxiliary loss's weight; 0: off)")
+        if self.swap_windows < 0:
+            raise ValueError(f"swap_windows={self.swap_windows}; must be >= 0 (0: no instruction-swap metric)")
         if self.shift_pad < 0:
             raise ValueError(f"shift_pad={self.shift_pad}; must be >= 0")
         if self.success_ratio is not None and not 0.0 <= self.success_ratio <= 1.0:
@@ -183,12 +200,14 @@ def default_config(model_name: str, preset: str | None = None) -> VLATrainConfig
     return cfg
 
 
-def model_config(cfg: VLATrainConfig, image_size: tuple[int, int], instructions: list[str]) -> VLAConfig:
-    """The VLAConfig for a source: image size from its camera, vocabulary from its instruction table."""
+def model_config(cfg: VLATrainConfig, image_size: tuple[int, int], instructions: list[str],
+                 init: Checkpoint | None = None) -> VLAConfig:
+    """The VLAConfig for a source: image size from its camera, vocabulary from its instruction table (a
+    fine-tune's from the checkpoint it starts from; a language-blind run's: no word at all)."""
     kw = dict(cfg.model)
     kw.update(instruction=cfg.instruction, num_bins=cfg.num_bins, action_dim=12)
     if cfg.instruction == "words":
-        kw["vocab"] = tuple(build_vocabulary(instructions))
+        kw["vocab"] = vocabulary_for(instructions, cfg.blind_instruction, init)
     vla = VLAConfig.make(image_size=tuple(image_size), **kw)
     return vla.dense_matched() if cfg.model_name == "germ-dense" else vla
 
@@ -320,7 +339,7 @@ def _store_sources(path: str | Path, cfg: VLATrainConfig, info: DistInfo):
     (``data.episodes.split_episodes``); None when it is empty or 0, and off the main rank."""
     history = int(cfg.model.get("history", 6))
     common = dict(history=history, seed=cfg.seed, val_fraction=cfg.val_fraction, success_only=cfg.success_only,
-                  cache_chunks=cfg.cache_chunks)
+                  cache_chunks=cfg.cache_chunks, step_features=TARGET_TERMS if cfg.target_loss > 0 else ())
     source = open_image_source(path, split="train" if cfg.val_fraction > 0 else "all", success_ratio=cfg.success_ratio,
                                rank=info.rank, world_size=info.world_size, **common)
     val = None
@@ -355,12 +374,17 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
         torch.set_num_threads(max(1, torch.get_num_threads() // info.world_size))
     dev = info.device
     prov = dict(provenance or {})
+    probe = None
     if isinstance(source, (str, Path)):
+        if info.is_main and cfg.val_fraction > 0 and cfg.swap_windows:   # the instruction-swap metric (grounding)
+            probe = GroundingProbe.from_store(source, int(cfg.model.get("history", 6)), cfg.seed, cfg.val_fraction,
+                                              cfg.swap_windows)
         source, val_source = _store_sources(source, cfg, info)
         prov.update(train_episodes=source.num_episodes, train_windows=source.num_windows * info.world_size,
                     val_episodes=val_source.num_episodes if val_source is not None else 0)
     instructions = list(source.instructions)
-    vla = model_config(cfg, tuple(source.image_size), instructions)
+    init = load_checkpoint(str(cfg.init_from), map_location="cpu") if cfg.init_from and not resume else None
+    vla = model_config(cfg, tuple(source.image_size), instructions, init)
     if vla.history != int(source.history):
         raise ValueError(f"the source gives {source.history}-frame windows, the model's history is {vla.history}")
     model = build_model(cfg.model_name, vla).to(dev)
@@ -372,15 +396,8 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
                              "resume with the same model, preset and data")
         load_state(model, ckpt)
         binner = ActionBinner.from_dict(ckpt.extra["binner"])
-    elif cfg.init_from:   # fine-tuning: the weights and the binning of an earlier run, a fresh optimizer
-        init = load_checkpoint(str(cfg.init_from), map_location="cpu")
-        if (init.extra or {}).get("policy_kind") != POLICY_KIND:
-            raise ValueError(f"init_from={cfg.init_from}: not a VLA checkpoint "
-                             f"(policy kind {(init.extra or {}).get('policy_kind')!r})")
-        if init.model_name != cfg.model_name or init.model_config != vla.to_dict():
-            raise ValueError(f"init_from={cfg.init_from}: holds {init.model_name!r} with a different model config "
-                             f"(history, sizes or vocabulary); fine-tune with the same model, preset and instructions")
-        load_state(model, init)
+    elif init is not None:   # fine-tuning: the weights and the binning of an earlier run, a fresh optimizer
+        load_init_weights(model, init, vla, cfg.model_name, cfg.init_from)
         binner = ActionBinner.from_dict(init.extra["binner"])
         prov["init_from"] = str(cfg.init_from)
     elif cfg.bins == "controller":
@@ -395,6 +412,11 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
     ddp_model = wrap_model(model, info)   # DDP broadcasts rank 0's weights: copy the target after this
     target = copy.deepcopy(model).eval().requires_grad_(False) if cfg.objective == "q" else None
     optimizer = build_optimizer(model, cfg.optim)
+    aux = TargetAuxLoss(model, cfg.target_loss) if cfg.target_loss > 0 else None
+    if aux is not None:
+        optimizer.add_param_group({"params": list(aux.parameters()), "weight_decay": 0.0})
+        if ckpt is not None and "target_head" in ckpt.extra:
+            aux.head.load_state_dict(ckpt.extra["target_head"])
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.max_steps)
     start = 0
     if ckpt is not None:
@@ -425,6 +447,8 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
         extra = {"policy_kind": POLICY_KIND, "binner": {"edges": binner.edges.cpu()},
                  "settings": dict(source.settings), "instructions": instructions,
                  "instruction_inputs": table.cpu(), "action_space": "command", "rng": rngs}
+        if aux is not None:
+            extra["target_head"] = aux.state_dict()
         if target is not None:
             extra["target_state_dict"] = {k: v.detach().cpu() for k, v in target.state_dict().items()}
         c = Checkpoint(model_name=cfg.model_name, model_config=vla.to_dict(),
@@ -438,7 +462,8 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
 
     def loss_terms(step: int) -> dict[str, torch.Tensor]:
         batch, frames, instruction = prepare(feed.next(), augment=True)
-        return losses(ddp_model, target, batch, frames, instruction, binner, cfg)
+        terms = losses(ddp_model, target, batch, frames, instruction, binner, cfg)
+        return aux.add(terms, batch) if aux is not None else terms
 
     def after_step() -> None:
         average_buffers(model, info)
@@ -451,6 +476,9 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
         """On the main rank, into its own rows (``val/`` in TensorBoard); the other ranks wait at the save."""
         if val_draw is not None and info.is_main:
             v = validate(model, target, val_draw(), binner, cfg, prepare)
+            if probe is not None:
+                v.update(probe.measure(model, binner))
+                append_row(out, {**v, "step": step})
             v["step"] = step
             val_history.append(v)
             log.line("val", f"val step {step}", v, step)
