@@ -67,6 +67,11 @@ def swapped_instruction(params: Mapping[str, Any]) -> str | None:
     return str(swap_instruction(scene).params["instruction"])
 
 
+def _scene(params: Mapping[str, Any]) -> tuple:
+    """A QUARD episode's scene identity (its seed, env and episode index; paired episodes share it)."""
+    return (params.get("seed"), params.get("env_id"), params.get("episode"))
+
+
 def lateral(command: torch.Tensor) -> torch.Tensor:
     """(..., 12) command -> its leftward intent wz + vy (rad/s + m/s)."""
     return command[..., _WZ] + command[..., _VY]
@@ -102,7 +107,9 @@ class GroundingProbe:
     and the candidates' bearings at its newest frame (module doc). ``measure(model, binner)`` -> numbers."""
 
     def __init__(self, frames: torch.Tensor, mask: torch.Tensor, named: list[str], swapped: list[str],
-                 bearing_named: torch.Tensor, bearing_other: torch.Tensor, families: list[str]):
+                 bearing_named: torch.Tensor, bearing_other: torch.Tensor, families: list[str],
+                 episodes: list[int] | None = None):
+        self.episodes = episodes                               # the store episode of each window
         self.frames, self.mask = frames, mask                  # uint8 (N, T, H, W, 3), bool (N, T)
         self.named, self.swapped, self.families = named, swapped, families
         self.bearing_named, self.bearing_other = bearing_named, bearing_other
@@ -114,7 +121,8 @@ class GroundingProbe:
     def from_store(cls, path: str | Path, history: int, seed: int = 0, val_fraction: float = 0.1,
                    windows: int = 128, camera: str = "images/front_rgb") -> "GroundingProbe | None":
         """Up to ``windows`` windows of the store's held-out successful episodes that have two candidates
-        (the trainer's seeded split: the same episodes its validation rows use); None when the store has
+        (the trainer's seeded split: the same episodes its validation rows use; a held-out scene whose
+        counterfactual partner is in the training split is left out); None when the store has
         no such episodes or lacks the privileged poses (a store not collected on a QUARD task)."""
         store = TrajectoryStore.open(path)
         if any(t not in store.feature_names for t in POSE_TERMS) or camera not in store.image_features:
@@ -128,11 +136,17 @@ class GroundingProbe:
             if "no episodes left" in str(err) or "no windows" in str(err):
                 return None
             raise
+        held_out = set(np.unique(sampler._win_ep).tolist())
+        trained_scenes = {_scene(store.task_params(i)) for i in range(store.num_episodes) if i not in held_out}
         swapped_of: dict[int, str | None] = {}
         ok = []
         for w, ep in enumerate(sampler._win_ep.tolist()):
             if ep not in swapped_of:
-                swapped_of[ep] = swapped_instruction(store.task_params(ep))
+                params = store.task_params(ep)
+                # a scene whose counterfactual partner was trained on is not held out: its first frame was seen
+                # with the swapped instruction
+                seen = _scene(params) in trained_scenes and "episode" in params
+                swapped_of[ep] = None if seen else swapped_instruction(params)
             if swapped_of[ep] is not None:
                 ok.append(w)
         if not ok:
@@ -146,7 +160,7 @@ class GroundingProbe:
         bearing_other, _ = robot_frame_polar(pose, other)
         return cls(b[camera], b["mask"].bool(), [store.instruction_text(e) for e in eps],
                    [swapped_of[e] for e in eps], bearing_named, bearing_other,
-                   [str(store.task_params(e).get("family", "")) for e in eps])
+                   [str(store.task_params(e).get("family", "")) for e in eps], eps)
 
     @torch.no_grad()
     def commands(self, act: Callable[[torch.Tensor, torch.Tensor, list[str]], torch.Tensor],

@@ -76,22 +76,31 @@ def paired_store(tmp_path_factory):
     pytest.importorskip("quadforge.envs.quard.env")
     from quadforge.tools.cli import main
     out = tmp_path_factory.mktemp("grounding") / "paired"
-    assert main(["collect", "--task", "quard:go_to", "--policy", "quard_expert", "--episodes", "8",
-                 "--num-envs", "4", "--store", str(out), "--no-progress", "--seed", "2", "--counterfactual", "1"]) == 0
+    assert main(["collect", "--task", "quard:go_to", "--policy", "quard_expert", "--episodes", "12",
+                 "--num-envs", "4", "--store", str(out), "--no-progress", "--seed", "2", "--counterfactual", "0.5"]) == 0
     return out
 
 
 def test_the_probe_reads_held_out_windows_with_the_partner_instruction_and_scores_toy_policies(paired_store):
     from quadforge.collection.counterfactual import pairs_of
     from quadforge.data.store import TrajectoryStore
-    probe = GroundingProbe.from_store(paired_store, history=2, seed=0, val_fraction=0.5, windows=64)
+    probe = GroundingProbe.from_store(paired_store, history=2, seed=0, val_fraction=0.0, windows=64)
     assert probe is not None and len(probe) > 0
     store = TrajectoryStore.open(paired_store)
-    partner = {store.instruction_text(a): store.instruction_text(b) for a, b in pairs_of(
-        [store.task_params(i) for i in range(store.num_episodes)])}
+    pairs = pairs_of([store.task_params(i) for i in range(store.num_episodes)])
+    assert pairs
+    partner = {store.instruction_text(a): store.instruction_text(b) for a, b in pairs}
+    assert set(probe.named) & set(partner)
     for named, swapped in zip(probe.named, probe.swapped):   # the metric's swap is the collected partner's
         if named in partner:
             assert swapped == partner[named]
+    # held out for training: no window of a scene whose partner is in the training split
+    held = GroundingProbe.from_store(paired_store, history=2, seed=0, val_fraction=0.5, windows=64)
+    from quadforge.data.image_sampler import ImageWindowSampler
+    val = set(ImageWindowSampler(store, history=2, split="val", val_fraction=0.5, seed=0).episodes.tolist())
+    partner_of = dict(pairs)
+    assert held is not None and set(held.episodes) <= val
+    assert all(partner_of[e] in val for e in held.episodes if e in partner_of)
     # a policy told the truth by a lookup: turns to the bearing of the object its instruction names
     truth = {}
     for i, text in enumerate(probe.named):
