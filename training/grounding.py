@@ -119,18 +119,20 @@ class GroundingProbe:
 
     @classmethod
     def from_store(cls, path: str | Path, history: int, seed: int = 0, val_fraction: float = 0.1,
-                   windows: int = 128, camera: str = "images/front_rgb") -> "GroundingProbe | None":
+                   windows: int = 128, camera: str = "images/front_rgb", families: Sequence[str] = ()
+                   ) -> "GroundingProbe | None":
         """Up to ``windows`` windows of the store's held-out successful episodes that have two candidates
         (the trainer's seeded split: the same episodes its validation rows use; a held-out scene whose
         counterfactual partner is in the training split is left out); None when the store has
-        no such episodes or lacks the privileged poses (a store not collected on a QUARD task)."""
+        no such episodes or lacks the privileged poses (``families``: only those QUARD families) (a store not collected on a QUARD task)."""
         store = TrajectoryStore.open(path)
         if any(t not in store.feature_names for t in POSE_TERMS) or camera not in store.image_features:
             return None
         try:
             sampler = ImageWindowSampler(store, cameras=[camera], history=history, next_frame=False,
                                          step_features=POSE_TERMS, split="val" if val_fraction > 0 else "all",
-                                         val_fraction=val_fraction, seed=seed, filters={"success_only": True},
+                                         val_fraction=val_fraction, seed=seed,
+                                         filters={"success_only": True, **({"families": list(families)} if families else {})},
                                          cache_chunks=8)
         except ValueError as err:   # no held-out episodes (a tiny store)
             if "no episodes left" in str(err) or "no windows" in str(err):

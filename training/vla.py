@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quadforge.envs.quard.instructions import FAMILIES as QUARD_FAMILIES
 from quadforge.experts.hierarchical import command_binner
 from quadforge.experts.vla import POLICY_KIND
 from quadforge.training.binning import ActionBinner, fit_binner
@@ -124,6 +125,7 @@ class VLATrainConfig:
     mc_bound_dims: str = "last"
     success_ratio: float | None = SEED003_SUCCESS_RATIO
     success_only: bool = False
+    families: tuple[str, ...] = ()       # QUARD families to train on (task_params["family"]); (): all in the store
     sampling: str = "auto"               # store windows: "auto" | "stream" (chunk-aware) | "uniform" (i.i.d.)
     prefetch: int = 2                    # store batches built ahead on a thread (0: off)
     # decompressed frame chunks kept in RAM by the sampler: uniform windows over a store larger than the
@@ -175,6 +177,10 @@ class VLATrainConfig:
         if self.blind_instruction and self.instruction != "words":
             raise ValueError(f"blind_instruction blanks the words encoder's vocabulary; instruction={self.instruction!r} "
                              f"has none (train the blind baseline with instruction=words)")
+        unknown = [f for f in self.families if f not in QUARD_FAMILIES]
+        if unknown:
+            raise ValueError(f"families={list(self.families)}: {unknown} unknown; allowed: {list(QUARD_FAMILIES)} "
+                             f"(a list: families=['go_to','distinguish'])")
         if self.target_loss < 0:
             raise ValueError(f"target_loss={self.target_loss}; must be >= 0 (the auxiliary loss's weight; 0: off)")
         if self.swap_windows < 0:
@@ -339,7 +345,8 @@ def _store_sources(path: str | Path, cfg: VLATrainConfig, info: DistInfo):
     (``data.episodes.split_episodes``); None when it is empty or 0, and off the main rank."""
     history = int(cfg.model.get("history", 6))
     common = dict(history=history, seed=cfg.seed, val_fraction=cfg.val_fraction, success_only=cfg.success_only,
-                  cache_chunks=cfg.cache_chunks, step_features=TARGET_TERMS if cfg.target_loss > 0 else ())
+                  cache_chunks=cfg.cache_chunks, step_features=TARGET_TERMS if cfg.target_loss > 0 else (),
+                  families=tuple(cfg.families))
     source = open_image_source(path, split="train" if cfg.val_fraction > 0 else "all", success_ratio=cfg.success_ratio,
                                rank=info.rank, world_size=info.world_size, **common)
     val = None
@@ -378,7 +385,7 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
     if isinstance(source, (str, Path)):
         if info.is_main and cfg.val_fraction > 0 and cfg.swap_windows:   # the instruction-swap metric (grounding)
             probe = GroundingProbe.from_store(source, int(cfg.model.get("history", 6)), cfg.seed, cfg.val_fraction,
-                                              cfg.swap_windows)
+                                              cfg.swap_windows, families=tuple(cfg.families))
         source, val_source = _store_sources(source, cfg, info)
         prov.update(train_episodes=source.num_episodes, train_windows=source.num_windows * info.world_size,
                     val_episodes=val_source.num_episodes if val_source is not None else 0)

@@ -191,13 +191,14 @@ class _Converted:
 def open_image_source(path: str | Path, history: int, seed: int = 0, split: str = "all",
                       success_ratio: float | None = None, success_only: bool = False,
                       camera: str = "images/front_rgb", val_fraction: float = 0.1, rank: int = 0,
-                      world_size: int = 1, cache_chunks: int = 32, step_features: tuple[str, ...] = ()
-                      ) -> StoreImageSource:
+                      world_size: int = 1, cache_chunks: int = 32, step_features: tuple[str, ...] = (),
+                      families: tuple[str, ...] = ()) -> StoreImageSource:
     """Image windows from a trajectory store holding ``camera`` (``data.image_sampler``): ``history``
     frames + the next one, the ``hl_commands`` at each frame's step, the success/failure mix. ``split``
     "train" / "val" holds ``val_fraction`` of the episodes out by the seeded episode permutation every
     trainer uses (``data.episodes.split_episodes``: the same ``seed`` gives the same held-out episodes);
-    ``rank`` / ``world_size`` take a strided shard of the windows (DDP); ``step_features`` adds per-step
+    ``rank`` / ``world_size`` take a strided shard of the windows (DDP); ``families`` keeps those QUARD
+    families' episodes only (the sampler's ``families`` filter); ``step_features`` adds per-step
     features to the sampler (``training.grounding.TARGET_TERMS`` make the batches carry ``target_polar``)."""
     path = Path(path)
     if not path.exists():
@@ -208,9 +209,16 @@ def open_image_source(path: str | Path, history: int, seed: int = 0, split: str 
                          f"collect with a camera task (quadforge collect --task quard:...)")
     sampler = ImageWindowSampler(store, cameras=[camera], history=history, next_frame=True,
                                  action_feature="hl_commands", step_features=tuple(step_features), split=split, val_fraction=val_fraction, seed=seed,
-                                 success_ratio=success_ratio, filters={"success_only": True} if success_only else None,
+                                 success_ratio=success_ratio, filters=_filters(success_only, families),
                                  rank=rank, world_size=world_size, cache_chunks=cache_chunks)
     return StoreImageSource(sampler, store, camera)
+
+
+def _filters(success_only: bool, families: tuple[str, ...]) -> dict[str, Any] | None:
+    out: dict[str, Any] = {"success_only": True} if success_only else {}
+    if families:
+        out["families"] = list(families)
+    return out or None
 
 
 # --- a synthetic source: "go left/right to the named colour" ----------------------------------------

@@ -126,7 +126,7 @@ def test_training_logs_the_swap_metric_and_a_blind_model_scores_chance(paired_st
     cfg = default_config("rt1")
     cfg.model.update(TINY)
     cfg.max_steps, cfg.batch_size, cfg.log_every, cfg.val_every, cfg.val_batches = 2, 4, 1, 2, 1
-    cfg.val_fraction, cfg.tensorboard, cfg.target_loss = 0.5, False, 1.0
+    cfg.val_fraction, cfg.tensorboard, cfg.target_loss, cfg.families = 0.5, False, 1.0, ("go_to",)
     reading = train(cfg, str(paired_store), tmp_path / "reading")
     row = reading["val"][-1]
     assert {"swap_toward_named", "swap_change", "swap_windows"} <= set(row)
@@ -155,3 +155,19 @@ def test_store_batches_carry_the_named_targets_bearing_at_the_newest_frame(paire
     for row, ep in zip(polar, b["episode_index"][first].tolist()):
         tx, ty = store.task_params(ep)["target_slot"]   # relative to the spawn; the robot faces +x there
         assert abs(float(row[0]) - math.atan2(ty, tx)) < 0.05 and abs(float(row[1]) - math.hypot(tx, ty)) < 0.1
+
+
+def test_grounding_options_are_checked_with_one_line_errors():
+    from quadforge.training.vla import default_config
+    cfg = default_config("rt1")
+    cfg.families = ("go_to,distinguish",)
+    with pytest.raises(ValueError, match="families=.*unknown; allowed"):
+        cfg.validate()
+    cfg = default_config("rt1")
+    cfg.blind_instruction, cfg.instruction = True, "wordllama"
+    with pytest.raises(ValueError, match="blind_instruction blanks the words encoder"):
+        cfg.validate()
+    cfg = default_config("rt1")
+    cfg.target_loss = -1.0
+    with pytest.raises(ValueError, match="target_loss=-1.0; must be >= 0"):
+        cfg.validate()
