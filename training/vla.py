@@ -139,6 +139,9 @@ class VLATrainConfig:
     # held-out windows of the instruction-swap metric (training.grounding: does the command turn toward the
     # object the words name?), logged as val/swap_* beside the losses; 0: off
     swap_windows: int = 128
+    # the store the swap metric reads (every episode held out: e.g. a few scenes collected with another seed);
+    # None: the training store's held-out episodes (those whose scene has no counterfactual partner in training)
+    swap_store: str | None = None
     keep_every: int = 0                  # also keep step_N.pt every N steps (0: only last.pt)
     checkpoint_every_s: float = 600.0    # also write last.pt after this much wall time (0: off)
     tensorboard: bool = True
@@ -384,8 +387,9 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
     probe = None
     if isinstance(source, (str, Path)):
         if info.is_main and cfg.val_fraction > 0 and cfg.swap_windows:   # the instruction-swap metric (grounding)
-            probe = GroundingProbe.from_store(source, int(cfg.model.get("history", 6)), cfg.seed, cfg.val_fraction,
-                                              cfg.swap_windows, families=tuple(cfg.families))
+            probe = GroundingProbe.from_store(cfg.swap_store or source, int(cfg.model.get("history", 6)), cfg.seed,
+                                              0.0 if cfg.swap_store else cfg.val_fraction, cfg.swap_windows,
+                                              families=tuple(cfg.families))
         source, val_source = _store_sources(source, cfg, info)
         prov.update(train_episodes=source.num_episodes, train_windows=source.num_windows * info.world_size,
                     val_episodes=val_source.num_episodes if val_source is not None else 0)
