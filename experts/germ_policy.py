@@ -14,9 +14,10 @@ import torch
 
 from quadforge.experts.policy import checkpoint_policy_id
 from quadforge.layout import ObsLayout
-from quadforge.training.binning import ActionBinner
-from quadforge.training.checkpoint import latest_checkpoint, load_checkpoint, load_state
-from quadforge.training.models.germ import ContextWindow, GeRM, GeRMConfig
+from quadforge.models.binning import ActionBinner
+from quadforge.models.checkpoint import latest_checkpoint, load_checkpoint, load_state
+from quadforge.models.germ import ContextWindow, GeRM, GeRMConfig
+from quadforge.models.registry import model_names
 
 ACTION_FEATURES = {"actions": "joint", "hl_commands": "command"}
 
@@ -60,11 +61,12 @@ def load_germ(path: str | Path, num_envs: int, device: str | torch.device = "cpu
     if path.is_dir():
         path = latest_checkpoint(path)
     ckpt = load_checkpoint(path)
-    if not ckpt.model_name.startswith("germ"):
-        raise ValueError(f"{path}: checkpoint holds model {ckpt.model_name!r}, not a GeRM model")
     if ckpt.extra.get("policy_kind") == "vla":
         raise ValueError(f"{path}: a vision-language GeRM checkpoint; load it with experts.vla.load_vla "
                          "(or experts.registry.load_policy)")
+    if ckpt.model_name not in model_names(policy="germ"):
+        raise ValueError(f"{path}: checkpoint holds model {ckpt.model_name!r}, not a GeRM model "
+                         f"({', '.join(model_names(policy='germ'))})")
     if "binner" not in ckpt.extra:
         raise ValueError(f"{path}: GeRM checkpoint lacks its bin edges (extra['binner'])")
     model = GeRM(GeRMConfig.from_dict(ckpt.model_config))

@@ -24,7 +24,7 @@ import torch
 from quadforge.experts.gait import GaitGains
 from quadforge.experts.policy import check_policy
 from quadforge.layout import COMMAND_NAMES, NUM_JOINTS
-from quadforge.training.binning import ActionBinner
+from quadforge.models.binning import ActionBinner
 
 # seed 003 Eq. 9, in order
 HL_COMMAND_NAMES = ("lin_vel_x", "lin_vel_y", "ang_vel_yaw", "gait_phase", "gait_offset", "gait_bound",

@@ -4,7 +4,7 @@
 config, observation layout, normalisation stats), checks the env's term widths against the ones the
 model was trained on, and acts through the model's recurrent ``step`` with one cache row per env:
 ``reset(env_ids)`` clears those rows (episode start), and each row restarts every ``context`` steps
-(the block protocol of ``training.models.base``). Return-conditioned models are driven with the
+(the block protocol of ``models.base``). Return-conditioned models are driven with the
 constant target return stored at training time (the Policy protocol carries no rewards, so the
 return-to-go is not decremented online). GeRM checkpoints load through ``experts.germ_policy``; the
 one entry point for any policy is ``experts.registry.load_policy``.
@@ -17,8 +17,8 @@ from typing import Mapping
 import torch
 
 from quadforge.layout import TERM_DIMS, ObsLayout
-from quadforge.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
-from quadforge.training.models import build_model
+from quadforge.models.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
+from quadforge.models import build_model
 from quadforge.experts.policy import checkpoint_policy_id
 
 

@@ -34,7 +34,8 @@ from quadforge.experts.hierarchical import HierarchicalPolicy
 from quadforge.experts.learned import check_robot, load_learned
 from quadforge.experts.loaders import detect_kind, load_expert
 from quadforge.layout import NUM_JOINTS
-from quadforge.training.checkpoint import load_checkpoint
+from quadforge.models.checkpoint import load_checkpoint
+from quadforge.models.registry import model_spec
 
 DEFAULT_CONTROL_DT = 0.02  # s; the env's default (sim dt 0.005 x decimation 4)
 
@@ -78,6 +79,13 @@ def register_policy_kind(name: str, load: Callable[[str, LoadContext], Any], hel
     POLICY_KINDS[name] = PolicyKind(name, load, help, needs_path)
 
 
+def _registered_kind(kind: str) -> PolicyKind:
+    """A kind's entry, importing the module that registers it (``POLICY_KIND_MODULES``) on first use."""
+    if kind not in POLICY_KINDS and kind in POLICY_KIND_MODULES:
+        importlib.import_module(POLICY_KIND_MODULES[kind])
+    return POLICY_KINDS[kind]
+
+
 def spec_help() -> str:
     kinds = ", ".join([f"{k.name}{':PATH' if k.needs_path else ''}" for k in POLICY_KINDS.values()]
                       + [f"{k}:..." for k in POLICY_KIND_MODULES if k not in POLICY_KINDS])
@@ -116,10 +124,12 @@ def _model(arg: str, ctx: LoadContext) -> Any:
         check_robot(ckpt, ctx.robot, str(arg))
     kind = ckpt.extra.get("policy_kind")
     if kind in POLICY_KIND_MODULES:   # e.g. a VLA checkpoint: its module registers the loader
-        importlib.import_module(POLICY_KIND_MODULES[kind])
-        return POLICY_KINDS[kind].load(arg, ctx)
-    loader = load_germ if ckpt.model_name.startswith("germ") else load_learned
-    return loader(arg, ctx.num_envs, ctx.device)
+        return _registered_kind(kind).load(arg, ctx)
+    return MODEL_POLICIES[model_spec(ckpt.model_name, "proprio").policy](arg, ctx.num_envs, ctx.device)
+
+
+# a proprioceptive model's ``ModelSpec.policy`` -> its policy wrapper (a VLA's is the ``vla`` kind)
+MODEL_POLICIES: dict[str, Callable[[str, int, str], Any]] = {"learned": load_learned, "germ": load_germ}
 
 
 def _expert(kind: str) -> Callable[[str, LoadContext], Any]:
@@ -151,10 +161,8 @@ def parse_policy_spec(spec: str) -> tuple[str, str]:
         kind = detect_kind(path)
         return ("model" if kind == "quadforge" else kind), spec
     kind, _, arg = spec.partition(":")
-    if kind not in POLICY_KINDS and kind in POLICY_KIND_MODULES:
-        importlib.import_module(POLICY_KIND_MODULES[kind])
-    if kind in POLICY_KINDS:
-        entry = POLICY_KINDS[kind]
+    if kind in POLICY_KINDS or kind in POLICY_KIND_MODULES:
+        entry = _registered_kind(kind)
         if entry.needs_path and not Path(arg).exists():
             raise FileNotFoundError(f"--policy {spec!r}: no such checkpoint {arg!r}")
         return kind, arg

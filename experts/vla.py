@@ -30,10 +30,10 @@ from quadforge.experts.gait import GaitController
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HierarchicalPolicy
 from quadforge.experts.policy import checkpoint_policy_id
 from quadforge.experts.registry import LoadContext, register_policy_kind
-from quadforge.training.binning import ActionBinner
-from quadforge.training.checkpoint import latest_checkpoint, load_checkpoint, load_state
-from quadforge.training.models.vla import VLAConfig, images_to_float
-from quadforge.training.models.vla_zoo import build_vla_model
+from quadforge.models.binning import ActionBinner
+from quadforge.models.checkpoint import latest_checkpoint, load_checkpoint, load_state
+from quadforge.models.vla import VLAConfig, images_to_float
+from quadforge.models.registry import build_vla_model
 
 POLICY_KIND = "vla"   # extra["policy_kind"] of a VLA checkpoint
 

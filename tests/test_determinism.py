@@ -22,7 +22,7 @@ def _cli(*args: str) -> None:
 @pytest.mark.slow   # four CLI processes (~15 s quiet); in-process twins run by default in test_imitation.py
 def test_same_seed_same_collection_and_training_in_separate_processes(tmp_path):
     from quadforge.data.store import TrajectoryStore
-    from quadforge.training.checkpoint import load_checkpoint
+    from quadforge.models.checkpoint import load_checkpoint
     stores = []
     for k in range(2):   # two processes, same seed: the same episodes, byte for byte
         store = tmp_path / f"s{k}"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # folder -> installed package (pyproject.toml [tool.setuptools.package-dir])
-FOLDERS = {"quadforge": "quadforge", "envs": "quadforge.envs", "experts": "quadforge.experts",
+FOLDERS = {"quadforge": "quadforge", "envs": "quadforge.envs", "models": "quadforge.models", "experts": "quadforge.experts",
            "collection": "quadforge.collection", "training": "quadforge.training", "data": "quadforge.data",
            "tools": "quadforge.tools"}
 
@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                      "quadforge.progress")),
     ("envs", ("quadforge.envs",)),
     ("data", ("quadforge.data",)),
-    ("models", ("quadforge.training.models", "quadforge.training.checkpoint", "quadforge.training.binning")),
+    ("models", ("quadforge.models",)),
     ("policies", ("quadforge.experts",)),
     ("collection", ("quadforge.collection",)),
     ("evaluation", ("quadforge.collection.evaluate", "quadforge.collection.evaluate_cmd",

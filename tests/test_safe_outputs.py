@@ -83,7 +83,7 @@ def test_import_hdf5_of_a_text_file_is_one_line(tmp_path, capsys):
 
 
 def _bad_files(tmp_path):
-    from quadforge.training.checkpoint import Checkpoint, save_checkpoint
+    from quadforge.models.checkpoint import Checkpoint, save_checkpoint
     from quadforge.layout import get_layout
     good = save_checkpoint(tmp_path / "good.pt", Checkpoint("mlp", {"hidden": 4}, {"w": torch.zeros(3)},
                                                             get_layout("proprio").to_dict()))
@@ -97,7 +97,7 @@ def _bad_files(tmp_path):
 
 
 def test_damaged_checkpoints_are_one_line_errors(tmp_path):
-    from quadforge.training.checkpoint import load_checkpoint
+    from quadforge.models.checkpoint import load_checkpoint
     from quadforge.experts.registry import load_policy
     from quadforge.experts.loaders import load_expert
     for name, what in _bad_files(tmp_path).items():
@@ -110,7 +110,7 @@ def test_damaged_checkpoints_are_one_line_errors(tmp_path):
 
 def test_train_expert_resume_with_an_fcnet_checkpoint(tmp_path):
     from quadforge.training.ppo import check_resume_checkpoint
-    from quadforge.training.checkpoint import Checkpoint, save_checkpoint
+    from quadforge.models.checkpoint import Checkpoint, save_checkpoint
     from quadforge.layout import get_layout
     p = save_checkpoint(tmp_path / "last.pt", Checkpoint("fcnet", {}, {"w": torch.zeros(1)},
                                                          get_layout("proprio").to_dict()))
@@ -130,7 +130,7 @@ def test_train_expert_refuses_an_existing_run_folder(tmp_path):
 
 
 def test_checkpoint_records_its_robot_and_a_mismatch_is_refused(tmp_path, capsys):
-    from quadforge.training.checkpoint import load_checkpoint
+    from quadforge.models.checkpoint import load_checkpoint
     from quadforge.experts.registry import load_policy
     store, out = _store(tmp_path / "s", robot="go1"), tmp_path / "run"
     assert _train(store, out) == 0

@@ -38,7 +38,7 @@ def _torchrun(args: list[str], cwd: Path) -> str:
 
 @pytest.mark.slow
 def test_torchrun_imitation_and_germ_on_two_cpu_ranks(tmp_path):
-    from quadforge.training.checkpoint import load_checkpoint
+    from quadforge.models.checkpoint import load_checkpoint
     store = _store(tmp_path / "store")
     _torchrun(["train", "--model", "mlp", "--store", str(store), "--out", str(tmp_path / "fc"), "--device", "cpu",
                "--max-steps", "4", "--batch-size", "8", "--val-every", "2", "model.hidden=8", "tensorboard=False"],

@@ -38,11 +38,12 @@ from quadforge.tools.reproduce_quard import add_arguments as quard_arguments
 from quadforge.tools.reproduce_quard import run_from_args as run_quard_from_args
 from quadforge.tools.run_info import git_state, machine
 from quadforge.tools.results_report import SECTIONS
-from quadforge.training.models import MODELS
+from quadforge.models.registry import model_names
 
-# the imitation models the report trains by default: a subset of training.models.MODELS, the one list
+# the imitation models the report trains by default: a subset of the registry's (models.registry)
+IMITATION_MODELS = model_names(trainer="imitation")
 DEFAULT_MODELS = ("fcnet", "transformer", "convformer", "mlp")
-GERM_VARIANTS = ("germ", "germ-il", "germ-dense")
+GERM_VARIANTS = model_names(trainer="qlearning")
 
 
 @dataclass
@@ -78,9 +79,9 @@ class ReproduceConfig:
     def validate(self) -> "ReproduceConfig":
         if not self.sizes or any(s < 100 for s in self.sizes):
             raise ValueError(f"--sizes={self.sizes}; give env-step counts >= 100, e.g. 50000,250000,1000000")
-        unknown = [m for m in self.models if m not in MODELS]
+        unknown = [m for m in self.models if m not in IMITATION_MODELS]
         if unknown:
-            raise ValueError(f"--models: unknown {unknown}; allowed: {', '.join(MODELS)}")
+            raise ValueError(f"--models: unknown {unknown}; allowed: {', '.join(IMITATION_MODELS)}")
         if not self.seeds:
             raise ValueError("--seeds is empty; give e.g. 0,1,2")
         for name in ("train_steps", "batch_size", "germ_steps", "eval_episodes", "num_envs"):

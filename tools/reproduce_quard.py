@@ -127,7 +127,7 @@ def pretrained_checkpoint(path: str) -> Path:
     if not p.is_file():
         raise FileNotFoundError(f"--pretrained {path}: no checkpoint there (a .pt file or a training directory "
                                 f"with last.pt)")
-    from quadforge.training.checkpoint import load_checkpoint
+    from quadforge.models.checkpoint import load_checkpoint
     try:
         kind = (load_checkpoint(str(p)).extra or {}).get("policy_kind")
     except ValueError as err:
@@ -437,7 +437,7 @@ def preset_parameters() -> dict[str, Any]:
     import torch
 
     from quadforge.envs.quard.instructions import instruction_table, task_families
-    from quadforge.training.models.vla_zoo import build_vla_model
+    from quadforge.models.registry import build_vla_model
     from quadforge.training.vla import default_config, model_config
     table = list(instruction_table(task_families("quard:all")))
     out: dict[str, Any] = {}
@@ -454,7 +454,7 @@ def preset_parameters() -> dict[str, Any]:
 def parameters_of(checkpoint: Path) -> dict[str, Any] | None:
     """Active / total parameters recorded in a VLA checkpoint's provenance (training/vla.py writes them)."""
     try:
-        from quadforge.training.checkpoint import load_checkpoint
+        from quadforge.models.checkpoint import load_checkpoint
         ck = load_checkpoint(str(checkpoint))
     except Exception:   # an unreadable checkpoint has no counts; the eval step itself reports the error
         return None

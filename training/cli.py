@@ -1,7 +1,7 @@
-"""`quadforge train`: imitation models here; GeRM (any model name starting with "germ") in
-``training.qlearning`` on proprioceptive stores; the vision-language models (``rt1``, and ``germ``,
-``germ-dense``, ``germ-il`` on a store holding camera frames, or with ``--inputs vision``) in
-``training.vla``.
+"""`quadforge train`: any model of the registry (``models.registry``), handed to the trainer its spec
+names (``TRAINER_MODULES``): the imitation zoo to ``training.imitation``, GeRM over proprioceptive
+transitions to ``training.qlearning``, the vision-language models (``rt1``; GeRM on a store holding
+camera frames, or with ``--inputs vision``) to ``training.vla``.
 
     quadforge train --model fcnet --store STORE --out DIR [--max-steps N] [--seed S] [--device cpu|cuda]
                     [--preset NAME] [--layout NAME] [--resume] [key=value ...]
@@ -18,18 +18,25 @@ import os
 import importlib
 
 from quadforge.cli_flags import add_out, add_resume, add_seed, add_store
-from quadforge.training.models import MODELS
+from quadforge.models.registry import INPUTS, ModelSpec, model_inputs, model_names, model_spec
 
-IMITATION_MODELS = tuple(MODELS)   # the model zoo of training.models is the one list
-VISION_ONLY_MODELS = ("rt1",)
+# trainer (a ``ModelSpec.trainer``) -> the module whose ``run_from_args`` trains it, imported on use
+TRAINER_MODULES = {"imitation": "quadforge.training.imitation", "qlearning": "quadforge.training.qlearning",
+                   "vla": "quadforge.training.vla"}
 IMAGE_FEATURE = "images/front_rgb"
-INPUTS = ("auto", "proprio", "vision")
+INPUT_CHOICES = ("auto",) + INPUTS
+
+
+def _model_help() -> str:
+    parts = []
+    for name in model_names():
+        kinds = model_inputs(name)
+        parts.append(name if len(kinds) == 1 and kinds[0] == "proprio" else f"{name} ({'/'.join(kinds)})")
+    return "one of " + ", ".join(parts) + "; a model with both inputs reads camera frames when the store holds them"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True,
-                        help=f"one of {', '.join(IMITATION_MODELS + VISION_ONLY_MODELS)}, or a GeRM model (name "
-                             "starting with 'germ'; over camera frames when the store holds them)")
+    parser.add_argument("--model", required=True, help=_model_help())
     add_store(parser, "trained on", old="--data")
     add_out(parser, "checkpoints, TensorBoard logs, config")
     parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps (default: the preset's)")
@@ -47,9 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="windows per optimizer step (per rank)")
     parser.add_argument("--log-every", type=int, default=None, help="print/log every N steps")
     parser.add_argument("--val-every", type=int, default=None, help="validate (and checkpoint) every N steps")
-    parser.add_argument("--inputs", choices=INPUTS, default="auto",
-                        help="GeRM inputs: proprio (layout vector) or vision (camera frames + instruction); "
-                             "auto: vision when the store holds images/front_rgb")
+    parser.add_argument("--inputs", choices=INPUT_CHOICES, default="auto",
+                        help="for a model with both kinds of input (GeRM): proprio (layout vector) or vision "
+                             "(camera frames + instruction); auto: vision when the store holds images/front_rgb")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
@@ -59,30 +66,34 @@ def default_preset(device: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = str(args.model)
+    spec = resolve_model(args)
     # before any work: never replace a finished run unasked, never crash at the end; under torchrun
     # rank 0 checks (the others would see the files rank 0 has just started writing)
     if args.out and int(os.environ.get("RANK", "0")) == 0:
         from quadforge.output_paths import check_run_dir
         check_run_dir(args.out, resume=bool(args.resume), overwrite=bool(getattr(args, "overwrite", False)))
-    if model in IMITATION_MODELS and args.preset is None:
+    if spec.trainer == "imitation" and args.preset is None:
         args.preset = default_preset(args.device)
-        print(f"train {model}: preset {args.preset!r} (the default on {args.device}; pass --preset to choose)")
-    if model in VISION_ONLY_MODELS or (model.startswith("germ") and _vision_inputs(args)):
-        return int(importlib.import_module("quadforge.training.vla").run_from_args(args) or 0)
-    if model.startswith("germ"):
-        return int(importlib.import_module("quadforge.training.qlearning").run_from_args(args) or 0)
-    if model not in IMITATION_MODELS:
-        raise ValueError(f"--model {model!r} unknown; allowed: {IMITATION_MODELS + VISION_ONLY_MODELS} "
-                         "or a name starting with 'germ'")
-    return int(importlib.import_module("quadforge.training.imitation").run_from_args(args) or 0)
+        print(f"train {spec.name}: preset {args.preset!r} (the default on {args.device}; pass --preset to choose)")
+    return int(importlib.import_module(TRAINER_MODULES[spec.trainer]).run_from_args(args) or 0)
 
 
-def _vision_inputs(args: argparse.Namespace) -> bool:
-    """--inputs vision, or auto and the --store holds camera frames."""
-    inputs = getattr(args, "inputs", "auto") or "auto"
-    if inputs != "auto":
-        return inputs == "vision"
+def resolve_model(args: argparse.Namespace) -> ModelSpec:
+    """The registry's spec for ``--model`` over ``--inputs`` (auto: the model's only kind of input, or
+    vision when the store holds camera frames)."""
+    name, inputs = str(args.model), getattr(args, "inputs", "auto") or "auto"
+    if name not in model_names():
+        raise ValueError(f"--model {name!r} unknown; allowed: {', '.join(model_names())}")
+    have = model_inputs(name)
+    if inputs != "auto" and inputs not in have:
+        raise ValueError(f"--model {name} --inputs {inputs}: {name} reads only {' or '.join(have)} inputs")
+    if inputs == "auto":
+        inputs = have[0] if len(have) == 1 else ("vision" if _store_has_images(args) else "proprio")
+    return model_spec(name, inputs)
+
+
+def _store_has_images(args: argparse.Namespace) -> bool:
+    """Whether the --store holds camera frames (False when there is no store to look at)."""
     data = getattr(args, "store", None)
     if not data:
         return False

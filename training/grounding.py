@@ -38,9 +38,9 @@ from quadforge.envs.quard.families import EpisodeScene, swap_instruction
 from quadforge.experts.hierarchical import HL_COMMAND_NAMES
 from quadforge.experts.vla import POLICY_KIND
 from quadforge.seeding import numpy_rng
-from quadforge.training.checkpoint import Checkpoint, load_state
-from quadforge.training.models.instruction import PAD, UNK, build_vocabulary
-from quadforge.training.models.vla import images_to_float
+from quadforge.models.checkpoint import Checkpoint, load_state
+from quadforge.models.instruction import PAD, UNK, build_vocabulary
+from quadforge.models.vla import images_to_float
 
 POSE_TERMS = ("task_base_pose", "task_target_pos", "task_distractor_pos")
 MIN_SEPARATION = 0.1      # rad between the candidates' bearings: below it "toward" has no direction

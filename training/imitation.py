@@ -29,9 +29,9 @@ from quadforge.data.store import TrajectoryStore
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
-from quadforge.training.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
+from quadforge.models.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
 from quadforge.training.loop import RunLog, TrainLoop, save_run_checkpoint, set_rng_state
-from quadforge.training.models import SequenceModel, build_model
+from quadforge.models import SequenceModel, build_model
 from quadforge.training.optim import build_optimizer, build_scheduler
 from quadforge.training.presets import TrainConfig, preset
 
@@ -128,112 +128,146 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     seed_everything(cfg.seed)   # identical initial weights on every rank
     if info.enabled:   # ranks share the machine's cores
         torch.set_num_threads(max(1, torch.get_num_threads() // info.world_size))
-    source, provenance = open_source(data)
-    layout = get_layout(cfg.layout)
-    use_rtg = bool(cfg.model_config.get("use_rtg", False))
-    train_s, val_s = make_samplers(cfg, source, info, use_rtg)
-    per_rank = train_s.num_windows // info.world_size
-    if per_rank < 1:
-        raise ValueError(f"{train_s.num_windows} training windows cannot be sharded over {info.world_size} ranks")
-    max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * train_s.num_windows / (cfg.batch_size * info.world_size)))
+    run = ImitationRun(cfg, data, out, info, resume)
+    run.announce()
+    set_rng_state(run.saved_rng, info)   # torch's stream (dropout) as it was when the checkpoint was written
+    run.ddp.train()
+    loop = run.loop()
+    history = loop.run(run.start)
+    run.log.close()
+    dist.barrier(info)
+    return TrainResult(model=run.model, step=max(run.start, run.max_steps), checkpoint=loop.last_path, history=history)
 
-    model = build_model(cfg.model, obs_dim=layout.dim, action_dim=NUM_JOINTS, context=cfg.context,
-                        **cfg.model_config).to(info.device)
-    objective = ImitationObjective(model, cfg.loss).to(info.device)
-    obs_mean, obs_std = train_s.obs_stats()
-    act_mean, act_std = train_s.action_stats()
-    optimizer = build_optimizer(objective, cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.optim, max_steps)
-    start, saved_rng = 0, None
-    if cfg.init_from and not resume:   # fine-tune: the weights and the input scaling they were trained with
-        init = load_checkpoint(cfg.init_from)
-        check_model(init, cfg.model, model.config)
-        load_state(model, init)
-        obs_mean, obs_std = init.obs_stats["mean"], init.obs_stats["std"]
-        provenance["init_from"] = str(cfg.init_from)
-    if resume:
-        if out is None:
+
+class ImitationRun:
+    """One imitation run: samplers, model + objective, optimizer, input scaling, and the parts
+    ``TrainLoop`` calls (``loss_terms``, ``validate``, ``checkpoint``, ``report``)."""
+
+    def __init__(self, cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, resume: bool):
+        self.cfg, self.out, self.info = cfg, out, info
+        source, self.provenance = open_source(data)
+        self.layout = get_layout(cfg.layout)
+        use_rtg = bool(cfg.model_config.get("use_rtg", False))
+        self.train_s, self.val_s = make_samplers(cfg, source, info, use_rtg)
+        self.per_rank = self.train_s.num_windows // info.world_size
+        if self.per_rank < 1:
+            raise ValueError(f"{self.train_s.num_windows} training windows cannot be sharded over "
+                             f"{info.world_size} ranks")
+        self.max_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.train_s.num_windows
+                                                           / (cfg.batch_size * info.world_size)))
+        self.model = build_model(cfg.model, obs_dim=self.layout.dim, action_dim=NUM_JOINTS, context=cfg.context,
+                                 **cfg.model_config).to(info.device)
+        self.objective = ImitationObjective(self.model, cfg.loss).to(info.device)
+        self.obs_mean, self.obs_std = self.train_s.obs_stats()
+        self.act_mean, self.act_std = self.train_s.action_stats()
+        self.optimizer = build_optimizer(self.objective, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.max_steps)
+        self.start, self.saved_rng = 0, None
+        if cfg.init_from and not resume:
+            self._init_from(cfg.init_from)
+        if resume:
+            self._resume()
+        self.provenance.update(layout=self.layout.name, success_only=cfg.success_only,
+                               train_episodes=self.train_s.num_episodes,
+                               val_episodes=self.val_s.num_episodes if self.val_s else 0,
+                               train_windows=self.train_s.num_windows)
+        self.target_return = self._target_return(use_rtg)
+        self.ddp = dist.wrap_model(self.objective, info)
+        self.to_inputs = Batches(self.obs_mean.to(info.device), self.obs_std.to(info.device), cfg.rtg_scale,
+                                 info.device)
+        self.val_batches = _fixed_val_batches(cfg, self.val_s)
+        self.log = RunLog(out, info.is_main, cfg.tensorboard, who="imitation")
+        self.best_val = math.inf
+
+    def _init_from(self, path: str) -> None:
+        """Fine-tune: the weights and the input scaling they were trained with."""
+        init = load_checkpoint(path)
+        check_model(init, self.cfg.model, self.model.config)
+        load_state(self.model, init)
+        self.obs_mean, self.obs_std = init.obs_stats["mean"], init.obs_stats["std"]
+        self.provenance["init_from"] = str(path)
+
+    def _resume(self) -> None:
+        if self.out is None:
             raise ValueError("--resume needs --out (the run directory holding last.pt)")
-        ckpt = load_checkpoint(out / "last.pt")
-        check_model(ckpt, cfg.model, model.config)
-        load_state(model, ckpt)
-        if objective.log_std is not None and "log_std" in ckpt.extra:
-            objective.log_std.data.copy_(ckpt.extra["log_std"])
-        optimizer.load_state_dict(ckpt.optimizer)
-        scheduler.load_state_dict(ckpt.scheduler)
-        obs_mean, obs_std = ckpt.obs_stats["mean"], ckpt.obs_stats["std"]
-        start, saved_rng = ckpt.step, ckpt.extra.get("rng")
-    provenance.update(layout=layout.name, success_only=cfg.success_only, train_episodes=train_s.num_episodes,
-                      val_episodes=val_s.num_episodes if val_s else 0, train_windows=train_s.num_windows)
-    target_return = None
-    if use_rtg and train_s.rtg is not None:   # condition deployment on the best return seen (DT's convention)
-        target_return = float(train_s.rtg[torch.as_tensor(train_s.steps.starts + 1)].max()) / cfg.rtg_scale
+        ckpt = load_checkpoint(self.out / "last.pt")
+        check_model(ckpt, self.cfg.model, self.model.config)
+        load_state(self.model, ckpt)
+        if self.objective.log_std is not None and "log_std" in ckpt.extra:
+            self.objective.log_std.data.copy_(ckpt.extra["log_std"])
+        self.optimizer.load_state_dict(ckpt.optimizer)
+        self.scheduler.load_state_dict(ckpt.scheduler)
+        self.obs_mean, self.obs_std = ckpt.obs_stats["mean"], ckpt.obs_stats["std"]
+        self.start, self.saved_rng = ckpt.step, ckpt.extra.get("rng")
 
-    ddp = dist.wrap_model(objective, info)
-    to_inputs = Batches(obs_mean.to(info.device), obs_std.to(info.device), cfg.rtg_scale, info.device)
-    val_batches = _fixed_val_batches(cfg, val_s)
-    log = RunLog(out, info.is_main, cfg.tensorboard, who="imitation")
-    best_val = math.inf
-
-    def checkpoint(step: int, name: str, keep: bool = False, rngs: dict | None = None) -> Path | None:
-        if out is None or not info.is_main:
+    def _target_return(self, use_rtg: bool) -> float | None:
+        """Deployment conditions on the best return seen (DT's convention); None without return-to-go."""
+        if not use_rtg or self.train_s.rtg is None:
             return None
-        extra = {"rtg_scale": cfg.rtg_scale, "target_return": target_return, "loss": cfg.loss,
+        return float(self.train_s.rtg[torch.as_tensor(self.train_s.steps.starts + 1)].max()) / self.cfg.rtg_scale
+
+    def checkpoint(self, step: int, name: str, keep: bool = False, rngs: dict | None = None) -> Path | None:
+        if self.out is None or not self.info.is_main:
+            return None
+        cfg, layout = self.cfg, self.layout
+        extra = {"rtg_scale": cfg.rtg_scale, "target_return": self.target_return, "loss": cfg.loss,
                  "term_dims": {n: TERM_DIMS[n] for n in layout.term_names}}
-        if objective.log_std is not None:
-            extra["log_std"] = objective.log_std.detach().cpu()
+        if self.objective.log_std is not None:
+            extra["log_std"] = self.objective.log_std.detach().cpu()
         if rngs is not None:
             extra["rng"] = rngs
-        ck = Checkpoint(model_name=cfg.model, model_config=model.config,
-                        state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
-                        layout=layout.to_dict(), obs_stats={"mean": obs_mean, "std": obs_std},
-                        action_stats={"mean": act_mean, "std": act_std}, provenance=provenance,
-                        optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=step,
+        ck = Checkpoint(model_name=cfg.model, model_config=self.model.config,
+                        state_dict={k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                        layout=layout.to_dict(), obs_stats={"mean": self.obs_mean, "std": self.obs_std},
+                        action_stats={"mean": self.act_mean, "std": self.act_std}, provenance=self.provenance,
+                        optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(), step=step,
                         seed=cfg.seed, train_config=cfg.to_dict(), extra=extra)
         if name == "last.pt":
-            return save_run_checkpoint(out, ck, step, keep)
-        return save_checkpoint(out / name, ck)
+            return save_run_checkpoint(self.out, ck, step, keep)
+        return save_checkpoint(self.out / name, ck)
 
-    def loss_terms(step: int) -> dict[str, torch.Tensor]:
+    def loss_terms(self, step: int) -> dict[str, torch.Tensor]:
         # the batch of step s derives from (seed, rank, s): a resumed run draws the same batches
-        rng = numpy_rng(cfg.seed, f"imitation/batch/rank{info.rank}/step{step}")
-        ends = info.rank + info.world_size * rng.integers(0, per_rank, size=cfg.batch_size)
-        return {"loss": ddp(*to_inputs(train_s.batch_at(ends)))}
+        info = self.info
+        rng = numpy_rng(self.cfg.seed, f"imitation/batch/rank{info.rank}/step{step}")
+        ends = info.rank + info.world_size * rng.integers(0, self.per_rank, size=self.cfg.batch_size)
+        return {"loss": self.ddp(*self.to_inputs(self.train_s.batch_at(ends)))}
 
-    def validate(step: int) -> dict[str, float]:
-        nonlocal best_val
-        if not val_batches:
+    def validate(self, step: int) -> dict[str, float]:
+        if not self.val_batches:
             return {}
-        val_loss = _validate(objective, val_batches, to_inputs)
-        if val_loss < best_val:
-            best_val = val_loss
-            checkpoint(step, "best.pt")
+        val_loss = _validate(self.objective, self.val_batches, self.to_inputs)
+        if val_loss < self.best_val:
+            self.best_val = val_loss
+            self.checkpoint(step, "best.pt")
         return {"val_loss": val_loss}
 
-    def report(row: dict[str, float]) -> None:
+    def report(self, row: dict[str, float]) -> None:
         print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
-        log.scalars("train", row, row["step"])
+        self.log.scalars("train", row, row["step"])
 
-    if info.is_main:
-        print(f"train {cfg.model}: {model.num_parameters():,} params, layout {layout.name} ({layout.dim}-D), "
-              f"{train_s.num_windows} windows from {train_s.num_episodes} episodes, steps {start}->{max_steps}, "
-              f"world {info.world_size}, device {info.device}")
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
-    set_rng_state(saved_rng, info)   # torch's stream (dropout) as it was when the checkpoint was written
-    ddp.train()
-    loop = TrainLoop(info=info, optimizer=optimizer, scheduler=scheduler, clip_module=objective,
-                     grad_clip=cfg.optim.grad_clip, loss_terms=loss_terms,
-                     checkpoint=lambda step, rngs, scheduled: checkpoint(step, "last.pt", keep=cfg.keep_checkpoints and scheduled,
-                                                                          rngs=rngs),
-                     report=report, max_steps=max_steps, log_every=cfg.log_every, val_every=cfg.val_every,
-                     items_per_step=cfg.batch_size * info.world_size, rate_name="windows_per_s",
-                     checkpoint_every_s=cfg.checkpoint_every_s, desc=f"train {cfg.model}", validate=validate)
-    history = loop.run(start)
-    log.close()
-    dist.barrier(info)
-    return TrainResult(model=model, step=max(start, max_steps), checkpoint=loop.last_path, history=history)
+    def announce(self) -> None:
+        """Print the run's shape and write ``train_config.json`` (main rank)."""
+        if not self.info.is_main:
+            return
+        cfg, info = self.cfg, self.info
+        print(f"train {cfg.model}: {self.model.num_parameters():,} params, layout {self.layout.name} "
+              f"({self.layout.dim}-D), {self.train_s.num_windows} windows from {self.train_s.num_episodes} episodes, "
+              f"steps {self.start}->{self.max_steps}, world {info.world_size}, device {info.device}")
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+
+    def loop(self) -> TrainLoop:
+        cfg = self.cfg
+        return TrainLoop(info=self.info, optimizer=self.optimizer, scheduler=self.scheduler,
+                         clip_module=self.objective, grad_clip=cfg.optim.grad_clip, loss_terms=self.loss_terms,
+                         checkpoint=lambda step, rngs, scheduled: self.checkpoint(
+                             step, "last.pt", keep=cfg.keep_checkpoints and scheduled, rngs=rngs),
+                         report=self.report, max_steps=self.max_steps, log_every=cfg.log_every,
+                         val_every=cfg.val_every, items_per_step=cfg.batch_size * self.info.world_size,
+                         rate_name="windows_per_s", checkpoint_every_s=cfg.checkpoint_every_s,
+                         desc=f"train {cfg.model}", validate=self.validate)
 
 
 def _fixed_val_batches(cfg: TrainConfig, val_s) -> list[dict[str, torch.Tensor]]:

@@ -11,7 +11,7 @@ checkpoint contents (``checkpoint(step, rngs)``). All write
   only disables them),
 - ``OUT/last.pt`` at every validation/checkpoint step and ``OUT/step_<n>.pt`` when kept;
 
-and resume from ``OUT/last.pt`` (``training.checkpoint.latest_checkpoint``) with the random streams
+and resume from ``OUT/last.pt`` (``models.checkpoint.latest_checkpoint``) with the random streams
 of every rank restored (``rng_state`` / ``set_rng_state``, in the checkpoint's ``extra["rng"]``): torch's
 generator (dropout, MoE gating noise, DrQ shifts) and any named numpy generator (GeRM's transition
 sampler); ``resume_from`` restores optimizer, scheduler, target network and those streams in one call.
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from quadforge.overrides import apply_overrides, parse_overrides
-from quadforge.training.checkpoint import Checkpoint, save_checkpoint
+from quadforge.models.checkpoint import Checkpoint, save_checkpoint
 from quadforge.progress import progress_bar
 from quadforge.training.distributed import DistInfo, all_reduce_mean, barrier
 from quadforge.training.optim import clip_gradients

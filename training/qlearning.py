@@ -39,27 +39,31 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from quadforge.layout import ObsLayout, get_layout
 from quadforge.data.episodes import as_episode_arrays
 from quadforge.data.samplers import TransitionSampler
 from quadforge.data.store import TrajectoryStore
-from quadforge.training.binning import BIN_METHODS, ActionBinner, fit_binner
-from quadforge.training.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state
+from quadforge.models.binning import BIN_METHODS, ActionBinner, fit_binner
+from quadforge.models.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state
 from quadforge.training.distributed import DistInfo, broadcast_object, cleanup, init_distributed, wrap_model
 from quadforge.experts.germ_policy import action_space_of
 from quadforge.training.loop import (COMMON_STEP_FLAGS, RunLog, TrainLoop, apply_trainer_args, resume_from,
                                      save_run_checkpoint)
-from quadforge.training.models.germ import GeRM, GeRMConfig
+from quadforge.models.germ import GeRM, GeRMConfig
+from quadforge.models.losses import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, bin_imitation_terms,
+                                     ema_update, q_learning_terms, with_mc_lower_bound)
+from quadforge.models.registry import model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
 from quadforge.seeding import seed_everything
 
-GERM_MODELS = ("germ", "germ-il", "germ-dense")
 OBJECTIVES = ("q", "il")
-MC_BOUND_DIMS = ("last", "all")
-SEED003_SUCCESS_RATIO = 0.7569   # seed 003: 75.69 % demonstrations, 24.31 % failures
+
+
+def germ_models() -> tuple[str, ...]:
+    """The models this trainer trains (``models.registry``: trainer ``qlearning``)."""
+    return model_names(trainer="qlearning")
 
 
 @dataclass
@@ -92,8 +96,8 @@ class GeRMTrainConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-4, weight_decay=0.01, warmup_frac=0.05))
 
     def validate(self) -> None:
-        if self.model_name not in GERM_MODELS:
-            raise ValueError(f"GeRM model {self.model_name!r} unknown; allowed: {GERM_MODELS}")
+        if self.model_name not in germ_models():
+            raise ValueError(f"GeRM model {self.model_name!r} unknown; allowed: {germ_models()}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective {self.objective!r} unknown; allowed: {OBJECTIVES}")
         action_space_of(self.action_feature)
@@ -130,55 +134,18 @@ PRESETS = {"small": small_model, "paper": paper_model}
 
 
 def default_config(model_name: str, preset: str | None = None) -> GeRMTrainConfig:
-    if model_name not in GERM_MODELS:
-        raise ValueError(f"GeRM model {model_name!r} unknown; allowed: {GERM_MODELS}")
+    if model_name not in germ_models():
+        raise ValueError(f"GeRM model {model_name!r} unknown; allowed: {germ_models()}")
     preset = preset or "small"
     if preset not in PRESETS:
         raise ValueError(f"GeRM preset {preset!r} unknown; allowed: {sorted(PRESETS)}")
     cfg = GeRMTrainConfig(model_name=model_name, model=PRESETS[preset]())
-    if model_name == "germ-il":   # GeRM w/o RL: imitation of the demonstrations
+    if model_spec(model_name, "proprio").objective == "imitation":   # GeRM w/o RL: of the demonstrations
         cfg.objective, cfg.success_only, cfg.success_ratio = "il", True, None
     return cfg
 
 
-# --- the objective (pure functions, unit-tested) --------------------------------------------------
-
-def bellman_targets(q_same: torch.Tensor, q_next_first: torch.Tensor, reward: torch.Tensor,
-                    discount: torch.Tensor, bootstrap: torch.Tensor) -> torch.Tensor:
-    """Eq. 2 targets (B, d).
-
-    q_same (B, d, K): target-net Q at step t, dimension j conditioned on the dataset bins of dims < j;
-    q_next_first (B, K): target-net Q of dimension 0 at the next step; reward, discount (B,);
-    bootstrap (B,): 0 where the value after the transition is 0 or unknown (terminal / not stored).
-    """
-    intra = q_same[:, 1:].max(dim=-1).values                                 # (B, d-1) next dim, same step
-    last = reward + discount * bootstrap.float() * q_next_first.max(dim=-1).values  # (B,) next step, dim 0
-    return torch.cat([intra, last[:, None]], dim=1)
-
-
-def with_mc_lower_bound(targets: torch.Tensor, mc_return: torch.Tensor, dims: str = "last") -> torch.Tensor:
-    """max(Bellman target, Monte-Carlo return) per sample: on the last dimension (``"last"``, where the
-    Bellman backup meets the reward) or on every dimension (``"all"``)."""
-    if dims not in MC_BOUND_DIMS:
-        raise ValueError(f"mc_bound_dims {dims!r} unknown; allowed: {MC_BOUND_DIMS}")
-    mc = mc_return.to(targets)
-    if dims == "all":
-        return torch.maximum(targets, mc[:, None])
-    return torch.cat([targets[:, :-1], torch.maximum(targets[:, -1:], mc[:, None])], dim=1)
-
-
-def td_loss(q: torch.Tensor, bins: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """½ mean (Q(s, a_data) − target)² with q (B, d, K), bins (B, d), targets (B, d)."""
-    q_data = q.gather(-1, bins[..., None])[..., 0]
-    return 0.5 * (q_data - targets.detach()).pow(2).mean()
-
-
-def conservative_loss(q: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
-    """Eq. 3's regulariser: ½ mean over (B, d) of Σ_{b ≠ data bin} Q(s, b)² / (K − 1)."""
-    k = q.shape[-1]
-    data = F.one_hot(bins, k).bool()                                         # (B, d, K)
-    return 0.5 * (q.masked_fill(data, 0.0).pow(2).sum(-1) / (k - 1)).mean()
-
+# --- the objective (the terms are models.losses, shared with the VLA trainer) ------------------------
 
 def q_targets(target: nn.Module, batch: Mapping[str, torch.Tensor], bins: torch.Tensor,
               mc_lower_bound: bool = True, mc_bound_dims: str = "last") -> torch.Tensor:
@@ -197,25 +164,9 @@ def losses(model: nn.Module, target: nn.Module | None, batch: Mapping[str, torch
     bins = binner.encode(batch["action"])                                    # (B, d)
     out = model(batch["obs"], batch["mask"], bins[:, :-1])                   # logits (B, d, K)
     if cfg.objective == "il":
-        ce = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), bins.reshape(-1))
-        acc = (out.logits.argmax(-1) == bins).float().mean()
-        return {"loss": ce + out.aux_loss, "ce": ce, "aux": out.aux_loss, "bin_accuracy": acc.detach()}
-    q = torch.sigmoid(out.logits)
+        return bin_imitation_terms(out.logits, bins, out.aux_loss)
     y = q_targets(target, batch, bins, cfg.mc_lower_bound, cfg.mc_bound_dims)
-    td = td_loss(q, bins, y)
-    cons = conservative_loss(q, bins)
-    q_data = q.gather(-1, bins[..., None])[..., 0]
-    return {"loss": td + cfg.alpha * cons + out.aux_loss, "td": td, "conservative": cons, "aux": out.aux_loss,
-            "q_data": q_data.mean().detach(), "target": y.mean()}
-
-
-@torch.no_grad()
-def ema_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """target ← τ·target + (1 − τ)·online for parameters; buffers (normalisation stats) copied."""
-    for t, o in zip(target.parameters(), online.parameters()):
-        t.lerp_(o, 1.0 - tau)
-    for t, o in zip(target.buffers(), online.buffers()):
-        t.copy_(o)
+    return q_learning_terms(out.logits, bins, y, out.aux_loss, cfg.alpha)
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -253,7 +204,7 @@ def _to(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, to
 # --- training ------------------------------------------------------------------------------------
 
 def build_model(cfg: GeRMTrainConfig) -> GeRM:
-    model_cfg = cfg.model.dense_matched() if cfg.model_name == "germ-dense" else cfg.model
+    model_cfg = cfg.model.dense_matched() if model_spec(cfg.model_name, "proprio").dense else cfg.model
     return GeRM(model_cfg)
 
 

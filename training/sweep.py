@@ -43,10 +43,10 @@ from quadforge.cli_flags import add_out, add_seed, add_store, require
 from quadforge.collection.collect import CollectConfig, run_local
 from quadforge.overrides import apply_overrides
 from quadforge.training.imitation import train
-from quadforge.training.models import MODELS
+from quadforge.models.registry import model_names
 from quadforge.training.presets import preset
 
-SWEEP_MODELS = tuple(MODELS)   # every model of the zoo: no baseline is left at an untuned preset
+SWEEP_MODELS = model_names(trainer="imitation")   # every model of the zoo: no baseline is left at an untuned preset
 DEFAULT_LRS = (3e-4, 1e-3, 3e-3)       # AdamW's; Lion's are these / LION_LR_RATIO
 LION_LR_RATIO = 3.0
 STAGE2_MARGIN = 0.05   # a stage-2 value must lower the validation loss by more than 5 % to be chosen

@@ -13,7 +13,7 @@
 
 Frames are augmented by DrQ random shifts (``shift_pad`` pixels) during training only. Commands are
 binned per dimension: ``bins="controller"`` (default) uses the gait controller's executable ranges
-(``training.binning.controller_command_ranges``), ``bins="data"`` fits uniform edges to the source's
+(``models.binning.controller_command_ranges``), ``bins="data"`` fits uniform edges to the source's
 commands. Checkpoints are self-contained (model config incl. vocabulary, bin edges, the instruction table
 with its prepared encoder inputs, task/camera settings, target network) and deploy alone through
 ``experts.registry.load_policy`` (``experts.vla.load_vla``, found by ``extra["policy_kind"] == "vla"``).
@@ -39,22 +39,20 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from quadforge.envs.quard.instructions import FAMILIES as QUARD_FAMILIES
 from quadforge.experts.hierarchical import command_binner
 from quadforge.experts.vla import POLICY_KIND
-from quadforge.training.binning import ActionBinner, fit_binner
-from quadforge.training.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
-from quadforge.training.models.germ_vla import GeRMVLA
-from quadforge.training.models.rt1 import RT1
-from quadforge.training.models.vision import random_shift
-from quadforge.training.models.vla import VLAConfig, images_to_float
-from quadforge.training.models.vla_zoo import VLA_MODELS, build_vla_model
+from quadforge.models.binning import ActionBinner, fit_binner
+from quadforge.models.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
+from quadforge.models.germ_vla import GeRMVLA
+from quadforge.models.losses import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, bin_imitation_terms,
+                                     ema_update, q_learning_terms, with_mc_lower_bound)
+from quadforge.models.vision import random_shift
+from quadforge.models.vla import VLAConfig, images_to_float
+from quadforge.models.registry import build_vla_model, model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
-from quadforge.training.qlearning import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, conservative_loss,
-                                          ema_update, td_loss, with_mc_lower_bound)
 from quadforge.training.vla_data import SAMPLING_MODES, ImageWindowSource, check_batch, open_image_source
 from quadforge.training.grounding import (TARGET_TERMS, GroundingProbe, TargetAuxLoss, append_row, load_init_weights,
                                          vocabulary_for)
@@ -64,6 +62,11 @@ from quadforge.training.loop import RunLog, TrainLoop, apply_trainer_args, resum
 from quadforge.seeding import seed_everything
 
 BIN_SOURCES = ("controller", "data")
+
+
+def vla_models() -> tuple[str, ...]:
+    """The models this trainer trains (``models.registry``: trainer ``vla``)."""
+    return model_names(trainer="vla")
 
 
 def _cpu_model(**kw: Any) -> dict[str, Any]:
@@ -154,8 +157,8 @@ class VLATrainConfig:
                                                                    warmup_frac=0.05))
 
     def validate(self) -> None:
-        if self.model_name not in VLA_MODELS:
-            raise ValueError(f"VLA model {self.model_name!r} unknown; allowed: {VLA_MODELS}")
+        if self.model_name not in vla_models():
+            raise ValueError(f"VLA model {self.model_name!r} unknown; allowed: {vla_models()}")
         if self.objective not in ("ce", "q"):
             raise ValueError(f"VLA objective {self.objective!r} unknown; allowed: ('ce', 'q')")
         if self.bins not in BIN_SOURCES:
@@ -196,13 +199,13 @@ class VLATrainConfig:
 
 
 def default_config(model_name: str, preset: str | None = None) -> VLATrainConfig:
-    if model_name not in VLA_MODELS:
-        raise ValueError(f"VLA model {model_name!r} unknown; allowed: {VLA_MODELS}")
+    if model_name not in vla_models():
+        raise ValueError(f"VLA model {model_name!r} unknown; allowed: {vla_models()}")
     preset = preset or "cpu"
     if preset not in PRESETS:
         raise ValueError(f"VLA preset {preset!r} unknown; allowed: {sorted(PRESETS)}")
     cfg = VLATrainConfig(model_name=model_name, preset=preset, model=copy.deepcopy(PRESETS[preset][model_name]))
-    if model_name in ("rt1", "germ-il"):   # imitation of the demonstrations
+    if model_spec(model_name, "vision").objective == "imitation":   # of the demonstrations
         cfg.objective, cfg.success_only, cfg.success_ratio = "ce", True, None
     else:
         cfg.objective = "q"
@@ -218,7 +221,7 @@ def model_config(cfg: VLATrainConfig, image_size: tuple[int, int], instructions:
     if cfg.instruction == "words":
         kw["vocab"] = vocabulary_for(instructions, cfg.blind_instruction, init)
     vla = VLAConfig.make(image_size=tuple(image_size), **kw)
-    return vla.dense_matched() if cfg.model_name == "germ-dense" else vla
+    return vla.dense_matched() if model_spec(cfg.model_name, "vision").dense else vla
 
 
 build_model = build_vla_model
@@ -243,14 +246,6 @@ def q_targets(target: GeRMVLA, frames: torch.Tensor, mask: torch.Tensor, instruc
     return with_mc_lower_bound(y, batch["mc_return"], cfg.mc_bound_dims) if cfg.mc_lower_bound else y
 
 
-def gaussian_bin_targets(bins: torch.Tensor, num_bins: int, sigma: float) -> torch.Tensor:
-    """(N,) data bins -> (N, K) target distributions: a Gaussian of std ``sigma`` bins around each, cut to
-    the K bins and renormalised (an end bin keeps its one-sided mass)."""
-    k = torch.arange(num_bins, device=bins.device, dtype=torch.float32)
-    w = torch.exp(-0.5 * ((k[None, :] - bins[:, None].float()) / sigma) ** 2)
-    return w / w.sum(-1, keepdim=True)
-
-
 def losses(model: nn.Module, target: nn.Module | None, batch: Mapping[str, torch.Tensor], frames: torch.Tensor,
            instruction: torch.Tensor, binner: ActionBinner, cfg: VLATrainConfig) -> dict[str, torch.Tensor]:
     """All loss terms of one batch (``loss`` is minimised). ``frames`` (B, T+1, 3, H, W) float (augmented),
@@ -259,25 +254,12 @@ def losses(model: nn.Module, target: nn.Module | None, batch: Mapping[str, torch
     mask = batch["frame_mask"].bool()
     bins = binner.encode(batch["action"])                                         # (B, d)
     t = unwrap(model).cfg.history
-    if isinstance(unwrap(model), RT1):
-        out = model(frames[:, :t], mask[:, :t], instruction)
-    else:
-        out = model(frames[:, :t], mask[:, :t], instruction, bins[:, :-1])        # teacher-forced (B, d, K)
+    # teacher-forced on the data's bins (B, d, K); RT-1's read-outs do not read them
+    out = model(frames[:, :t], mask[:, :t], instruction, bins[:, :-1])
     if cfg.objective == "ce":
-        logits = out.logits.reshape(-1, out.logits.shape[-1])                   # (B*d, K)
-        if cfg.label_sigma > 0:
-            ce = -(gaussian_bin_targets(bins.reshape(-1), logits.shape[-1], cfg.label_sigma)
-                   * F.log_softmax(logits, -1)).sum(-1).mean()
-        else:
-            ce = F.cross_entropy(logits, bins.reshape(-1))
-        acc = (out.logits.argmax(-1) == bins).float().mean()
-        return {"loss": ce + out.aux_loss, "ce": ce, "aux": out.aux_loss, "bin_accuracy": acc.detach()}
-    q = torch.sigmoid(out.logits)
+        return bin_imitation_terms(out.logits, bins, out.aux_loss, cfg.label_sigma)
     y = q_targets(target, frames, mask, instruction, bins, batch, cfg)
-    td, cons = td_loss(q, bins, y), conservative_loss(q, bins)
-    q_data = q.gather(-1, bins[..., None])[..., 0]
-    return {"loss": td + cfg.alpha * cons + out.aux_loss, "td": td, "conservative": cons, "aux": out.aux_loss,
-            "q_data": q_data.mean().detach(), "target": y.mean()}
+    return q_learning_terms(out.logits, bins, y, out.aux_loss, cfg.alpha)
 
 
 @torch.no_grad()
@@ -382,7 +364,6 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
     seed_everything(cfg.seed + info.rank)   # rank 0's initial weights reach every rank through DDP
     if info.enabled:   # ranks share the machine's cores
         torch.set_num_threads(max(1, torch.get_num_threads() // info.world_size))
-    dev = info.device
     prov = dict(provenance or {})
     probe = None
     if isinstance(source, (str, Path)):
@@ -393,126 +374,170 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
         source, val_source = _store_sources(source, cfg, info)
         prov.update(train_episodes=source.num_episodes, train_windows=source.num_windows * info.world_size,
                     val_episodes=val_source.num_episodes if val_source is not None else 0)
-    instructions = list(source.instructions)
-    init = load_checkpoint(str(cfg.init_from), map_location="cpu") if cfg.init_from and not resume else None
-    vla = model_config(cfg, tuple(source.image_size), instructions, init)
-    if vla.history != int(source.history):
-        raise ValueError(f"the source gives {source.history}-frame windows, the model's history is {vla.history}")
-    model = build_model(cfg.model_name, vla).to(dev)
-    ckpt = None
+    run = VLARun(cfg, source, val_source, out, info, resume, prov, probe)
+    try:
+        history = run.loop().run(run.start)
+        if run.start >= cfg.max_steps:
+            run.loop().save(run.start)
+    finally:
+        run.close()
+    return {"history": history, "val": run.val_history, "checkpoint": str(out / "last.pt"), "model": run.model,
+            "target": run.target, "binner": run.binner, "parameters": run.counts, "instruction_inputs": run.table}
+
+
+def _starting_weights(cfg: VLATrainConfig, model: nn.Module, vla: VLAConfig, out: Path, resume: bool,
+                      prov: dict[str, Any], init: Checkpoint | None) -> tuple[Checkpoint | None, ActionBinner | None]:
+    """Load the weights a run starts from: its own ``last.pt`` on resume (returned, for the optimizer and
+    streams) or ``init_from``'s for a fine-tune; the binner they were trained with (None: a fresh run)."""
     if resume:
         ckpt = load_checkpoint(latest_checkpoint(out), map_location="cpu")
         if ckpt.model_name != cfg.model_name or ckpt.model_config != vla.to_dict():
             raise ValueError(f"{out}: checkpoint holds {ckpt.model_name!r} with a different config; "
                              "resume with the same model, preset and data")
         load_state(model, ckpt)
-        binner = ActionBinner.from_dict(ckpt.extra["binner"])
-    elif init is not None:   # fine-tuning: the weights and the binning of an earlier run, a fresh optimizer
+        return ckpt, ActionBinner.from_dict(ckpt.extra["binner"])
+    if init is not None:   # fine-tuning: the weights and the binning of an earlier run, a fresh optimizer
         load_init_weights(model, init, vla, cfg.model_name, cfg.init_from)
-        binner = ActionBinner.from_dict(init.extra["binner"])
         prov["init_from"] = str(cfg.init_from)
-    elif cfg.bins == "controller":
-        binner = command_binner(cfg.num_bins)
-    else:
-        commands = getattr(source, "commands", None)
-        if commands is None:
-            raise ValueError("bins='data' needs a source with commands() (the stored 12-D commands)")
-        binner = broadcast_object(fit_binner(commands(), cfg.num_bins, "uniform") if info.is_main else None, info)
-    binner = ActionBinner(binner.edges.to(dev))
-    table = model.frontend.prepare_instructions(instructions).to(dev)           # (K, ...) prepared inputs
-    ddp_model = wrap_model(model, info)   # DDP broadcasts rank 0's weights: copy the target after this
-    target = copy.deepcopy(model).eval().requires_grad_(False) if cfg.objective == "q" else None
-    optimizer = build_optimizer(model, cfg.optim)
-    aux = TargetAuxLoss(model, cfg.target_loss) if cfg.target_loss > 0 else None
-    if aux is not None:
-        optimizer.add_param_group({"params": list(aux.parameters()), "weight_decay": 0.0})
-        if ckpt is not None and "target_head" in ckpt.extra:
-            aux.head.load_state_dict(ckpt.extra["target_head"])
-    scheduler = build_scheduler(optimizer, cfg.optim, cfg.max_steps)
-    start = 0
-    if ckpt is not None:
-        start = resume_from(ckpt, optimizer, scheduler, info, target)
-        if "rng" not in ckpt.extra and "torch_rng" in ckpt.extra:   # written before the shared rng state
-            torch.set_rng_state(ckpt.extra["torch_rng"])
-    counts = model.parameter_counts()
-    feed = BatchFeed(source, cfg.batch_size, cfg.sampling, cfg.prefetch, start)
-    val_draw = None
-    if val_source is not None:
-        fixed = getattr(val_source, "fixed_batches", None)
-        val_draw = (fixed(cfg.val_batches, cfg.batch_size, cfg.seed) if fixed is not None
-                    else lambda: (val_source.sample(cfg.batch_size) for _ in range(cfg.val_batches)))
-    log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name)
+        return None, ActionBinner.from_dict(init.extra["binner"])
+    return None, None
 
-    def prepare(batch: Mapping[str, torch.Tensor], augment: bool):
-        check_batch(batch, vla.history, vla.image.image_size)
-        batch = _filter({k: v.to(dev) for k, v in batch.items()}, cfg)
-        frames = images_to_float(batch["frames"])                                 # (B, T+1, 3, H, W)
-        if augment and cfg.shift_pad:
-            frames = random_shift(frames, cfg.shift_pad)
-        return batch, frames, table[batch["instruction"]]
 
-    def checkpoint(step: int, rngs: dict | None, scheduled: bool) -> Path | None:
-        feed.restart(step)   # every rank that saves: the batches from here derive from (seed, rank, step)
-        if not info.is_main:
+def _fresh_binner(cfg: VLATrainConfig, source: ImageWindowSource, info: DistInfo) -> ActionBinner:
+    """The gait controller's command ranges (``bins="controller"``), or uniform edges fitted to the
+    source's commands on the main rank and broadcast (``bins="data"``)."""
+    if cfg.bins == "controller":
+        return command_binner(cfg.num_bins)
+    commands = getattr(source, "commands", None)
+    if commands is None:
+        raise ValueError("bins='data' needs a source with commands() (the stored 12-D commands)")
+    return broadcast_object(fit_binner(commands(), cfg.num_bins, "uniform") if info.is_main else None, info)
+
+
+def _validation_draw(cfg: VLATrainConfig, val_source: ImageWindowSource | None):
+    """A callable giving the validation batches (the same ones each time when the source can fix them)."""
+    if val_source is None:
+        return None
+    fixed = getattr(val_source, "fixed_batches", None)
+    if fixed is not None:
+        return fixed(cfg.val_batches, cfg.batch_size, cfg.seed)
+    return lambda: (val_source.sample(cfg.batch_size) for _ in range(cfg.val_batches))
+
+
+class VLARun:
+    """One VLA training run: the model, its target network, binner, optimizer and batch feed, and the
+    parts ``TrainLoop`` calls (``loss_terms``, ``after_step``, ``validate``, ``checkpoint``)."""
+
+    def __init__(self, cfg: VLATrainConfig, source: ImageWindowSource, val_source: ImageWindowSource | None,
+                 out: Path, info: DistInfo, resume: bool, prov: dict[str, Any], probe: GroundingProbe | None = None):
+        self.cfg, self.source, self.out, self.info, self.prov = cfg, source, out, info, prov
+        self.probe = probe   # the instruction-swap metric's windows (training.grounding), measured at validation
+        dev = info.device
+        self.instructions = list(source.instructions)
+        init = load_checkpoint(str(cfg.init_from), map_location="cpu") if cfg.init_from and not resume else None
+        self.vla = model_config(cfg, tuple(source.image_size), self.instructions, init)
+        if self.vla.history != int(source.history):
+            raise ValueError(f"the source gives {source.history}-frame windows, the model's history is "
+                             f"{self.vla.history}")
+        self.model = build_model(cfg.model_name, self.vla).to(dev)
+        ckpt, binner = _starting_weights(cfg, self.model, self.vla, out, resume, prov, init)
+        binner = binner or _fresh_binner(cfg, source, info)
+        self.binner = ActionBinner(binner.edges.to(dev))
+        self.table = self.model.frontend.prepare_instructions(self.instructions).to(dev)   # (K, ...) prepared
+        self.ddp_model = wrap_model(self.model, info)   # DDP broadcasts rank 0's weights: copy the target after
+        self.target = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.objective == "q" else None
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.aux = TargetAuxLoss(self.model, cfg.target_loss) if cfg.target_loss > 0 else None
+        if self.aux is not None:   # the auxiliary head trains with the model (not part of the deployed model)
+            self.optimizer.add_param_group({"params": list(self.aux.parameters()), "weight_decay": 0.0})
+            if ckpt is not None and "target_head" in ckpt.extra:
+                self.aux.head.load_state_dict(ckpt.extra["target_head"])
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.max_steps)
+        self.start = 0
+        if ckpt is not None:
+            self.start = resume_from(ckpt, self.optimizer, self.scheduler, info, self.target)
+            if "rng" not in ckpt.extra and "torch_rng" in ckpt.extra:   # written before the shared rng state
+                torch.set_rng_state(ckpt.extra["torch_rng"])
+        self.counts = self.model.parameter_counts()
+        self.feed = BatchFeed(source, cfg.batch_size, cfg.sampling, cfg.prefetch, self.start)
+        self.val_draw = _validation_draw(cfg, val_source)
+        self.val_history: list[dict[str, float]] = []
+        self.log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name)
+        self._loop: TrainLoop | None = None
+
+    def prepare(self, batch: Mapping[str, torch.Tensor], augment: bool):
+        """A source batch on the device: (batch, float frames (B, T+1, 3, H, W), prepared instructions)."""
+        check_batch(batch, self.vla.history, self.vla.image.image_size)
+        batch = _filter({k: v.to(self.info.device) for k, v in batch.items()}, self.cfg)
+        frames = images_to_float(batch["frames"])
+        if augment and self.cfg.shift_pad:
+            frames = random_shift(frames, self.cfg.shift_pad)
+        return batch, frames, self.table[batch["instruction"]]
+
+    def loss_terms(self, step: int) -> dict[str, torch.Tensor]:
+        batch, frames, instruction = self.prepare(self.feed.next(), augment=True)
+        terms = losses(self.ddp_model, self.target, batch, frames, instruction, self.binner, self.cfg)
+        return self.aux.add(terms, batch) if self.aux is not None else terms
+
+    def after_step(self) -> None:
+        average_buffers(self.model, self.info)
+        if self.target is not None:
+            ema_update(self.target, self.model, self.cfg.tau)
+
+    def validate(self, step: int) -> None:
+        """On the main rank, into its own rows (``val/`` in TensorBoard); the other ranks wait at the save."""
+        if self.val_draw is not None and self.info.is_main:
+            v = validate(self.model, self.target, self.val_draw(), self.binner, self.cfg, self.prepare)
+            if self.probe is not None:
+                v.update(self.probe.measure(self.model, self.binner))
+                append_row(self.out, {**v, "step": step})
+            v["step"] = step
+            self.val_history.append(v)
+            self.log.line("val", f"val step {step}", v, step)
+
+    def checkpoint(self, step: int, rngs: dict | None, scheduled: bool) -> Path | None:
+        self.feed.restart(step)   # every rank that saves: the batches from here derive from (seed, rank, step)
+        if not self.info.is_main:
             return None
-        extra = {"policy_kind": POLICY_KIND, "binner": {"edges": binner.edges.cpu()},
-                 "settings": dict(source.settings), "instructions": instructions,
-                 "instruction_inputs": table.cpu(), "action_space": "command", "rng": rngs}
-        if aux is not None:
-            extra["target_head"] = aux.state_dict()
-        if target is not None:
-            extra["target_state_dict"] = {k: v.detach().cpu() for k, v in target.state_dict().items()}
-        c = Checkpoint(model_name=cfg.model_name, model_config=vla.to_dict(),
-                       state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
+        cfg = self.cfg
+        extra = {"policy_kind": POLICY_KIND, "binner": {"edges": self.binner.edges.cpu()},
+                 "settings": dict(self.source.settings), "instructions": self.instructions,
+                 "instruction_inputs": self.table.cpu(), "action_space": "command", "rng": rngs}
+        if self.aux is not None:
+            extra["target_head"] = self.aux.state_dict()
+        if self.target is not None:
+            extra["target_state_dict"] = {k: v.detach().cpu() for k, v in self.target.state_dict().items()}
+        c = Checkpoint(model_name=cfg.model_name, model_config=self.vla.to_dict(),
+                       state_dict={k: v.detach().cpu() for k, v in self.model.state_dict().items()},
                        layout={"name": "vla", "terms": ["images/front_rgb", "instruction"]},
-                       provenance={**prov, "parameters": counts},
-                       optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=step,
+                       provenance={**self.prov, "parameters": self.counts},
+                       optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(), step=step,
                        seed=cfg.seed, train_config=dataclasses.asdict(cfg), extra=extra)
         keep = scheduled and bool(cfg.keep_every) and step % cfg.keep_every == 0
-        return save_run_checkpoint(out, c, step, keep=keep)
+        return save_run_checkpoint(self.out, c, step, keep=keep)
 
-    def loss_terms(step: int) -> dict[str, torch.Tensor]:
-        batch, frames, instruction = prepare(feed.next(), augment=True)
-        terms = losses(ddp_model, target, batch, frames, instruction, binner, cfg)
-        return aux.add(terms, batch) if aux is not None else terms
+    def loop(self) -> TrainLoop:
+        """The run's ``TrainLoop`` (built once, the model put in training mode)."""
+        if self._loop is None:
+            cfg, info = self.cfg, self.info
+            if info.is_main:
+                self.out.mkdir(parents=True, exist_ok=True)
+            self.model.train()
+            self._loop = TrainLoop(
+                info=info, optimizer=self.optimizer, scheduler=self.scheduler, clip_module=self.model,
+                grad_clip=cfg.optim.grad_clip, loss_terms=self.loss_terms, checkpoint=self.checkpoint,
+                report=lambda row: self.log.line("train", f"step {row['step']}/{cfg.max_steps}", row, row["step"]),
+                max_steps=cfg.max_steps, log_every=cfg.log_every, val_every=cfg.val_every,
+                items_per_step=cfg.batch_size * info.world_size, rate_name="samples_per_s",
+                checkpoint_every_s=cfg.checkpoint_every_s, desc=f"train {cfg.model_name}",
+                after_step=self.after_step, validate=self.validate)
+        return self._loop
 
-    def after_step() -> None:
-        average_buffers(model, info)
-        if target is not None:
-            ema_update(target, model, cfg.tau)
-
-    val_history: list[dict[str, float]] = []
-
-    def validate_main(step: int) -> None:
-        """On the main rank, into its own rows (``val/`` in TensorBoard); the other ranks wait at the save."""
-        if val_draw is not None and info.is_main:
-            v = validate(model, target, val_draw(), binner, cfg, prepare)
-            if probe is not None:
-                v.update(probe.measure(model, binner))
-                append_row(out, {**v, "step": step})
-            v["step"] = step
-            val_history.append(v)
-            log.line("val", f"val step {step}", v, step)
-
-    if info.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-    model.train()
-    loop = TrainLoop(info=info, optimizer=optimizer, scheduler=scheduler, clip_module=model,
-                     grad_clip=cfg.optim.grad_clip, loss_terms=loss_terms, checkpoint=checkpoint,
-                     report=lambda row: log.line("train", f"step {row['step']}/{cfg.max_steps}", row, row["step"]),
-                     max_steps=cfg.max_steps, log_every=cfg.log_every, val_every=cfg.val_every,
-                     items_per_step=cfg.batch_size * info.world_size, rate_name="samples_per_s",
-                     checkpoint_every_s=cfg.checkpoint_every_s, desc=f"train {cfg.model_name}",
-                     after_step=after_step, validate=validate_main)
-    try:
-        history = loop.run(start)
-        if start >= cfg.max_steps:
-            loop.save(start)
-    finally:
-        feed.close()
-        log.close()
-    return {"history": history, "val": val_history, "checkpoint": str(out / "last.pt"), "model": model,
-            "target": target, "binner": binner, "parameters": counts, "instruction_inputs": table}
+    def close(self) -> None:
+        if self.aux is not None:
+            self.aux.close()
+        self.feed.close()
+        self.log.close()
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ import torch
 from quadforge.envs.quard.instructions import parse_instruction
 from quadforge.experts.vla import load_vla
 from quadforge.training.grounding import GroundingProbe
-from quadforge.training.models.vla import images_to_float
+from quadforge.models.vla import images_to_float
 from quadforge.training.vla import act_bins
 from quadforge.training.vla_data import ImageWindowSource, open_image_source
 

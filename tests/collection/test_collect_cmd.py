@@ -78,8 +78,8 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys, args, match):
 def test_collects_with_a_trained_checkpoint(tmp_path, capsys):
     pytest.importorskip("quadforge.experts.learned")
     from quadforge.layout import PROPRIO
-    from quadforge.training.checkpoint import Checkpoint, save_checkpoint
-    from quadforge.training.models import build_model
+    from quadforge.models.checkpoint import Checkpoint, save_checkpoint
+    from quadforge.models import build_model
 
     torch.manual_seed(0)
     config = {"obs_dim": PROPRIO.dim, "action_dim": 12, "context": 4, "hidden": 16, "num_layers": 1,

@@ -187,7 +187,7 @@ def _tiny_checkpoint(tmp_path):
 
 
 def test_checkpoint_policy_evaluates_and_a_term_mismatch_is_a_clear_error(tmp_path):
-    from quadforge.training.checkpoint import load_checkpoint, save_checkpoint
+    from quadforge.models.checkpoint import load_checkpoint, save_checkpoint
     path = _tiny_checkpoint(tmp_path)
     cfg = EvalConfig(policy=str(path), out=str(tmp_path / "ok"), terrain="flat", levels="0", episodes=1, num_envs=2,
                      num_levels=2, max_episode_s=0.2, progress=False)

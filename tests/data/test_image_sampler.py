@@ -231,7 +231,7 @@ def test_the_vla_trainer_reads_windows_from_an_image_store(store):
 
 def test_window_actions_are_the_commands_at_each_windows_newest_frame(store):
     """hl_commands[:, 0] holds the step within the episode and [:, 1] the episode (see the fixture)."""
-    from quadforge.training.binning import fit_binner
+    from quadforge.models.binning import fit_binner
     from quadforge.training.vla_data import open_image_source
     s = ImageWindowSampler(store, history=3, seed=0)
     acts = s.window_actions()
@@ -272,7 +272,7 @@ def test_rewards_and_monte_carlo_bounds_on_image_episodes_match_a_hand_computati
     """Through the VLA trainer's source (training/vla_data.py) on the image store: the sparse reward is 1 on
     a successful episode's last frame only, the Monte-Carlo return success * gamma^(frames to the end) at the
     image rate, and the Q target's lower bound max(Bellman, MC) on the last dimension."""
-    from quadforge.training.qlearning import with_mc_lower_bound
+    from quadforge.models.losses import with_mc_lower_bound
     from quadforge.training.vla_data import StoreImageSource
     gamma = 0.9
     sampler = ImageWindowSampler(store, history=2, split="all", next_frame=True)

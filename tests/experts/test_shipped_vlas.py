@@ -9,7 +9,7 @@ import torch
 from quadforge.envs.builder import make_env
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, controller_command_ranges
 from quadforge.experts.registry import policy_for_env
-from quadforge.training.checkpoint import load_checkpoint
+from quadforge.models.checkpoint import load_checkpoint
 
 CHECKPOINTS = Path(__file__).resolve().parents[2] / "experts" / "checkpoints"
 SHIPPED = {"vla_rt1.pt": "rt1", "vla_germ_dense.pt": "germ-dense"}

@@ -1,7 +1,7 @@
 import torch
 
 from quadforge.tools.bench.models import END, START, _replace_block, _targets, matched, step_latencies
-from quadforge.training.models import build_model
+from quadforge.models import build_model
 
 torch.set_num_threads(1)
 

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from quadforge.layout import get_layout
-from quadforge.training.checkpoint import (Checkpoint, check_model, export_checkpoint, latest_checkpoint, load_checkpoint,
+from quadforge.models.checkpoint import (Checkpoint, check_model, export_checkpoint, latest_checkpoint, load_checkpoint,
                                           load_state, save_checkpoint)
 
 torch.set_num_threads(1)

@@ -34,7 +34,7 @@ def test_two_cpu_ranks_end_with_identical_weights(tmp_path):
     assert w0.keys() == w1.keys()
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
     # and training moved them: not the initial weights
-    from quadforge.training.models import build_model
+    from quadforge.models import build_model
     torch.manual_seed(0)
     assert (tmp_path / "last.pt").exists()
     init = build_model("fcnet", obs_dim=61, action_dim=12, context=8, **cfg.model_config).state_dict()

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from quadforge.training.models.csc import CausalSpectralConv
-from quadforge.training.models.fcnet import FCNet
+from quadforge.models.csc import CausalSpectralConv
+from quadforge.models.fcnet import FCNet
 
 torch.set_num_threads(1)
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from quadforge.training.binning import ActionBinner, fit_binner
-from quadforge.training.models.germ import ContextWindow, GeRM, GeRMConfig
+from quadforge.models.binning import ActionBinner, fit_binner
+from quadforge.models.germ import ContextWindow, GeRM, GeRMConfig
 
 torch.set_num_threads(1)
 
@@ -21,7 +21,7 @@ def _model(**kw) -> GeRM:
     torch.manual_seed(0)
     m = GeRM(_cfg(**kw)).eval()
     with torch.no_grad():  # larger heads so argmaxes are well separated
-        m.head_w.normal_(0, 1.0)
+        m.heads.weight.normal_(0, 1.0)
     return m
 
 
@@ -125,7 +125,7 @@ def test_backward_reaches_all_trained_parts(moe):
     m = _model(moe=moe).train()
     out = m(torch.randn(4, 4, 5), torch.ones(4, 4, dtype=torch.bool), torch.randint(0, 7, (4, 2)))
     (out.logits.pow(2).mean() + out.aux_loss).backward()
-    for name in ("time_pos", "dim_pos", "head_w", "action_embed.weight"):
+    for name in ("time_pos", "dim_pos", "heads.weight", "action_embed.weight"):
         assert m.get_parameter(name).grad.abs().sum() > 0, name
 
 

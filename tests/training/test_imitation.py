@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from quadforge.layout import TERM_DIMS
-from quadforge.training.checkpoint import load_checkpoint
+from quadforge.models.checkpoint import load_checkpoint
 from quadforge.experts.registry import load_policy
 from quadforge.training.imitation import train
 from quadforge.training.presets import PRESETS, preset

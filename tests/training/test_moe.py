@@ -3,7 +3,7 @@ eval-mode determinism (no noise), balance losses, parameter counts, matched dens
 import pytest
 import torch
 
-from quadforge.training.models.moe import DenseFFN, MoEConfig, SparseMoE, cv_squared, matched_dense_hidden
+from quadforge.models.moe import DenseFFN, MoEConfig, SparseMoE, cv_squared, matched_dense_hidden
 
 torch.set_num_threads(1)
 

@@ -15,10 +15,10 @@ from quadforge.data.episodes import EpisodeArrays
 from quadforge.layout import PROPRIO, TERM_DIMS
 from quadforge.experts.policy import check_policy
 from quadforge.experts.registry import load_policy
-from quadforge.training.checkpoint import load_checkpoint
-from quadforge.training.models.germ import GeRMConfig, GeRMOutput
-from quadforge.training.qlearning import (bellman_targets, conservative_loss, default_config, ema_update,
-                                q_targets, td_loss, train, with_mc_lower_bound)
+from quadforge.models.checkpoint import load_checkpoint
+from quadforge.models.germ import GeRMConfig, GeRMOutput
+from quadforge.models.losses import bellman_targets, conservative_loss, ema_update, td_loss, with_mc_lower_bound
+from quadforge.training.qlearning import default_config, q_targets, train
 
 torch.set_num_threads(1)
 GAMMA = 0.9

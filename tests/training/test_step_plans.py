@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from quadforge.training.models import build_model
-from quadforge.training.models.csc import CausalSpectralConv
+from quadforge.models import build_model
+from quadforge.models.csc import CausalSpectralConv
 
 torch.set_num_threads(1)
 D, A, N, B = 7, 3, 8, 2
@@ -112,11 +112,11 @@ def test_split_real_readout_is_the_complex_readout():
 
 
 def test_layer_steps_are_their_reference_forward_on_a_first_position():
-    """Each speed-only step of training/models/step_plans.py against its layer's forward, one layer at a
+    """Each speed-only step of models/step_plans.py against its layer's forward, one layer at a
     time (the model-level step == forward is tests/training/test_models.py)."""
-    from quadforge.training.models.fcnet import FourierLayer
-    from quadforge.training.models.step_plans import block_plan, block_step, fourier_layer_plan, fourier_step
-    from quadforge.training.models.transformer import Block
+    from quadforge.models.fcnet import FourierLayer
+    from quadforge.models.step_plans import block_plan, block_step, fourier_layer_plan, fourier_step
+    from quadforge.models.transformer import Block
     torch.manual_seed(3)
     x = torch.randn(B, 16)
     layer = FourierLayer(16, N, 3, "kernel").eval()

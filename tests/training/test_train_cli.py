@@ -45,7 +45,7 @@ def test_train_command_on_a_real_store(tmp_path, capsys):
     from quadforge.data.writer import StagingWriter
     from quadforge.data.compaction import compact
     from quadforge.data.synthetic import synthetic_episode, synthetic_info
-    from quadforge.training.checkpoint import load_checkpoint
+    from quadforge.models.checkpoint import load_checkpoint
 
     store = tmp_path / "store"
     rng = np.random.default_rng(0)
@@ -81,19 +81,25 @@ def test_germ_models_are_dispatched_to_qlearning(monkeypatch, tmp_path):
     from torch import nn
 
     from quadforge.layout import get_layout
-    from quadforge.training.checkpoint import Checkpoint, save_checkpoint
+    from quadforge.models.checkpoint import Checkpoint, save_checkpoint
     from quadforge.experts import registry
     from quadforge.experts.registry import load_policy
+
+    from quadforge.models.registry import MODEL_SPECS, ModelSpec
 
     seen = {}
     fake = types.ModuleType("quadforge.training.qlearning")
     fake.run_from_args = lambda args: seen.setdefault("train", args.model) and 0
     monkeypatch.setitem(sys.modules, "quadforge.training.qlearning", fake)
+    # one registration reaches the CLI's trainer and the policy loader; no name is spelled anywhere else
+    monkeypatch.setitem(MODEL_SPECS, ("germ_small", "proprio"),
+                        ModelSpec("germ_small", "proprio", "quadforge.models.germ:GeRM", reads="transitions",
+                                  trainer="qlearning", policy="germ", objective="q"))
     # the one policy registry routes GeRM checkpoints to experts.germ_policy.load_germ
-    monkeypatch.setattr(registry, "load_germ", lambda path, num_envs, device: ("germ-policy", num_envs))
+    monkeypatch.setitem(registry.MODEL_POLICIES, "germ", lambda path, num_envs, device: ("germ-policy", num_envs))
     assert main(["train", "--model", "germ_small", "--store", "x", "--out", str(tmp_path)]) == 0
     assert seen["train"] == "germ_small"
-    ck = Checkpoint(model_name="germ", model_config={}, state_dict=nn.Linear(1, 1).state_dict(),
+    ck = Checkpoint(model_name="germ_small", model_config={}, state_dict=nn.Linear(1, 1).state_dict(),
                     layout=get_layout("proprio").to_dict())
     path = save_checkpoint(tmp_path / "germ.pt", ck)
     assert load_policy(path, num_envs=3) == ("germ-policy", 3)

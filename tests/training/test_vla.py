@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from quadforge.experts.hierarchical import HL_COMMAND_NAMES, command_binner, controller_command_ranges
-from quadforge.training.models.germ_vla import GeRMVLA
-from quadforge.training.models.instruction import WordLlamaEncoder, WordTokenEncoder, build_vocabulary
-from quadforge.training.models.rt1 import RT1
-from quadforge.training.models.tokenlearner import TokenLearner
-from quadforge.training.models.vision import FiLM, FiLMImageEncoder, ImageEncoderConfig, random_shift
-from quadforge.training.models.vla import VLAConfig, images_to_float, rank_mask
+from quadforge.models.germ_vla import GeRMVLA
+from quadforge.models.instruction import WordLlamaEncoder, WordTokenEncoder, build_vocabulary
+from quadforge.models.rt1 import RT1
+from quadforge.models.tokenlearner import TokenLearner
+from quadforge.models.vision import FiLM, FiLMImageEncoder, ImageEncoderConfig, random_shift
+from quadforge.models.vla import VLAConfig, images_to_float, rank_mask
 from quadforge.training.vla_data import ColourChoiceTask, check_batch
 
 torch.set_num_threads(1)

@@ -17,8 +17,8 @@ from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES, Hie
 from quadforge.experts.policy import check_policy
 from quadforge.experts import registry
 from quadforge.experts.vla import VLAPolicy, load_vla, with_gait_controller
-from quadforge.training.models.vla import images_to_float
-from quadforge.training.vla import VLA_MODELS, act_bins, default_config, train
+from quadforge.models.vla import images_to_float
+from quadforge.training.vla import act_bins, default_config, train, vla_models
 from quadforge.training.vla_data import ColourChoiceTask
 
 torch.set_num_threads(1)
@@ -35,7 +35,7 @@ def _cfg(model: str, steps: int = 3, **model_kw):
     return cfg
 
 
-@pytest.mark.parametrize("model", VLA_MODELS)
+@pytest.mark.parametrize("model", vla_models())
 def test_every_model_trains_and_writes_a_deployable_checkpoint(tmp_path, model):
     src = ColourChoiceTask(image_size=16, history=2, seed=0, success_ratio=0.75)
     cfg = _cfg(model)
@@ -120,7 +120,7 @@ def test_env_instruction_table_with_unseen_words_and_gait_wrapping(tmp_path):
 
 
 def test_gaussian_bin_targets_are_distributions_centred_on_the_data_bin():
-    from quadforge.training.vla import gaussian_bin_targets
+    from quadforge.models.losses import gaussian_bin_targets
     bins = torch.tensor([0, 5, 9])
     y = gaussian_bin_targets(bins, 10, sigma=1.5)
     assert y.shape == (3, 10) and torch.allclose(y.sum(-1), torch.ones(3))
@@ -192,7 +192,7 @@ def test_paper_presets_build_at_the_paper_sizes():
     """GPU presets, shape-checked on the CPU at one small frame (the trunk is fully convolutional)."""
     from quadforge.training.vla import build_model, model_config
     counts = {}
-    for name in VLA_MODELS:
+    for name in vla_models():
         cfg = default_config(name, "paper")
         vla = model_config(cfg, (96, 96), ["go to the red cube", "stop the blue ball"])
         model = build_model(name, vla).eval()
@@ -232,7 +232,7 @@ def test_wordllama_instructions_train_and_deploy_without_re_encoding(tmp_path, m
     cfg = _cfg("rt1", steps=1)
     cfg.instruction = "wordllama"
     train(cfg, src, tmp_path)
-    from quadforge.training.models import instruction
+    from quadforge.models import instruction
 
     def offline(*a, **k):
         raise AssertionError("deployment on the training table must not re-encode instructions")
@@ -275,9 +275,9 @@ def _reference_losses(cfg, source, steps):
     seed, build, then per step sample -> DrQ shift -> losses -> clip -> AdamW -> scheduler -> EMA."""
     from quadforge.experts.hierarchical import command_binner
     from quadforge.seeding import seed_everything
-    from quadforge.training.models.vision import random_shift
+    from quadforge.models.vision import random_shift
     from quadforge.training.optim import build_optimizer, build_scheduler, clip_gradients
-    from quadforge.training.qlearning import ema_update
+    from quadforge.models.losses import ema_update
     from quadforge.training.vla import build_model, losses, model_config
     seed_everything(cfg.seed)
     model = build_model(cfg.model_name, model_config(cfg, source.image_size, source.instructions))
@@ -355,7 +355,7 @@ def test_cli_trains_on_a_store_with_held_out_episodes_and_reports_val_ce(image_s
     from quadforge.data.episodes import split_episodes
     from quadforge.data.store import TrajectoryStore
     from quadforge.tools.cli import main
-    from quadforge.training.checkpoint import load_checkpoint
+    from quadforge.models.checkpoint import load_checkpoint
     from quadforge.training.vla_data import open_image_source
     out = tmp_path / "run"
     assert main(["train", "--model", "rt1", "--store", str(image_store), "--out", str(out), "--max-steps", "2",
@@ -420,7 +420,7 @@ def test_resume_on_a_store_is_exact_with_the_stream_and_prefetch(image_store, tm
 def _former_checkpoint(path, model, vla, binner, source, cfg, rng_key):
     """A checkpoint exactly as the former trainer wrote it (main at 11c2e77, and ``torch_rng`` before it)."""
     import dataclasses
-    from quadforge.training.checkpoint import Checkpoint, save_checkpoint
+    from quadforge.models.checkpoint import Checkpoint, save_checkpoint
     table = model.frontend.prepare_instructions(source.instructions)
     extra = {"policy_kind": "vla", "binner": {"edges": binner.edges.cpu()}, "settings": dict(source.settings),
              "instructions": list(source.instructions), "instruction_inputs": table, "action_space": "command",
@@ -458,7 +458,7 @@ def test_checkpoints_of_the_former_trainer_load_act_and_resume(tmp_path, rng_key
     assert torch.allclose(cmd, want)
     summary = train(cfg, src, tmp_path, resume=True)         # the new loop continues the former run
     assert [r["step"] for r in summary["history"]] == [2]
-    from quadforge.training.checkpoint import export_checkpoint   # and its run ships as a deployable copy
+    from quadforge.models.checkpoint import export_checkpoint   # and its run ships as a deployable copy
     export_checkpoint(tmp_path / "last.pt", tmp_path / "shipped" / "vla.pt")
     obs = {"images/front_rgb": frames[:, 1], "instruction": torch.tensor([0, 1])}
     assert torch.equal(load_vla(tmp_path / "shipped" / "vla.pt", 2).act(obs), load_vla(tmp_path, 2).act(obs))
@@ -478,7 +478,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, store: str, out_dir: str)
 
 @pytest.mark.slow   # spawning two torch processes takes tens of seconds on the loaded 2-core machine
 def test_two_cpu_ranks_train_the_vla_on_a_store_and_checkpoint(image_store, tmp_path):
-    from quadforge.training.checkpoint import load_checkpoint
+    from quadforge.models.checkpoint import load_checkpoint
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -63,7 +63,7 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warm
 
 
 def latency_table(cfgs: dict, repeats: int) -> Table:
-    from quadforge.training.models.germ import ContextWindow, GeRM
+    from quadforge.models.germ import ContextWindow, GeRM
     t = Table("GeRM step latency (batch 1, CPU, 1 thread)",
               ["model", "active params", "total params", "step ms (KV cache)", "step ms (no cache)",
                "latency vs w/o MoE"])
@@ -90,8 +90,8 @@ def latency_table(cfgs: dict, repeats: int) -> Table:
 
 def throughput_table(cfgs: dict, steps: int, batch_size: int) -> Table:
     from quadforge.data.samplers import TransitionSampler
-    from quadforge.training.binning import fit_binner
-    from quadforge.training.models.germ import GeRM
+    from quadforge.models.binning import fit_binner
+    from quadforge.models.germ import GeRM
     from quadforge.training.qlearning import default_config, losses
     t = Table(f"GeRM training throughput (batch {batch_size}, CPU, 1 thread)",
               ["model", "objective", "transitions/s", "ms/step", "vs germ"])
@@ -123,7 +123,7 @@ def throughput_table(cfgs: dict, steps: int, batch_size: int) -> Table:
 
 
 def main(quick: bool = False, json_path: str | None = None) -> int:
-    from quadforge.training.models.germ import GeRMConfig
+    from quadforge.models.germ import GeRMConfig
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

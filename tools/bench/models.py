@@ -23,9 +23,10 @@ import torch
 
 from quadforge.layout import NUM_JOINTS, get_layout
 from quadforge.tools.bench.common import Table, report
-from quadforge.training.models import SequenceModel, build_model
+from quadforge.models import SequenceModel, build_model
+from quadforge.models.registry import model_names
 
-MODELS = ("fcnet", "transformer", "convformer", "starformer", "mlp")
+MODELS = model_names(trainer="imitation")   # fcnet first: the others are matched to its size
 DEFAULT = dict(context=64, num_layers=4, hidden=256)
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 START, END = "<!-- bench:models:start -->", "<!-- bench:models:end -->"

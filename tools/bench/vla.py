@@ -25,9 +25,10 @@ import torch
 
 from quadforge.tools.bench.common import Table, report
 from quadforge.tools.bench.germ import interleaved_medians
+from quadforge.models.registry import model_names
 from quadforge.seeding import seed_everything
 
-MODELS = ("rt1", "germ", "germ-dense", "germ-il")
+MODELS = model_names(trainer="vla")
 IMAGE_SIZE = 64
 
 
@@ -68,8 +69,8 @@ def latency_table(batches: tuple[int, ...], repeats: int) -> Table:
 
 def throughput_table(steps: int) -> Table:
     from quadforge.experts.hierarchical import command_binner
-    from quadforge.training.models.vla import images_to_float
-    from quadforge.training.models.vision import random_shift
+    from quadforge.models.vla import images_to_float
+    from quadforge.models.vision import random_shift
     from quadforge.training.vla import losses
     from quadforge.training.vla_data import ColourChoiceTask
     source = ColourChoiceTask(image_size=IMAGE_SIZE, history=6, seed=0, success_ratio=0.7569)

@@ -36,11 +36,11 @@ from typing import Any, Mapping, NamedTuple
 import torch
 from torch import nn
 
-from quadforge.training.models.germ import CausalSelfAttention, KVCache
-from quadforge.training.models.instruction import INSTRUCTION_ENCODERS, WORDLLAMA_DIM, build_instruction_encoder
-from quadforge.training.models.moe import DenseFFN, MoEConfig, SparseMoE, matched_dense_hidden
-from quadforge.training.models.tokenlearner import TokenLearner
-from quadforge.training.models.vision import FiLMImageEncoder, ImageEncoderConfig
+from quadforge.models.decoder import Decoder
+from quadforge.models.instruction import INSTRUCTION_ENCODERS, WORDLLAMA_DIM, build_instruction_encoder
+from quadforge.models.moe import MoEConfig, matched_dense_hidden
+from quadforge.models.tokenlearner import TokenLearner
+from quadforge.models.vision import FiLMImageEncoder, ImageEncoderConfig
 
 
 @dataclass
@@ -216,59 +216,6 @@ def rank_mask(rank: torch.Tensor, valid: torch.Tensor, num_new: int) -> torch.Te
     allowed = (rank[None, :] <= q_rank)[None] & valid[:, None, :]           # (B, L, K)
     eye = torch.arange(k - num_new, k, device=rank.device)[:, None] == torch.arange(k, device=rank.device)[None]
     return (allowed | eye[None])[:, None]
-
-
-class DecoderBlock(nn.Module):
-    """Pre-norm transformer block whose FFN is a sparse MoE (GeRM) or dense (RT-1, GeRM w/o MoE)."""
-
-    def __init__(self, cfg: VLAConfig):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg.d_model, cfg.num_heads, cfg.dropout)
-        self.ffn = SparseMoE(cfg.moe_config()) if cfg.moe else DenseFFN(cfg.d_model, cfg.ffn_hidden, cfg.dropout)
-
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor, past: KVCache | None
-                ) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
-        a, cache = self.attn(self.ln1(x), allowed, past)
-        x = x + a
-        f = self.ffn(self.ln2(x))
-        return x + f.y, f.aux_loss, cache
-
-
-class Decoder(nn.Module):
-    def __init__(self, cfg: VLAConfig):
-        super().__init__()
-        self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.num_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor, caches: list[KVCache] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, list[KVCache]]:
-        """x (B, L, D) new tokens, allowed (B, 1, L, K) -> (B, L, D) normed, summed MoE aux loss, caches."""
-        aux = x.new_zeros(())
-        new = []
-        for i, block in enumerate(self.blocks):
-            x, a, c = block(x, allowed, caches[i] if caches is not None else None)
-            aux = aux + a
-            new.append(c)
-        return self.ln_f(x), aux, new
-
-    def inactive_parameters(self) -> int:
-        return sum((b.ffn.cfg.num_experts - b.ffn.cfg.top_k) * b.ffn.expert_parameters()
-                   for b in self.blocks if isinstance(b.ffn, SparseMoE))
-
-
-class BinHeads(nn.Module):
-    """One linear head per action dimension: h (B, m, D) for dims first..first+m-1 -> logits (B, m, K)."""
-
-    def __init__(self, action_dim: int, num_bins: int, d_model: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(action_dim, num_bins, d_model))
-        self.bias = nn.Parameter(torch.zeros(action_dim, num_bins))
-        nn.init.normal_(self.weight, std=0.02)
-
-    def forward(self, h: torch.Tensor, first: int = 0) -> torch.Tensor:
-        m = h.shape[1]
-        return torch.einsum("bmd,mkd->bmk", h, self.weight[first:first + m]) + self.bias[first:first + m]
 
 
 class VLAOutput(NamedTuple):

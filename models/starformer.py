@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from quadforge.training.models.base import Cache, Decoder, SequenceModel
-from quadforge.training.models.transformer import Block, allowed_keys
+from quadforge.models.base import Cache, Decoder, SequenceModel
+from quadforge.models.transformer import Block, allowed_keys
 
 
 class StARformer(SequenceModel):

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from quadforge.training.models.vla import (BinHeads, Decoder, VLAConfig, VLAOutput, VisionLanguageFrontEnd,
-                                           parameter_counts, rank_mask)
+from quadforge.models.decoder import BinHeads, Decoder
+from quadforge.models.vla import VLAConfig, VLAOutput, VisionLanguageFrontEnd, parameter_counts, rank_mask
 
 
 class RT1(nn.Module):
@@ -46,8 +46,11 @@ class RT1(nn.Module):
         h, aux, _ = self.decoder(x, rank_mask(rank, valid, x.shape[1]))
         return VLAOutput(self.heads(h[:, -d:]), aux)
 
-    def forward(self, frames: torch.Tensor, mask: torch.Tensor, instruction: torch.Tensor) -> VLAOutput:
-        """frames (B, T, 3, H, W) float, mask (B, T), prepared instruction (B, ...) -> logits (B, d, K)."""
+    def forward(self, frames: torch.Tensor, mask: torch.Tensor, instruction: torch.Tensor,
+                prefix_bins: torch.Tensor | None = None) -> VLAOutput:
+        """frames (B, T, 3, H, W) float, mask (B, T), prepared instruction (B, ...) -> logits (B, d, K).
+        ``prefix_bins`` is accepted and not read: the read-outs are non-autoregressive, and the VLA
+        trainer calls every VLA with the data's bins (GeRM's teacher forcing) through one signature."""
         return self.logits_from_tokens(*self.frontend(frames, mask, instruction))
 
     @torch.no_grad()

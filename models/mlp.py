@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quadforge.training.models.base import Cache, Decoder, SequenceModel
+from quadforge.models.base import Cache, Decoder, SequenceModel
 
 
 class HistoryMLP(SequenceModel):

@@ -11,7 +11,7 @@ head (bins logits); ``Q = sigmoid(logit)`` lies in [0, 1] like the sparse-reward
 Training feeds the dataset's bins (teacher forcing, one pass); acting decodes greedily dimension by
 dimension with the same heads, reusing a key/value cache so each extra dimension costs one token.
 
-FFNs are sparse MoE layers (``training.models.moe``) or, for the GeRM w/o MoE baseline, dense FFNs;
+FFNs are sparse MoE layers (``models.moe``) or, for the GeRM w/o MoE baseline, dense FFNs;
 ``GeRMConfig.dense_matched()`` sizes the dense FFN to the MoE's *active* parameters.
 
 The observation encoder is pluggable: ``proprio`` (the layout vector: proprioception + command/task
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Mapping, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from quadforge.training.models.greedy import greedy_bins
-from quadforge.training.models.moe import DenseFFN, MoEConfig, SparseMoE, matched_dense_hidden
+from quadforge.models.decoder import BinHeads, Decoder, KVCache
+from quadforge.models.greedy import greedy_bins
+from quadforge.models.moe import MoEConfig, matched_dense_hidden
 
 ENCODERS = ("proprio", "image", "instruction")
 
@@ -118,33 +118,8 @@ def build_encoder(cfg: GeRMConfig) -> nn.Module:
         return ProprioEncoder(cfg.obs_dim, cfg.d_model)
     raise NotImplementedError(
         f"GeRM encoder {cfg.encoder!r} is not part of this proprioceptive GeRM: over camera frames and "
-        "instructions GeRM is training/models/germ_vla.py (quadforge train --model germ on an image store, "
+        "instructions GeRM is models/germ_vla.py (quadforge train --model germ on an image store, "
         "docs/vla.md); use encoder='proprio' here")
-
-
-class KVCache(NamedTuple):
-    k: torch.Tensor  # (B, heads, S, head_dim)
-    v: torch.Tensor
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, num_heads: int, dropout: float):
-        super().__init__()
-        self.h = num_heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
-        self.dropout = dropout
-
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor,
-                past: KVCache | None) -> tuple[torch.Tensor, KVCache]:
-        """x (B, L, D) new tokens; allowed (B, 1, L, S) over past + new keys -> (B, L, D) and the cache."""
-        b, l, d = x.shape
-        q, k, v = self.qkv(x).view(b, l, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)  # each (B, h, L, hd)
-        if past is not None:
-            k, v = torch.cat([past.k, k], dim=2), torch.cat([past.v, v], dim=2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).reshape(b, l, d)), KVCache(k, v)
 
 
 def attention_mask(key_valid: torch.Tensor, num_new: int) -> torch.Tensor:
@@ -154,21 +129,6 @@ def attention_mask(key_valid: torch.Tensor, num_new: int) -> torch.Tensor:
     q_pos = torch.arange(s - num_new, s, device=key_valid.device)[:, None]   # (L, 1)
     k_pos = torch.arange(s, device=key_valid.device)[None, :]                 # (1, S)
     return (k_pos <= q_pos) & key_valid[:, None, None, :] | (k_pos == q_pos)
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: GeRMConfig):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg.d_model, cfg.num_heads, cfg.dropout)
-        self.ffn = SparseMoE(cfg.moe_config()) if cfg.moe else DenseFFN(cfg.d_model, cfg.ffn_hidden, cfg.dropout)
-
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor,
-                past: KVCache | None) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
-        a, cache = self.attn(self.ln1(x), allowed, past)
-        x = x + a
-        f = self.ffn(self.ln2(x))
-        return x + f.y, f.aux_loss, cache
 
 
 class GeRM(nn.Module):
@@ -183,11 +143,18 @@ class GeRM(nn.Module):
         self.dim_pos = nn.Parameter(torch.zeros(max(1, a - 1), d))
         nn.init.normal_(self.time_pos, std=0.02)
         nn.init.normal_(self.dim_pos, std=0.02)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
-        self.ln_f = nn.LayerNorm(d)
-        self.head_w = nn.Parameter(torch.empty(a, bins, d))            # one Q head per action dimension
-        self.head_b = nn.Parameter(torch.zeros(a, bins))
-        nn.init.normal_(self.head_w, std=0.02)
+        self.decoder = Decoder(cfg)                                     # the VLAs' decoder (models.decoder)
+        self.heads = BinHeads(a, bins, d)                               # one Q head per action dimension
+
+    # checkpoints written before the decoder was shared name its parts blocks/ln_f/head_w/head_b
+    _RENAMED = (("blocks.", "decoder.blocks."), ("ln_f.", "decoder.ln_f."), ("head_w", "heads.weight"),
+                ("head_b", "heads.bias"))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for old, new in self._RENAMED:
+            for key in [k for k in state_dict if k.startswith(prefix + old)]:
+                state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # --- parameter counts -----------------------------------------------------------------------
     def total_parameters(self) -> int:
@@ -195,9 +162,7 @@ class GeRM(nn.Module):
 
     def active_parameters(self) -> int:
         """Parameters used per token: the total minus the experts each MoE layer leaves unselected."""
-        inactive = sum((b.ffn.cfg.num_experts - b.ffn.cfg.top_k) * b.ffn.expert_parameters()
-                       for b in self.blocks if isinstance(b.ffn, SparseMoE))
-        return self.total_parameters() - inactive
+        return self.total_parameters() - self.decoder.inactive_parameters()
 
     def set_obs_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         self.encoder.set_stats(mean, std)
@@ -216,21 +181,13 @@ class GeRM(nn.Module):
         return self.action_embed(dims * self.cfg.num_bins + bins) + self.dim_pos[first_dim:first_dim + m]
 
     def _head(self, h: torch.Tensor, first_dim: int) -> torch.Tensor:
-        """h (B, m, D) -> logits (B, m, bins) through the heads of dimensions first_dim.."""
-        m = h.shape[1]
-        w, b = self.head_w[first_dim:first_dim + m], self.head_b[first_dim:first_dim + m]
-        return torch.einsum("bmd,mkd->bmk", self.ln_f(h), w) + b
+        """h (B, m, D) (normed) -> logits (B, m, bins) through the heads of dimensions first_dim.."""
+        return self.heads(h, first_dim)
 
     def _run(self, x: torch.Tensor, key_valid: torch.Tensor,
              caches: list[KVCache] | None) -> tuple[torch.Tensor, torch.Tensor, list[KVCache]]:
-        aux = x.new_zeros(())
-        new = []
-        allowed = attention_mask(key_valid, x.shape[1])     # built once, shared by every layer
-        for i, block in enumerate(self.blocks):
-            x, a, c = block(x, allowed, caches[i] if caches is not None else None)
-            aux = aux + a
-            new.append(c)
-        return x, aux, new
+        """New tokens x (B, L, D) over the keys marked valid -> normed outputs, MoE aux loss, caches."""
+        return self.decoder(x, attention_mask(key_valid, x.shape[1]), caches)
 
     # --- training: teacher-forced Q-logits ------------------------------------------------------
     def forward(self, obs: torch.Tensor, mask: torch.Tensor, prefix_bins: torch.Tensor | None = None) -> GeRMOutput:

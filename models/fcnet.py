@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quadforge.training.models.base import Cache, Decoder, FeedForward, SequenceModel
-from quadforge.training.models.csc import CausalSpectralConv, weight_key
-from quadforge.training.models.step_plans import ffn_step, fourier_layer_plan, fourier_step, live_params
+from quadforge.models.base import Cache, Decoder, FeedForward, SequenceModel
+from quadforge.models.csc import CausalSpectralConv, weight_key
+from quadforge.models.step_plans import ffn_step, fourier_layer_plan, fourier_step, live_params
 
 
 class FourierLayer(nn.Module):

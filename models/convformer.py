@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quadforge.training.models.base import Cache, Decoder, FeedForward, SequenceModel
-from quadforge.training.models.tokens import StepTokens
+from quadforge.models.base import Cache, Decoder, FeedForward, SequenceModel
+from quadforge.models.tokens import StepTokens
 
 
 class TypedCausalConv(nn.Module):

@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from quadforge.training.models.greedy import greedy_bins
-from quadforge.training.models.vla import (BinHeads, Decoder, VLAConfig, VLAOutput, VisionLanguageFrontEnd,
-                                           parameter_counts, rank_mask)
+from quadforge.models.greedy import greedy_bins
+from quadforge.models.decoder import BinHeads, Decoder
+from quadforge.models.vla import VLAConfig, VLAOutput, VisionLanguageFrontEnd, parameter_counts, rank_mask
 
 
 class GeRMVLA(nn.Module):

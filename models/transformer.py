@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quadforge.training.models.base import Cache, Decoder, FeedForward, SequenceModel
-from quadforge.training.models.step_plans import block_plan, block_step, ffn_step, live_params
-from quadforge.training.models.tokens import StepTokens
+from quadforge.models.base import Cache, Decoder, FeedForward, SequenceModel
+from quadforge.models.step_plans import block_plan, block_step, ffn_step, live_params
+from quadforge.models.tokens import StepTokens
 
 
 def allowed_keys(key_valid: torch.Tensor, key_slot: torch.Tensor, query_slot: torch.Tensor) -> torch.Tensor:
