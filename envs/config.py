@@ -293,7 +293,7 @@ class EnvConfig:
             raise NotImplementedError(f"EnvConfig.backend_name={self.backend_name!r} is planned, not implemented "
                                       f"yet ({PLANNED[self.backend_name]}); available: {', '.join(BACKENDS)}")
         if self.backend_name not in BACKENDS:
-            raise _err("backend_name", self.backend_name, str(BACKENDS))
+            raise _err("backend_name", self.backend_name, str(tuple(BACKENDS)))
         if not self.episode_length_s >= self.dt:
             raise _err("episode_length_s", self.episode_length_s, f">= the control dt {self.dt:g} s")
         if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):

@@ -108,74 +108,92 @@ def _ranges(hip: tuple[float, float], thigh: tuple[float, float], calf: tuple[fl
     return (hip, thigh, calf) * len(LEGS)
 
 
-def _go1() -> RobotSpec:
-    pose = _default_pose(0.1, 0.8, 1.0, -1.5)
-    link_masses = {"trunk": 5.204, "hip": 0.696, "thigh": 1.013, "calf": 0.166, "foot": 0.06}
+@dataclass(frozen=True)
+class _Figures:
+    """One quadruped's published figures (per-leg values hip, thigh, calf) and where each came from."""
+
+    name: str
+    source: str                                   # the figures' default source
+    mass_spec: tuple[float, str]                  # kg, spec sheet wording
+    link_masses: dict[str, float]                 # kg: trunk, hip, thigh, calf, foot
+    hip_offset: tuple[float, float]               # m, (x, y) of the hip joints from the base
+    abduction: float
+    thigh: float
+    calf: float
+    foot_radius: float
+    ranges: tuple[tuple[float, float], ...]       # (hip, thigh, calf) rad
+    torque_limits: tuple[float, float, float]     # N*m
+    velocity_limits: tuple[float, float, float]   # rad/s
+    kp: float
+    kd: float
+    # sources that differ from ``source``: velocity_limits_rad_s, default_pose_rad, pd_gains, action_scale
+    notes: dict[str, str]
+    pose: tuple[float, float, float, float] = (0.1, 0.8, 1.0, -1.5)   # hip, thigh front, thigh rear, calf
+    action_scale: float = 0.25
+
+
+def _quadruped(f: _Figures) -> RobotSpec:
+    """The RobotSpec of a 12-joint quadruped from its figures (its MJCF is ``assets/<name>.xml``)."""
+    pose = _default_pose(*f.pose)
+    masses = f.link_masses
+    src = {"source": f.source, **f.notes}
     return RobotSpec(
-        name="go1",
-        mjcf_path=str(ASSETS / "go1.xml"),
+        name=f.name,
+        mjcf_path=str(ASSETS / f"{f.name}.xml"),
         default_joint_pos=pose,
-        kp=20.0, kd=0.5, action_scale=0.25,
-        torque_limits=_per_leg(23.7, 23.7, 35.55),
-        velocity_limits=_per_leg(30.1, 30.1, 20.06),
-        joint_ranges=_ranges((-0.863, 0.863), (-0.686, 4.501), (-2.818, -0.888)),
-        hip_offsets=_hip_offsets(0.1881, 0.04675),
-        abduction_length=0.08, thigh_length=0.213, calf_length=0.213, foot_radius=0.02,
-        nominal_base_height=round(_standing_height(pose, 0.08, 0.213, 0.213, 0.02), 4),
-        total_mass=round(link_masses["trunk"] + 4 * sum(v for k, v in link_masses.items() if k != "trunk"), 4),
+        kp=f.kp, kd=f.kd, action_scale=f.action_scale,
+        torque_limits=_per_leg(*f.torque_limits),
+        velocity_limits=_per_leg(*f.velocity_limits),
+        joint_ranges=_ranges(*f.ranges),
+        hip_offsets=_hip_offsets(*f.hip_offset),
+        abduction_length=f.abduction, thigh_length=f.thigh, calf_length=f.calf, foot_radius=f.foot_radius,
+        nominal_base_height=round(_standing_height(pose, f.abduction, f.thigh, f.calf, f.foot_radius), 4),
+        total_mass=round(masses["trunk"] + 4 * sum(v for k, v in masses.items() if k != "trunk"), 4),
         published={
-            "mass_spec_kg": (12.0, "Unitree Go1 spec sheet: approx. 12 kg with battery"),
-            "link_masses_kg": (link_masses, _UNITREE_GO1),
-            "hip_offset_m": ((0.1881, 0.04675), _UNITREE_GO1),
-            "abduction_length_m": (0.08, _UNITREE_GO1),
-            "thigh_length_m": (0.213, _UNITREE_GO1),
-            "calf_length_m": (0.213, _UNITREE_GO1),
-            "foot_radius_m": (0.02, _UNITREE_GO1),
-            "hip_range_rad": ((-0.863, 0.863), _UNITREE_GO1),
-            "thigh_range_rad": ((-0.686, 4.501), _UNITREE_GO1),
-            "calf_range_rad": ((-2.818, -0.888), _UNITREE_GO1),
-            "torque_limits_Nm": ((23.7, 23.7, 35.55), _UNITREE_GO1),
-            "velocity_limits_rad_s": ((30.1, 30.1, 20.06), _UNITREE_GO1 + " (knee: 30.1 / 1.5 gear)"),
-            "default_pose_rad": ((0.1, 0.8, 1.0, -1.5), _LEGGED_GYM_GO1 + ": hip +-0.1, thigh 0.8 front / 1.0 rear, calf -1.5"),
-            "pd_gains": ((20.0, 0.5), _LEGGED_GYM_GO1 + ": stiffness 20, damping 0.5"),
-            "action_scale": (0.25, _LEGGED_GYM_GO1),
+            "mass_spec_kg": f.mass_spec,
+            "link_masses_kg": (masses, f.source),
+            "hip_offset_m": (f.hip_offset, f.source),
+            "abduction_length_m": (f.abduction, f.source),
+            "thigh_length_m": (f.thigh, f.source),
+            "calf_length_m": (f.calf, f.source),
+            "foot_radius_m": (f.foot_radius, f.source),
+            "hip_range_rad": (f.ranges[0], f.source),
+            "thigh_range_rad": (f.ranges[1], f.source),
+            "calf_range_rad": (f.ranges[2], f.source),
+            "torque_limits_Nm": (f.torque_limits, f.source),
+            "velocity_limits_rad_s": (f.velocity_limits, src.get("velocity_limits_rad_s", f.source)),
+            "default_pose_rad": (f.pose, src["default_pose_rad"]),
+            "pd_gains": ((f.kp, f.kd), src["pd_gains"]),
+            "action_scale": (f.action_scale, src["action_scale"]),
         },
     )
+
+
+def _go1() -> RobotSpec:
+    return _quadruped(_Figures(
+        name="go1", source=_UNITREE_GO1,
+        mass_spec=(12.0, "Unitree Go1 spec sheet: approx. 12 kg with battery"),
+        link_masses={"trunk": 5.204, "hip": 0.696, "thigh": 1.013, "calf": 0.166, "foot": 0.06},
+        hip_offset=(0.1881, 0.04675), abduction=0.08, thigh=0.213, calf=0.213, foot_radius=0.02,
+        ranges=((-0.863, 0.863), (-0.686, 4.501), (-2.818, -0.888)),
+        torque_limits=(23.7, 23.7, 35.55), velocity_limits=(30.1, 30.1, 20.06), kp=20.0, kd=0.5,
+        notes={"velocity_limits_rad_s": _UNITREE_GO1 + " (knee: 30.1 / 1.5 gear)",
+               "default_pose_rad": _LEGGED_GYM_GO1 + ": hip +-0.1, thigh 0.8 front / 1.0 rear, calf -1.5",
+               "pd_gains": _LEGGED_GYM_GO1 + ": stiffness 20, damping 0.5",
+               "action_scale": _LEGGED_GYM_GO1}))
 
 
 def _aliengo() -> RobotSpec:
-    pose = _default_pose(0.1, 0.8, 1.0, -1.5)
-    link_masses = {"trunk": 9.041, "hip": 1.993, "thigh": 0.639, "calf": 0.207, "foot": 0.06}
-    return RobotSpec(
-        name="aliengo",
-        mjcf_path=str(ASSETS / "aliengo.xml"),
-        default_joint_pos=pose,
-        kp=40.0, kd=1.0, action_scale=0.25,
-        torque_limits=_per_leg(44.0, 44.0, 55.0),
-        velocity_limits=_per_leg(20.0, 20.0, 20.0),
-        joint_ranges=_ranges((-1.2217, 1.2217), (-0.524, 3.927), (-2.775, -0.611)),
-        hip_offsets=_hip_offsets(0.2399, 0.051),
-        abduction_length=0.083, thigh_length=0.25, calf_length=0.25, foot_radius=0.0265,
-        nominal_base_height=round(_standing_height(pose, 0.083, 0.25, 0.25, 0.0265), 4),
-        total_mass=round(link_masses["trunk"] + 4 * sum(v for k, v in link_masses.items() if k != "trunk"), 4),
-        published={
-            "mass_spec_kg": (21.0, "Unitree Aliengo spec sheet: approx. 21 kg (without payload)"),
-            "link_masses_kg": (link_masses, _UNITREE_ALIENGO),
-            "hip_offset_m": ((0.2399, 0.051), _UNITREE_ALIENGO),
-            "abduction_length_m": (0.083, _UNITREE_ALIENGO),
-            "thigh_length_m": (0.25, _UNITREE_ALIENGO),
-            "calf_length_m": (0.25, _UNITREE_ALIENGO),
-            "foot_radius_m": (0.0265, _UNITREE_ALIENGO),
-            "hip_range_rad": ((-1.2217, 1.2217), _UNITREE_ALIENGO),
-            "thigh_range_rad": ((-0.524, 3.927), _UNITREE_ALIENGO),
-            "calf_range_rad": ((-2.775, -0.611), _UNITREE_ALIENGO),
-            "torque_limits_Nm": ((44.0, 44.0, 55.0), _UNITREE_ALIENGO),
-            "velocity_limits_rad_s": ((20.0, 20.0, 20.0), _UNITREE_ALIENGO),
-            "default_pose_rad": ((0.1, 0.8, 1.0, -1.5), "legged_gym A1/Aliengo-style default pose (our choice)"),
-            "pd_gains": ((40.0, 1.0), "our choice: Go1's walk-these-ways gains scaled ~2x for the ~1.6x heavier robot"),
-            "action_scale": (0.25, "our choice, as Go1"),
-        },
-    )
+    return _quadruped(_Figures(
+        name="aliengo", source=_UNITREE_ALIENGO,
+        mass_spec=(21.0, "Unitree Aliengo spec sheet: approx. 21 kg (without payload)"),
+        link_masses={"trunk": 9.041, "hip": 1.993, "thigh": 0.639, "calf": 0.207, "foot": 0.06},
+        hip_offset=(0.2399, 0.051), abduction=0.083, thigh=0.25, calf=0.25, foot_radius=0.0265,
+        ranges=((-1.2217, 1.2217), (-0.524, 3.927), (-2.775, -0.611)),
+        torque_limits=(44.0, 44.0, 55.0), velocity_limits=(20.0, 20.0, 20.0), kp=40.0, kd=1.0,
+        notes={"default_pose_rad": "legged_gym A1/Aliengo-style default pose (our choice)",
+               "pd_gains": "our choice: Go1's walk-these-ways gains scaled ~2x for the ~1.6x heavier robot",
+               "action_scale": "our choice, as Go1"}))
 
 
 _BUILDERS = {"go1": _go1, "aliengo": _aliengo}

@@ -38,7 +38,7 @@ class GeRMPolicy:
             raise ValueError(f"layout {layout.name!r} has {layout.dim} dims, the model reads {model.cfg.obs_dim}")
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
-        self.binner = ActionBinner(binner.edges.to(self.device))
+        self.binner = binner.to(self.device)
         self.layout = layout
         self.window = ContextWindow(num_envs, model.cfg.context, model.cfg.obs_dim, self.device)
         self.policy_id = policy_id

@@ -78,7 +78,7 @@ class VLAPolicy:
         check_settings(settings, task, camera)
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
-        self.binner = ActionBinner(binner.edges.to(self.device))
+        self.binner = binner.to(self.device)
         self.settings = dict(settings)
         self.image_every = int(self.settings.get("image_every", 1))
         self.image_size = tuple(cfg.image.image_size)

@@ -12,6 +12,7 @@ The edges are plain tensors saved in the checkpoint (``to_dict`` / ``from_dict``
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -32,6 +33,13 @@ class ActionBinner:
             raise ValueError(f"bin edges must be (action_dim, bins + 1) with bins >= 1, got {tuple(self.edges.shape)}")
         if not bool((self.edges[:, 1:] > self.edges[:, :-1]).all()):
             raise ValueError("bin edges must be strictly increasing in every dimension")
+
+    def to(self, device: str | torch.device) -> "ActionBinner":
+        """The same edges on ``device`` (checked where they were built, not again: on a GPU the check
+        would wait for the device)."""
+        moved = copy.copy(self)
+        moved.edges = self.edges.to(device)
+        return moved
 
     @property
     def action_dim(self) -> int:

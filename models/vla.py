@@ -177,11 +177,13 @@ class VisionLanguageFrontEnd(nn.Module):
         """frames (B, F, 3, H, W), mask (B, F), e (B, E) -> tokens (B, F, S, D); padding frames stay 0
         (never encoded)."""
         b, f = mask.shape
-        out = frames.new_zeros(b, f, self.cfg.tokens_per_frame, self.cfg.d_model)
         real = mask.bool()
-        if real.any():
-            rows = real.nonzero(as_tuple=True)
-            out[rows] = self.frame_tokens(frames[rows], e[rows[0]])
+        if not real.any():
+            return frames.new_zeros(b, f, self.cfg.tokens_per_frame, self.cfg.d_model)
+        rows = real.nonzero(as_tuple=True)
+        tokens = self.frame_tokens(frames[rows], e[rows[0]])          # in the trunk's dtype (bf16 under autocast)
+        out = tokens.new_zeros(b, f, self.cfg.tokens_per_frame, self.cfg.d_model)
+        out[rows] = tokens
         return out
 
     def assemble(self, frame_tokens: torch.Tensor, mask: torch.Tensor, e: torch.Tensor

@@ -18,6 +18,7 @@ import os
 import importlib
 
 from quadforge.cli_flags import add_out, add_resume, add_seed, add_store
+from quadforge.training.loop import AMP_MODES
 from quadforge.models.registry import INPUTS, ModelSpec, model_inputs, model_names, model_spec
 
 # trainer (a ``ModelSpec.trainer``) -> the module whose ``run_from_args`` trains it, imported on use
@@ -54,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="windows per optimizer step (per rank)")
     parser.add_argument("--log-every", type=int, default=None, help="print/log every N steps")
     parser.add_argument("--val-every", type=int, default=None, help="validate (and checkpoint) every N steps")
+    parser.add_argument("--amp", choices=AMP_MODES, default=None,
+                        help="mixed precision: bf16 runs the forward passes under bf16 autocast (default off)")
     parser.add_argument("--inputs", choices=INPUT_CHOICES, default="auto",
                         help="for a model with both kinds of input (GeRM): proprio (layout vector) or vision "
                              "(camera frames + instruction); auto: vision when the store holds images/front_rgb")

@@ -43,6 +43,7 @@ from quadforge.data.episodes import EpisodeArrays
 from quadforge.data.store import TrajectoryStore
 from quadforge.layout import get_layout
 from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.training.distributed import resolve_device
 from quadforge.training.imitation import train
 from quadforge.training.presets import preset
 
@@ -71,6 +72,7 @@ class DaggerConfig:
     eval_episodes: int = 8
     overrides: list[str] = field(default_factory=list)   # key=value for the train config (e.g. context=64)
     init_from: str | None = None     # an iteration-0 checkpoint to start from (not retrained, not re-evaluated)
+    device: str = "cpu"              # the trainer's device (collection and evaluation run the CPU envs)
 
     def validate(self) -> "DaggerConfig":
         for name in ("expert_episodes", "train_steps", "batch_size", "num_envs", "eval_episodes"):
@@ -84,6 +86,7 @@ class DaggerConfig:
                              "retraining from scratch on the same data repeats iteration 0")
         if not 0.0 <= self.expert_drive_prob <= 1.0:
             raise ValueError(f"--expert-drive-prob={self.expert_drive_prob}; must be in [0, 1]")
+        resolve_device(self.device)   # an unknown device, or cuda without one: fail before collecting
         if self.init_from is not None and not Path(self.init_from).exists():
             raise FileNotFoundError(f"--init-from {self.init_from}: no such checkpoint")
         if self.data is not None and not Path(self.data).exists():
@@ -176,7 +179,7 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
         log(f"[dagger] iteration {it}: training {cfg.model} on {data.num_episodes} episodes / {data.num_steps} steps, "
             f"{tcfg.max_steps} steps" + (f" from {previous}" if tcfg.init_from else ""))
         t1 = time.perf_counter()
-        trained = train(tcfg, data, out / f"iter{it}")
+        trained = train(tcfg, data, out / f"iter{it}", device=cfg.device)
         train_s = time.perf_counter() - t1
         val = [h["val_loss"] for h in trained.history if "val_loss" in h]
         ev = evaluate_policy(str(trained.checkpoint), f"iter{it}")
@@ -214,6 +217,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--episodes-per-cell", type=int, default=d.eval_episodes,
                    help="evaluation episodes per terrain type x level")
     p.add_argument("--init-from", default=None, help="iteration-0 checkpoint to start from instead of training one")
+    p.add_argument("--device", default=d.device, help="the trainer's device: cpu | cuda (the envs run on the CPU)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="train config overrides, e.g. context=64")
 
 
@@ -222,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
                        preset=args.preset, iterations=args.iterations, episodes_per_iter=args.episodes_per_iter,
                        train_steps=args.train_steps, batch_size=args.batch_size, finetune_steps=args.finetune_steps,
                        expert_drive_prob=args.expert_drive_prob, seed=args.seed, eval_episodes=args.episodes_per_cell,
-                       overrides=list(args.overrides), init_from=args.init_from)
+                       overrides=list(args.overrides), init_from=args.init_from,
+                       device=args.device)
     res = run_dagger(cfg)
     print(json.dumps({"expert": res["expert_eval"]["success"],
                       "ladder": [(r["iteration"], r.get("success")) for r in res["ladder"]]}))

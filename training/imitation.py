@@ -98,9 +98,10 @@ class Batches:
     device: torch.device
 
     def __call__(self, batch: dict[str, torch.Tensor]):
-        obs = ((batch["obs"] - self.obs_mean) / self.obs_std).to(self.device)
+        # to the device first: the sampler's batches are on the CPU, the statistics on the run's device
+        obs = (batch["obs"].to(self.device) - self.obs_mean) / self.obs_std
         rtg = batch.get("rtg")
-        rtg = (rtg / self.rtg_scale).to(self.device) if rtg is not None else None
+        rtg = rtg.to(self.device) / self.rtg_scale if rtg is not None else None
         return obs, batch["actions"].to(self.device), rtg, batch["mask"].to(self.device)
 
 
@@ -163,6 +164,7 @@ class ImitationRun:
         self.optimizer = build_optimizer(self.objective, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.max_steps)
         self.start, self.saved_rng = 0, None
+        self.best_val = math.inf   # the lowest validation loss so far: best.pt holds that step's weights
         if cfg.init_from and not resume:
             self._init_from(cfg.init_from)
         if resume:
@@ -176,8 +178,7 @@ class ImitationRun:
         self.to_inputs = Batches(self.obs_mean.to(info.device), self.obs_std.to(info.device), cfg.rtg_scale,
                                  info.device)
         self.val_batches = _fixed_val_batches(cfg, self.val_s)
-        self.log = RunLog(out, info.is_main, cfg.tensorboard, who="imitation")
-        self.best_val = math.inf
+        self.log = RunLog(out, info.is_main, cfg.tensorboard, who="imitation", resumed_at=self.start)
 
     def _init_from(self, path: str) -> None:
         """Fine-tune: the weights and the input scaling they were trained with."""
@@ -199,6 +200,7 @@ class ImitationRun:
         self.scheduler.load_state_dict(ckpt.scheduler)
         self.obs_mean, self.obs_std = ckpt.obs_stats["mean"], ckpt.obs_stats["std"]
         self.start, self.saved_rng = ckpt.step, ckpt.extra.get("rng")
+        self.best_val = _best_val_of(ckpt, self.out)
 
     def _target_return(self, use_rtg: bool) -> float | None:
         """Deployment conditions on the best return seen (DT's convention); None without return-to-go."""
@@ -216,6 +218,8 @@ class ImitationRun:
             extra["log_std"] = self.objective.log_std.detach().cpu()
         if rngs is not None:
             extra["rng"] = rngs
+        if math.isfinite(self.best_val):
+            extra["best_val"] = self.best_val
         ck = Checkpoint(model_name=cfg.model, model_config=self.model.config,
                         state_dict={k: v.detach().cpu() for k, v in self.model.state_dict().items()},
                         layout=layout.to_dict(), obs_stats={"mean": self.obs_mean, "std": self.obs_std},
@@ -267,7 +271,17 @@ class ImitationRun:
                          report=self.report, max_steps=self.max_steps, log_every=cfg.log_every,
                          val_every=cfg.val_every, items_per_step=cfg.batch_size * self.info.world_size,
                          rate_name="windows_per_s", checkpoint_every_s=cfg.checkpoint_every_s,
-                         desc=f"train {cfg.model}", validate=self.validate)
+                         desc=f"train {cfg.model}", validate=self.validate, amp=cfg.amp)
+
+
+def _best_val_of(ckpt: Checkpoint, out: Path) -> float:
+    """The best validation loss a resumed run had reached: recorded in its ``last.pt``; for a checkpoint
+    written before that record, the one in ``best.pt`` (inf when there is none)."""
+    if "best_val" in ckpt.extra:
+        return float(ckpt.extra["best_val"])
+    if (out / "best.pt").exists():
+        return float(load_checkpoint(out / "best.pt").extra.get("best_val", math.inf))
+    return math.inf
 
 
 def _fixed_val_batches(cfg: TrainConfig, val_s) -> list[dict[str, torch.Tensor]]:
@@ -300,6 +314,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         value = getattr(args, name, None)
         if value is not None:
             setattr(cfg, name, int(value))
+    if getattr(args, "amp", None):
+        cfg.amp = str(args.amp)
     if args.success_only:
         cfg.success_only = True
     overrides = parse_overrides(args.overrides)

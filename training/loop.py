@@ -20,6 +20,7 @@ trainer's store batches restart from such a stream at every checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,10 +36,33 @@ from quadforge.training.distributed import DistInfo, all_reduce_mean, barrier
 from quadforge.training.optim import clip_gradients
 
 
-class RunLog:
-    """TensorBoard scalars of one run (a no-op off the main rank, without ``out`` or when disabled)."""
+AMP_MODES = ("off", "bf16")
 
-    def __init__(self, out: Path | None, is_main: bool, enabled: bool = True, who: str = "train"):
+
+def check_amp(amp: str) -> None:
+    if amp not in AMP_MODES:
+        raise ValueError(f"amp={amp!r} unknown; allowed: {AMP_MODES}")
+
+
+def autocast(device: torch.device, amp: str):
+    """The forward's mixed-precision context: bf16 autocast on the run's device (``amp="bf16"``), or
+    nothing. Gradients, optimizer state and weights stay float32."""
+    check_amp(amp)
+    if amp == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+class RunLog:
+    """TensorBoard scalars of one run (a no-op off the main rank, without ``out`` or when disabled).
+
+    ``resumed_at``: the checkpoint step a resumed run continues from. The killed run may have logged
+    steps after that checkpoint; the writer asks TensorBoard to drop every earlier event after it
+    (``purge_step`` = the first step the resumed run logs), so those steps are drawn once, by the
+    resumed run, and the rows up to the checkpoint stay."""
+
+    def __init__(self, out: Path | None, is_main: bool, enabled: bool = True, who: str = "train",
+                 resumed_at: int = 0):
         self.writer, self.who = None, who
         if out is None or not is_main or not enabled:
             return
@@ -47,7 +71,7 @@ class RunLog:
         except ImportError:   # tensorboard is a dependency; without it training still runs
             print(f"{who}: tensorboard not importable; no TensorBoard logs")
             return
-        self.writer = SummaryWriter(log_dir=str(Path(out) / "tb"))
+        self.writer = SummaryWriter(log_dir=str(Path(out) / "tb"), purge_step=resumed_at + 1 if resumed_at else None)
 
     def scalars(self, group: str, row: Mapping[str, float], step: int) -> None:
         if self.writer is None:
@@ -153,6 +177,7 @@ class TrainLoop:
     after_step: Callable[[], None] | None = None
     validate: Callable[[int], Mapping[str, float] | None] | None = None
     generators: Mapping[str, np.random.Generator] = field(default_factory=dict)
+    amp: str = "off"                      # "bf16": the forward (loss_terms) under bf16 autocast
     history: list[dict[str, float]] = field(default_factory=list)
     last_path: Path | None = None
 
@@ -170,7 +195,8 @@ class TrainLoop:
         last_saved = time.monotonic()
         bar = progress_bar(self.max_steps, start, desc=self.desc, enabled=info.is_main)
         for step in range(start, self.max_steps):
-            terms = self.loss_terms(step)
+            with autocast(info.device, self.amp):
+                terms = self.loss_terms(step)
             self.optimizer.zero_grad(set_to_none=True)
             terms["loss"].backward()
             grad_norm = clip_gradients(self.clip_module, self.grad_clip)
@@ -222,6 +248,8 @@ def apply_trainer_args(cfg: Any, args: Any, fields: tuple[str, ...] = COMMON_STE
             setattr(cfg, name, value)
     if getattr(args, "success_only", False):
         cfg.success_only, cfg.success_ratio = True, None
+    if getattr(args, "amp", None):
+        cfg.amp = str(args.amp)
     apply_overrides(cfg, parse_overrides(getattr(args, "overrides", None)))
     cfg.validate()
     return cfg

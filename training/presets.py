@@ -18,6 +18,7 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from quadforge.training.loop import check_amp
 from quadforge.training.optim import OptimConfig
 
 LOSSES = ("mse", "nll")
@@ -45,6 +46,7 @@ class TrainConfig:
     rtg_scale: float = 1.0             # rtg fed to the model = return-to-go / rtg_scale
     seed: int = 0
     init_from: str | None = None       # a checkpoint whose weights (and obs stats) start this run (fine-tuning)
+    amp: str = "off"                   # "bf16": forward passes under bf16 autocast (training.loop.autocast)
 
     def validate(self) -> None:
         if self.loss not in LOSSES:
@@ -58,6 +60,7 @@ class TrainConfig:
             raise ValueError(f"train config checkpoint_every_s={self.checkpoint_every_s}; must be >= 0 (0: off)")
         if self.max_steps is None and not self.epochs > 0:
             raise ValueError(f"train config epochs={self.epochs}; must be > 0 when max_steps is not set")
+        check_amp(self.amp)
         self.optim.validate()
 
     def to_dict(self) -> dict[str, Any]:

@@ -49,8 +49,8 @@ from quadforge.models.binning import BIN_METHODS, ActionBinner, fit_binner
 from quadforge.models.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state
 from quadforge.training.distributed import DistInfo, broadcast_object, cleanup, init_distributed, wrap_model
 from quadforge.experts.germ_policy import action_space_of
-from quadforge.training.loop import (COMMON_STEP_FLAGS, RunLog, TrainLoop, apply_trainer_args, resume_from,
-                                     save_run_checkpoint)
+from quadforge.training.loop import (COMMON_STEP_FLAGS, RunLog, TrainLoop, apply_trainer_args, check_amp,
+                                     resume_from, save_run_checkpoint)
 from quadforge.models.germ import GeRM, GeRMConfig
 from quadforge.models.losses import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, bin_imitation_terms,
                                      ema_update, q_learning_terms, with_mc_lower_bound)
@@ -93,6 +93,7 @@ class GeRMTrainConfig:
     checkpoint_every_s: float = 600.0    # also write last.pt after this much wall time (0: off; one process only)
     tensorboard: bool = True
     seed: int = 0
+    amp: str = "off"                     # "bf16": forward passes under bf16 autocast (training.loop.autocast)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-4, weight_decay=0.01, warmup_frac=0.05))
 
     def validate(self) -> None:
@@ -116,6 +117,7 @@ class GeRMTrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)}; must be >= 1")
         if self.success_ratio is not None and not 0.0 <= self.success_ratio <= 1.0:
             raise ValueError(f"success_ratio={self.success_ratio}; must be in [0, 1] or None")
+        check_amp(self.amp)
 
 
 def small_model() -> GeRMConfig:
@@ -232,91 +234,112 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
     cfg.validate()
     info = init_distributed(device)
     seed_everything(cfg.seed + info.rank)
-    out = Path(out_dir)
-    layout = get_layout(cfg.layout)
-    cfg.model.obs_dim = layout.dim
-    data, sampler, val_sampler = make_samplers(source, layout, cfg, info)
-    cfg.model.action_dim = int(sampler.steps.actions.shape[1])
-    cfg.model.validate()
+    run = GeRMRun(cfg, source, Path(out_dir), info, resume, provenance)
+    loop = run.loop()
+    history = loop.run(run.start)
+    if run.start >= cfg.max_steps:
+        loop.save(run.start)
+    run.log.close()
+    cleanup(info)
+    model = run.model
+    return {"history": history, "val": run.val_history, "checkpoint": str(run.out / "last.pt"), "model": model,
+            "target": run.target, "active_parameters": model.active_parameters(),
+            "total_parameters": model.total_parameters()}
 
-    model = build_model(cfg).to(info.device)
-    ckpt = None
-    if resume:
-        ckpt = load_checkpoint(latest_checkpoint(out), map_location="cpu")
-        check_model(ckpt, cfg.model_name, model.cfg.to_dict())
-        binner = ActionBinner.from_dict(ckpt.extra["binner"])
-        load_state(model, ckpt)
-    else:
-        edges = None
-        if info.is_main:
-            edges = fit_binner(sampler.steps.actions[1:], cfg.model.num_bins, cfg.bin_method, cfg.bin_percentile).edges
-            mean, std = sampler.obs_stats()
-            edges = (edges, mean, std)
-        edges, mean, std = broadcast_object(edges, info)
-        binner = ActionBinner(edges)
-        model.set_obs_stats(mean.to(info.device), std.to(info.device))
-    binner = ActionBinner(binner.edges.to(info.device))
-    ddp_model = wrap_model(model, info)   # DDP broadcasts rank 0's weights: copy the target after this
-    target = copy.deepcopy(model).eval().requires_grad_(False) if cfg.objective == "q" else None
-    optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.optim, cfg.max_steps)
-    start = 0 if ckpt is None else resume_from(ckpt, optimizer, scheduler, info, target, {"sampler": sampler._rng})
 
-    prov = {"episodes": int(data.num_episodes), "steps": int(data.num_steps),
-            "successes": int(np.asarray(data.episode_info["success"]).astype(bool).sum()),
-            "train_transitions": len(sampler) * info.world_size, **dict(provenance or {})}
-    log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name)
+def _fresh_binner_and_stats(cfg: GeRMTrainConfig, sampler: Any, info: DistInfo):
+    """Bin edges fitted to the training actions and the observation statistics, on the main rank and
+    broadcast: (ActionBinner, obs mean, obs std)."""
+    fitted = None
+    if info.is_main:
+        edges = fit_binner(sampler.steps.actions[1:], cfg.model.num_bins, cfg.bin_method, cfg.bin_percentile).edges
+        fitted = (edges, *sampler.obs_stats())
+    edges, mean, std = broadcast_object(fitted, info)
+    return ActionBinner(edges), mean, std
 
-    def checkpoint(step: int, rngs: dict | None, scheduled: bool) -> Path | None:
-        if not info.is_main:
+
+class GeRMRun:
+    """One proprioceptive GeRM run: samplers, the Q-network and its EMA target, binner, optimizer, and
+    the parts ``TrainLoop`` calls (``loss_terms``, ``after_step``, ``validate``, ``checkpoint``)."""
+
+    def __init__(self, cfg: GeRMTrainConfig, source: Any, out: Path, info: DistInfo, resume: bool,
+                 provenance: Mapping[str, Any] | None):
+        self.cfg, self.out, self.info = cfg, out, info
+        self.layout = get_layout(cfg.layout)
+        cfg.model.obs_dim = self.layout.dim
+        data, self.sampler, self.val_sampler = make_samplers(source, self.layout, cfg, info)
+        cfg.model.action_dim = int(self.sampler.steps.actions.shape[1])
+        cfg.model.validate()
+        self.model = build_model(cfg).to(info.device)
+        ckpt = None
+        if resume:
+            ckpt = load_checkpoint(latest_checkpoint(out), map_location="cpu")
+            check_model(ckpt, cfg.model_name, self.model.cfg.to_dict())
+            binner = ActionBinner.from_dict(ckpt.extra["binner"])
+            load_state(self.model, ckpt)
+        else:
+            binner, mean, std = _fresh_binner_and_stats(cfg, self.sampler, info)
+            self.model.set_obs_stats(mean.to(info.device), std.to(info.device))
+        self.binner = binner.to(info.device)
+        self.ddp_model = wrap_model(self.model, info)   # DDP broadcasts rank 0's weights: copy the target after
+        self.target = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.objective == "q" else None
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.max_steps)
+        self.generators = {"sampler": self.sampler._rng}   # the transition sampler's stream, saved for resume
+        self.start = 0 if ckpt is None else resume_from(ckpt, self.optimizer, self.scheduler, info, self.target,
+                                                        self.generators)
+        self.prov = {"episodes": int(data.num_episodes), "steps": int(data.num_steps),
+                     "successes": int(np.asarray(data.episode_info["success"]).astype(bool).sum()),
+                     "train_transitions": len(self.sampler) * info.world_size, **dict(provenance or {})}
+        self.log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name, resumed_at=self.start)
+        self.val_history: list[dict[str, float]] = []
+
+    def checkpoint(self, step: int, rngs: dict | None, scheduled: bool) -> Path | None:
+        if not self.info.is_main:
             return None
-        extra = {"binner": {"edges": binner.edges.cpu()}, "action_feature": cfg.action_feature,
-                 "action_space": action_space_of(cfg.action_feature),
-                 "rng": rngs}
-        if target is not None:
-            extra["target_state_dict"] = {k: v.detach().cpu() for k, v in target.state_dict().items()}
+        cfg, model = self.cfg, self.model
+        extra = {"binner": {"edges": self.binner.edges.cpu()}, "action_feature": cfg.action_feature,
+                 "action_space": action_space_of(cfg.action_feature), "rng": rngs}
+        if self.target is not None:
+            extra["target_state_dict"] = {k: v.detach().cpu() for k, v in self.target.state_dict().items()}
         mean, std = model.encoder.obs_mean.cpu(), model.encoder.obs_std.cpu()
-        a_mean, a_std = sampler.action_stats()
+        a_mean, a_std = self.sampler.action_stats()
         c = Checkpoint(model_name=cfg.model_name, model_config=model.cfg.to_dict(),
                        state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
-                       layout=layout.to_dict(), obs_stats={"mean": mean, "std": std},
-                       action_stats={"mean": a_mean, "std": a_std}, provenance=prov,
-                       optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=step,
+                       layout=self.layout.to_dict(), obs_stats={"mean": mean, "std": std},
+                       action_stats={"mean": a_mean, "std": a_std}, provenance=self.prov,
+                       optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(), step=step,
                        seed=cfg.seed, train_config=dataclasses.asdict(cfg), extra=extra)
-        return save_run_checkpoint(out, c, step, keep=bool(cfg.keep_every) and step % cfg.keep_every == 0)
+        return save_run_checkpoint(self.out, c, step, keep=bool(cfg.keep_every) and step % cfg.keep_every == 0)
 
-    def loss_terms(step: int) -> dict[str, torch.Tensor]:
-        return losses(ddp_model, target, _to(sampler.sample(cfg.batch_size), info.device), binner, cfg)
+    def loss_terms(self, step: int) -> dict[str, torch.Tensor]:
+        batch = _to(self.sampler.sample(self.cfg.batch_size), self.info.device)
+        return losses(self.ddp_model, self.target, batch, self.binner, self.cfg)
 
-    def after_step() -> None:
-        if target is not None:
-            ema_update(target, model, cfg.tau)
+    def after_step(self) -> None:
+        if self.target is not None:
+            ema_update(self.target, self.model, self.cfg.tau)
 
-    val_history: list[dict[str, float]] = []
-
-    def validate_main(step: int) -> None:
+    def validate(self, step: int) -> None:
         """On the main rank, into its own rows (``val/`` in TensorBoard); the other ranks wait at the save."""
-        if val_sampler is not None and info.is_main:
-            v = validate(model, target, val_sampler, binner, cfg, info.device)
+        if self.val_sampler is not None and self.info.is_main:
+            v = validate(self.model, self.target, self.val_sampler, self.binner, self.cfg, self.info.device)
             v["step"] = step
-            val_history.append(v)
-            log.line("val", f"val step {step}", v, step)
+            self.val_history.append(v)
+            self.log.line("val", f"val step {step}", v, step)
 
-    model.train()
-    loop = TrainLoop(info=info, optimizer=optimizer, scheduler=scheduler, clip_module=model,
-                     grad_clip=cfg.optim.grad_clip, loss_terms=loss_terms, checkpoint=checkpoint,
-                     report=lambda row: log.line("train", f"step {row['step']}/{cfg.max_steps}", row, row["step"]),
-                     max_steps=cfg.max_steps, log_every=cfg.log_every, val_every=cfg.val_every,
-                     items_per_step=cfg.batch_size * info.world_size, rate_name="transitions_per_s",
-                     checkpoint_every_s=cfg.checkpoint_every_s, desc=f"train {cfg.model_name}",
-                     after_step=after_step, validate=validate_main, generators={"sampler": sampler._rng})
-    history = loop.run(start)
-    if start >= cfg.max_steps:
-        loop.save(start)
-    log.close()
-    cleanup(info)
-    return {"history": history, "val": val_history, "checkpoint": str(out / "last.pt"), "model": model, "target": target,
-            "active_parameters": model.active_parameters(), "total_parameters": model.total_parameters()}
+    def loop(self) -> TrainLoop:
+        cfg, info = self.cfg, self.info
+        self.model.train()
+        return TrainLoop(info=info, optimizer=self.optimizer, scheduler=self.scheduler, clip_module=self.model,
+                         grad_clip=cfg.optim.grad_clip, loss_terms=self.loss_terms, checkpoint=self.checkpoint,
+                         report=lambda row: self.log.line("train", f"step {row['step']}/{cfg.max_steps}", row,
+                                                          row["step"]),
+                         max_steps=cfg.max_steps, log_every=cfg.log_every, val_every=cfg.val_every,
+                         items_per_step=cfg.batch_size * info.world_size, rate_name="transitions_per_s",
+                         checkpoint_every_s=cfg.checkpoint_every_s, desc=f"train {cfg.model_name}",
+                         after_step=self.after_step, validate=self.validate, generators=self.generators,
+                         amp=cfg.amp)
 
 
 # --- CLI -----------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from quadforge.training.grounding import (TARGET_TERMS, GroundingProbe, TargetAu
                                          vocabulary_for)
 from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup, init_distributed, unwrap,
                                             wrap_model)
-from quadforge.training.loop import RunLog, TrainLoop, apply_trainer_args, resume_from, save_run_checkpoint
+from quadforge.training.loop import RunLog, TrainLoop, apply_trainer_args, check_amp, resume_from, save_run_checkpoint
 from quadforge.seeding import seed_everything
 
 BIN_SOURCES = ("controller", "data")
@@ -149,6 +149,7 @@ class VLATrainConfig:
     checkpoint_every_s: float = 600.0    # also write last.pt after this much wall time (0: off)
     tensorboard: bool = True
     seed: int = 0
+    amp: str = "off"                     # "bf16": forward passes under bf16 autocast (training.loop.autocast)
     # β2 = 0.95, not Adam's 0.999: the first steps' gradients (12 heads × 256 bins from uniform) are
     # large and a 1000-step second-moment memory then shrinks the steps for the small, late signal that
     # ties the action to the instruction (measured on the colour task: stuck at chance for 1200 steps
@@ -191,6 +192,7 @@ class VLATrainConfig:
             raise ValueError(f"target_loss={self.target_loss}; must be >= 0 (the auxiliary loss's weight; 0: off)")
         if self.swap_windows < 0:
             raise ValueError(f"swap_windows={self.swap_windows}; must be >= 0 (0: no instruction-swap metric)")
+        check_amp(self.amp)
         if self.shift_pad < 0:
             raise ValueError(f"shift_pad={self.shift_pad}; must be >= 0")
         if self.success_ratio is not None and not 0.0 <= self.success_ratio <= 1.0:
@@ -442,7 +444,7 @@ class VLARun:
         self.model = build_model(cfg.model_name, self.vla).to(dev)
         ckpt, binner = _starting_weights(cfg, self.model, self.vla, out, resume, prov, init)
         binner = binner or _fresh_binner(cfg, source, info)
-        self.binner = ActionBinner(binner.edges.to(dev))
+        self.binner = binner.to(dev)
         self.table = self.model.frontend.prepare_instructions(self.instructions).to(dev)   # (K, ...) prepared
         self.ddp_model = wrap_model(self.model, info)   # DDP broadcasts rank 0's weights: copy the target after
         self.target = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.objective == "q" else None
@@ -462,7 +464,7 @@ class VLARun:
         self.feed = BatchFeed(source, cfg.batch_size, cfg.sampling, cfg.prefetch, self.start)
         self.val_draw = _validation_draw(cfg, val_source)
         self.val_history: list[dict[str, float]] = []
-        self.log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name)
+        self.log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name, resumed_at=self.start)
         self._loop: TrainLoop | None = None
 
     def prepare(self, batch: Mapping[str, torch.Tensor], augment: bool):
@@ -530,7 +532,7 @@ class VLARun:
                 max_steps=cfg.max_steps, log_every=cfg.log_every, val_every=cfg.val_every,
                 items_per_step=cfg.batch_size * info.world_size, rate_name="samples_per_s",
                 checkpoint_every_s=cfg.checkpoint_every_s, desc=f"train {cfg.model_name}",
-                after_step=self.after_step, validate=self.validate)
+                after_step=self.after_step, validate=self.validate, amp=cfg.amp)
         return self._loop
 
     def close(self) -> None:

@@ -1,28 +1,69 @@
-"""Physics backends behind ``envs.backends.base.PhysicsBackend``; ``make_backend(name, cfg)`` picks one."""
+"""Physics backends behind ``envs.backends.base.PhysicsBackend``: the registry, the one place each lives.
+
+A backend is one registered ``BackendSpec``: its name, where its class lives (imported on first use, so
+an optional extra such as mujoco-warp never loads for another backend's user), the capabilities it has
+beyond the protocol, and the device kinds it runs on. Callers ask for capabilities
+(``missing_capabilities``), never for backend names; ``make_backend(name, cfg)`` builds one.
+"""
 from __future__ import annotations
 
 import argparse
+import importlib
+from dataclasses import dataclass, field
 
 from quadforge.envs.backends.base import BackendConfig, PhysicsBackend, WarpConfig
 
-# mujoco_warp needs the optional extra quadforge[gpu] (mujoco-warp); without it building it is an ImportError
-BACKENDS = ("mujoco_cpu", "mujoco_warp")
+# What a backend may offer beyond the PhysicsBackend protocol, and what each means.
+CAPABILITIES = {
+    "scene_addon": "builds BackendConfig.scene_addon (task objects and their sensors) into its scene",
+    "set_mocap": "places the scene's mocap bodies per env (set_mocap)",
+    "sensor_columns": "reads a scene addon's sensordata columns per env (sensor_columns)",
+    "cameras": "renders batched camera frames (make_camera)",
+}
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    target: str                       # "module:Class", built as Class(BackendConfig)
+    help: str
+    capabilities: frozenset[str] = field(default_factory=frozenset)
+    devices: tuple[str, ...] = ("cpu",)   # device kinds it runs on ("cpu", "cuda")
+
+    def build(self, cfg: BackendConfig) -> PhysicsBackend:
+        module, _, cls = self.target.partition(":")
+        return getattr(importlib.import_module(module), cls)(cfg)
+
+
+BACKENDS: dict[str, BackendSpec] = {}
 # Designed for (the protocol fits them) but not written yet.
 PLANNED = {
     "isaacgym": "an adapter wrapping a legged_gym / Isaac Gym environment",
 }
 
 
-def make_backend(name: str, cfg: BackendConfig) -> PhysicsBackend:
-    """The named backend built from ``cfg``; ValueError naming the allowed names for an unknown one."""
-    if name == "mujoco_cpu":
-        from quadforge.envs.backends.mujoco_cpu import MujocoCpuBackend
+def register_backend(spec: BackendSpec) -> None:
+    unknown = sorted(set(spec.capabilities) - set(CAPABILITIES))
+    if unknown:
+        raise ValueError(f"backend {spec.name!r}: unknown capabilities {unknown}; known: {', '.join(CAPABILITIES)}")
+    if spec.name in BACKENDS:
+        raise ValueError(f"backend {spec.name!r} is already registered")
+    BACKENDS[spec.name] = spec
 
-        return MujocoCpuBackend(cfg)
-    if name == "mujoco_warp":
-        from quadforge.envs.backends.mujoco_warp import MujocoWarpBackend
 
-        return MujocoWarpBackend(cfg)
+register_backend(BackendSpec(
+    "mujoco_cpu", "quadforge.envs.backends.mujoco_cpu:MujocoCpuBackend",
+    "native MuJoCo on CPU threads (default)", frozenset(CAPABILITIES), ("cpu",)))
+# needs the optional extra quadforge[gpu] (mujoco-warp); without it building it is a one-line ImportError
+register_backend(BackendSpec(
+    "mujoco_warp", "quadforge.envs.backends.mujoco_warp:MujocoWarpBackend",
+    "MuJoCo Warp on a GPU, or Warp's CPU device; needs quadforge[gpu]", frozenset({"cameras"}), ("cpu", "cuda")))
+
+
+def backend_spec(name: str) -> BackendSpec:
+    """The registered backend ``name``; NotImplementedError for a planned one, ValueError for an unknown one."""
+    if name in BACKENDS:
+        return BACKENDS[name]
     if name in PLANNED:
         raise NotImplementedError(f"backend {name!r} is planned, not implemented yet: {PLANNED[name]}; "
                                   f"available backends: {', '.join(BACKENDS)}")
@@ -30,17 +71,37 @@ def make_backend(name: str, cfg: BackendConfig) -> PhysicsBackend:
                      f"(planned: {', '.join(PLANNED)})")
 
 
+def missing_capabilities(name: str, needed) -> list[str]:
+    """The capabilities of ``needed`` that backend ``name`` lacks (empty: it has them all)."""
+    have = backend_spec(name).capabilities
+    return [c for c in needed if c not in have]
+
+
+def require_capabilities(name: str, needed, what: str) -> None:
+    """NotImplementedError naming what backend ``name`` lacks for ``what`` and which backends have it all."""
+    missing = missing_capabilities(name, needed)
+    if missing:
+        able = [b for b, s in BACKENDS.items() if set(needed) <= s.capabilities]
+        raise NotImplementedError(f"{what}: needs backend capabilities {', '.join(needed)}; "
+                                  f"backend {name!r} lacks {', '.join(missing)} "
+                                  f"(backends that have them: {', '.join(able) or 'none'})")
+
+
+def make_backend(name: str, cfg: BackendConfig) -> PhysicsBackend:
+    """The named backend built from ``cfg``; ValueError naming the allowed names for an unknown one."""
+    return backend_spec(name).build(cfg)
+
+
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     """``--backend`` and the MuJoCo Warp options, for every command that builds an env."""
-    parser.add_argument("--backend", default="mujoco_cpu", choices=BACKENDS,
-                        help="physics backend: mujoco_cpu (default, native MuJoCo on CPU threads) or "
-                             "mujoco_warp (MuJoCo Warp on a GPU, or Warp's CPU device; needs quadforge[gpu])")
+    parser.add_argument("--backend", default="mujoco_cpu", choices=list(BACKENDS),
+                        help="physics backend: " + "; ".join(f"{s.name} ({s.help})" for s in BACKENDS.values()))
     parser.add_argument("--warp-device", default=None, help="mujoco_warp: Warp device, e.g. cuda:0 or cpu "
                                                             "(default: the first GPU, else cpu)")
     parser.add_argument("--warp-nconmax", type=int, default=None,
-                        help="mujoco_warp: contacts per world (default: sized from the terrain)")
+                        help="mujoco_warp: contacts per world (default: measured from the scene)")
     parser.add_argument("--warp-njmax", type=int, default=None,
-                        help="mujoco_warp: constraint rows per world (default: sized from the terrain)")
+                        help="mujoco_warp: constraint rows per world (default: measured from the scene)")
 
 
 def backend_from_args(args: argparse.Namespace) -> tuple[str, WarpConfig]:

@@ -35,8 +35,8 @@ class WarpConfig:
     """Options of the ``mujoco_warp`` backend (ignored by the others)."""
 
     device: str | None = None        # a Warp device ("cuda:0", "cpu"); None -> the first CUDA GPU, else "cpu"
-    # Per-world contact and constraint-row buffers. None sizes them from the scene: flat ground needs
-    # few contacts, a heightfield many more (envs.backends.mujoco_warp.default_buffers).
+    # Per-world contact and constraint-row buffers. None measures them: a settled MuJoCo C rollout of
+    # the same scene times a safety margin (envs.backends.mujoco_warp.measure_contact_load, buffers_for).
     nconmax: int | None = None
     njmax: int | None = None
     # A world whose contacts or constraint rows did not fit lost contacts during that step: "raise" stops

@@ -29,15 +29,10 @@ import numpy as np
 import torch
 
 from quadforge.envs.backends.base import BackendConfig, RobotState
+from quadforge.envs.backends.common import FOOT_CONTACT_FORCE, MAX_ABS_STATE, SceneBackend
 from quadforge.envs.backends.env_pool import EnvPool
 from quadforge.layout import NUM_FEET, NUM_JOINTS
-from quadforge.envs.scene import TRACKED, Scene, build_scene, make_variants
-from quadforge.seeding import numpy_rng
-
-# A state entry beyond this magnitude (m, rad, m/s, rad/s) is a diverged simulation, like a NaN.
-MAX_ABS_STATE = 1e6
-# Foot contact: net contact force above this (N), as legged_gym's contact_forces > 1.
-FOOT_CONTACT_FORCE = 1.0
+from quadforge.envs.scene import TRACKED
 
 
 def rotation_matrices(q: np.ndarray) -> np.ndarray:
@@ -56,42 +51,15 @@ def rotation_matrices(q: np.ndarray) -> np.ndarray:
     return r
 
 
-def _load_terrain(terrain_cfg):
-    """The Terrain to build, or None for a plane (no config, or a flat-plane one)."""
-    if terrain_cfg is None or getattr(terrain_cfg, "plane", False):
-        return None
-    from quadforge.envs.terrain import generate
-
-    return generate(terrain_cfg)
-
-
-class MujocoCpuBackend:
+class MujocoCpuBackend(SceneBackend):
     """``envs.backends.base.PhysicsBackend`` on native MuJoCo (see the module docstring)."""
 
     def __init__(self, cfg: BackendConfig):
-        from quadforge.envs.robots import get_robot
-
-        self.cfg = cfg
-        if int(cfg.num_envs) < 1:
-            raise ValueError(f"BackendConfig.num_envs must be >= 1, got {cfg.num_envs}")
-        if int(cfg.decimation) < 1:
-            raise ValueError(f"BackendConfig.decimation must be >= 1, got {cfg.decimation}")
         threads = (os.cpu_count() or 1) if cfg.num_threads is None else int(cfg.num_threads)
         if threads < 1:
             raise ValueError(f"BackendConfig.num_threads must be >= 1 or None, got {cfg.num_threads}")
-        self.num_envs = int(cfg.num_envs)
-        self.num_joints = NUM_JOINTS
-        self.device = torch.device("cpu")
-        self.sim_dt = float(cfg.sim_dt)
-        self.decimation = int(cfg.decimation)
+        self._setup_scene(cfg, torch.device("cpu"))
         self.num_threads = min(threads, self.num_envs)
-        self.num_non_finite = 0
-
-        self.robot = get_robot(cfg.robot)
-        self.scene: Scene = build_scene(self.robot, _load_terrain(cfg.terrain), self.sim_dt,
-                                        getattr(cfg, "scene_addon", None))
-        self.variants = make_variants(self.scene, cfg.randomization, self.num_envs,
-                                      numpy_rng(cfg.seed, "backend/variants"))
         self.models = [self.variants.models[v] for v in self.variants.env_variant]
         self.datas = [mujoco.MjData(m) for m in self.models]
         # cached numpy views of each env's MjData (a fresh attribute lookup per step costs more)
@@ -113,22 +81,12 @@ class MujocoCpuBackend:
         k = self._kinematic
         self._div_scratch = np.empty((n, k.stop - k.start))  # preallocated for the divergence check
         self._div_peak = np.empty(n)
-        self._qpos_order = self._hinge_order()
-        self._env_params = {
-            "friction": torch.as_tensor(self.variants.friction, dtype=torch.float32),
-            "added_mass": torch.as_tensor(self.variants.added_mass, dtype=torch.float32),
-            "motor_strength": torch.as_tensor(self.variants.motor_strength, dtype=torch.float32),
-        }
         self._reset_default(np.arange(n))
 
     # ------------------------------------------------------------------ protocol
     @property
     def state(self) -> RobotState:
         return self._state
-
-    @property
-    def env_params(self) -> dict[str, torch.Tensor]:
-        return self._env_params
 
     def reset(self, env_ids: torch.Tensor, root_pos_w: torch.Tensor, root_quat_w: torch.Tensor,
               root_lin_vel_w: torch.Tensor, root_ang_vel_w: torch.Tensor,
@@ -199,13 +157,6 @@ class MujocoCpuBackend:
             self._sens[i] = self._sens_views[i]
         self._refresh()
 
-    def terrain_height(self, xy_w: torch.Tensor) -> torch.Tensor:
-        if xy_w.shape[-1] != 2:
-            raise ValueError(f"terrain_height: points must have a last dimension of 2 (x, y), got {tuple(xy_w.shape)}")
-        if self.scene.terrain is None:
-            return torch.zeros(xy_w.shape[:-1], dtype=torch.float32, device=xy_w.device)
-        return self.scene.terrain.height_at(xy_w)
-
     # ------------------------------------------------------------------ task scenes (optional capabilities)
     def set_mocap(self, env_ids, pos: np.ndarray, quat: np.ndarray | None = None, forward: bool = False) -> None:
         """Place the scene's mocap bodies (task objects) of the given envs: ``pos`` (k, nmocap, 3),
@@ -249,14 +200,6 @@ class MujocoCpuBackend:
             pass
 
     # ------------------------------------------------------------------ internals
-    def _hinge_order(self) -> np.ndarray:
-        """Column order taking project joint order to the model's hinge order (qpos[7:], qvel[6:])."""
-        m = self.models[0]
-        adr = [m.jnt_qposadr[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, j)] - 7 for j in self.robot.joint_names]
-        order = np.empty(NUM_JOINTS, dtype=np.int64)
-        order[np.asarray(adr)] = np.arange(NUM_JOINTS)
-        return order
-
     def _ids(self, env_ids: torch.Tensor) -> np.ndarray:
         ids = np.asarray(torch.as_tensor(env_ids).detach().cpu(), dtype=np.int64).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_envs):
@@ -296,13 +239,7 @@ class MujocoCpuBackend:
 
     def _reset_default(self, ids: np.ndarray) -> None:
         """Standing pose at the origin, above the ground: a valid state before the caller's first reset."""
-        k = len(ids)
-        pos = np.zeros((k, 3))
-        pos[:, 2] = self.robot.nominal_base_height + float(self.terrain_height(torch.zeros(1, 2)).max())
-        quat = np.tile([1.0, 0.0, 0.0, 0.0], (k, 1))
-        q = np.tile(np.asarray(self.robot.default_joint_pos, dtype=np.float64), (k, 1))
-        z3, z12 = np.zeros((k, 3)), np.zeros((k, NUM_JOINTS))
-        self.reset(torch.from_numpy(ids), *(torch.from_numpy(a) for a in (pos, quat, z3, z3, q, z12)))
+        self.reset(torch.from_numpy(ids), *(torch.from_numpy(a) for a in self._default_pose(len(ids))))
 
     def _allocate_state(self) -> RobotState:
         """RobotState tensors share memory with float32 numpy arrays (``self._np``), which the readout

@@ -13,6 +13,10 @@ A policy step mirrors ``mujoco_cpu``'s split, so the two backends compute the sa
 
 On a CUDA device that sequence is captured once as a CUDA graph and replayed (one launch per policy
 step instead of hundreds of kernel launches); on Warp's CPU device (development, tests) it runs as is.
+Every Warp call and the torch work between them run on the backend's own ``torch.cuda.Stream``
+(``step_stream``): CUDA cannot capture a graph on the legacy default stream, which is torch's current
+stream unless the caller chose another. That stream waits for the caller's stream on entry, and the
+caller's stream waits for it on exit, so the caller sees ordinary stream semantics.
 
 Per-world randomisation: the model fields the variant pool changes (friction, masses and the
 constants derived from them, actuator gains and force ranges) get a leading world dimension
@@ -33,6 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
+from dataclasses import dataclass
 from typing import Callable
 
 import mujoco
@@ -40,10 +46,9 @@ import numpy as np
 import torch
 
 from quadforge.envs.backends.base import OVERFLOW_POLICIES, BackendConfig, RobotState, WarpConfig
-from quadforge.envs.backends.mujoco_cpu import FOOT_CONTACT_FORCE, MAX_ABS_STATE, _load_terrain
+from quadforge.envs.backends.common import FOOT_CONTACT_FORCE, MAX_ABS_STATE, SceneBackend
 from quadforge.layout import NUM_FEET, NUM_JOINTS
-from quadforge.envs.scene import TRACKED, Scene, build_scene, make_variants
-from quadforge.seeding import numpy_rng
+from quadforge.envs.scene import TRACKED
 
 INSTALL_HINT = "pip install 'quadforge[gpu]' (or: pip install mujoco-warp==4.0.0)"
 # Warp's overflow bits (mujoco_warp.OverflowType) that mean contacts or constraints were dropped. The
@@ -86,14 +91,97 @@ def available() -> bool:
         return False
 
 
-def default_buffers(model: mujoco.MjModel, has_terrain: bool) -> tuple[int, int]:
-    """(nconmax, njmax) per world for one quadruped. On a plane a contact pair yields at most a few
-    contacts: 64 is ~4x a sprawled robot's count. A heightfield yields one contact per prism a geom
-    overlaps (up to MuJoCo's 50 per pair): 256. Rows: a pyramidal friction cone of condim 3 takes 4 rows
-    per contact (elliptic: 3), plus joint limits."""
-    nconmax = 256 if has_terrain else 64
-    per_contact = 4 if model.opt.cone == mujoco.mjtCone.mjCONE_PYRAMIDAL else 3
-    return nconmax, per_contact * nconmax + int(model.njnt) + 16
+# Buffer sizing (see measure_contact_load): the settled load measured on the CPU times this margin. Why 2:
+# MuJoCo Warp builds its own heightfield contacts per prism, so its counts differ from MuJoCo C's for
+# the same pose, and an episode reaches poses the probes do not (a stumble, a robot on its knees).
+# Contacts are one pool shared by all worlds (naconmax = nconmax x nworld), so a world may exceed its
+# share while others are below; constraint rows are a hard per-world limit. An overflow is never silent.
+BUFFER_SAFETY = 2.0
+# The floor of each buffer (contacts, rows): a scene whose probes touch little still gets room for four
+# feet on a heightfield prism corner each.
+MIN_BUFFERS = (32, 128)
+# The probes' settling time: 100 policy steps (2 s), long enough for a dropped robot to come to rest.
+PROBE_STEPS = 100
+
+
+@dataclass(frozen=True)
+class ContactLoad:
+    """The most contacts and constraint rows one world of a scene held over the probe rollouts."""
+
+    ncon: int
+    nefc: int
+    probes: int       # rollouts run (spawn points x poses)
+
+
+def _probe_spawns(scene, k: int) -> np.ndarray:
+    """(k', 3) ground points under the probes: the origin on a plane; on a terrain, tile centres spread
+    over the levels and columns (the same platforms the env spawns on), k at most."""
+    if scene.terrain is None:
+        return np.zeros((1, 3))
+    origins = scene.terrain.origins.numpy().astype(np.float64)       # (levels, cols, 3)
+    rows, cols = origins.shape[:2]
+    return np.stack([origins[(i * rows) // k % rows, i % cols] for i in range(min(k, rows * cols))])
+
+
+def measure_contact_load(scene, decimation: int, num_spawns: int = 8,
+                         steps: int = PROBE_STEPS) -> ContactLoad:
+    """Contacts and constraint rows of ``scene`` measured with MuJoCo C: from each probe spawn point, a
+    robot standing in its default pose under default targets, and one dropped on its side (the sprawled
+    worst case: trunk, thighs and calves on the ground), each settled for ``steps`` policy steps of
+    ``decimation`` substeps; the maxima over every substep of every rollout."""
+    robot = scene.robot
+    m = scene.model
+    d = mujoco.MjData(m)
+    q0 = np.asarray(robot.default_joint_pos, dtype=np.float64)
+    adr = [int(m.jnt_qposadr[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, j)]) for j in robot.joint_names]
+    act = [int(mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_ACTUATOR, a)) for a in robot.actuator_names]
+    side = np.array([np.cos(np.pi / 4), np.sin(np.pi / 4), 0.0, 0.0])       # 90 degrees about x
+    poses = ((np.array([1.0, 0.0, 0.0, 0.0]), robot.nominal_base_height + 0.02), (side, 0.3))
+    ncon = nefc = probes = 0
+    for ground in _probe_spawns(scene, num_spawns):
+        for quat, height in poses:
+            mujoco.mj_resetData(m, d)
+            d.qpos[0:3] = ground + [0.0, 0.0, height]
+            d.qpos[3:7] = quat
+            d.qpos[adr] = q0
+            d.ctrl[act] = q0
+            for _ in range(steps * decimation):
+                mujoco.mj_step(m, d)
+                ncon, nefc = max(ncon, int(d.ncon)), max(nefc, int(d.nefc))
+            probes += 1
+    return ContactLoad(ncon=ncon, nefc=nefc, probes=probes)
+
+
+def buffers_for(load: ContactLoad, safety: float = BUFFER_SAFETY) -> tuple[int, int]:
+    """(nconmax, njmax) per world from a measured load: ``safety`` times it, at least ``MIN_BUFFERS``."""
+    if not safety >= 1.0:
+        raise ValueError(f"buffer safety factor must be >= 1, got {safety!r}")
+    return (max(MIN_BUFFERS[0], math.ceil(safety * load.ncon)),
+            max(MIN_BUFFERS[1], math.ceil(safety * load.nefc)))
+
+
+# CUDA refuses to capture a graph on the legacy default stream: torch's default stream (handle 0) and the
+# special handles cudaStreamLegacy (1) and cudaStreamPerThread (2) ("Warp error: unknown stream").
+UNCAPTURABLE_STREAM_HANDLES = (0, 1, 2)
+
+
+def check_capturable(stream) -> None:
+    """RuntimeError unless a CUDA graph can be captured on ``stream`` (anything with ``cuda_stream``)."""
+    handle = int(getattr(stream, "cuda_stream", 0) or 0)   # Warp's default-stream wrapper holds None
+    if handle in UNCAPTURABLE_STREAM_HANDLES:
+        raise RuntimeError(f"mujoco_warp: stream handle {handle:#x} is a default CUDA stream, on which a CUDA "
+                           f"graph cannot be captured; the step must run on a stream of its own")
+
+
+def step_stream(device: torch.device, new_stream: Callable | None = None):
+    """The stream the backend runs its physics on: None on the CPU; on a GPU a dedicated stream (never
+    torch's current one, which is the legacy default stream unless the caller chose another), checked
+    capturable. ``new_stream(device=...)`` makes it (torch.cuda.Stream; a test passes a stand-in)."""
+    if torch.device(device).type != "cuda":
+        return None
+    stream = (new_stream or torch.cuda.Stream)(device=device)
+    check_capturable(stream)
+    return stream
 
 
 def _rotate_inverse(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -102,47 +190,42 @@ def _rotate_inverse(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return v * (2 * w * w - 1) - 2 * w * torch.cross(u, v, dim=1) + 2 * u * (u * v).sum(1, keepdim=True)
 
 
-class MujocoWarpBackend:
+class MujocoWarpBackend(SceneBackend):
     """``envs.backends.base.PhysicsBackend`` on MuJoCo Warp (see the module docstring)."""
 
     def __init__(self, cfg: BackendConfig):
-        from quadforge.envs.robots import get_robot
-
-        self.cfg = cfg
         wcfg: WarpConfig = cfg.warp if cfg.warp is not None else WarpConfig()
-        if int(cfg.num_envs) < 1:
-            raise ValueError(f"BackendConfig.num_envs must be >= 1, got {cfg.num_envs}")
-        if int(cfg.decimation) < 1:
-            raise ValueError(f"BackendConfig.decimation must be >= 1, got {cfg.decimation}")
         if wcfg.on_overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"WarpConfig.on_overflow={wcfg.on_overflow!r}; allowed: {OVERFLOW_POLICIES}")
         for name in ("nconmax", "njmax"):
             v = getattr(wcfg, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"WarpConfig.{name}={v!r}; allowed: None or an integer >= 1")
+        self.check_config(cfg)
+        if getattr(cfg, "scene_addon", None) is not None:
+            raise NotImplementedError("mujoco_warp: scene addons (task objects, their sensors) are not supported "
+                                      "yet; use backend mujoco_cpu for task scenes")
         wp, mjw = import_warp()
         self._wp, self._mjw = wp, mjw
         wp.init()
         self.wp_device = self._pick_device(wcfg.device)
-        self.device = torch.device("cuda", self.wp_device.ordinal) if self.wp_device.is_cuda else torch.device("cpu")
-        self.num_envs = n = int(cfg.num_envs)
-        self.num_joints = NUM_JOINTS
-        self.sim_dt = float(cfg.sim_dt)
-        self.decimation = int(cfg.decimation)
+        device = torch.device("cuda", self.wp_device.ordinal) if self.wp_device.is_cuda else torch.device("cpu")
+        self._setup_scene(cfg, device)
+        self._stream = step_stream(self.device)
+        self._wp_stream = wp.stream_from_torch(self._stream) if self._stream is not None else None
         self.on_overflow = wcfg.on_overflow
-        self.num_non_finite = 0
         self.num_overflow = 0
-
-        self.robot = get_robot(cfg.robot)
-        self.scene: Scene = build_scene(self.robot, _load_terrain(cfg.terrain), self.sim_dt)
-        self.variants = make_variants(self.scene, cfg.randomization, n, numpy_rng(cfg.seed, "backend/variants"))
+        n = self.num_envs
         mjm = copy.deepcopy(self.scene.model)
         # MuJoCo Warp never auto-resets (and rejects the flag): divergence is detected below, as on the CPU
         mjm.opt.disableflags &= ~int(mujoco.mjtDisableBit.mjDSBL_AUTORESET)
         self.mjm = mjm
-        default_con, default_j = default_buffers(mjm, self.scene.terrain is not None)
-        self.nconmax = int(wcfg.nconmax or default_con)
-        self.njmax = int(wcfg.njmax or default_j)
+        self.contact_load = None
+        if wcfg.nconmax is None or wcfg.njmax is None:   # measured on the CPU, not guessed (buffers_for)
+            self.contact_load = measure_contact_load(self.scene, self.decimation)
+            con, rows = buffers_for(self.contact_load)
+        self.nconmax = int(wcfg.nconmax or con)
+        self.njmax = int(wcfg.njmax or rows)
 
         with self._scope():
             batched = self._variant_fields(mjm)
@@ -174,13 +257,8 @@ class MujocoWarpBackend:
         self._reset_qvel = torch.zeros(n, mjm.nv, device=dev)
         self._reset_ctrl = torch.zeros(n, mjm.nu, device=dev)
         self._reset_sens = torch.zeros(n, s, device=dev)        # the readout right after that reset
-        self._qpos_order = torch.as_tensor(self._hinge_order(), device=dev)
+        self._qpos_order = torch.as_tensor(self._qpos_order, device=dev)
         self._state = self._allocate_state()
-        self._env_params = {
-            "friction": torch.as_tensor(self.variants.friction, dtype=torch.float32, device=dev),
-            "added_mass": torch.as_tensor(self.variants.added_mass, dtype=torch.float32, device=dev),
-            "motor_strength": torch.as_tensor(self.variants.motor_strength, dtype=torch.float32, device=dev),
-        }
         self._graph = None
         self._use_graph = bool(wcfg.cuda_graph) and self.wp_device.is_cuda
         self._reset_default(torch.arange(n, device=dev))
@@ -189,10 +267,6 @@ class MujocoWarpBackend:
     @property
     def state(self) -> RobotState:
         return self._state
-
-    @property
-    def env_params(self) -> dict[str, torch.Tensor]:
-        return self._env_params
 
     def reset(self, env_ids: torch.Tensor, root_pos_w: torch.Tensor, root_quat_w: torch.Tensor,
               root_lin_vel_w: torch.Tensor, root_ang_vel_w: torch.Tensor,
@@ -273,19 +347,34 @@ class MujocoWarpBackend:
         self._forward_masked()
         self._refresh()
 
-    def terrain_height(self, xy_w: torch.Tensor) -> torch.Tensor:
-        if xy_w.shape[-1] != 2:
-            raise ValueError(f"terrain_height: points must have a last dimension of 2 (x, y), got {tuple(xy_w.shape)}")
-        if self.scene.terrain is None:
-            return torch.zeros(xy_w.shape[:-1], dtype=torch.float32, device=xy_w.device)
-        return self.scene.terrain.height_at(xy_w)
-
     def make_camera(self, cfg):
         """A batched camera over the worlds (``envs.backends.warp_camera.WarpCamera``): MuJoCo Warp's
         batch ray-tracing renderer, one call renders every world."""
         from quadforge.envs.backends.warp_camera import WarpCamera
 
         return WarpCamera(self, cfg)
+
+    def memory_per_world(self) -> dict[str, float]:
+        """Device bytes per world: ``data`` (every array of Warp's ``Data``, measured here), ``ccd`` (the
+        convex-collision workspace MuJoCo Warp allocates in each step for its ``naccdmax`` contact slots:
+        EPA polytope vertices, faces, projections and horizon, by its allocation rule) and ``total``."""
+        wp = self._wp
+        seen, data = set(), 0
+
+        def walk(obj) -> None:
+            nonlocal data
+            for v in vars(obj).values():
+                if isinstance(v, wp.array) and id(v) not in seen:
+                    seen.add(id(v))
+                    data += v.size * wp.types.type_size_in_bytes(v.dtype)
+                elif hasattr(v, "__dataclass_fields__"):
+                    walk(v)
+        walk(self.d)
+        k = int(self.mjm.opt.ccd_iterations)
+        slot = (10 + 2 * k) * (12 + 4) + (6 + 5 * k) * (4 + 12 + 4) + 24 * 4   # vec3 12 B, int/float 4 B
+        ccd = slot * int(self.d.naccdmax)
+        n = self.num_envs
+        return {"data": data / n, "ccd": ccd / n, "total": (data + ccd) / n}
 
     def close(self) -> None:
         self._graph = None
@@ -301,14 +390,20 @@ class MujocoWarpBackend:
             have = [str(d) for d in wp.get_devices()]
             raise ValueError(f"WarpConfig.device={name!r} is not available here ({err}); devices: {have}") from None
 
+    @contextlib.contextmanager
     def _scope(self):
-        """Warp calls on our device, on torch's current stream when on a GPU (no cross-stream races)."""
+        """Warp calls on our device; on a GPU, torch and Warp both on the backend's own step stream,
+        ordered after the caller's stream on entry and before it on exit (no cross-stream races)."""
         wp = self._wp
-        stack = contextlib.ExitStack()
-        stack.enter_context(wp.ScopedDevice(self.wp_device))
-        if self.wp_device.is_cuda:
-            stack.enter_context(wp.ScopedStream(wp.stream_from_torch(torch.cuda.current_stream(self.device))))
-        return stack
+        with wp.ScopedDevice(self.wp_device):
+            if self._stream is None:
+                yield
+                return
+            caller = torch.cuda.current_stream(self.device)
+            self._stream.wait_stream(caller)          # what the caller queued (targets, resets) comes first
+            with torch.cuda.stream(self._stream), wp.ScopedStream(self._wp_stream, sync_enter=False):
+                yield
+            caller.wait_stream(self._stream)          # the caller's next reads see this step's results
 
     def _variant_fields(self, mjm: mujoco.MjModel) -> list[str]:
         """The Warp model fields whose value differs between the envs' variants."""
@@ -348,14 +443,6 @@ class MujocoWarpBackend:
                 cols[m.sensor_adr[i]:m.sensor_adr[i] + m.sensor_dim[i]] = True
         return cols
 
-    def _hinge_order(self) -> np.ndarray:
-        """Column order taking project joint order to the model's hinge order (qpos[7:], qvel[6:])."""
-        m = self.mjm
-        adr = [m.jnt_qposadr[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, j)] - 7 for j in self.robot.joint_names]
-        order = np.empty(NUM_JOINTS, dtype=np.int64)
-        order[np.asarray(adr)] = np.arange(NUM_JOINTS)
-        return order
-
     def _ids(self, env_ids: torch.Tensor) -> torch.Tensor:
         ids = torch.as_tensor(env_ids).detach().to(self.device, torch.long).reshape(-1)
         if ids.numel():
@@ -380,6 +467,7 @@ class MujocoWarpBackend:
                 return
             if self._graph is None:
                 self._run_physics()      # loads every kernel module first: a capture cannot compile
+                check_capturable(wp.get_stream(self.wp_device))
                 with wp.ScopedCapture(device=self.wp_device) as capture:
                     self._run_physics()
                 self._graph = capture.graph
@@ -416,14 +504,7 @@ class MujocoWarpBackend:
 
     def _reset_default(self, ids: torch.Tensor) -> None:
         """Standing pose at the origin, above the ground: a valid state before the caller's first reset."""
-        k, dev = ids.numel(), self.device
-        pos = torch.zeros(k, 3, device=dev)
-        pos[:, 2] = self.robot.nominal_base_height + float(self.terrain_height(torch.zeros(1, 2, device=dev)).max())
-        quat = torch.zeros(k, 4, device=dev)
-        quat[:, 0] = 1.0
-        q = torch.tensor(self.robot.default_joint_pos, dtype=torch.float32, device=dev).expand(k, -1)
-        z3, z12 = torch.zeros(k, 3, device=dev), torch.zeros(k, NUM_JOINTS, device=dev)
-        self.reset(ids, pos, quat, z3, z3, q, z12)
+        self.reset(ids, *(torch.as_tensor(a, dtype=torch.float32) for a in self._default_pose(ids.numel())))
 
     def _allocate_state(self) -> RobotState:
         n, dev = self.num_envs, self.device

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from quadforge.envs.backends import make_backend
+from quadforge.envs.backends import make_backend, require_capabilities
 from quadforge.envs.commands import yaw_from_quat
 from quadforge.envs.config import CommandsConfig, EnvConfig, InitConfig, RandomizationConfig
 from quadforge.envs.quard.camera import CameraConfig
@@ -43,6 +43,8 @@ from quadforge.envs.terminations import BASE_COLLISION, FALL, NON_FINITE, TASK_E
 from quadforge.envs.vec_env import LeggedEnv
 from quadforge.seeding import numpy_rng
 
+# What a QUARD scene asks of its physics backend (envs.backends.CAPABILITIES); "cameras" too with images.
+QUARD_CAPABILITIES = ("scene_addon", "set_mocap", "sensor_columns")
 COLOUR_SETS = {"train": TRAIN_COLOURS, "held_out": HELD_OUT_COLOURS, "all": TRAIN_COLOURS + HELD_OUT_COLOURS}
 OBSTACLE_CONTACT_FORCE = 1e-6   # N: any contact force on the obstacle (only the robot can touch it)
 
@@ -74,8 +76,10 @@ class QuardConfig:
 
     @classmethod
     def make(cls, task: str = "quard:all", robot: str = "go1", num_envs: int = 16, seed: int = 0,
-             terrain: Any | None = None, **kw: Any) -> "QuardConfig":
-        return cls(task=task, env=quard_env_config(robot, num_envs, seed, terrain), **kw)
+             terrain: Any | None = None, backend: str = "mujoco_cpu", **kw: Any) -> "QuardConfig":
+        env = quard_env_config(robot, num_envs, seed, terrain)
+        env.backend_name = backend      # any registered backend with QUARD_CAPABILITIES
+        return cls(task=task, env=env, **kw)
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -349,13 +353,11 @@ class QuardEnv(LeggedEnv):
         self.qcfg = qcfg.validate()
         cfg = qcfg.env
         self.library = ObjectLibrary(camera_fovy=qcfg.camera.fovy, camera_pos=qcfg.camera.pos)
+        # asked of the registry before anything is built: a backend lacking one fails in one line
+        require_capabilities(cfg.backend_name, QUARD_CAPABILITIES + (("cameras",) if qcfg.images else ()),
+                             f"QUARD task {qcfg.task!r}")
         if backend is None:
             backend = make_backend(cfg.backend_name, replace(cfg.backend_config(), scene_addon=self.library))
-        missing = [m for m in ("set_mocap", "sensor_columns", "make_camera") if not hasattr(backend, m)]
-        if missing or getattr(backend, "scene", None) is None or not backend.scene.addon_sensors:
-            raise NotImplementedError(
-                f"QUARD tasks need a physics backend that places task objects (scene_addon, {', '.join(missing) or 'set_mocap'}"
-                f"): mujoco_cpu has them; backend {cfg.backend_name!r} does not yet")
         self.library.bind(backend.scene.model)
         self.scenes = QuardScenes(qcfg, self.library, cfg.num_envs, cfg.seed, cfg.dt)
         self.instruction_table = self.scenes.table

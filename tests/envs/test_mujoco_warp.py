@@ -18,7 +18,7 @@ import torch
 from quadforge.envs.backends import add_backend_arguments, backend_from_args, make_backend
 from quadforge.envs.backends.base import BackendConfig, RandomizationConfig, RobotState, WarpConfig
 from quadforge.envs.backends.mujoco_cpu import rotation_matrices
-from quadforge.envs.backends.mujoco_warp import _rotate_inverse, available, default_buffers
+from quadforge.envs.backends.mujoco_warp import _rotate_inverse, available
 
 torch.set_num_threads(1)
 needs_warp = pytest.mark.skipif(not available(), reason="mujoco-warp not installed (pip install 'quadforge[gpu]')")
@@ -80,12 +80,129 @@ def test_rotate_inverse_is_the_transposed_rotation():
     np.testing.assert_allclose(_rotate_inverse(q, v).numpy(), expected, atol=1e-12)
 
 
-def test_default_buffers_grow_on_a_heightfield():
+def test_buffers_are_measured_from_the_scene_and_hold_a_wobbling_rollout():
+    """nconmax/njmax come from a settled MuJoCo C rollout of the same scene (standing and sprawled
+    robots) times the safety margin; robots kicked around by random targets on the heightfield, at spawn
+    points the probes did not use, stay inside them."""
+    import mujoco
+
+    from quadforge.envs.backends.mujoco_warp import BUFFER_SAFETY, MIN_BUFFERS, buffers_for, measure_contact_load
     from quadforge.envs.robots import get_robot
     from quadforge.envs.scene import build_scene
-    model = build_scene(get_robot("go1")).model
-    (con_flat, j_flat), (con_hf, j_hf) = default_buffers(model, False), default_buffers(model, True)
-    assert con_hf > con_flat and j_hf > j_flat and j_flat >= 3 * con_flat
+    from quadforge.envs.terrain import TerrainConfig, generate
+    robot = get_robot("go1")
+    flat, rough = build_scene(robot), build_scene(robot, generate(TerrainConfig.mixed()))
+    lf, lr = measure_contact_load(flat, 4), measure_contact_load(rough, 4)
+    assert 4 <= lf.ncon <= lr.ncon and 0 < lf.nefc <= lr.nefc and lr.probes > lf.probes
+    con, rows = buffers_for(lr)
+    assert (con, rows) == (max(MIN_BUFFERS[0], int(np.ceil(BUFFER_SAFETY * lr.ncon))),
+                           max(MIN_BUFFERS[1], int(np.ceil(BUFFER_SAFETY * lr.nefc))))
+    with pytest.raises(ValueError, match="safety factor"):
+        buffers_for(lr, safety=0.5)
+    m, d = rough.model, mujoco.MjData(rough.model)
+    origins = rough.terrain.origins.numpy()
+    adr = [int(m.jnt_qposadr[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, j)]) for j in robot.joint_names]
+    rng = np.random.default_rng(0)
+    most = (0, 0)
+    for k in range(4):
+        mujoco.mj_resetData(m, d)
+        d.qpos[0:3] = origins[-1 - k, (3 * k + 1) % origins.shape[1]] + [0.0, 0.0, robot.nominal_base_height + 0.05]
+        d.qpos[adr] = robot.default_joint_pos
+        for t in range(60):
+            d.ctrl[:] = np.asarray(robot.default_joint_pos) + rng.normal(0.0, 0.5, 12)
+            for _ in range(4):
+                mujoco.mj_step(m, d)
+                most = (max(most[0], d.ncon), max(most[1], d.nefc))
+    assert most[0] <= con and most[1] <= rows, (most, (con, rows))
+
+
+class _FakeStream:
+    """A stand-in for a torch/Warp CUDA stream: its handle and the streams it was told to wait for."""
+
+    def __init__(self, handle):
+        self.cuda_stream, self.waited = handle, []
+
+    def wait_stream(self, other):
+        self.waited.append(other)
+
+
+def test_step_stream_is_never_a_default_stream():
+    from quadforge.envs.backends.mujoco_warp import UNCAPTURABLE_STREAM_HANDLES, check_capturable, step_stream
+    assert step_stream(torch.device("cpu")) is None           # Warp's CPU device: no stream at all
+    own = _FakeStream(0x5EED)
+    made = []
+    got = step_stream(torch.device("cuda", 0), new_stream=lambda device: made.append(device) or own)
+    assert got is own and made == [torch.device("cuda", 0)]   # a new stream, not the caller's current one
+    for handle in UNCAPTURABLE_STREAM_HANDLES + (None,):
+        with pytest.raises(RuntimeError, match="graph cannot be captured"):
+            check_capturable(_FakeStream(handle))
+        with pytest.raises(RuntimeError, match="graph cannot be captured"):
+            step_stream(torch.device("cuda", 0), new_stream=lambda device: _FakeStream(handle))
+
+
+def test_graph_capture_runs_on_the_backends_stream_not_torchs_default(monkeypatch):
+    """The first CUDA step captures its graph while torch's current stream is the legacy default stream
+    (a caller that chose none): the capture must run on the backend's own stream, ordered after the
+    caller's on entry and before it on exit. Checked with stand-ins for torch.cuda and Warp, so it runs
+    without a GPU (the real capture is the gpu-marked test below)."""
+    import contextlib
+
+    from quadforge.envs.backends import mujoco_warp as mw
+    legacy = _FakeStream(0)
+    torch_streams, warp_streams, captured_on = [legacy], [_FakeStream(0x77)], []
+
+    @contextlib.contextmanager
+    def push(stack, stream):
+        stack.append(stream)
+        yield
+        stack.pop()
+
+    class FakeWarp:
+        ScopedDevice = staticmethod(lambda device: contextlib.nullcontext())
+        ScopedStream = staticmethod(lambda stream, sync_enter=True: push(warp_streams, stream))
+        get_stream = staticmethod(lambda device=None: warp_streams[-1])
+        stream_from_torch = staticmethod(lambda stream: stream)
+        capture_launch = staticmethod(lambda graph: captured_on.append(("replay", warp_streams[-1])))
+
+        @staticmethod
+        @contextlib.contextmanager
+        def ScopedCapture(device=None):
+            mw.check_capturable(warp_streams[-1])   # what CUDA refuses, as CUDA refuses it
+            captured_on.append(("capture", warp_streams[-1]))
+            yield type("Capture", (), {"graph": "graph"})()
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: torch_streams[-1])
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: push(torch_streams, stream))
+    b = mw.MujocoWarpBackend.__new__(mw.MujocoWarpBackend)
+    b._wp, b.wp_device, b.device = FakeWarp(), type("Dev", (), {"is_cuda": True})(), torch.device("cuda", 0)
+    b._stream = mw.step_stream(b.device, new_stream=lambda device: _FakeStream(0x5EED))
+    b._wp_stream = b._stream
+    b._use_graph, b._graph = True, None
+    physics_on = []
+    b._run_physics = lambda: physics_on.append((torch_streams[-1], warp_streams[-1]))
+    b._physics()
+    b._physics()
+    assert captured_on == [("capture", b._stream), ("replay", b._stream)]
+    assert physics_on == [(b._stream, b._stream)] * 2          # the uncaptured first run and the capture
+    assert b._stream.waited == [legacy, legacy] and legacy.waited == [b._stream, b._stream]
+    assert torch_streams == [legacy]                           # the caller's stream is current again
+
+
+@pytest.mark.gpu
+@needs_warp
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_step_runs_from_torchs_default_stream():
+    """The crash of every `--warp-device cuda` run (issue 23): the first step captured a graph on the
+    legacy default stream. Stepping from torch's default stream must capture, replay and stay finite."""
+    cfg = BackendConfig(num_envs=8, seed=0, warp=WarpConfig(device="cuda:0", cuda_graph=True))
+    b = make_backend("mujoco_warp", cfg)
+    assert torch.cuda.current_stream().cuda_stream == 0          # the caller chose no stream
+    targets = b.state.joint_pos.clone()
+    for _ in range(3):
+        bad = b.step(targets)
+    assert b._graph is not None and not bool(bad.any())
+    assert torch.isfinite(b.state.root_pos_w).all() and float(b.state.root_pos_w[:, 2].min()) > 0.15
+    b.close()
 
 
 # --- slow: Warp's CPU device -----------------------------------------------------------------------------
@@ -212,6 +329,20 @@ def test_masked_reset_push_and_divergence_touch_only_their_worlds():
 
 
 @needs_warp
+@pytest.mark.slow
+@needs_warp
+def test_measured_buffers_fit_32k_rough_worlds_in_a_fraction_of_80_gb():
+    """Device memory per world (Warp's Data arrays, measured, plus the convex-collision workspace each
+    step allocates per contact slot) at the buffers measured from the rough scene: 32768 worlds need
+    well under 80 GB (the guessed 256 contacts per world asked ~48 GB and ran out of memory on an H100)."""
+    from quadforge.envs.terrain import TerrainConfig
+    b = make_backend("mujoco_warp", BackendConfig(num_envs=4, terrain=TerrainConfig.mixed(), warp=WarpConfig(device="cpu")))
+    mem = b.memory_per_world()
+    assert b.contact_load is not None and b.nconmax < 256
+    assert 0 < mem["data"] < mem["total"] and mem["total"] * 32768 < 20e9, mem
+    b.close()
+
+
 @pytest.mark.slow
 def test_buffer_overflow_is_reported_never_silent():
     from quadforge.envs.backends.mujoco_warp import WarpBufferOverflow
