@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,23 +37,35 @@ from quadforge.data.staging import list_quarantined
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.writer import StagingWriter
 from quadforge.envs.backends.base import WarpConfig
-from quadforge.envs.builder import make_env
+from quadforge.envs.builder import get_task, make_env
+from quadforge.envs.config import EnvConfig
+from quadforge.envs.quard.instructions import quard_tasks
 from quadforge.envs.robots import ROBOTS
 from quadforge.envs.terrain import terrain_types
-from quadforge.experts.registry import check_policy_spec, policy_for_env
+from quadforge.experts.registry import check_policy_spec, policy_for_env, task_blindness
 from quadforge.seeding import derive_seed, seed_everything
 from quadforge.output_paths import check_output_dir, is_store_dir
 
-# vision-language tasks (seed 003, Table I); `quard:all` mixes the families per episode
-QUARD_FAMILIES = ("go_to", "go_avoid", "stop", "distinguish", "go_through")
-TASKS = ("locomotion",) + tuple(f"quard:{f}" for f in QUARD_FAMILIES + ("all",))
+
+
+def default_policy(task: str) -> str:
+    """The policy a collection of ``task`` uses when none is named: the task's own
+    (``envs.builder.Task.default_policy``), one that can succeed there - the gait expert on locomotion,
+    the privileged QUARD expert on ``quard:*``."""
+    return get_task(task).default_policy
+
+
+def collect_tasks() -> tuple[str, ...]:
+    """The tasks ``collect --task`` takes: locomotion, and a QUARD task per registered family
+    (``envs.quard.families``) plus ``quard:all`` (the families mixed per episode)."""
+    return ("locomotion",) + quard_tasks()
 
 
 @dataclass
 class CollectConfig:
     out: str
     episodes: int
-    policy: str = "gait"
+    policy: str = ""                    # "": the task's default (gait; quard_expert on quard:*), see default_policy
     robot: str = "go1"
     terrain: str = "flat"               # flat | mixed | comma-separated terrain types
     skills: str = "all"
@@ -106,14 +118,15 @@ class CollectConfig:
         if self.robot not in ROBOTS:
             raise bad("robot", ", ".join(ROBOTS))
         terrain_types(self.terrain)
-        if self.task not in TASKS:
-            raise bad("task", ", ".join(TASKS))
+        if self.task not in collect_tasks():
+            raise bad("task", ", ".join(collect_tasks()))
         if not self.images and self.task == "locomotion":
             raise ValueError("--no-images applies to camera tasks (--task quard:...); the locomotion task has no camera")
         if not isinstance(self.frame_stride, int) or self.frame_stride < 1:
             raise bad("frame_stride", "an integer >= 1 (control steps per camera frame; 10 = 5 Hz at 50 Hz)")
         parse_skills(self.skills)
         check_output_dir(self.out, "trajectory store", owns=is_store_dir, flag="--store")
+        self.policy = self.policy or default_policy(self.task)
         check_policy_spec(self.policy)
         if self.relabel:
             try:
@@ -146,19 +159,31 @@ def build_env(cfg: CollectConfig, seed: int) -> Any:
     if cfg.task != "locomotion":
         return build_task_env(cfg, seed)
     return make_env(cfg.robot, cfg.terrain, num_envs=cfg.num_envs, seed=seed, num_threads=cfg.num_threads,
-                    backend=cfg.backend, warp=cfg.warp,
-                    overrides={"episode_length_s": cfg.max_episode_s, "commands.resample": False,
-                               "randomization.push_robots": cfg.push > 0,
-                               "randomization.max_push_vel_xy": cfg.push,
-                               "randomization.push_interval_s": cfg.push_interval_s})
+                    backend=cfg.backend, warp=cfg.warp, adjust=lambda env: _collection_settings(cfg, env))
+
+
+def _collection_settings(cfg: CollectConfig, env: EnvConfig) -> EnvConfig:
+    """The locomotion env under collection: ``--max-episode-s`` episodes, commands held per episode (one
+    skill each), pushes of up to ``--push`` m/s every ``--push-interval-s``."""
+    return replace(env, episode_length_s=cfg.max_episode_s, commands=replace(env.commands, resample=False),
+                   randomization=replace(env.randomization, push_robots=cfg.push > 0, max_push_vel_xy=cfg.push,
+                                         push_interval_s=cfg.push_interval_s))
 
 
 def build_policy(cfg: CollectConfig, env: Any, seed: int = 0) -> Any:
-    policy = policy_for_env(cfg.policy, env, cfg.robot, allow_robot_mismatch=cfg.allow_robot_mismatch)
-    if not cfg.relabel:
-        return policy
-    return RelabelledPolicy(policy, policy_for_env(cfg.relabel, env, cfg.robot), env.num_envs,
-                            expert_drive_prob=cfg.expert_drive_prob, seed=seed, device=env.device)
+    """The policy that drives (and, with ``--relabel``, the one that labels); refused when the labels could
+    never succeed on the task: a policy that reads none of a task's own terms (``task_blindness``)."""
+    spec = cfg.policy or default_policy(cfg.task)
+    policy = policy_for_env(spec, env, cfg.robot, allow_robot_mismatch=cfg.allow_robot_mismatch)
+    if cfg.relabel:
+        policy = RelabelledPolicy(policy, policy_for_env(cfg.relabel, env, cfg.robot), env.num_envs,
+                                  expert_drive_prob=cfg.expert_drive_prob, seed=seed, device=env.device)
+    blind = task_blindness(policy, env)
+    if blind:
+        flag = f"--relabel {cfg.relabel}" if cfg.relabel else f"--policy {spec}"
+        raise ValueError(f"collect {flag} on --task {cfg.task}: {blind}; collect with --policy "
+                         f"{default_policy(cfg.task)} (the default) or a checkpoint trained on the task")
+    return policy
 
 
 def store_count(out: str) -> int:

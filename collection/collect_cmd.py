@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from quadforge.collection.collect import TASKS, CollectConfig, run_local
+from quadforge.collection.collect import CollectConfig, collect_tasks, run_local
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, add_store, require
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.terrain import TERRAIN_SPEC_HELP
@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = CollectConfig(out="", episodes=0)
     add_store(p, "written to (created if missing)", old="--out")
     p.add_argument("--episodes", type=int, required=True, help="target number of episodes in the store (a total)")
-    p.add_argument("--policy", default=d.policy, help=spec_help())
+    p.add_argument("--policy", default=d.policy,
+                   help=f"{spec_help()} (default: the task's - gait for locomotion, quard_expert for quard:*)")
     add_robot(p, d.robot)
     p.add_argument("--terrain", default=d.terrain, help=TERRAIN_SPEC_HELP)
     p.add_argument("--skills", default=d.skills,
@@ -32,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--push", type=float, default=d.push, help="max random push velocity, m/s (0: none)")
     p.add_argument("--push-interval-s", type=float, default=d.push_interval_s, help="seconds between pushes")
     p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
-    p.add_argument("--task", default=d.task, help=" | ".join(TASKS))
+    p.add_argument("--task", default=d.task, help=" | ".join(collect_tasks()))
     p.add_argument("--frame-stride", type=int, default=d.frame_stride,
                    help="control steps per recorded camera frame (10: 5 Hz at 50 Hz control)")
     p.add_argument("--no-images", action="store_true",

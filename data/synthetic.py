@@ -5,7 +5,7 @@ Values are random but shaped like the real thing (unit gravity vector, bounded j
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -58,7 +58,6 @@ def synthetic_info(i: int, success: bool, terrain_types: tuple[str, ...] = ("fla
 
 # --- image episodes (QUARD-like): tests and the image benchmark ------------------------------------
 COLOURS = {"blue": (40, 60, 200), "green": (40, 170, 60), "red": (200, 40, 40), "yellow": (220, 200, 40)}
-FAMILIES = ("go_to", "go_avoid", "stop", "distinguish", "go_through")
 
 
 def synthetic_frames(rng: np.random.Generator, frames: int, size: int = 64, depth: bool = False
@@ -102,9 +101,12 @@ def synthetic_frames(rng: np.random.Generator, frames: int, size: int = 64, dept
     return rgb, dep
 
 
-def synthetic_task_params(i: int, seed: int = 0) -> dict[str, Any]:
+def synthetic_task_params(i: int, seed: int = 0, families: Sequence[str] = ("go_to",)) -> dict[str, Any]:
+    """Task parameters shaped like a QUARD episode's; episode ``i`` is labelled ``families[i % len]`` (the
+    data layer knows no QUARD families: a caller that wants them all passes
+    ``envs.quard.families.family_names()``). The instruction is always a go_to one."""
     rng = np.random.default_rng([seed, i])
-    family = FAMILIES[i % len(FAMILIES)]
+    family = families[i % len(families)]
     colour = str(rng.choice(list(COLOURS)))
     speed, gait = str(rng.choice(["slowly", "normally", "quickly"])), str(rng.choice(["trotting", "pacing"]))
     return {"family": family, "target": "cube", "colour": colour, "slot": int(rng.choice([-1, 1])),

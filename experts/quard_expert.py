@@ -3,17 +3,13 @@
 A ``"command"`` policy: it reads the privileged ``task_*`` terms (its own pose, the target, the
 distractor, the obstacle, the named tunnel, the family / speed / gait codes) and emits seed 003's 12-D
 command ``[vx, vy, wz, theta1, theta2, theta3, f, h_z, pitch, s_y, h_z^f, T]`` for
-``HierarchicalPolicy(QuardExpert(...), GaitController(...))``. Per family it plans:
+``HierarchicalPolicy(QuardExpert(...), GaitController(...))``.
 
-- go_to: walk at the target; go_avoid: to a waypoint beside the obstacle (1.25 m off the line to the
-  target, on the side away from the distractor) 0.3 m short of it, then to one 0.4 m past it, then to
-  the target;
-- stop: intercept the rolling ball - aim where the ball will be when the robot can get there
-  (constant ball velocity, the robot at its speed band), and meet it before it passes the 1 m line;
-- distinguish: turn on the spot until the named letter box is straight ahead;
-- go_through: to a point on the named tunnel's axis 0.9 m before its entrance (slowing down on the
-  last 0.8 m), turn to the axis there, then along the axis
-  through the tunnel to the point 1 m past it (the lateral error to the axis is steered out with vy).
+What it does on each family is the family's own (``Family.expert`` in ``envs/quard/family/<name>.py``:
+the goal it walks at - go_avoid's waypoints around the panel, stop's interception point, go_through's
+approach to and along the tunnel axis - a reshaped speed, a replaced command such as distinguish's turn
+on the spot, and when it is done); ``act`` runs those per family through the registry
+(``envs.quard.families``). Shared by every family:
 
 Walking turns toward the current goal (yaw rate) and walks at it, the speed falling with the bearing
 error, half of the goal direction's sideways part commanded as vy (the rest is turned out). The speed
@@ -25,16 +21,16 @@ when the expert judges the task done (the env ends the episode on its own rule a
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import torch
 
-from quadforge.envs.quard.instructions import GAIT_OF_WORD, GAIT_WORDS, SPEEDS
-from quadforge.envs.quard.rules import FAMILY_CODE, SUCCESS_RADIUS
+from quadforge.envs.quard.families import family_of_code, get_family
+from quadforge.envs.quard.family.base import MAX_YAW_RATE, YAW_GAIN, ExpertStep
+from quadforge.envs.quard.words import GAIT_OF_WORD, GAIT_WORDS, SPEEDS
 from quadforge.experts.gait import GAITS
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES
-from quadforge.experts.registry import LoadContext, register_policy_kind
+from quadforge.experts.registry import LoadContext, policy_for_env, register_policy_kind
 
 # per gait word and speed word: (band of ground speed m/s the expert holds, stepping frequency Hz).
 # Trot and pace track the commanded speed at 3 Hz. Bound and pronk lose 0.2-0.3 m/s of it in the gait
@@ -52,21 +48,8 @@ GAIT_SPEEDS = {
 }
 MAX_COMMAND_SPEED = 1.5           # m/s: the integral may ask for at most this (the gait controller's limit)
 SPEED_KI = 2.0                    # 1/s, integral gain on the speed shortfall
-YAW_GAIN, MAX_YAW_RATE = 1.5, 1.0
 LATERAL_SHARE = 0.5               # of the goal direction's sideways part that is commanded as vy
-AVOID_OFFSET = 1.25               # m beside the obstacle centre: the straight path from the spawn clears the panel end (0.46 m) by ~0.45 m
-AVOID_BEYOND = 0.4                # m past it along the line to the target
-AVOID_BEFORE = 0.3                # m short of it: the first waypoint
-TUNNEL_APPROACH = 0.9             # m before the tunnel entrance
-APPROACH_SLOWDOWN = 0.8           # m: closer than this to the approach point the speed falls with the distance
-TUNNEL_SPEED = 0.6                # m/s commanded at most inside a tunnel
-TUNNEL_LOOKAHEAD = 0.5            # m: the goal point on the tunnel axis ahead of the robot
-TUNNEL_MAX_YAW = 0.35             # rad: short of the entrance the speed falls to 0 at this heading error
 _COL = {n: i for i, n in enumerate(HL_COMMAND_NAMES)}
-
-
-def _wrap(a: torch.Tensor) -> torch.Tensor:
-    return torch.remainder(a + math.pi, 2 * math.pi) - math.pi
 
 
 class QuardExpert:
@@ -80,11 +63,9 @@ class QuardExpert:
     def __init__(self, num_envs: int, dt: float = 0.02, device: str | torch.device = "cpu"):
         self.num_envs, self.dt, self.device = int(num_envs), float(dt), torch.device(device)
         self.policy_id = "quard_expert:v1"
-        n = self.num_envs
-        self.speed_integral = torch.zeros(n, device=self.device)
-        self.passed_obstacle = torch.zeros(n, dtype=torch.bool, device=self.device)
-        self.cleared_side = torch.zeros(n, dtype=torch.bool, device=self.device)
-        self.in_tunnel_phase = torch.zeros(n, dtype=torch.bool, device=self.device)
+        self.speed_integral = torch.zeros(self.num_envs, device=self.device)
+        # family name -> its behaviour's per-env flags (``ExpertBehaviour.memory``), made on first use
+        self.memory: dict[str, dict[str, torch.Tensor]] = {}
         # (gait word, speed word) -> band, frequency
         table = torch.tensor([[GAIT_SPEEDS[g][s] for s in SPEEDS] for g in GAIT_WORDS], device=self.device)
         self._bands, self._frequencies = table[..., 0], table[..., 1]
@@ -93,9 +74,29 @@ class QuardExpert:
     def reset(self, env_ids: torch.Tensor) -> None:
         ids = torch.as_tensor(env_ids, dtype=torch.long, device=self.device).flatten()
         self.speed_integral[ids] = 0.0
-        self.passed_obstacle[ids] = False
-        self.cleared_side[ids] = False
-        self.in_tunnel_phase[ids] = False
+        for flags in self.memory.values():
+            for flag in flags.values():
+                flag[ids] = False
+
+    def _memory(self, family: str) -> dict[str, torch.Tensor]:
+        if family not in self.memory:
+            self.memory[family] = {name: torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+                                   for name in get_family(family).expert.memory}
+        return self.memory[family]
+
+    def _steps(self, o: dict[str, torch.Tensor], band: torch.Tensor, gait_word: torch.Tensor, family: torch.Tensor):
+        """(behaviour, env rows, ExpertStep) of every family present in the batch."""
+        cols = {"xy": o["task_base_pose"][:, :2], "yaw": o["task_base_pose"][:, 3],
+                "target": o["task_target_pos"][:, :2], "distractor": o["task_distractor_pos"][:, :2],
+                "target_vel": o["task_target_vel"][:, :2], "obstacle": o["task_obstacle_pos"][:, :2],
+                "tunnel_entry": o["task_tunnel_entry"][:, :2], "band": band, "gait_word": gait_word}
+        out = []
+        for code in torch.unique(family).tolist():
+            fam = family_of_code(code)
+            rows = torch.nonzero(family == code).flatten()
+            memory = {name: flag[rows] for name, flag in self._memory(fam.name).items()}
+            out.append((fam, rows, ExpertStep(**{k: v[rows] for k, v in cols.items()}, memory=memory)))
+        return out
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -103,102 +104,47 @@ class QuardExpert:
         if missing:
             raise KeyError(f"QuardExpert needs the privileged QUARD terms {missing} (run it on a QuardEnv)")
         o = {k: obs[k].to(self.device, torch.float32) for k in self.obs_terms}
-        pose = o["task_base_pose"]
-        xy, yaw = pose[:, :2], pose[:, 3]
+        xy, yaw = o["task_base_pose"][:, :2], o["task_base_pose"][:, 3]
         info = o["task_info"].round().long()
-        family, speed_word, gait_word = info[:, 0], info[:, 1], info[:, 2]
-        target, distractor = o["task_target_pos"][:, :2], o["task_distractor_pos"][:, :2]
+        speed_word, gait_word = info[:, 1], info[:, 2]
         band = self._bands[gait_word, speed_word]
-
-        goal = target.clone()
-        # go_avoid: a waypoint beside the obstacle until the robot is past it
-        avoid = family == FAMILY_CODE["go_avoid"]
-        if avoid.any():
-            obstacle = o["task_obstacle_pos"][:, :2]
-            line = target - obstacle
-            line = line / line.norm(dim=1, keepdim=True).clamp(min=1e-6)
-            normal = torch.stack((-line[:, 1], line[:, 0]), dim=1)
-            side = torch.sign(((target - distractor) * normal).sum(dim=1))       # away from the distractor
-            side = torch.where(side == 0, torch.ones_like(side), side)
-            # first beside the panel short of it (however the robot drifted while turning, it gets
-            # clear sideways before it reaches the panel's line), then beside it and a little past it,
-            # then to the target
-            beside = obstacle + normal * (AVOID_OFFSET * side)[:, None]
-            before, past = beside - line * AVOID_BEFORE, beside + line * AVOID_BEYOND
-            lateral = ((xy - obstacle) * normal).sum(dim=1) * side
-            progress = ((xy - obstacle) * line).sum(dim=1)
-            self.cleared_side |= avoid & (lateral > AVOID_OFFSET - 0.3)
-            self.passed_obstacle |= avoid & self.cleared_side & (progress > AVOID_BEYOND - 0.1)
-            waypoint = torch.where(self.cleared_side[:, None], past, before)
-            goal = torch.where((avoid & ~self.passed_obstacle)[:, None], waypoint, goal)
-        # stop: intercept the rolling ball
-        stop = family == FAMILY_CODE["stop"]
-        if stop.any():
-            vel = o["task_target_vel"][:, :2]
-            dist = (target - xy).norm(dim=1)
-            lead = dist / (band + vel.norm(dim=1)).clamp(min=1e-3)
-            goal = torch.where(stop[:, None], target + vel * lead[:, None], goal)
-        # go_through: line up with the named tunnel's axis before its entrance, then go along it
-        through = family == FAMILY_CODE["go_through"]
-        if through.any():
-            entry = o["task_tunnel_entry"][:, :2]
-            approach = entry - torch.tensor([TUNNEL_APPROACH, 0.0], device=self.device)
-            lateral = (xy[:, 1] - entry[:, 1]).abs()
-            self.in_tunnel_phase |= through & ((xy - approach).norm(dim=1) < 0.2) | \
-                (through & (lateral < 0.1) & (xy[:, 0] > approach[:, 0] - 0.1))
-            along = torch.stack((torch.maximum(xy[:, 0] + TUNNEL_LOOKAHEAD, entry[:, 0]), entry[:, 1]), dim=1)
-            along = torch.where((along[:, 0] > target[:, 0])[:, None], target, along)
-            phase_goal = torch.where(self.in_tunnel_phase[:, None], along, approach)
-            goal = torch.where(through[:, None], phase_goal, goal)
-
+        steps = self._steps(o, band, gait_word, info[:, 0])
+        goal = o["task_target_pos"][:, :2].clone()
+        for fam, rows, step in steps:
+            goal[rows] = fam.expert.goal(step)
         rel = goal - xy
         dist = rel.norm(dim=1)
         c, s = torch.cos(yaw), torch.sin(yaw)
         rel_b = torch.stack((c * rel[:, 0] + s * rel[:, 1], -s * rel[:, 0] + c * rel[:, 1]), dim=1)
         bearing = torch.atan2(rel_b[:, 1], rel_b[:, 0])
         direction = rel_b / dist.clamp(min=1e-6)[:, None]
-        # hold the speed band: integrate the shortfall of the ground speed along the goal direction
-        speed = (o["base_lin_vel"][:, :2] * direction).sum(dim=1)
-        self.speed_integral = (self.speed_integral + SPEED_KI * (band - speed) * self.dt).clamp(
-            0.0, MAX_COMMAND_SPEED)
-        command_speed = torch.minimum(band + self.speed_integral, torch.full_like(band, MAX_COMMAND_SPEED))
-        # inside a tunnel no faster than TUNNEL_SPEED (a fast pace sways the base into the walls), and
-        # short of the entrance only once the body points along the axis: a robot arriving at the
-        # approach point at an angle turns there instead of walking in crooked
-        if through.any():
-            aligned = torch.clamp(1.0 - _wrap(yaw).abs() / TUNNEL_MAX_YAW, min=0.0)
-            before_entry = xy[:, 0] < entry[:, 0]
-            tunnel_speed = torch.clamp(command_speed, max=TUNNEL_SPEED) * torch.where(before_entry, aligned, 1.0)
-            command_speed = torch.where(self.in_tunnel_phase & through, tunnel_speed, command_speed)
-        # arrive at a tunnel's approach point slowly: a fast trot coasts ~0.4 m past a goal and sideways
-        # (bound and pronk never get fast enough to coast, and need every second of the 15 s limit)
-        if through.any():
-            slow = torch.clamp(dist / APPROACH_SLOWDOWN, min=0.25, max=1.0)
-            fast_gait = (gait_word == GAIT_WORDS.index("trotting")) | (gait_word == GAIT_WORDS.index("pacing"))
-            command_speed = torch.where(through & ~self.in_tunnel_phase & fast_gait, command_speed * slow,
-                                        command_speed)
+        command_speed = self._hold_band(band, (o["base_lin_vel"][:, :2] * direction).sum(dim=1))
+        for fam, rows, step in steps:
+            if fam.expert.speed is not None:
+                step.goal_distance = dist[rows]
+                command_speed[rows] = fam.expert.speed(step, command_speed[rows])
         # turn, then walk: the speed falls with the bearing error (zero beyond 90 degrees), and only a
         # share of it goes sideways - the pace and bound track a lateral command poorly (a pacing robot
         # commanded sideways at the start walked straight on into the go_avoid obstacle)
         command_speed = command_speed * torch.clamp(torch.cos(bearing), min=0.0)
         v = torch.stack((direction[:, 0], LATERAL_SHARE * direction[:, 1]), dim=1) * command_speed[:, None]
         wz = (YAW_GAIN * bearing).clamp(-MAX_YAW_RATE, MAX_YAW_RATE)
-        # in the tunnel the body keeps facing along the axis (the goal point is on it)
-        # distinguish: turn on the spot toward the named letter
-        dist_fam = family == FAMILY_CODE["distinguish"]
-        if dist_fam.any():
-            rel_t = target - xy
-            err = _wrap(torch.atan2(rel_t[:, 1], rel_t[:, 0]) - yaw)
-            turn = torch.sign(err) * torch.clamp((YAW_GAIN * err).abs(), min=0.25, max=MAX_YAW_RATE)
-            v = torch.where(dist_fam[:, None], torch.zeros_like(v), v)
-            wz = torch.where(dist_fam, turn, wz)
-        done = (target - xy).norm(dim=1) < SUCCESS_RADIUS
-        done = torch.where(through, done & self.in_tunnel_phase & (xy[:, 0] > entry[:, 0] + 0.5) if through.any()
-                           else done, done)
-        if dist_fam.any():
-            err_abs = _wrap(torch.atan2((target - xy)[:, 1], (target - xy)[:, 0]) - yaw).abs()
-            done = torch.where(dist_fam, err_abs < math.radians(4.0), done)
+        done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        for fam, rows, step in steps:
+            if fam.expert.command is not None:
+                v[rows], wz[rows] = fam.expert.command(step, v[rows], wz[rows])
+            done[rows] = fam.expert.done(step)
+            for name, flag in step.memory.items():
+                self.memory[fam.name][name][rows] = flag
+        return self._command(v, wz, gait_word, speed_word, done)
 
+    def _hold_band(self, band: torch.Tensor, speed: torch.Tensor) -> torch.Tensor:
+        """The commanded speed: the band plus the integral of the ground speed's shortfall along the goal."""
+        self.speed_integral = (self.speed_integral + SPEED_KI * (band - speed) * self.dt).clamp(0.0, MAX_COMMAND_SPEED)
+        return torch.minimum(band + self.speed_integral, torch.full_like(band, MAX_COMMAND_SPEED))
+
+    def _command(self, v: torch.Tensor, wz: torch.Tensor, gait_word: torch.Tensor, speed_word: torch.Tensor,
+                 done: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(self.num_envs, HL_COMMAND_DIM, device=self.device)
         out[:, _COL["lin_vel_x"]] = v[:, 0]
         out[:, _COL["lin_vel_y"]] = v[:, 1]
@@ -215,12 +161,9 @@ class QuardExpert:
 
 
 def make_quard_expert(env) -> "object":
-    """``HierarchicalPolicy(QuardExpert, GaitController)`` for a ``QuardEnv``: a "joint" policy."""
-    from quadforge.experts.gait import GaitController
-    from quadforge.experts.hierarchical import HierarchicalPolicy
-
-    return HierarchicalPolicy(QuardExpert(env.num_envs, env.dt, env.device),
-                              GaitController(env.robot, env.num_envs, env.dt, env.device))
+    """``HierarchicalPolicy(QuardExpert, GaitController)`` for a ``QuardEnv``: a "joint" policy; the same as
+    ``experts.registry.policy_for_env("quard_expert", env)``, through which it is built."""
+    return policy_for_env("quard_expert", env)
 
 
 def _load_for_registry(arg: str, ctx: LoadContext) -> QuardExpert:

@@ -196,6 +196,18 @@ def load_policy(spec: str | Path, num_envs: int, device: str | torch.device = "c
     return POLICY_KINDS[kind].load(arg, ctx)
 
 
+def task_blindness(policy: Any, env: Any) -> str | None:
+    """Why ``policy`` can never succeed on ``env``'s task, or None. A task env names the terms that say
+    what its task asks (``policy_context()["task_terms"]``: a QUARD env's instruction and privileged
+    target); a policy reading none of them (a locomotion policy) cannot know which object is named."""
+    context = env.policy_context() if callable(getattr(env, "policy_context", None)) else {}
+    needed = tuple(context.get("task_terms") or ())
+    if not needed or set(needed) & set(policy.obs_terms):
+        return None
+    return (f"policy {policy.policy_id} reads none of the terms that say what {context.get('task', 'the task')} "
+            f"asks ({', '.join(needed)}): it cannot know the target and can never succeed there")
+
+
 def policy_for_env(spec: str | Path, env: Any, robot: str | None = None, allow_robot_mismatch: bool = False) -> Any:
     """``load_policy`` for this env's batch, robot, control period and device; a ``command`` policy runs
     over the gait controller. ``robot`` (default: the env's) names the robot an outside checkpoint drives.

@@ -1,44 +1,45 @@
 """The import layers of docs/architecture.md, checked over the source (imports inside functions included).
 
-Every ``quadforge`` module is read with ``ast`` (nothing is imported), each of its imports of another
-``quadforge`` module is an edge, and:
+A module's layer is where it lives: its top folder (``FOLDER_LAYERS``, the order of the layers diagram in
+docs/architecture.md, lowest first), except a package's command-line front-end - a ``cli.py`` in any
+folder - which is the CLI layer. No module is listed by name. Every ``quadforge`` module is read with
+``ast`` (nothing is imported), each of its imports of another ``quadforge`` module is an edge, and:
 
-- an edge may only point to the same layer or a lower one (``LAYERS``, lowest first);
+- an edge may only point to the same layer or a lower one;
 - the three siblings of the second layer (envs, data, models) do not import each other;
 - there is no import cycle between modules;
 - an import inside a function (lazy) of another quadforge package is allowed only where laziness is the
-  point: the CLI layer (fast ``--help``), or an entry of ``LAZY`` with its reason.
+  point: the CLI layer (fast ``--help``), or an entry of ``LAZY`` with its reason;
+- a string naming a module (``"quadforge.x.y"`` or ``"quadforge.x.y:Attr"``: the registries' tables, e.g.
+  ``COMMANDS``, ``BENCHMARKS``, ``TASK_MODULES``, ``POLICY_KIND_MODULES``, the model registry's classes,
+  the trainer table) is an import made later, and must point down like any other (it is not an import
+  cycle: a registry naming a module that registers itself into the registry is the point).
 """
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# folder -> installed package (pyproject.toml [tool.setuptools.package-dir])
-FOLDERS = {"quadforge": "quadforge", "envs": "quadforge.envs", "models": "quadforge.models", "experts": "quadforge.experts",
-           "collection": "quadforge.collection", "training": "quadforge.training", "data": "quadforge.data",
-           "tools": "quadforge.tools"}
+# folder -> installed package, as pyproject.toml installs them
+FOLDERS = {package_dir: package for package, package_dir in
+           tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].items()}
 
-# Lowest first. A module belongs to the layer of its longest matching prefix.
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundations", ("quadforge", "quadforge.seeding", "quadforge.overrides", "quadforge.layout",
-                     "quadforge.cli_flags", "quadforge.output_paths", "quadforge.checkpoint_sniff",
-                     "quadforge.progress")),
-    ("envs", ("quadforge.envs",)),
-    ("data", ("quadforge.data",)),
-    ("models", ("quadforge.models",)),
-    ("policies", ("quadforge.experts",)),
-    ("collection", ("quadforge.collection",)),
-    ("evaluation", ("quadforge.collection.evaluate", "quadforge.collection.evaluate_cmd",
-                    "quadforge.collection.evaluate_task", "quadforge.collection.evaluate_expert",
-                    "quadforge.collection.tracking_eval", "quadforge.collection.metrics",
-                    "quadforge.collection.reports", "quadforge.collection.video")),
-    ("training", ("quadforge.training",)),
-    ("cli", ("quadforge.tools", "quadforge.data.cli", "quadforge.training.cli")),
-]
-RANK = {"foundations": 0, "envs": 1, "data": 1, "models": 1, "policies": 2, "collection": 3, "evaluation": 4,
-        "training": 5, "cli": 6}
+# Top folder -> (layer, rank), lowest first; folders of one rank are siblings that do not import each other.
+FOLDER_LAYERS: dict[str, tuple[str, int]] = {
+    "quadforge": ("foundations", 0),
+    "envs": ("envs", 1), "data": ("data", 1), "models": ("models", 1),
+    "experts": ("policies", 2),
+    "collection": ("collection", 3),
+    "evaluation": ("evaluation", 4),
+    "training": ("training", 5),
+    "tools": ("cli", 6),
+}
+RANK = {layer: rank for layer, rank in FOLDER_LAYERS.values()} | {"cli": 6}
+FRONT_END = re.compile(r"\.cli$")   # a package's command-line front-end, wherever it lives
+MODULE_STRING = re.compile(r"^quadforge(\.\w+)+(:\w+)?$")
 
 # (importing module, imported module) -> why the import stays inside a function.
 LAZY: dict[tuple[str, str], str] = {
@@ -88,20 +89,74 @@ def imports(mods: dict[str, Path]) -> list[tuple[str, str, bool, int]]:
 
 
 def layer_of(module: str) -> str:
-    best, layer = -1, None
-    for name, prefixes in LAYERS:
-        for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and len(p) > best:
-                if p == "quadforge" and module != "quadforge":
-                    continue  # the bare package prefix names only the package itself
-                best, layer = len(p), name
-    assert layer is not None, f"{module} belongs to no layer; add it to LAYERS in {__file__}"
-    return layer
+    """The layer of a module, from where it lives: its file's name, then its top folder."""
+    if FRONT_END.search(module):
+        return "cli"
+    for folder, package in FOLDERS.items():
+        if package != "quadforge" and (module == package or module.startswith(package + ".")):
+            return FOLDER_LAYERS[folder][0]
+    return FOLDER_LAYERS["quadforge"][0]
 
 
-def test_every_module_has_a_layer():
-    for name in modules():
-        layer_of(name)
+def string_imports(mods: dict[str, Path]) -> list[tuple[str, str, int]]:
+    """(module, named module, line) for every string constant that names a quadforge module (a registry
+    table entry imported on use)."""
+    edges = []
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_STRING.match(node.value):
+                target = node.value.split(":")[0]
+                while target and target not in mods:
+                    target = target.rpartition(".")[0]
+                assert target, f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r} names no module"
+                if target != name:
+                    edges.append((name, target, node.lineno))
+    return edges
+
+
+def test_every_folder_has_a_layer():
+    assert set(FOLDERS) == set(FOLDER_LAYERS), "a top folder without a layer: add it to FOLDER_LAYERS"
+    assert layer_of("quadforge.layout") == "foundations" and layer_of("quadforge.evaluation.metrics") == "evaluation"
+    assert layer_of("quadforge.training.cli") == layer_of("quadforge.tools.demo") == "cli"
+    assert layer_of("quadforge.collection.collect_cmd") == "collection"
+
+
+def test_the_layers_diagram_puts_each_folder_in_its_layer():
+    """docs/architecture.md's diagram: layer N (N = rank + 1) names each of its top folders as ``folder/``
+    (a path into a folder, e.g. ``data/cli.py``, names a file, not the folder's layer)."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    diagram = doc[doc.index("## Layers"):doc.index("## Where each")]
+    placed: dict[str, int] = {}
+    number = None
+    for line in diagram.splitlines():
+        start = re.match(r"^ (\d) ", line)
+        number = int(start.group(1)) if start else number
+        for folder in re.findall(r"(?<![\w/])(\w+)/(?![\w*{])", line):
+            if folder in FOLDER_LAYERS and number is not None:
+                placed.setdefault(folder, number)
+    assert placed == {f: rank + 1 for f, (_, rank) in FOLDER_LAYERS.items()}, diagram
+
+
+def test_string_tables_point_down_the_layers():
+    mods = modules()
+    edges = string_imports(mods)
+    named = {b for _, b, _ in edges}
+    for table_entry in ("quadforge.tools.bench.vla", "quadforge.training.imitation", "quadforge.models.rt1",
+                        "quadforge.experts.vla", "quadforge.training.cli"):   # the tables are seen
+        assert table_entry in named, table_entry
+    bad = []
+    for a, b, line in edges:
+        la, lb = layer_of(a), layer_of(b)
+        if RANK[lb] > RANK[la] or (RANK[lb] == RANK[la] and la != lb):
+            bad.append(f"{mods[a].relative_to(ROOT)}:{line}: {a} ({la}) names {b} ({lb})")
+    assert not bad, "string tables naming modules up (or sideways) the layers:\n" + "\n".join(bad)
+
+
+def test_a_string_table_pointing_up_is_caught(tmp_path):
+    low = tmp_path / "low.py"
+    low.write_text('TABLE = {"x": "quadforge.training.vla:train", "doc": "not quadforge.training.vla here"}\n')
+    mods = {"quadforge.envs.low": low, "quadforge.training.vla": ROOT / "training" / "vla.py"}
+    assert string_imports(mods) == [("quadforge.envs.low", "quadforge.training.vla", 1)]
 
 
 def test_imports_point_down_the_layers():

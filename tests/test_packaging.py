@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CARD_FOLDERS = ("envs", "models", "experts", "collection", "training", "data", "tools")
+CARD_FOLDERS = ("envs", "models", "experts", "collection", "evaluation", "training", "data", "tools")
 
 
 def test_every_package_folder_is_installed_under_the_namespace():

@@ -70,3 +70,62 @@ def test_a_new_task_is_one_registration(monkeypatch):
         builder.make_env_config(task="nope")
     with pytest.raises(ValueError, match="is invalid; allowed: a number"):
         builder.make_env_config(overrides={"episode_length_s": "long"})
+
+
+# ------------------------------------------------------------------ one builder, one loader (docs/architecture.md)
+_ENV_CLASSES = {"LeggedEnv", "QuardEnv"}
+_POLICY_LOADERS = {"load_expert", "load_learned", "load_germ", "load_vla", "QuardExpert", "make_quard_expert"}
+# (module, name called) -> why it calls a loader directly
+_DIRECT_LOADS = {("training/vla_probe.py", "load_vla"): "an offline probe of a VLA's outputs on stored windows: no env"}
+
+
+def _calls(folders, names):
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call):
+                    f = node.func
+                    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                    if name in names:
+                        found.append((str(path.relative_to(root)), name))
+    return found
+
+
+def test_every_env_is_built_by_make_env_and_every_policy_loaded_by_load_policy():
+    """Outside envs/ nothing constructs an env class (``envs.builder.make_env`` builds them all); outside
+    experts/ nothing calls a policy loader but the registry's ``load_policy`` / ``policy_for_env``."""
+    import tomllib
+    from pathlib import Path
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    folders = set(pyproject["tool"]["setuptools"]["package-dir"].values())   # every installed top folder
+    assert {"envs", "experts", "collection"} <= folders
+    assert _calls(sorted(folders - {"envs"}), _ENV_CLASSES) == []
+    direct = _calls(sorted(folders - {"experts"}), _POLICY_LOADERS)
+    assert [c for c in direct if c not in _DIRECT_LOADS] == []
+
+
+def test_make_env_config_takes_typed_terrain_and_adjust():
+    from dataclasses import replace
+
+    from quadforge.collection.collect import CollectConfig, _collection_settings
+    from quadforge.envs.terrain import TerrainConfig
+    tc = TerrainConfig.of_types(["slope_up"], num_levels=3, num_cols=1)
+    assert builder.make_env_config(terrain=tc).terrain is tc and builder.make_env_config(terrain=None).terrain is None
+    with pytest.raises(ValueError, match="a built TerrainConfig carries its own grid"):
+        builder.make_env_config(terrain=tc, one_column_per_type=True)
+    # adjust runs after the task's configure and before the command line's overrides
+    cfg = builder.make_env_config(adjust=lambda c: replace(c, episode_length_s=3.0, curriculum=False),
+                                  overrides={"episode_length_s": 5.0})
+    assert cfg.episode_length_s == 5.0 and cfg.curriculum is False
+    # collect's settings, typed, equal what the dotted keys set
+    job = CollectConfig(out="unused", episodes=1, push=0.7, push_interval_s=3.0, max_episode_s=6.0)
+    typed = builder.make_env_config(adjust=lambda c: _collection_settings(job, c))
+    dotted = builder.make_env_config(overrides={"episode_length_s": 6.0, "commands.resample": False,
+                                                "randomization.push_robots": True,
+                                                "randomization.max_push_vel_xy": 0.7,
+                                                "randomization.push_interval_s": 3.0})
+    assert typed == dotted

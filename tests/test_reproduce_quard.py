@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from quadforge.tools.cli import main as cli_main
-from quadforge.tools.quard_report import BEGIN, END, FAMILIES, TABLE3_ROWS, load_run, table3_section
+from quadforge.envs.quard.families import family_names
+from quadforge.tools.quard_report import BEGIN, END, TABLE3_ROWS, load_run, table3_section
 from quadforge.tools.reproduce_quard import (SCALES, QuardConfig, Step, build_plan, eval_results, is_complete,
                                              missing_capabilities,
                                              clear_dead_attempt, plan_markdown, resume_argv, run_quard, run_step,
@@ -93,13 +94,13 @@ def test_missing_commands_fail_before_running_anything(tmp_path, capsys):
 def test_eval_results_per_family_pool_the_colour_sets(tmp_path):
     cfg = QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,))
     ev = next(s for s in build_plan(cfg) if s.stage == "eval")
-    fams = {"train": {f: {"episodes": 4, "success": 0.25 * i} for i, f in enumerate(FAMILIES)},
-            "held_out": {f: {"episodes": 2, "success": 0.5} for f in FAMILIES}}
+    fams = {"train": {f: {"episodes": 4, "success": 0.25 * i} for i, f in enumerate(family_names())},
+            "held_out": {f: {"episodes": 2, "success": 0.5} for f in family_names()}}
     Path(ev.output).mkdir(parents=True)
     (Path(ev.output) / "eval.json").write_text(json.dumps({"overall": {"success": 0.5, "episodes": 30},
                                                            "families": fams}))
     per = eval_results(cfg, ev, {"wall_s": 3.0, "command": "quadforge train x"}, {"wall_s": 7.0})
-    assert [(per[f]["successes"], per[f]["episodes"]) for f in FAMILIES] == [(1, 6), (2, 6), (3, 6), (4, 6), (5, 6)]
+    assert [(per[f]["successes"], per[f]["episodes"]) for f in family_names()] == [(1, 6), (2, 6), (3, 6), (4, 6), (5, 6)]
     assert per["stop"]["model"] == ev.meta["model"] and per["stop"]["colour_sets"] == ["held_out", "train"]
     assert per["stop"]["train_wall_s"] == 3.0 and per["stop"]["eval_wall_s"] == 7.0
     del fams["train"]["stop"], fams["held_out"]["stop"]
@@ -139,7 +140,8 @@ def _image_store(root: Path, episodes: int = 3) -> Path:
     w = StagingWriter(root, "expert")
     for e in range(episodes):
         f = synthetic_image_episode(rng, 12, True, stride=3, size=4, instruction_index=0)
-        w.write_episode(f, {**synthetic_info(e, True), "task_params": synthetic_task_params(e), "frame_stride": 3,
+        params = synthetic_task_params(e, families=family_names())
+        w.write_episode(f, {**synthetic_info(e, True), "task_params": params, "frame_stride": 3,
                             "instruction": "go left", "instructions": {"0": "go left"}})
     compact(root)
     return root
@@ -217,14 +219,14 @@ def _write_run(out: Path) -> None:
                                                     "started_utc": "2026-11-24 01:00:02"})
     for (model, failures), per_seed in COUNTS.items():
         for seed, k in enumerate(per_seed):
-            for fam in FAMILIES:
+            for fam in family_names():
                 put(out / "results" / f"{model}_{failures}_{seed}_{fam}.json",
                     {"model": model, "failures": failures, "round": 0, "seed": seed, "family": fam,
                      "run": "x", "successes": k, "episodes": 10,
                      "parameters": {"total": 2000, "active": 1000} if model.startswith("germ") else
                      {"total": 900, "active": 900}})
     for seed, k in enumerate((10, 10, 10)):   # round 1: GeRM (Y) succeeds every time
-        for fam in FAMILIES:
+        for fam in family_names():
             put(out / "results" / f"germ_r1_{seed}_{fam}.json",
                 {"model": "germ", "failures": True, "round": 1, "seed": seed, "family": fam, "run": "y",
                  "successes": k, "episodes": 10, "parameters": {"total": 2000, "active": 1000}})

@@ -57,7 +57,7 @@ def test_outputs_are_checked_before_any_work(tmp_path, capsys, monkeypatch):
     (docs / "README.md").write_text("# not a store")
     (tmp_path / "file").write_text("x")
     import quadforge.collection.collect as collect
-    import quadforge.collection.evaluate as evaluate
+    import quadforge.evaluation.evaluate as evaluate
     monkeypatch.setattr(collect, "build_env", lambda *a: pytest.fail("collect started work"))
     monkeypatch.setattr(evaluate, "build_env", lambda *a: pytest.fail("eval started work"))
     assert main(["collect", "--store", str(docs), "--episodes", "2"]) == 2

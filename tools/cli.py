@@ -20,9 +20,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-sweep": ("quadforge.training.sweep", "equal-budget lr x optimizer sweep of every imitation model"),
     "dagger": ("quadforge.training.dagger", "imitation with the gait expert relabelling the learner's states (DAgger)"),
     "train-expert": ("quadforge.training.ppo", "train a PPO expert with rsl_rl on the locomotion task"),
-    "eval": ("quadforge.collection.evaluate_cmd", "closed-loop evaluation of a policy across terrain types and levels"),
-    "eval-expert": ("quadforge.collection.evaluate_expert", "evaluate an expert per terrain type x level"),
-    "eval-tracking": ("quadforge.collection.tracking_eval", "velocity tracking and fall rate of an expert per terrain type"),
+    "eval": ("quadforge.evaluation.evaluate_cmd", "closed-loop evaluation of a policy across terrain types and levels"),
+    "eval-expert": ("quadforge.evaluation.evaluate_expert", "evaluate an expert per terrain type x level"),
+    "eval-tracking": ("quadforge.evaluation.tracking_eval", "velocity tracking and fall rate of an expert per terrain type"),
     "reproduce": ("quadforge.tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency; --stages quard: QUARD-Auto and Table III)"),
     "bench": ("quadforge.tools.bench.cli", "benchmarks: sim | env_step | experts | store | models | germ | scale"),
 }

@@ -6,7 +6,7 @@
    in a zarr store, walking commands on flat / slope / rough-slope / stairs tiles, curriculum on);
 2. train FCNet briefly on it (``training.imitation``, the ``cpu`` preset, every episode: the actions
    are the expert's whether or not the episode succeeded);
-3. evaluate FCNet beside the expert over terrain types x levels (``collection.evaluate_expert``: the
+3. evaluate FCNet beside the expert over terrain types x levels (``evaluation.evaluate_expert``: the
    same sweep for both) and print the table and where the report is.
 
 ``--tiny`` shrinks every stage to seconds (the test runs it). Sizes are fields of ``DemoConfig``.
@@ -55,8 +55,8 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     import torch
 
     from quadforge.collection.collect import CollectConfig, run_local
-    from quadforge.collection.evaluate import EvalConfig
-    from quadforge.collection.evaluate_expert import expert_report
+    from quadforge.evaluation.evaluate import EvalConfig
+    from quadforge.evaluation.evaluate_expert import expert_report
     from quadforge.training.imitation import train
     from quadforge.training.optim import OptimConfig
     from quadforge.training.presets import preset
@@ -108,7 +108,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
                            title="Demo: the gait expert and FCNet trained on its data")
     times["eval_s"] = time.perf_counter() - t0
 
-    from quadforge.collection.reports import overall_table
+    from quadforge.evaluation.reports import overall_table
     print()
     print(overall_table(report["results"], labels))
     print()

@@ -9,7 +9,7 @@ Three questions, each answered by measurements taken in this run (nothing is cop
 1. Imitation (seed 000 Fig. 4): FCNet vs Transformer vs Decision ConvFormer vs MLP trained on the
    gait expert's locomotion data at three dataset sizes (env steps: nested prefixes of one collection,
    so a larger set contains the smaller), each evaluated closed loop over terrain types x levels with
-   ``collection.evaluate``; several seeds, mean and spread.
+   ``evaluation.evaluate``; several seeds, mean and spread.
 2. GeRM (seed 003 Table III): GeRM vs GeRM w/o RL (``germ-il``) vs GeRM w/o MoE (``germ-dense``) trained
    on successes and failures (the gait expert clean, plus with action noise and pushes), evaluated on
    success rate.
@@ -87,7 +87,7 @@ class ReproduceConfig:
         for name in ("train_steps", "batch_size", "germ_steps", "eval_episodes", "num_envs"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)}; must be >= 1")
-        from quadforge.collection.evaluate import parse_levels, terrain_types
+        from quadforge.evaluation.evaluate import parse_levels, terrain_types
         terrain_types(self.eval_terrain)
         parse_levels(self.eval_levels)
         from quadforge.output_paths import check_output_dir, check_output_file
@@ -181,7 +181,7 @@ def load_all(store: Path) -> Any:
 
 # --- evaluation of one policy -----------------------------------------------------------------------------
 def eval_policy(policy: str, out: Path, cfg: ReproduceConfig, seed: int) -> dict[str, Any]:
-    from quadforge.collection.evaluate import EvalConfig, evaluate, write_outputs
+    from quadforge.evaluation.evaluate import EvalConfig, evaluate, write_outputs
     ecfg = EvalConfig(policy=policy, out=str(out), terrain=cfg.eval_terrain, levels=cfg.eval_levels,
                       episodes=cfg.eval_episodes, num_envs=cfg.num_envs, seed=1000 + seed,
                       max_episode_s=cfg.max_episode_s, progress=False)

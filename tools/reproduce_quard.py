@@ -42,8 +42,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from quadforge.envs.quard.families import family_names
 from quadforge.output_paths import holds_run
-from quadforge.tools.quard_report import FAMILIES, MODEL_NAMES, TABLE3_ROWS, update_docs
+from quadforge.tools.quard_report import MODEL_NAMES, TABLE3_ROWS, update_docs
 SCALES = ("tiny", "cpu", "paper")
 
 
@@ -473,7 +474,7 @@ def eval_results(cfg: QuardConfig, step: Step, train_record: dict[str, Any] | No
     m = step.meta
     params = parameters_of(Path(step.argv[step.argv.index("--policy") + 1]))
     out: dict[str, dict[str, Any]] = {}
-    for fam in FAMILIES:
+    for fam in family_names():
         rows = [r[fam] for r in by_colours.values() if fam in r]
         if not rows:
             raise ValueError(f"{step.output}/eval.json has no results for family {fam!r}; cannot score {step.id}")
@@ -520,7 +521,7 @@ def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str
             records[step.id] = run_step(cfg, step, log)
             bar.update(1)
         if step.stage == "eval":
-            paths = {fam: out / "results" / f"{step.meta['run']}_{fam}.json" for fam in FAMILIES}
+            paths = {fam: out / "results" / f"{step.meta['run']}_{fam}.json" for fam in family_names()}
             if ran or not all(p.exists() for p in paths.values()):   # an evaluation run again replaces its results
                 per = eval_results(cfg, step, records.get(f"train-{step.meta['run']}"), records[step.id])
                 for fam, path in paths.items():

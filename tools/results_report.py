@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from quadforge.collection.reports import fmt, markdown_table
+from quadforge.evaluation.reports import fmt, markdown_table
 
 # the markers of the "Table III on our tasks" section, written by tools/quard_report.py and kept by write_report
 QUARD_BEGIN, QUARD_END = "<!-- table3-quard:begin -->", "<!-- table3-quard:end -->"

@@ -1,20 +1,23 @@
 """`quadforge rollout`: run a policy (zero actions, the gait expert or any checkpoint) in LeggedEnv for a few seconds and
 print a summary: env steps/s, episodes and how they ended, mean base velocity vs command, terrain levels.
+On a QUARD task (``--task quard:...``) any policy ``load_policy`` knows runs over the task's env (the
+privileged expert by default, a VLA checkpoint with the camera on); the summary is per family.
 """
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import torch
 
 from quadforge.cli_flags import add_json, add_num_envs, add_num_threads, add_robot, add_seed, write_json
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
-from quadforge.envs.builder import make_env
+from quadforge.envs.builder import get_task, make_env
 from quadforge.envs.config import RandomizationConfig
 from quadforge.envs.terminations import TERMINATION_REASONS
 from quadforge.envs.terrain import TERRAIN_SPEC_HELP
-from quadforge.experts.registry import check_policy_spec, policy_for_env, spec_help
+from quadforge.experts.registry import check_policy_spec, policy_for_env, spec_help, task_blindness
 from quadforge.layout import COMMAND_NAMES
 from quadforge.seeding import seed_everything
 
@@ -22,16 +25,18 @@ from quadforge.seeding import seed_everything
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="locomotion",
-                        help="locomotion (joystick commands), or a QUARD task: quard:<family> | quard:all "
-                             "(families go_to, go_avoid, stop, distinguish, go_through; --policy expert or zero)")
-    parser.add_argument("--images", action="store_true", help="QUARD tasks: render the front camera (5 Hz)")
+                        help="locomotion (joystick commands), or a QUARD task: quard:<family> | quard:all (any "
+                             "policy: the privileged quard_expert by default, a VLA checkpoint, ...)")
+    parser.add_argument("--images", action="store_true",
+                        help="QUARD tasks: render the front camera (5 Hz); on by itself for a policy that reads it")
     parser.add_argument("--colours", default="train", choices=("train", "held_out", "all"),
                         help="QUARD tasks: object colours (train: blue green red yellow; held_out: gold orange "
                              "pink purple)")
     add_robot(parser)
     add_num_envs(parser, 16)
     parser.add_argument("--seconds", type=float, default=5.0, help="simulated seconds per env")
-    parser.add_argument("--policy", default="zero", help=spec_help())
+    parser.add_argument("--policy", default=None,
+                        help=f"{spec_help()} (default: zero on locomotion, quard_expert on quard:*)")
     parser.add_argument("--gait", default=None, help="gait of the gait expert (same as --policy gait:<gait>)")
     parser.add_argument("--terrain", default="flat", help=TERRAIN_SPEC_HELP)
     parser.add_argument("--command", default=None, metavar="VX,VY,WZ",
@@ -55,15 +60,30 @@ def _command(text: str | None):
     return vals
 
 
-def build_env(args: argparse.Namespace):
+def build_env(args: argparse.Namespace, images: bool = False):
+    """The env of ``--task`` (``make_env``); a QUARD task's camera renders only with ``images``."""
     if args.num_envs < 1:
         raise ValueError(f"--num-envs {args.num_envs}: allowed: an integer >= 1")
     if not args.seconds > 0:
         raise ValueError(f"--seconds {args.seconds}: allowed: > 0")
-    overrides = {"randomization": RandomizationConfig.off()} if args.no_randomization else {}
     backend, warp = backend_from_args(args)
-    return make_env(args.robot, args.terrain, num_envs=args.num_envs, seed=args.seed, num_threads=args.num_threads,
-                    overrides=overrides, backend=backend, warp=warp)
+    common = dict(num_envs=args.num_envs, seed=args.seed, num_threads=args.num_threads, backend=backend, warp=warp)
+    if args.task != "locomotion":
+        return make_env(args.robot, args.terrain, task=args.task,
+                        task_options={"images": bool(images), "colours": args.colours}, **common)
+    nominal = (lambda cfg: replace(cfg, randomization=RandomizationConfig.off())) if args.no_randomization else None
+    return make_env(args.robot, args.terrain, adjust=nominal, **common)
+
+
+def _policy_spec(args: argparse.Namespace) -> str:
+    """``--policy``, or the task's default: zero actions on locomotion, the task's own policy elsewhere
+    (``Task.default_policy``: the privileged expert on quard:*); ``--gait`` picks the gait expert's gait."""
+    spec = args.policy or ("zero" if args.task == "locomotion" else get_task(args.task).default_policy)
+    if args.gait is not None:
+        if spec != "gait":
+            raise ValueError(f"--gait {args.gait!r} applies to --policy gait only (got --policy {spec!r})")
+        spec = f"gait:{args.gait}"
+    return spec
 
 
 def rollout(env, policy, seconds: float, command=None) -> dict:
@@ -125,12 +145,9 @@ def format_summary(s: dict, policy: str, terrain: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.task != "locomotion":
+        get_task(args.task)            # a one-line error naming the tasks for a bad name
         return run_quard(args)
-    spec = args.policy
-    if args.gait is not None:
-        if spec != "gait":
-            raise ValueError(f"--gait {args.gait!r} applies to --policy gait only (got --policy {spec!r})")
-        spec = f"gait:{args.gait}"
+    spec = _policy_spec(args)
     check_policy_spec(spec)
     command = _command(args.command)
     seed_everything(args.seed)
@@ -143,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         summary = rollout(env, policy, args.seconds, command)
     finally:
         env.close()
-    print(format_summary(summary, args.policy, args.terrain))
+    print(format_summary(summary, spec, args.terrain))
     if args.json:
         write_json(args.json, summary)
         if args.json != "-":
@@ -152,31 +169,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_quard(args: argparse.Namespace) -> int:
-    """``--task quard:...``: the QUARD env under the privileged expert (or zero actions) for
+    """``--task quard:...``: the QUARD env under any policy (default: the privileged expert) for
     ``--seconds`` of simulated time per env; per family: episodes, success rate, outcomes."""
     import collections
 
     from quadforge.collection.rollout import Rollout, RolloutConfig
-    from quadforge.envs.quard.env import QuardConfig, QuardEnv
-    from quadforge.envs.quard.instructions import task_families
-    from quadforge.envs.terrain import terrain_config
 
-    task_families(args.task)   # a one-line error for a bad task name
-    if args.policy not in ("expert", "zero"):
-        raise ValueError(f"--policy {args.policy!r} with --task {args.task}: allowed: expert, zero")
-    if args.num_envs < 1 or not args.seconds > 0:
-        raise ValueError("--num-envs must be >= 1 and --seconds > 0")
+    spec = _policy_spec(args)
+    check_policy_spec(spec)
     seed_everything(args.seed)
     torch.set_num_threads(1)
-    env = QuardEnv(QuardConfig.make(args.task, robot=args.robot, num_envs=args.num_envs, seed=args.seed,
-                                    terrain=terrain_config(args.terrain), images=args.images,
-                                    colours=args.colours))
+    env, policy = _quard_env_and_policy(args, spec)
     try:
-        if args.policy == "expert":
-            from quadforge.experts.quard_expert import make_quard_expert
-            policy = make_quard_expert(env)
-        else:
-            policy = policy_for_env("zero", env, args.robot)
+        blind = task_blindness(policy, env)
+        if blind:
+            print(f"warning: --policy {spec} on --task {args.task}: {blind}")
         steps = max(1, int(round(args.seconds / env.dt)))
         t0 = time.perf_counter()
         outcomes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -185,11 +192,11 @@ def run_quard(args: argparse.Namespace) -> int:
         wall = time.perf_counter() - t0
     finally:
         env.close()
-    summary = {"task": args.task, "policy": args.policy, "num_envs": args.num_envs, "sim_seconds": steps * env.dt,
-               "wall_seconds": wall, "env_steps_per_s": steps * args.num_envs / wall,
+    summary = {"task": args.task, "policy": spec, "policy_id": policy.policy_id, "num_envs": args.num_envs,
+               "sim_seconds": steps * env.dt, "wall_seconds": wall, "env_steps_per_s": steps * args.num_envs / wall,
                "families": {t: {"episodes": sum(c.values()), "success_rate": c["success"] / max(sum(c.values()), 1),
                                 "outcomes": dict(c)} for t, c in sorted(outcomes.items())}}
-    print(f"rollout: task={args.task} policy={args.policy} envs={args.num_envs} "
+    print(f"rollout: task={args.task} policy={spec} envs={args.num_envs} "
           f"{summary['sim_seconds']:.1f} s simulated in {wall:.1f} s wall ({summary['env_steps_per_s']:.0f} env steps/s)")
     for t, f in summary["families"].items():
         print(f"  {t:18s} episodes {f['episodes']:4d}  success {f['success_rate']:.3f}  "
@@ -197,3 +204,23 @@ def run_quard(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, summary)
     return 0
+
+
+def _quard_env_and_policy(args: argparse.Namespace, spec: str):
+    """The QUARD env and the policy over it; the camera renders when ``--images`` asks for it or the policy
+    reads camera frames (a VLA checkpoint), found when it is loaded for the env."""
+    env = build_env(args, images=args.images)
+    try:
+        policy = policy_for_env(spec, env, args.robot)
+        if args.images or not any(t.startswith("images/") for t in policy.obs_terms):
+            return env, policy
+    except BaseException:
+        env.close()
+        raise
+    env.close()
+    env = build_env(args, images=True)
+    try:
+        return env, policy_for_env(spec, env, args.robot)
+    except BaseException:
+        env.close()
+        raise

@@ -38,7 +38,7 @@ import torch
 
 from quadforge.cli_flags import add_out, add_seed, add_store, require
 from quadforge.collection.collect import CollectConfig, run_local
-from quadforge.collection.evaluate import EvalConfig, evaluate, write_outputs
+from quadforge.evaluation.evaluate import EvalConfig, evaluate, write_outputs
 from quadforge.data.episodes import EpisodeArrays
 from quadforge.data.store import TrajectoryStore
 from quadforge.layout import get_layout

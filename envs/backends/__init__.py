@@ -57,7 +57,7 @@ register_backend(BackendSpec(
 # needs the optional extra quadforge[gpu] (mujoco-warp); without it building it is a one-line ImportError
 register_backend(BackendSpec(
     "mujoco_warp", "quadforge.envs.backends.mujoco_warp:MujocoWarpBackend",
-    "MuJoCo Warp on a GPU, or Warp's CPU device; needs quadforge[gpu]", frozenset({"cameras"}), ("cpu", "cuda")))
+    "MuJoCo Warp on a GPU, or Warp's CPU device; needs quadforge[gpu]", frozenset(CAPABILITIES), ("cpu", "cuda")))
 
 
 def backend_spec(name: str) -> BackendSpec:

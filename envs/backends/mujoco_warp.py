@@ -202,9 +202,6 @@ class MujocoWarpBackend(SceneBackend):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"WarpConfig.{name}={v!r}; allowed: None or an integer >= 1")
         self.check_config(cfg)
-        if getattr(cfg, "scene_addon", None) is not None:
-            raise NotImplementedError("mujoco_warp: scene addons (task objects, their sensors) are not supported "
-                                      "yet; use backend mujoco_cpu for task scenes")
         wp, mjw = import_warp()
         self._wp, self._mjw = wp, mjw
         wp.init()
@@ -246,11 +243,13 @@ class MujocoWarpBackend(SceneBackend):
         self._acc_saved = t(self._acc_saved_wp)
         self._acc_cols = torch.as_tensor(self._acc_columns(mjm), device=self.device)
         self._overflow = t(self.d.overflow)                     # (N,) int32 bitmask
+        # task objects (a scene addon's mocap bodies), per world: (N, nmocap, 3) and (N, nmocap, 4) wxyz
+        self._mocap_pos, self._mocap_quat = t(self.d.mocap_pos), t(self.d.mocap_quat)
         self._reset_mask = torch.zeros(n, dtype=torch.bool, device=self.device)
         self._reset_mask_wp = wp.from_torch(self._reset_mask, dtype=wp.bool)
         self._dropping_bits = sum(int(getattr(mjw.OverflowType, k)) for k in _DROPPING)
 
-        s = self.scene.sensors.size
+        s = mjm.nsensordata                                      # the robot's sensors, then a scene addon's
         dev = self.device
         self._sens = torch.zeros(n, s, device=dev)             # our readout: state is refreshed from it
         self._reset_qpos = torch.zeros(n, mjm.nq, device=dev)   # each env's last reset state, to restore
@@ -346,6 +345,34 @@ class MujocoWarpBackend(SceneBackend):
         # velocity-dependent quantities of the pending substep must see the new velocity
         self._forward_masked()
         self._refresh()
+
+    # ------------------------------------------------------------------ task scenes (optional capabilities)
+    def set_mocap(self, env_ids, pos: np.ndarray, quat: np.ndarray | None = None, forward: bool = False) -> None:
+        """Place the scene's mocap bodies (task objects) of the given worlds: ``pos`` (k, nmocap, 3),
+        ``quat`` (k, nmocap, 4) wxyz or None to keep. ``forward`` recomputes those worlds' derived
+        quantities and readout now (after a reset, so the first frame and contacts see the objects);
+        otherwise the next step does - the same rule as ``mujoco_cpu``."""
+        ids = self._ids(env_ids)
+        nm = self.mjm.nmocap
+        pos = torch.as_tensor(np.asarray(pos), dtype=torch.float32, device=self.device)
+        if tuple(pos.shape) != (ids.numel(), nm, 3):
+            raise ValueError(f"set_mocap: pos must have shape ({ids.numel()}, {nm}, 3), got {tuple(pos.shape)}")
+        self._mocap_pos[ids] = pos
+        if quat is not None:
+            q = torch.as_tensor(np.asarray(quat), dtype=torch.float32, device=self.device)
+            if tuple(q.shape) != (ids.numel(), nm, 4):
+                raise ValueError(f"set_mocap: quat must have shape ({ids.numel()}, {nm}, 4), got {tuple(q.shape)}")
+            self._mocap_quat[ids] = q
+        if forward:
+            self._reset_mask.zero_()
+            self._reset_mask[ids] = True
+            self._forward_masked()
+            self._refresh()
+
+    def sensor_columns(self, cols: slice) -> np.ndarray:
+        """(N, k) float64 host copy of the last readout's sensordata columns (e.g. a scene addon's
+        sensors): the task rules that read them run on the host."""
+        return self._sens[:, cols].to(torch.float64).cpu().numpy()
 
     def make_camera(self, cfg):
         """A batched camera over the worlds (``envs.backends.warp_camera.WarpCamera``): MuJoCo Warp's

@@ -43,21 +43,31 @@ class WarpCamera:
             self._depth = wp.zeros((n, self.height, self.width), dtype=float) if self.depth else None
             self._seg = wp.zeros((n, self.height, self.width), dtype=wp.vec2i)
         self._fresh = False
+        self._colour_ids, self._env_rgba = None, None
 
     def set_colour_geoms(self, geom_ids: np.ndarray, env_rgba: np.ndarray) -> None:
-        """Geoms whose colour is per env and the (N, G, 4) rgba every env gives them."""
+        """Geoms whose colour is per env and the (N, G, 4) rgba every env gives them, kept by reference
+        (as the CPU camera keeps it): each render uploads the colours the envs have then."""
         b, wp = self.backend, self._wp
         m = b.m
         if m.geom_rgba.shape[0] != b.num_envs:   # batch the colours per world once
             rows = np.repeat(m.geom_rgba.numpy()[:1], b.num_envs, axis=0)
             with b._scope():
                 m.geom_rgba = wp.array(rows, dtype=wp.vec4)
-        rgba = wp.to_torch(m.geom_rgba)                                   # (N, ngeom, 4)
-        ids = torch.as_tensor(np.asarray(geom_ids, dtype=np.int64), device=b.device)
-        rgba[:, ids] = torch.as_tensor(np.asarray(env_rgba, dtype=np.float32), device=b.device)
+        self._colour_ids = torch.as_tensor(np.asarray(geom_ids, dtype=np.int64), device=b.device)
+        self._env_rgba = env_rgba
+        self._upload_colours()
+
+    def _upload_colours(self) -> None:
+        if self._env_rgba is None:
+            return
+        b = self.backend
+        rgba = self._wp.to_torch(b.m.geom_rgba)                           # (N, ngeom, 4)
+        rgba[:, self._colour_ids] = torch.as_tensor(np.asarray(self._env_rgba, dtype=np.float32), device=b.device)
 
     def _render_all(self) -> None:
         b = self.backend
+        self._upload_colours()
         with b._scope():
             self._mjw.refit_bvh(b.m, b.d, self.rc)
             self._mjw.render(b.m, b.d, self.rc)

@@ -32,12 +32,11 @@ from quadforge.envs.backends import make_backend, require_capabilities
 from quadforge.envs.commands import yaw_from_quat
 from quadforge.envs.config import CommandsConfig, EnvConfig, InitConfig, RandomizationConfig
 from quadforge.envs.quard.camera import CameraConfig
-from quadforge.envs.quard.families import EpisodeScene, sample_episode, swap_instruction
+from quadforge.envs.quard.families import EpisodeScene, family_code, get_family, sample_episode, swap_instruction
 from quadforge.envs.quard.instructions import (GAIT_WORDS, HELD_OUT_COLOURS, SPEEDS, TRAIN_COLOURS,
                                                instruction_table, task_families)
 from quadforge.envs.quard.objects import NEUTRAL, PARK, RGB, ObjectLibrary
-from quadforge.envs.quard.rules import (FAMILY_CODE, OUTCOME_CODE, OUTCOMES, TIME_LIMIT_S, RuleState, inside_tunnel,
-                                        judge)
+from quadforge.envs.quard.rules import OUTCOME_CODE, OUTCOMES, RuleState, inside_tunnel, judge
 from quadforge.envs.tasks.locomotion import LocomotionTask, StepResult
 from quadforge.envs.terminations import BASE_COLLISION, FALL, NON_FINITE, TASK_END, TIME_OUT
 from quadforge.envs.vec_env import LeggedEnv
@@ -92,9 +91,10 @@ class QuardConfig:
         if not isinstance(self.image_every, int) or self.image_every < 1:
             raise ValueError(f"QuardConfig.image_every={self.image_every!r}; allowed: an integer >= 1 (control steps)")
         self.camera.validate()
-        if self.env.episode_length_s < max(TIME_LIMIT_S[f] for f in self.families):
+        longest = max(get_family(f).time_limit_s for f in self.families)
+        if self.env.episode_length_s < longest:
             raise ValueError(f"QuardConfig.env.episode_length_s={self.env.episode_length_s}; the families "
-                             f"{self.families} need >= {max(TIME_LIMIT_S[f] for f in self.families)} s")
+                             f"{self.families} need >= {longest} s")
         return self
 
 
@@ -180,7 +180,7 @@ class QuardScenes:
                 self.rgba[i, self._geom_slices[inst_idx]] = self._rgba(inst, place.colour)
                 if p_idx == scene.moving:
                     self.moving[i] = inst.mocap
-            self.family[i] = FAMILY_CODE[family]
+            self.family[i] = family_code(family)
             self.speed[i] = SPEEDS.index(scene.params["speed"])
             self.gait[i] = GAIT_WORDS.index(scene.params["gait"])
             self.instruction[i] = self._table_index[scene.params["instruction"]]
@@ -420,7 +420,10 @@ class QuardEnv(LeggedEnv):
     def policy_context(self) -> dict[str, Any]:
         """What a policy reading this env's frames and instructions checks and uses (``policy_for_env``)."""
         c = self.qcfg.camera
+        # task_terms: what says which object the task names; a policy reading neither can never succeed
+        # here (experts.registry.task_blindness)
         return {"task": self.qcfg.task, "instructions": list(self.instruction_table),
+                "task_terms": ("instruction", "task_target_pos"),
                 "camera": {"name": "front", "height": c.height, "width": c.width, "image_every": self.qcfg.image_every}}
 
     def task_params(self, env_id: int) -> dict[str, Any]:

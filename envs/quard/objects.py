@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import mujoco
 import numpy as np
 
-from quadforge.envs.quard.instructions import COLOURS, LETTERS, OBJECTS, TUNNEL_SHAPES
+from quadforge.envs.quard.words import COLOURS, LETTERS, OBJECTS, TUNNEL_SHAPES
 
 RGB: dict[str, tuple[float, float, float]] = {
     "blue": (0.10, 0.30, 0.95), "green": (0.10, 0.70, 0.20), "red": (0.90, 0.10, 0.10),

@@ -1,4 +1,6 @@
-"""Registers ``quard:<family>`` and ``quard:all`` with the env builder (``envs.builder.make_env``).
+"""Registers the ``quard:`` tasks with the env builder (``envs.builder.make_env``): ``quard:<family>`` for
+every family registered in ``envs.quard.families`` (at any time: the names are resolved when asked) and
+``quard:all``.
 
 The builder imports this module on the first ``quard:`` task name. ``configure`` puts the QUARD
 locomotion settings (``envs.quard.env.quard_env_config``: nominal physics, no pushes, calm start, the
@@ -12,10 +14,11 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from quadforge.envs.builder import register_task
+from quadforge.envs.builder import Task, register_task_prefix
 from quadforge.envs.config import EnvConfig
 from quadforge.envs.quard.env import QuardConfig, QuardEnv, quard_env_config
-from quadforge.envs.quard.instructions import FAMILIES, TEMPLATES
+from quadforge.envs.quard.families import get_family
+from quadforge.envs.quard.instructions import quard_tasks, task_families
 
 
 def _configure(cfg: EnvConfig) -> EnvConfig:
@@ -25,10 +28,12 @@ def _configure(cfg: EnvConfig) -> EnvConfig:
     return q
 
 
-for _name in ("quard:all",) + tuple(f"quard:{f}" for f in FAMILIES):
-    _help = ("QUARD: a family drawn per episode" if _name == "quard:all"
-             else f"QUARD {_name[6:]}: \"{TEMPLATES[_name[6:]]}, <speed> with a <gait> gait\"")
-    register_task(_name, _configure, _help, make=lambda cfg, name=_name, **options: _make(name, cfg, options))
+def _task(name: str) -> Task:
+    families = task_families(name)        # a one-line error naming the allowed families
+    help = ("QUARD: a family drawn per episode" if name == "quard:all"
+            else f"QUARD {families[0]}: \"{get_family(families[0]).template}, <speed> with a <gait> gait\"")
+    return Task(name, _configure, help, make=lambda cfg, **options: _make(name, cfg, options),
+                default_policy="quard_expert")
 
 
 def _make(name: str, cfg: EnvConfig, options: dict) -> QuardEnv:
@@ -38,3 +43,6 @@ def _make(name: str, cfg: EnvConfig, options: dict) -> QuardEnv:
     if unknown:
         raise ValueError(f"{name}: unknown task options {unknown}; allowed: {', '.join(sorted(allowed))}")
     return QuardEnv(QuardConfig(task=name, env=cfg, **options))
+
+
+register_task_prefix("quard", _task, quard_tasks)

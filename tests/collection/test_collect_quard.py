@@ -30,8 +30,9 @@ def test_collect_quard_with_the_expert_writes_frames_instructions_and_task_param
 
 
 def test_collect_quard_without_images_keeps_everything_but_the_frames(tmp_path, capsys):
+    """Also: no --policy on a QUARD task collects with the privileged expert (issue 27), as eval does."""
     store = tmp_path / "quard_no_images"
-    assert main(["collect", "--task", "quard:stop", "--policy", "quard_expert", "--episodes", "1",
+    assert main(["collect", "--task", "quard:stop", "--episodes", "1",
                  "--num-envs", "1", "--store", str(store), "--no-progress", "--seed", "3", "--no-images"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["in_store"] == 1
 
@@ -42,6 +43,20 @@ def test_collect_quard_without_images_keeps_everything_but_the_frames(tmp_path, 
     assert s.image_features == () and not any(n.startswith("images/") for n in s.feature_names)
     assert {"instruction", "task_target_pos", "hl_commands", "dof_pos"} <= set(s.feature_names)
     assert s.task_params(0)["family"] == "stop" and s.instruction_text(0).startswith("stop the ")
+    assert "quard_expert" in str(s.episodes["policy_id"][0]) and bool(s.episodes["success"][0])
+
+
+def test_collect_refuses_a_policy_that_cannot_know_the_quard_task(tmp_path, capsys):
+    """A locomotion policy reads neither the instruction nor the target: its episodes could never succeed
+    (issue 27: 4 timeouts, exit 0, no warning); collect says so and what to use, and writes no episode."""
+    store = tmp_path / "s"
+    assert main(["collect", "--task", "quard:go_to", "--policy", "gait", "--episodes", "2", "--num-envs", "1",
+                 "--store", str(store), "--no-progress", "--no-images"]) != 0
+    err = capsys.readouterr().err
+    assert "collect --policy gait on --task quard:go_to: policy gait:trot reads none of" in err
+    assert "can never succeed there; collect with --policy quard_expert (the default)" in err
+    from quadforge.collection.collect import store_count
+    assert store_count(str(store)) == 0
 
 
 def test_no_images_is_refused_for_the_locomotion_task(tmp_path, capsys):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from quadforge.collection.evaluate import EvalConfig, TimedPolicy, evaluate, parse_levels, run_round, terrain_types, write_outputs
-from quadforge.collection.metrics import episode_metrics, high_freq_energy, summarize, wilson_interval
+from quadforge.evaluation.evaluate import EvalConfig, TimedPolicy, evaluate, parse_levels, run_round, terrain_types, write_outputs
+from quadforge.evaluation.metrics import episode_metrics, high_freq_energy, summarize, wilson_interval
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.tools.cli import main as cli_main
 

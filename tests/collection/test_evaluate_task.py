@@ -53,7 +53,7 @@ def test_eval_refuses_bad_instruction_sets(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_privileged_expert_follows_swapped_instructions_in_every_family(tmp_path):
-    from quadforge.collection.evaluate_task import TaskEvalConfig, evaluate_task
+    from quadforge.evaluation.evaluate_task import TaskEvalConfig, evaluate_task
     result = evaluate_task(TaskEvalConfig(task="quard:all", colours=("train",), instructions=("swapped",), episodes=2,
                                           num_envs=2, frames=False, out=str(tmp_path)), log=lambda _: None)
     assert result["overall"]["episodes"] == 0 and result["instruction_following"]["episodes"] == 10

@@ -8,6 +8,7 @@ from quadforge.data.writer import StagingWriter
 from quadforge.data.compaction import compact
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.synthetic import synthetic_episode, synthetic_image_episode, synthetic_info, synthetic_task_params
+from quadforge.envs.quard.families import family_names
 
 STRIDE = 3
 
@@ -36,7 +37,7 @@ def _build(root):
         f["hl_commands"][:, 0] = np.arange(length)
         f["hl_commands"][:, 1] = e
         f["rewards"][:] = 1.0
-        params = synthetic_task_params(e)
+        params = synthetic_task_params(e, families=family_names())
         w.write_episode(f, {**synthetic_info(e, success), "task_params": params, "frame_stride": STRIDE,
                             "instruction": ["go left", "go right"][e % 2],
                             "instructions": {str(e % 2): ["go left", "go right"][e % 2]}})

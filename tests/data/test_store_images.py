@@ -14,6 +14,7 @@ from quadforge.data.writer import StagingWriter
 from quadforge.data.compaction import compact
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.synthetic import synthetic_episode, synthetic_image_episode, synthetic_info, synthetic_task_params
+from quadforge.envs.quard.families import family_names
 from quadforge.data.validate import validate
 
 ENV_TABLE = ["go to the red cube, slowly with a trotting gait", "stop the blue ball, quickly with a pacing gait",
@@ -40,7 +41,7 @@ def write_image_episodes(store, collector="cam", n=4, seed=0, stride=10, depth=T
         k = (i + seed) % len(table)
         feats = synthetic_image_episode(rng, length, success, stride=stride, size=size, depth=depth,
                                         instruction_index=k)
-        params = synthetic_task_params(i, seed)
+        params = synthetic_task_params(i, seed, families=family_names())
         info = {**synthetic_info(i, success), "task": f"quard:{params['family']}", "task_params": params,
                 "instruction": table[k], "instructions": {str(k): table[k]}, "frame_stride": stride}
         out.append((w.write_episode(feats, info), feats, info))

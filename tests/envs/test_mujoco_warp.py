@@ -22,6 +22,10 @@ from quadforge.envs.backends.mujoco_warp import _rotate_inverse, available
 
 torch.set_num_threads(1)
 needs_warp = pytest.mark.skipif(not available(), reason="mujoco-warp not installed (pip install 'quadforge[gpu]')")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# The Warp devices the behaviour checks run on: Warp's CPU device (slow lane) and a GPU (`pytest -m gpu`)
+WARP_DEVICES = [pytest.param("cpu", id="warp-cpu"),
+                pytest.param("cuda:0", id="warp-cuda", marks=[pytest.mark.gpu, needs_cuda])]
 
 # Stated tolerances (max abs difference over envs and components, SI units) between mujoco_warp
 # (float32) and mujoco_cpu (float64) from the same state and targets, 6 envs with randomised physics.
@@ -190,7 +194,7 @@ def test_graph_capture_runs_on_the_backends_stream_not_torchs_default(monkeypatc
 
 @pytest.mark.gpu
 @needs_warp
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@needs_cuda
 def test_cuda_graph_step_runs_from_torchs_default_stream():
     """The crash of every `--warp-device cuda` run (issue 23): the first step captured a graph on the
     legacy default stream. Stepping from torch's default stream must capture, replay and stay finite."""
@@ -206,9 +210,9 @@ def test_cuda_graph_step_runs_from_torchs_default_stream():
 
 
 # --- slow: Warp's CPU device -----------------------------------------------------------------------------
-def _pair(terrain=None, num_envs=6, **warp):
+def _pair(terrain=None, num_envs=6, device="cpu", **warp):
     cfg = BackendConfig(num_envs=num_envs, num_threads=1, seed=3, randomization=RandomizationConfig(),
-                        terrain=terrain, warp=WarpConfig(device="cpu", **warp))
+                        terrain=terrain, warp=WarpConfig(device=device, **warp))
     return make_backend("mujoco_cpu", cfg), make_backend("mujoco_warp", cfg)
 
 
@@ -232,7 +236,7 @@ def _spawn(backend, num_envs: int, rough: bool):
 
 
 def _max_diff(a: RobotState, b: RobotState) -> dict[str, float]:
-    return {name: float((getattr(a, name) - getattr(b, name)).abs().max()) for name in TOLERANCES}
+    return {name: float((getattr(a, name).cpu() - getattr(b, name).cpu()).abs().max()) for name in TOLERANCES}
 
 
 def _check(a, b, what: str, tolerances: dict[str, float] = TOLERANCES) -> None:
@@ -240,18 +244,19 @@ def _check(a, b, what: str, tolerances: dict[str, float] = TOLERANCES) -> None:
     over = {k: v for k, v in diff.items() if k in tolerances and v > tolerances[k]}
     assert not over, f"{what}: {over} (all: {diff})"
     if tolerances is TOLERANCES:
-        assert torch.equal(a.state.foot_contact, b.state.foot_contact), f"{what}: foot contact"
+        assert torch.equal(a.state.foot_contact.cpu(), b.state.foot_contact.cpu()), f"{what}: foot contact"
 
 
 @needs_warp
 @pytest.mark.slow
+@pytest.mark.parametrize("device", WARP_DEVICES)
 @pytest.mark.parametrize("rough", [False, True], ids=["flat", "rough"])
-def test_same_state_and_targets_give_the_same_trajectory(rough):
+def test_same_state_and_targets_give_the_same_trajectory(rough, device):
     from quadforge.envs.terrain import TerrainConfig
     n = 6
-    cpu, warp = _pair(TerrainConfig.mixed() if rough else None, n)
+    cpu, warp = _pair(TerrainConfig.mixed() if rough else None, n, device)
     for name in ("friction", "added_mass", "motor_strength"):   # the same per-env physics
-        torch.testing.assert_close(cpu.env_params[name], warp.env_params[name])
+        torch.testing.assert_close(cpu.env_params[name], warp.env_params[name].cpu())
     assert warp.env_params["friction"].unique().numel() > 1
     spawn = _spawn(cpu, n, rough)
     default = torch.tensor(cpu.robot.default_joint_pos, dtype=torch.float32).repeat(n, 1)
@@ -262,7 +267,7 @@ def test_same_state_and_targets_give_the_same_trajectory(rough):
         for t in range(1, steps + 1):
             phase = 2 * torch.pi * 2.0 * t * cpu.sim_dt * cpu.decimation + 0.7 * torch.arange(12)
             targets = default if mode == "standing" else default + 0.3 * torch.sin(phase)
-            bad_c, bad_w = cpu.step(targets), warp.step(targets)
+            bad_c, bad_w = cpu.step(targets), warp.step(targets.to(warp.device))
             assert not bad_c.any() and not bad_w.any()
             if t in (1, 10, 100):
                 loose = rough and mode == "moving" and t == 10
@@ -365,7 +370,7 @@ def test_buffer_overflow_is_reported_never_silent():
     t.close()
 
 
-def _walk(backend: str, commands: list[list[float]], steps: int):
+def _walk(backend: str, commands: list[list[float]], steps: int, device: str = "cpu"):
     from quadforge.envs.config import EnvConfig
     from quadforge.envs.vec_env import LeggedEnv
     from quadforge.experts.gait import GaitController
@@ -374,7 +379,7 @@ def _walk(backend: str, commands: list[list[float]], steps: int):
     cfg = EnvConfig.flat(num_envs=n, seed=3)
     cfg.backend_name = backend
     cfg.backend.num_threads = 1
-    cfg.backend.warp = WarpConfig(device="cpu")
+    cfg.backend.warp = WarpConfig(device=device)
     cfg.curriculum = False
     cfg.randomization.push_robots = False
     env = LeggedEnv(cfg)
@@ -385,20 +390,22 @@ def _walk(backend: str, commands: list[list[float]], steps: int):
     ctrl.reset(torch.arange(n))
     falls, vel = torch.zeros(n), []
     for t in range(steps):
-        _, _, dones, extras = env.step(ctrl.act(env.terms))
-        falls += (dones & ~extras["time_outs"]).float()
+        # the controller runs on the host; the env moves its actions to the physics device
+        _, _, dones, extras = env.step(ctrl.act({k: v.cpu() for k, v in env.terms.items()}))
+        falls += (dones & ~extras["time_outs"]).float().cpu()
         if t >= steps // 2:
-            vel.append(torch.stack([env.terms["base_lin_vel"][:, 0], env.terms["base_ang_vel"][:, 2]], -1))
+            vel.append(torch.stack([env.terms["base_lin_vel"][:, 0], env.terms["base_ang_vel"][:, 2]], -1).cpu())
     env.close()
     return falls, torch.stack(vel).mean(0)
 
 
 @needs_warp
 @pytest.mark.slow
-def test_gait_expert_walks_under_both_backends():
+@pytest.mark.parametrize("device", WARP_DEVICES)
+def test_gait_expert_walks_under_both_backends(device):
     commands = [[0.0, 0.0, 0.0], [0.5, 0.0, 0.0], [-0.5, 0.0, 0.0], [0.5, 0.0, 0.5]]
     target = torch.tensor(commands)
-    results = {b: _walk(b, commands, steps=150) for b in ("mujoco_cpu", "mujoco_warp")}
+    results = {b: _walk(b, commands, steps=150, device=device) for b in ("mujoco_cpu", "mujoco_warp")}
     for backend, (falls, vel) in results.items():
         assert falls.sum() == 0, backend
         assert (vel[:, 0] - target[:, 0]).abs().max() < 0.15, (backend, vel)
@@ -455,3 +462,65 @@ def test_batch_renderer_frames_every_world_and_sees_per_env_colours(monkeypatch)
     assert rgb[0, 12, 16, 0] > 100 and rgb[1, 12, 16, 2] > 100 and rgb[1, 12, 16, 0] < 60, rgb[:, 12, 16]
     cam.close()
     b.close()
+
+
+@needs_warp
+@pytest.mark.slow
+def test_quard_scene_on_warp_equals_mujoco_cpu():
+    """A QUARD task on Warp's CPU device against mujoco_cpu, same seed: the same scenes drawn, the objects
+    at the same poses in every world, the obstacle's contact sensor reading the same force when a leg
+    touches it, and the camera seeing the target on the same pixels (segmentation: rays on the CPU,
+    MuJoCo Warp's ray tracer on Warp) in the env's colour."""
+    from quadforge.envs.quard.camera import CameraConfig
+    from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    from quadforge.envs.quard.objects import RGB
+    envs = {}
+    for backend in ("mujoco_cpu", "mujoco_warp"):
+        # images on Warp only: its batch renderer needs no OpenGL (the CPU camera's segmentation neither)
+        q = QuardConfig.make("quard:go_to", num_envs=2, seed=4, images=backend == "mujoco_warp", backend=backend)
+        q.env.backend.num_threads = 1
+        q.env.backend.warp = WarpConfig(device="cpu")
+        envs[backend] = QuardEnv(q)
+    cpu, warp = envs["mujoco_cpu"], envs["mujoco_warp"]
+    assert [p["instruction"] for p in cpu.scenes.params] == [p["instruction"] for p in warp.scenes.params]
+    for _ in range(5):
+        cpu.step(torch.zeros(2, 12))
+        warp.step(torch.zeros(2, 12))
+    placed = np.stack([d.mocap_pos for d in cpu.backend.datas])              # (N, nmocap, 3)
+    np.testing.assert_allclose(warp.backend._mocap_pos.cpu().numpy(), placed, atol=1e-5)
+    # every object body where its mocap puts it, in both backends' kinematics
+    lib = cpu.library
+    for inst in lib.instances:
+        body = int(cpu.backend.scene.model.geom_bodyid[inst.geom_ids[0]])
+        got = warp.backend._wp.to_torch(warp.backend.d.xpos)[:, body].cpu().numpy()
+        np.testing.assert_allclose(got, np.stack([d.xpos[body] for d in cpu.backend.datas]), atol=1e-4)
+    torch.testing.assert_close(warp.backend.state.root_pos_w.cpu(), cpu.backend.state.root_pos_w, atol=2e-3, rtol=0)
+    # the camera: the target on the same pixels, in its colour
+    cams = {k: e.backend.make_camera(CameraConfig()) for k, e in envs.items()}
+    for k, e in envs.items():
+        cams[k].set_colour_geoms(e.scenes.colour_geoms, e.scenes.rgba)
+    frames = np.zeros((2, 64, 64, 3), dtype=np.uint8)
+    cams["mujoco_warp"].render(np.arange(2), frames)
+    assert warp.terms["images/front_rgb"].shape == (2, 64, 64, 3) and warp.images.any()   # the env's own frames
+    for i, p in enumerate(cpu.scenes.params):
+        target = lib.instances[lib.find("object", p["target"]["object"], 0)]
+        on_cpu = np.isin(cams["mujoco_cpu"].segment(i), target.geom_ids)
+        on_warp = np.isin(cams["mujoco_warp"].segment(i), target.geom_ids)
+        assert on_cpu.sum() >= 4 and (on_cpu & on_warp).sum() >= 0.8 * (on_cpu | on_warp).sum(), p["instruction"]
+        want = np.array(RGB[p["target"]["colour"]])
+        seen = frames[i][on_cpu & on_warp].astype(float).mean(0)
+        # lit and shaded, the target's pixels point the way of its env's colour (measured cosine >= 0.96)
+        assert seen @ want / (np.linalg.norm(seen) * np.linalg.norm(want)) > 0.93, (seen, want)
+    # the obstacle's panel (z 0.13-0.45 m) moved into env 0's trunk: the same contact force read on both,
+    # right after the placement (set_mocap(forward=True) computes the contacts and the readout)
+    obstacle = next(i for i in lib.instances if i.kind == "obstacle")
+    cols = cpu.task._obstacle_cols
+    pos = placed.copy()
+    pos[0, obstacle.mocap] = cpu.backend.state.root_pos_w[0].numpy() * [1, 1, 0] + [0.2, 0.0, 0.0]
+    for env in (cpu, warp):
+        env.backend.set_mocap(np.arange(2), pos, forward=True)
+    f_cpu, f_warp = cpu.backend.sensor_columns(cols), warp.backend.sensor_columns(cols)
+    assert np.linalg.norm(f_cpu[0]) > 1.0 and np.linalg.norm(f_cpu[1]) == 0.0, f_cpu
+    np.testing.assert_allclose(f_warp, f_cpu, atol=1.0 + 0.1 * np.linalg.norm(f_cpu[0]))
+    for e in envs.values():
+        e.close()

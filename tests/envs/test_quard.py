@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from quadforge.envs.quard import instructions as ins
-from quadforge.envs.quard.families import sample_episode
-from quadforge.envs.quard.rules import FAMILY_CODE, OUTCOME_CODE, RuleState, judge
+from quadforge.envs.quard.families import family_code, family_names, sample_episode
+from quadforge.envs.quard.rules import OUTCOME_CODE, RuleState, judge
 from quadforge.seeding import numpy_rng
 
 
@@ -26,7 +26,7 @@ def test_every_table_instruction_parses_back_to_its_words():
 
 
 def test_sampled_scene_instruction_names_its_target():
-    for family in ins.FAMILIES:
+    for family in family_names():
         for k in range(20):
             scene = sample_episode(family, numpy_rng(k, family), ins.TRAIN_COLOURS)
             p = scene.params
@@ -54,12 +54,12 @@ def test_bad_instructions_and_tasks_are_one_line_errors():
         ins.task_families("quard:jump")
     with pytest.raises(ValueError, match="not a QUARD task"):
         ins.task_families("walking")
-    assert ins.task_families("quard:all") == ins.FAMILIES
+    assert ins.task_families("quard:all") == family_names()
 
 
 # ---------------------------------------------------------------- scenes
 def test_scene_generation_is_deterministic_per_seed():
-    for family in ins.FAMILIES:
+    for family in family_names():
         a = sample_episode(family, numpy_rng(3, "x"), ins.TRAIN_COLOURS)
         b = sample_episode(family, numpy_rng(3, "x"), ins.TRAIN_COLOURS)
         c = sample_episode(family, numpy_rng(4, "x"), ins.TRAIN_COLOURS)
@@ -78,7 +78,7 @@ def test_held_out_colours_stay_held_out():
 
 def test_swapped_instruction_names_the_other_object_of_the_same_scene():
     from quadforge.envs.quard.families import swap_instruction
-    for family in ins.FAMILIES:
+    for family in family_names():
         for k in range(10):
             scene = sample_episode(family, numpy_rng(k, family), ins.TRAIN_COLOURS)
             before = sample_episode(family, numpy_rng(k, family), ins.TRAIN_COLOURS)
@@ -99,9 +99,13 @@ def test_swapped_instruction_names_the_other_object_of_the_same_scene():
                      "distinguish": lambda: parsed["letter"] == t["letter"],
                      "go_through": lambda: (parsed["colour"], parsed["shape"]) == (t["colour"], t["tunnel"])}
             assert parsed["family"] == family and named[family](), q["instruction"]
-            if family == "stop":   # the same ball rolls at the same speed: now it is the distractor
-                assert sw.target_vel == (0.0, 0.0) and sw.distractor_vel == scene.target_vel != (0.0, 0.0)
-                assert q["ball_speed"] == p["ball_speed"]
+            if family == "stop":   # the same ball rolls at the same speed, under the other name
+                assert (sw.target_vel, sw.distractor_vel) == (scene.distractor_vel, scene.target_vel)
+                assert sorted([any(sw.target_vel), any(sw.distractor_vel)]) == [False, True]
+                assert q["ball_speed"] == p["ball_speed"] and {q["rolling_ball"], p["rolling_ball"]} == {"target",
+                                                                                                        "distractor"}
+            if family == "go_avoid":   # the panel stays where it stood, before the object now the other one
+                assert {q["obstacle_on"], p["obstacle_on"]} == {"target", "distractor"}
             if family == "go_through":
                 assert (sw.tunnel_named, sw.tunnel_other) == (scene.tunnel_other, scene.tunnel_named)
                 assert q["goal"] == list(scene.distractor)
@@ -109,10 +113,29 @@ def test_swapped_instruction_names_the_other_object_of_the_same_scene():
                 swap_instruction(sw)
 
 
+def test_the_scene_does_not_tell_which_object_is_named():
+    """Issue 24: on the training distribution the picture must not give the named object away - go_avoid's
+    panel stands before the named object in about half the scenes, and in stop the named ball is the
+    rolling one in about half."""
+    from quadforge.envs.quard.family.go_avoid import OBSTACLE_FRACTION
+    avoid = [sample_episode("go_avoid", numpy_rng(k, "avoid"), ins.TRAIN_COLOURS) for k in range(400)]
+    assert 0.43 < np.mean([s.params["obstacle_on"] == "target" for s in avoid]) < 0.57
+    for s in avoid[:40]:
+        x, y = s.target if s.params["obstacle_on"] == "target" else s.distractor
+        assert s.obstacle == pytest.approx((OBSTACLE_FRACTION * x, OBSTACLE_FRACTION * y))   # on that line
+    named_rolls = [sample_episode("stop", numpy_rng(k, "stop"), ins.TRAIN_COLOURS) for k in range(400)]
+    share = np.mean([s.params["rolling_ball"] == "target" for s in named_rolls])
+    assert 0.43 < share < 0.57
+    for s in named_rolls[:40]:
+        rolling_at_target = any(s.target_vel)
+        assert rolling_at_target == (s.params["rolling_ball"] == "target") != any(s.distractor_vel)
+        assert s.moving == (0 if rolling_at_target else 1)     # the placement of the ball standing there
+
+
 # ---------------------------------------------------------------- rules on hand-placed states
 def _state(family, base=(0.0, 0.0), yaw=0.0, target=(3.0, 0.75), distractor=(3.0, -0.75), through=(False, False),
            contact=False, t=1.0):
-    return RuleState(family=np.array([FAMILY_CODE[family]]), base_xy=np.array([base], float), yaw=np.array([yaw]),
+    return RuleState(family=np.array([family_code(family)]), base_xy=np.array([base], float), yaw=np.array([yaw]),
                      target_xy=np.array([target], float), distractor_xy=np.array([distractor], float),
                      through_named=np.array([through[0]]), through_other=np.array([through[1]]),
                      obstacle_contact=np.array([contact]), time_s=np.array([t]))
@@ -205,9 +228,11 @@ def test_swapped_env_keeps_each_seeds_scene_and_judges_the_other_object(family):
                 e.step(torch.zeros(2, 12))
         np.testing.assert_allclose(a.mocap_pos, b.mocap_pos)              # the ball rolls alike in both
         np.testing.assert_allclose(a.target, b.distractor)
-        if family == "stop":
-            assert (b.distractor[:, 0] < np.array([p["distractor_slot"][0] for p in b.params])).all()
-            assert np.allclose(b.target, [p["target_slot"] for p in b.params])
+        if family == "stop":   # the ball the params name as rolling left its slot, the other stands at its own
+            for i, p in enumerate(b.params):
+                rolling, still = ("target", "distractor") if p["rolling_ball"] == "target" else ("distractor", "target")
+                assert getattr(b, rolling)[i, 0] < p[f"{rolling}_slot"][0]
+                assert np.allclose(getattr(b, still)[i], p[f"{still}_slot"])
     finally:
         for e in envs:
             e.close()
@@ -219,7 +244,7 @@ def test_task_terms_and_instruction(go_to_env):
     for i, p in enumerate(env.scenes.params):
         assert env.instruction_table[int(terms["instruction"][i])] == p["instruction"]
         np.testing.assert_allclose(terms["task_target_pos"][i, :2].numpy(), p["target_slot"], atol=1e-5)
-        assert int(terms["task_info"][i, 0]) == FAMILY_CODE["go_to"]
+        assert int(terms["task_info"][i, 0]) == family_code("go_to")
     from quadforge.layout import PRIVILEGED_TERMS
     assert {k for k in terms if k.startswith("task_")} <= PRIVILEGED_TERMS
 
@@ -289,17 +314,41 @@ def test_rollout_command_runs_a_quard_task(tmp_path, capsys):
     from quadforge.tools import rollout_cmd
     p = argparse.ArgumentParser()
     rollout_cmd.add_arguments(p)
-    args = p.parse_args(["--task", "quard:distinguish", "--policy", "expert", "--num-envs", "2", "--seconds", "3",
+    # no --policy: the task's default, the privileged expert, loaded through the one policy loader
+    args = p.parse_args(["--task", "quard:distinguish", "--num-envs", "2", "--seconds", "3",
                          "--json", str(tmp_path / "s.json")])
     assert rollout_cmd.run(args) == 0
     import json
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["task"] == "quard:distinguish" and summary["num_envs"] == 2
+    assert summary["policy"] == "quard_expert" and "quard_expert" in summary["policy_id"]
     fams = summary["families"]
     assert set(fams) <= {"quard:distinguish"} and sum(f["episodes"] for f in fams.values()) >= 1
+    assert fams["quard:distinguish"]["success_rate"] == 1.0
     bad = p.parse_args(["--task", "quard:jump"])
     with pytest.raises(ValueError, match="unknown QUARD family"):
         rollout_cmd.run(bad)
+
+
+def test_rollout_command_runs_a_vla_checkpoint_with_the_camera_and_warns_for_a_blind_policy(tmp_path, capsys):
+    """`rollout --task quard:go_to --policy experts/checkpoints/vla_rt1.pt` (issue 27): the camera turns on
+    for a policy that reads frames; zero actions run but are named as unable to succeed."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from quadforge.tools import rollout_cmd
+    p = argparse.ArgumentParser()
+    rollout_cmd.add_arguments(p)
+    vla = Path(__file__).resolve().parents[2] / "experts" / "checkpoints" / "vla_rt1.pt"
+    args = p.parse_args(["--task", "quard:go_to", "--policy", str(vla), "--num-envs", "1", "--seconds", "0.5",
+                         "--json", str(tmp_path / "vla.json")])
+    assert _with_gl(lambda: rollout_cmd.run(args)) == 0
+    assert json.loads((tmp_path / "vla.json").read_text())["policy_id"].startswith("hier:vla-rt1")
+    assert "warning" not in capsys.readouterr().out
+    args = p.parse_args(["--task", "quard:go_to", "--policy", "zero", "--num-envs", "1", "--seconds", "0.2"])
+    assert rollout_cmd.run(args) == 0
+    assert "warning: --policy zero on --task quard:go_to: policy zero reads none of" in capsys.readouterr().out
 
 
 def _with_gl(build):

@@ -111,7 +111,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 def test_tracking_eval_scores_one_first_episode_per_env_on_every_terrain(tmp_path):
     from quadforge.envs.terrain import TERRAIN_TYPES
-    from quadforge.collection.tracking_eval import evaluate, training_overrides
+    from quadforge.evaluation.tracking_eval import evaluate, training_overrides
     last = _train(tmp_path / "run", iterations=1, **{"env.commands.ranges.lin_vel_y": (0.0, 0.0)})
     overrides = training_overrides(str(last))
     assert overrides["env.commands.ranges.lin_vel_y"] == (0.0, 0.0) and overrides["env.episode_length_s"] == 0.1

@@ -322,6 +322,7 @@ def _image_store(root, episodes=10, size=16, stride=5):
     import quadforge.data.images as images
     from quadforge.data.compaction import compact
     from quadforge.data.synthetic import synthetic_image_episode, synthetic_info, synthetic_task_params
+    from quadforge.envs.quard.families import family_names
     from quadforge.data.writer import StagingWriter
     rng = np.random.default_rng(0)
     with pytest.MonkeyPatch.context() as m:
@@ -334,7 +335,7 @@ def _image_store(root, episodes=10, size=16, stride=5):
                                         instruction_index=e % 2)
             text = ["go to the red cube", "go to the blue cube"][e % 2]
             w.write_episode(f, {**synthetic_info(e, success), "task": "quard:go_to",
-                                "task_params": synthetic_task_params(e), "frame_stride": stride,
+                                "task_params": synthetic_task_params(e, families=family_names()), "frame_stride": stride,
                                 "instruction": text, "instructions": {str(e % 2): text}})
         compact(root)
     return root

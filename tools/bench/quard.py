@@ -48,22 +48,32 @@ def _expert_run(family: str, episodes: int, num_envs: int, seed: int, record: bo
                 terrain: str | None = None, level: int = 0):
     """The expert's episodes of quard:<family>; on ``terrain`` (a terrain type) every env on ``level``."""
     from quadforge.collection.rollout import Rollout, RolloutConfig
-    from quadforge.envs.quard.env import QuardConfig, QuardEnv
     from quadforge.envs.terrain import TerrainConfig
-    from quadforge.experts.quard_expert import make_quard_expert
 
     tc = None if terrain is None else TerrainConfig.of_types([terrain], num_levels=TERRAIN_LEVELS, num_cols=1,
                                                            seed=seed)
-    env = QuardEnv(QuardConfig.make(f"quard:{family}", num_envs=num_envs, seed=seed, images=False, terrain=tc))
+    env = _quard_env(f"quard:{family}", num_envs, seed, terrain=tc, images=False)
     try:
         if tc is not None:
             env.set_terrain_levels(torch.arange(env.num_envs), level)
-        rollout = Rollout(env, make_quard_expert(env), RolloutConfig(record=record))
+        rollout = Rollout(env, _expert(env), RolloutConfig(record=record))
         t0 = time.perf_counter()
         eps = list(rollout.episodes(max_episodes=episodes, reset=tc is None))
         return eps, time.perf_counter() - t0
     finally:
         env.close()
+
+
+def _quard_env(task: str, num_envs: int, seed: int, terrain=None, **options):
+    """A QUARD env through the one builder (``options``: ``QuardConfig`` fields); physics on every core."""
+    from quadforge.envs.builder import make_env
+    return make_env(task=task, terrain=terrain, num_envs=num_envs, seed=seed, num_threads=None, task_options=options)
+
+
+def _expert(env):
+    """The privileged expert over the gait controller, through the one policy loader."""
+    from quadforge.experts.registry import policy_for_env
+    return policy_for_env("quard_expert", env)
 
 
 def _outcome_row(table: Table, label: tuple, eps: list, wall: float) -> float:
@@ -162,14 +172,11 @@ def _expected_offsets(gait: str) -> np.ndarray:
 
 def _camera_rows(table: Table, quick: bool) -> None:
     from quadforge.envs.quard.camera import CameraConfig
-    from quadforge.envs.quard.env import QuardConfig, QuardEnv
 
     frames = 40 if quick else 150
     for res in RESOLUTIONS:
         for depth in (False, True):
-            cfg = QuardConfig.make("quard:all", num_envs=4, seed=0,
-                                   camera=CameraConfig(width=res, height=res, depth=depth))
-            env = QuardEnv(cfg)
+            env = _quard_env("quard:all", 4, 0, camera=CameraConfig(width=res, height=res, depth=depth))
             try:
                 ids = np.arange(env.num_envs)
                 env.render(ids)   # warm-up (context, textures)
@@ -185,14 +192,11 @@ def _camera_rows(table: Table, quick: bool) -> None:
 
 
 def _step_rows(table: Table, quick: bool) -> None:
-    from quadforge.envs.quard.env import QuardConfig, QuardEnv
-    from quadforge.experts.quard_expert import make_quard_expert
-
     steps = 100 if quick else 300
     for images in (False, True):
-        env = QuardEnv(QuardConfig.make("quard:all", num_envs=16, seed=0, images=images))
+        env = _quard_env("quard:all", 16, 0, images=images)
         try:
-            policy = make_quard_expert(env)
+            policy = _expert(env)
             policy.reset(torch.arange(env.num_envs))
             for _ in range(10):
                 env.step(policy.act(env.terms))
@@ -209,14 +213,15 @@ def _step_rows(table: Table, quick: bool) -> None:
 def main(quick: bool = False, json_path: str | None = None, families: tuple[str, ...] | None = None,
          sections: tuple[str, ...] = SECTIONS) -> int:
     os.environ.setdefault("LP_NUM_THREADS", "1")   # llvmpipe: one render thread per worker
-    from quadforge.envs.quard.instructions import FAMILIES, GAIT_WORDS, SPEEDS
+    from quadforge.envs.quard.families import family_names
+    from quadforge.envs.quard.instructions import GAIT_WORDS, SPEEDS
     from quadforge.envs.quard.rules import OUTCOMES
     from quadforge.experts.quard_expert import GAIT_SPEEDS
 
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         raise ValueError(f"bench quard: unknown sections {unknown}; allowed: {', '.join(SECTIONS)}")
-    families = tuple(families or FAMILIES)
+    families = tuple(families or family_names())
     episodes, num_envs = (24, 12) if quick else (200, 40)
     outcome_cols = list(OUTCOMES[2:]) + ["mean time to success s", "mean path m", "failures by gait", "wall s"]
     tables, extra = [], {"load_avg_start": os.getloadavg()}
@@ -321,18 +326,16 @@ def frames_png(path: str, per_family: int = 4, size: int = 64, seed: int = 0, st
     import matplotlib.pyplot as plt
 
     from quadforge.envs.quard.camera import CameraConfig
-    from quadforge.envs.quard.env import QuardConfig, QuardEnv
-    from quadforge.envs.quard.instructions import FAMILIES
-    from quadforge.experts.quard_expert import make_quard_expert
+    from quadforge.envs.quard.families import family_names
 
-    fig, axes = plt.subplots(len(FAMILIES), 2 * per_family, figsize=(2.0 * 2 * per_family, 2.6 * len(FAMILIES)))
-    for r, family in enumerate(FAMILIES):
-        env = QuardEnv(QuardConfig.make(f"quard:{family}", num_envs=per_family, seed=seed,
-                                        camera=CameraConfig(width=size, height=size)))
+    families = family_names()
+    fig, axes = plt.subplots(len(families), 2 * per_family, figsize=(2.0 * 2 * per_family, 2.6 * len(families)))
+    for r, family in enumerate(families):
+        env = _quard_env(f"quard:{family}", per_family, seed, camera=CameraConfig(width=size, height=size))
         try:
             first = env.images.copy()
             texts = [p["instruction"] for p in env.scenes.params]
-            policy = make_quard_expert(env)
+            policy = _expert(env)
             policy.reset(torch.arange(env.num_envs))
             later = first.copy()
             taken = np.zeros(env.num_envs, dtype=bool)
@@ -353,7 +356,7 @@ def frames_png(path: str, per_family: int = 4, size: int = 64, seed: int = 0, st
         finally:
             env.close()
     fig.suptitle(f"QUARD front camera, {size}x{size} RGB (as rendered), one row per family: "
-                 + ", ".join(FAMILIES), fontsize=9)
+                 + ", ".join(families), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -30,6 +30,7 @@ from quadforge.data.image_sampler import ImageWindowSampler, prefetch
 from quadforge.data.writer import StagingWriter
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.synthetic import synthetic_image_episode, synthetic_info, synthetic_task_params
+from quadforge.envs.quard.families import family_names
 from quadforge.tools.bench.common import Table, report
 from quadforge.seeding import numpy_rng
 
@@ -45,7 +46,7 @@ def _stage(root: Path, episodes: int, length: int) -> tuple[int, int, float, flo
         success = i % 4 != 3
         feats = synthetic_image_episode(rng, length, success, stride=STRIDE, size=SIZE, depth=True,
                                         instruction_index=i % 7)
-        params = synthetic_task_params(i)
+        params = synthetic_task_params(i, families=family_names())
         info = {**synthetic_info(i, success), "task": f"quard:{params['family']}", "task_params": params,
                 "instruction": params["instruction"], "instructions": {str(i % 7): params["instruction"]},
                 "frame_stride": STRIDE}

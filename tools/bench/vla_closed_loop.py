@@ -3,7 +3,7 @@ beside the privileged expert, per QUARD family, on seen colours, held-out colour
 
 Every policy given, and the privileged expert (``quard_expert``, always the first column group), runs three
 evaluations of ``--task`` (default ``quard:all``, every family) through the QUARD evaluation
-(``collection.evaluate_task.evaluate_task``, the one closed-loop code path of ``quadforge eval --task``):
+(``evaluation.evaluate_task.evaluate_task``, the one closed-loop code path of ``quadforge eval --task``):
 
 - ``seen``: the training colours (blue, green, red, yellow), the instructions as drawn;
 - ``held_out``: gold, orange, pink, purple, the instructions as drawn;
@@ -47,7 +47,7 @@ def policy_label(spec: str) -> str:
 def evaluate_condition(spec: str, condition: str, task: str, episodes: int, num_envs: int, seed: int = 0,
                        log=print) -> dict[str, Any]:
     """One evaluation (a ``CONDITIONS`` entry) of one policy: evaluate_task's result."""
-    from quadforge.collection.evaluate_task import TaskEvalConfig, evaluate_task
+    from quadforge.evaluation.evaluate_task import TaskEvalConfig, evaluate_task
     colours, instructions = CONDITIONS[condition]
     cfg = TaskEvalConfig(task=task, policy=spec, colours=(colours,), instructions=(instructions,),
                          episodes=episodes, num_envs=num_envs, seed=seed, num_threads=1, frames=False)

@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 from quadforge.collection.rollout import Rollout, RolloutConfig
-from quadforge.envs.quard.env import QuardConfig, QuardEnv
+from quadforge.envs.builder import make_env
 from quadforge.envs.quard.env import COLOUR_SETS
 from quadforge.envs.quard.instructions import task_families
-from quadforge.experts.registry import check_policy_spec, policy_for_env
+from quadforge.experts.registry import check_policy_spec, policy_for_env, task_blindness
 from quadforge.progress import progress_bar
 from quadforge.seeding import derive_seed, seed_everything
 
@@ -130,12 +130,15 @@ def evaluate_task(cfg: TaskEvalConfig, log: Callable[[str], None] = print) -> di
                 t_cell = time.perf_counter()
                 # the env seed leaves the instruction set out: swapped scenes are the original ones
                 env_seed = derive_seed(cfg.seed, f"eval/quard/{family}/{colours}") % (2**31)
-                env = QuardEnv(QuardConfig.make(f"quard:{family}", robot=cfg.robot, num_envs=cfg.num_envs,
-                                                seed=env_seed, images=True, colours=colours,
-                                                swap_instruction=swapped))
+                env = make_env(cfg.robot, task=f"quard:{family}", num_envs=cfg.num_envs, seed=env_seed,
+                               num_threads=cfg.num_threads,
+                               task_options={"images": True, "colours": colours, "swap_instruction": swapped})
                 try:
                     policy = policy_for_env(cfg.policy, env, cfg.robot,
                                             allow_robot_mismatch=cfg.allow_robot_mismatch)
+                    blind = task_blindness(policy, env) if policy_id is None else None   # said once
+                    if blind:
+                        log(f"warning: --policy {cfg.policy} on --task {cfg.task}: {blind}")
                     policy_id = policy.policy_id
                     rollout = Rollout(env, policy, RolloutConfig(record=cfg.frames, seed=cfg.seed))
                     episodes = list(rollout.episodes(max_episodes=cfg.episodes))

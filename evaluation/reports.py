@@ -1,4 +1,4 @@
-"""Markdown tables and PNG plots of evaluation results (``collection.evaluate``'s result dicts).
+"""Markdown tables and PNG plots of evaluation results (``evaluation.evaluate``'s result dicts).
 
 Plots use matplotlib's Agg backend (no display). Numbers are printed as measured, to 3 significant
 figures; NaN (a metric undefined for every episode of a cell) prints as "-".

@@ -1,7 +1,7 @@
 """Closed-loop evaluation of any policy over terrain types x levels x command sets.
 
 The job (``EvalConfig`` -> ``evaluate`` -> ``write_outputs``); its command line, ``quadforge eval``, is
-``collection.evaluate_cmd``:
+``evaluation.evaluate_cmd``:
 
     quadforge eval --policy gait|CHECKPOINT --terrain stairs_up,slope_up --levels 0-3 --episodes-per-cell 8
                    [--commands walking] [--commands turning] [--num-envs 16] [--seed 0] --out DIR [--video]
@@ -21,7 +21,7 @@ and held for the episode; pushes are off; the rest of the env (physics randomiza
 
 Writes ``DIR/eval.json`` (config, every episode's metrics, per-cell summaries, latency, machine),
 ``DIR/report.md`` and ``DIR/success_vs_level.png`` / ``DIR/return_vs_level.png`` (``tools.reports``).
-Metrics: ``collection.metrics``. Latency: wall time of ``policy.act`` per control step for the whole
+Metrics: ``evaluation.metrics``. Latency: wall time of ``policy.act`` per control step for the whole
 batch of envs (and per env), timed around the call only.
 """
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 from quadforge.collection.labels import LabelRule
-from quadforge.collection.metrics import episode_metrics, summarize
-from quadforge.collection.reports import eval_report_markdown, plot_vs_level
+from quadforge.evaluation.metrics import episode_metrics, summarize
+from quadforge.evaluation.reports import eval_report_markdown, plot_vs_level
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.collection.skills import SkillCommandSampler, parse_skills
 from quadforge.envs.backends.base import WarpConfig
@@ -203,7 +203,7 @@ def evaluate(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, A
     """Run the sweep; the result dict that ``write_outputs`` saves (see the module doc)."""
     cfg.validate()
     if cfg.video:
-        from quadforge.collection.video import prepare_gl
+        from quadforge.evaluation.video import prepare_gl
         prepare_gl()
     torch.set_num_threads(cfg.num_threads)
     seed_everything(cfg.seed)
@@ -214,7 +214,7 @@ def evaluate(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, A
         policy = load_policy(cfg, env)
         recorder = None
         if cfg.video:
-            from quadforge.collection.video import VideoRecorder
+            from quadforge.evaluation.video import VideoRecorder
             recorder = VideoRecorder.try_create(env, cfg.video_steps, log)
         timed = TimedPolicy(policy, recorder.capture if recorder is not None else None)
         col_of = {name: col for col, name in enumerate(
@@ -260,7 +260,7 @@ def evaluate(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, A
         "policy": cfg.policy, "policy_id": policy.policy_id, "config": cfg_dict,
         "overall": summarize(episodes), "cells": summaries, "episodes": episodes, "latency": latency,
         "video": str(video) if video else None,
-        "smoothness": "share of action energy above 5 Hz (50 Hz control), see collection/metrics.py",
+        "smoothness": "share of action energy above 5 Hz (50 Hz control), see evaluation/metrics.py",
         "wall_s": time.perf_counter() - t_start,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},

@@ -1,15 +1,16 @@
-"""`quadforge eval`: the command line of the evaluation job (``collection.evaluate``).
+"""`quadforge eval`: the command line of the evaluation job (``evaluation.evaluate``).
 
-Flags follow docs/cli.md; ``eval-expert`` (``collection.evaluate_expert``) reuses them.
+Flags follow docs/cli.md; ``eval-expert`` (``evaluation.evaluate_expert``) reuses them.
 """
 from __future__ import annotations
 
 import argparse
 
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, deprecated
-from quadforge.collection.evaluate import EvalConfig, evaluate, write_outputs
-from quadforge.collection.reports import cells_table
+from quadforge.evaluation.evaluate import EvalConfig, evaluate, write_outputs
+from quadforge.evaluation.reports import cells_table
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
+from quadforge.envs.builder import get_task
 from quadforge.experts.registry import spec_help
 
 
@@ -48,9 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_task(args: argparse.Namespace) -> int:
-    """``--task quard:...``: the QUARD evaluation (collection.evaluate_task)."""
-    from quadforge.collection.evaluate_task import TaskEvalConfig, evaluate_task, write_task_outputs
-    policy = "quard_expert" if args.policy == EvalConfig().policy else args.policy
+    """``--task quard:...``: the QUARD evaluation (evaluation.evaluate_task)."""
+    from quadforge.evaluation.evaluate_task import TaskEvalConfig, evaluate_task, write_task_outputs
+    policy = get_task(args.task).default_policy if args.policy == EvalConfig().policy else args.policy
     cfg = TaskEvalConfig(task=args.task, policy=policy, out=args.out, robot=args.robot,
                          colours=tuple(c.strip() for c in args.colours.split(",") if c.strip()),
                          instructions=tuple(c.strip() for c in args.instructions.split(",") if c.strip()),

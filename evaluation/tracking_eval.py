@@ -27,7 +27,7 @@ import torch
 
 from quadforge.cli_flags import add_json, add_num_threads, add_robot, add_seed, write_json
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
-from quadforge.collection.reports import markdown_table
+from quadforge.evaluation.reports import markdown_table
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.envs.builder import make_env
 from quadforge.envs.terrain import TERRAIN_TYPES

@@ -1,0 +1,1 @@
+"""The QUARD task families, one module each (``base.Family``); ``envs/quard/families.py`` registers them."""

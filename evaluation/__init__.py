@@ -1,0 +1,1 @@
+"""evaluation package: closed-loop evaluation jobs, their metrics and reports (above collection)."""
