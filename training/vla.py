@@ -41,7 +41,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from quadforge.envs.quard.instructions import FAMILIES as QUARD_FAMILIES
+from quadforge.envs.quard.families import family_names as quard_family_names
 from quadforge.experts.hierarchical import command_binner
 from quadforge.experts.vla import POLICY_KIND
 from quadforge.models.binning import ActionBinner, fit_binner
@@ -184,9 +184,9 @@ class VLATrainConfig:
         if self.blind_instruction and self.instruction != "words":
             raise ValueError(f"blind_instruction blanks the words encoder's vocabulary; instruction={self.instruction!r} "
                              f"has none (train the blind baseline with instruction=words)")
-        unknown = [f for f in self.families if f not in QUARD_FAMILIES]
+        unknown = [f for f in self.families if f not in quard_family_names()]
         if unknown:
-            raise ValueError(f"families={list(self.families)}: {unknown} unknown; allowed: {list(QUARD_FAMILIES)} "
+            raise ValueError(f"families={list(self.families)}: {unknown} unknown; allowed: {list(quard_family_names())} "
                              f"(a list: families=['go_to','distinguish'])")
         if self.target_loss < 0:
             raise ValueError(f"target_loss={self.target_loss}; must be >= 0 (the auxiliary loss's weight; 0: off)")
