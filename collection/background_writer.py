@@ -6,7 +6,8 @@ to one thread that writes them through a ``StagingWriter`` in submission order (
 assigned in order). The queue is bounded: when the disk falls behind, ``submit`` blocks, so memory and
 the episodes at risk stay bounded - a kill loses at most the ``max_pending`` queued episodes plus the
 one being written, all of them "in flight" in the store's sense. A write error is re-raised in the
-caller's thread at the next ``submit``, ``flush`` or ``close``.
+caller's thread at the next ``submit``, ``flush`` or ``close`` (a ``JobFailed`` - the disk full - as it is,
+its message being the user's).
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import threading
 from typing import Any, Mapping
 
 import numpy as np
+
+from quadforge.errors import JobFailed
 
 _STOP = object()
 
@@ -46,6 +49,8 @@ class BackgroundWriter:
                 self._queue.task_done()
 
     def _raise(self) -> None:
+        if isinstance(self._error, JobFailed):   # its message already says the store, what is safe, how to resume
+            raise self._error
         if self._error is not None:
             raise RuntimeError(f"staging write failed: {self._error}") from self._error
 
@@ -76,5 +81,5 @@ class BackgroundWriter:
         else:  # an error is already on its way: finish the queued writes, do not mask it
             try:
                 self.close()
-            except RuntimeError:
+            except RuntimeError:   # JobFailed included
                 pass

@@ -6,7 +6,9 @@ collects only the missing number, so re-running the same command after a crash (
 resumes (or does nothing). Each finished episode is written durably through ``StagingWriter``
 (episode ids ``<collector_id>-<counter>``, the counter resuming after the collector's highest id) by a
 background thread (``BackgroundWriter``, so fsyncs overlap simulation); the store is compacted every
-``--compact-every`` episodes and at the end. A kill loses at most the episodes in flight: those
+``--compact-every`` episodes or ``--compact-every-s`` seconds, whichever comes first
+(``CompactionSchedule``), and at the end, so a collection stopped early leaves a readable store of what it
+had a while ago. A kill loses at most the episodes in flight: those
 still running in the envs and the few queued for writing. The run's seed is derived from ``--seed``,
 the collector id and the counter the run starts at, so a resumed run never replays the episodes it
 already has.
@@ -30,7 +32,7 @@ from quadforge.collection.progress import Progress, Tally
 from quadforge.collection.relabel import RelabelledPolicy
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.collection.skills import SkillCommandSampler, parse_skills
-from quadforge.data.admission import check_store_accepts
+from quadforge.data.admission import check_store_accepts, features_the_store_predates
 from quadforge.data.compaction import compact as compact_staged
 from quadforge.data.locks import acquire
 from quadforge.data.staging import list_quarantined
@@ -81,7 +83,8 @@ class CollectConfig:
     task: str = "locomotion"            # locomotion (skills over the gait command) | quard:<family> | quard:all
     frame_stride: int = 10              # control steps per recorded camera frame (10: 5 Hz at 50 Hz)
     images: bool = True                 # task envs: render the camera (False: proprioception + task terms only)
-    compact_every: int = 100            # episodes between compactions (0: only at the end)
+    compact_every: int = 100            # episodes between compactions (0: not by count)
+    compact_every_s: float = 120.0      # seconds between compactions (0: not by time); whichever comes first
     num_threads: int = 1                # physics threads per env batch
     backend: str = "mujoco_cpu"         # envs.backends name
     warp: WarpConfig | None = None      # mujoco_warp options (None: defaults)
@@ -113,6 +116,8 @@ class CollectConfig:
             raise bad("max_episode_s", "a finite number > 0 (seconds)")
         if self.compact_every < 0:
             raise bad("compact_every", "an integer >= 0")
+        if not (self.compact_every_s >= 0 and math.isfinite(self.compact_every_s)):
+            raise bad("compact_every_s", "a finite number of seconds >= 0 (0: compact by count only)")
         if self.num_threads < 1:
             raise bad("num_threads", "an integer >= 1")
         if self.robot not in ROBOTS:
@@ -197,6 +202,24 @@ def compact_store(out: str) -> None:
         compact_staged(out)
 
 
+class CompactionSchedule:
+    """When a collection compacts: after ``every`` new episodes or ``every_s`` seconds since the last
+    compaction, whichever comes first (0 turns either off), and only when there are new episodes."""
+
+    def __init__(self, every: int, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every, self.every_s, self.clock = every, every_s, clock
+        self.episodes, self.since = 0, clock()
+
+    def due(self, episodes: int) -> bool:
+        new = episodes - self.episodes
+        if new <= 0:
+            return False
+        return bool((self.every and new >= self.every) or (self.every_s and self.clock() - self.since >= self.every_s))
+
+    def compacted(self, episodes: int) -> None:
+        self.episodes, self.since = episodes, self.clock()
+
+
 def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
                      on_episode: Callable[[Tally, float], None] | None = None,
                      compact: bool = True) -> dict[str, Any]:
@@ -204,7 +227,7 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
 
     The worker of both the local command and each Ray actor. ``on_episode(tally, steps_per_s)`` is
     called after every stored episode (steps_per_s: env-steps simulated per second of rollout). With
-    ``compact`` it compacts every ``cfg.compact_every`` episodes.
+    ``compact`` it compacts on ``cfg``'s schedule (``CompactionSchedule``).
     """
     torch.set_num_threads(cfg.num_threads)
     writer = StagingWriter(cfg.out, collector_id)
@@ -227,20 +250,25 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
                                                      label_rule=cfg.label_rule),
                           skills=skills, info_extra=info_extra)
         tally = Tally()
+        schedule = CompactionSchedule(cfg.compact_every, cfg.compact_every_s)
         t0 = time.perf_counter()
+        predates = features_the_store_predates(cfg.out)   # e.g. `pushed`, into a store written before it
         with BackgroundWriter(writer) as background:
             for episode in rollout.episodes(max_episodes=quota):
+                features = {k: v for k, v in episode.features.items() if k not in predates}
                 if tally.episodes == 0:   # the feature set, before the first episode reaches the store
-                    check_store_accepts(cfg.out, features=episode.features, what=f"collector {collector_id}")
-                background.submit(episode.features, episode.info)
+                    check_store_accepts(cfg.out, features=features, what=f"collector {collector_id}")
+                background.submit(features, episode.info)
                 tally.add(episode.info)
                 if on_episode is not None:
                     on_episode(tally, rollout.env_steps / max(time.perf_counter() - t0, 1e-9))
-                if compact and cfg.compact_every and tally.episodes % cfg.compact_every == 0:
+                if compact and schedule.due(tally.episodes):
                     background.flush()
                     compact_store(cfg.out)
+                    schedule.compacted(tally.episodes)
         seconds = time.perf_counter() - t0
     finally:
+        writer.close()   # its collector lock: a later run in this process may write as the same collector
         close = getattr(env, "close", None)
         if close is not None:
             close()
@@ -256,16 +284,25 @@ def collect_lock(out: str):
                         "or collect into another --store")
 
 
-def run_local(cfg: CollectConfig) -> dict[str, Any]:
+def run_to_target(cfg: CollectConfig, collect_missing: Callable[[int, int], dict[str, Any]]) -> dict[str, Any]:
+    """The job around a collector, local or Ray: the store's collect lock, the count of missing
+    episodes, ``collect_missing(missing, done) -> summary entries``, the final compaction and the summary."""
     with collect_lock(cfg.out):
-        return _run_local(cfg)
+        done = store_count(cfg.out)
+        missing = max(cfg.episodes - done, 0)
+        summary: dict[str, Any] = {"target": cfg.episodes, "already": done, "collected": 0}
+        if missing:
+            summary.update(collect_missing(missing, done))
+        compact_store(cfg.out)
+        summary["in_store"] = store_count(cfg.out)
+        quarantined = list_quarantined(cfg.out)
+        if quarantined:   # set aside by compaction (docs/data.md): say so, the target counts only merged episodes
+            summary["quarantined"] = [str(p) for p, _ in quarantined]
+        return summary
 
 
-def _run_local(cfg: CollectConfig) -> dict[str, Any]:
-    done = store_count(cfg.out)
-    missing = max(cfg.episodes - done, 0)
-    summary: dict[str, Any] = {"target": cfg.episodes, "already": done, "collected": 0}
-    if missing:
+def run_local(cfg: CollectConfig) -> dict[str, Any]:
+    def collect_here(missing: int, done: int) -> dict[str, Any]:
         bar = Progress(cfg.episodes, done, enabled=cfg.progress)
         try:
             if cfg.counterfactual > 0:
@@ -274,10 +311,5 @@ def _run_local(cfg: CollectConfig) -> dict[str, Any]:
                 result = collect_episodes(cfg, cfg.collector_id, missing, on_episode=bar.update)
         finally:
             bar.close()
-        summary.update(collected=result["episodes"], run=result)
-    compact_store(cfg.out)
-    summary["in_store"] = store_count(cfg.out)
-    quarantined = list_quarantined(cfg.out)
-    if quarantined:   # set aside by compaction (docs/data.md): say so, the target counts only merged episodes
-        summary["quarantined"] = [str(p) for p, _ in quarantined]
-    return summary
+        return {"collected": result["episodes"], "run": result}
+    return run_to_target(cfg, collect_here)

@@ -44,7 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "1: every scene for both candidates; the --episodes total counts both (docs/collection.md)")
     p.add_argument("--collector-id", default=d.collector_id, help="prefix of episode ids written by this run")
     p.add_argument("--compact-every", type=int, default=d.compact_every,
-                   help="compact the store every N episodes (0: only at the end)")
+                   help=f"compact the store every N new episodes (default {d.compact_every}; 0: not by count)")
+    p.add_argument("--compact-every-s", type=float, default=d.compact_every_s, metavar="SECONDS",
+                   help=f"... or every SECONDS, whichever comes first (default {d.compact_every_s:g}; 0: not by "
+                        "time), so a collection stopped early leaves a readable store")
     add_num_threads(p, d.num_threads, "physics threads per collector")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--relabel", default=d.relabel,
@@ -64,7 +67,8 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         address=args.address, action_noise=args.action_noise, push=args.push,
         push_interval_s=args.push_interval_s, max_episode_s=args.max_episode_s, task=args.task,
         frame_stride=args.frame_stride, images=not args.no_images,
-        collector_id=args.collector_id, compact_every=args.compact_every, num_threads=args.num_threads,
+        collector_id=args.collector_id, compact_every=args.compact_every, compact_every_s=args.compact_every_s,
+        num_threads=args.num_threads,
         progress=not args.no_progress, allow_robot_mismatch=args.allow_robot_mismatch, relabel=args.relabel,
         expert_drive_prob=args.expert_drive_prob, counterfactual=args.counterfactual,
         **dict(zip(("backend", "warp"), backend_from_args(args))),

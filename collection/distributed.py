@@ -2,8 +2,9 @@
 
 Each actor runs ``collect.collect_episodes`` with collector id ``<collector_id>.w<k>`` and its share
 of the missing episodes, writing through its own ``StagingWriter`` (writers never share a file). The
-driver alone compacts - every ``compact_every`` new episodes and at the end - and shows one progress
-bar over the actors' running totals. ``ray.init()`` starts a local Ray unless ``--address`` names a
+driver alone compacts - on the job's ``CompactionSchedule`` over the actors' total and at the end - and
+shows one progress bar over the actors' running totals. A worker that dies stops the job with one line
+naming it (``JobFailed``): every episode it staged is safe and rerunning the command resumes. ``ray.init()`` starts a local Ray unless ``--address`` names a
 cluster; an actor asks for ``num_threads`` CPUs (and one GPU when its physics runs on CUDA).
 """
 from __future__ import annotations
@@ -12,10 +13,10 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from quadforge.collection.collect import (CollectConfig, collect_episodes, collect_lock, compact_store,
-                                          store_count)
+from quadforge.collection.collect import (CollectConfig, CompactionSchedule, collect_episodes, compact_store,
+                                          run_to_target)
 from quadforge.collection.progress import Progress, Tally
-from quadforge.data.staging import list_quarantined
+from quadforge.errors import JobFailed
 
 POLL_S = 1.0
 
@@ -52,17 +53,8 @@ def quotas(missing: int, workers: int) -> list[int]:
 
 
 def run_distributed(cfg: CollectConfig) -> dict[str, Any]:
-    with collect_lock(cfg.out):   # the driver holds the store for the whole job
-        return _run_distributed(cfg)
-
-
-def _run_distributed(cfg: CollectConfig) -> dict[str, Any]:
-    import ray
-
-    done = store_count(cfg.out)
-    missing = max(cfg.episodes - done, 0)
-    summary: dict[str, Any] = {"target": cfg.episodes, "already": done, "collected": 0, "workers": cfg.workers}
-    if missing:
+    def collect_on_ray(missing: int, done: int) -> dict[str, Any]:
+        import ray
         started_ray = not ray.is_initialized()
         if started_ray:
             if cfg.address:
@@ -71,25 +63,21 @@ def _run_distributed(cfg: CollectConfig) -> dict[str, Any]:
                 ray.init(num_cpus=max(os.cpu_count() or 1, cfg.workers * cfg.num_threads),
                          include_dashboard=False, log_to_driver=False)
         try:
-            summary.update(_drive(ray, replace(cfg, progress=False), missing, done, cfg.progress))
+            return {"workers": cfg.workers, **_drive(ray, replace(cfg, progress=False), missing, done, cfg.progress)}
         finally:
             if started_ray:
                 ray.shutdown()
-    compact_store(cfg.out)
-    summary["in_store"] = store_count(cfg.out)
-    quarantined = list_quarantined(cfg.out)
-    if quarantined:   # set aside by compaction (docs/data.md): say so, the target counts only merged episodes
-        summary["quarantined"] = [str(p) for p, _ in quarantined]
-    return summary
+    return run_to_target(cfg, collect_on_ray)   # the driver holds the store's collect lock for the whole job
 
 
 def _drive(ray: Any, cfg: CollectConfig, missing: int, done: int, show: bool) -> dict[str, Any]:
     actor_cls = ray.remote(num_cpus=cfg.num_threads, num_gpus=actor_gpus(cfg), max_concurrency=2)(CollectorWorker)
     shares = [q for q in quotas(missing, cfg.workers)]
-    actors = [actor_cls.remote(cfg, f"{cfg.collector_id}.w{k}", q) for k, q in enumerate(shares) if q > 0]
+    ids = [f"{cfg.collector_id}.w{k}" for k, q in enumerate(shares) if q > 0]
+    actors = [actor_cls.remote(cfg, cid, q) for cid, q in zip(ids, (q for q in shares if q > 0))]
     runs = [a.run.remote() for a in actors]
     bar = Progress(cfg.episodes, done, desc=f"collect x{len(actors)}", enabled=show)
-    last_compact = 0
+    schedule = CompactionSchedule(cfg.compact_every, cfg.compact_every_s)
     try:
         pending = list(runs)
         while pending:
@@ -99,12 +87,55 @@ def _drive(ray: Any, cfg: CollectConfig, missing: int, done: int, show: bool) ->
             for tally, _ in tallies:
                 total = total.merge(tally)
             bar.update(total, sum(steps for _, steps in tallies))
-            if cfg.compact_every and total.episodes - last_compact >= cfg.compact_every:
+            if schedule.due(total.episodes):
                 compact_store(cfg.out)
-                last_compact = total.episodes
+                schedule.compacted(total.episodes)
         results = ray.get(runs)  # raises a worker's error here
+    except ray.exceptions.RayTaskError as err:   # a worker's own error: the worker named, its message kept
+        raise worker_error(err, _failed_workers(ray, runs, ids), cfg.out) from err
+    except ray.exceptions.RayActorError as err:  # a worker process died (killed, out of memory, node lost)
+        raise worker_died(_failed_workers(ray, runs, ids), cfg.out, err) from err
     finally:
         bar.close()
         for a in actors:
             ray.kill(a)
     return {"collected": sum(r["episodes"] for r in results), "runs": results}
+
+
+def _failed_workers(ray: Any, runs: list, ids: list[str]) -> list[str]:
+    """The collector ids whose run ended in an error (a dead actor's run fails at once)."""
+    failed = []
+    for ref, cid in zip(runs, ids):
+        ready, _ = ray.wait([ref], timeout=2.0)
+        if not ready:
+            continue
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayError:
+            failed.append(cid)
+    return failed
+
+
+def _named(workers: list[str]) -> str:
+    return f"Ray worker {', '.join(workers)}" if workers else "a Ray worker"
+
+
+def worker_died(workers: list[str], store: str, err: BaseException) -> JobFailed:
+    """One line for a dead collector: which, that the staged episodes are safe, how to resume."""
+    cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return JobFailed(f"{_named(workers)} died ({cause.rstrip('.')}); every episode staged so far is safe in {store} "
+                     f"(committed or in {store}/staging); rerun the same command to resume to the target")
+
+
+def worker_error(err: BaseException, workers: list[str], store: str) -> BaseException:
+    """A worker's own exception, as the local collector would raise it, with the worker named; its remote
+    traceback (Ray's ``RayTaskError`` text) is dropped from the message."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, JobFailed):
+        return JobFailed(f"{_named(workers)}: {cause}")
+    if isinstance(cause, BaseException):
+        try:
+            return type(cause)(f"{_named(workers)}: {cause}")
+        except TypeError:   # an exception class with another signature: as it came
+            return cause
+    return worker_died(workers, store, err)

@@ -3,7 +3,8 @@
 Collection stores what it yields, evaluation summarises it; both run this loop. Per env and step it
 records the observation the policy acted on (every raw term of ``env.terms``), the action that was
 applied (``actions``: the policy output, plus action noise when asked for), ``joint_targets``,
-``rewards``, ``terminated`` and ``time_outs``, and ``hl_commands`` when the policy exposes the
+``rewards``, ``terminated``, ``time_outs`` and ``pushed`` (the env's ``extras["pushed"]``: a push came after
+this step's reward, so the next step's observation is after the push), and ``hl_commands`` when the policy exposes the
 high-level command it acted with (a ``hl_commands`` attribute, (N, 12), as hierarchical policies do).
 A relabelling policy (``collection.dagger.RelabelledPolicy``: a learner drives, an expert labels) exposes
 ``label_actions`` (N, 12): then ``actions`` records the label - the imitation target - and
@@ -297,8 +298,11 @@ class Rollout:
         _, rewards, dones, extras = self.env.step(actions)
         time_outs = extras["time_outs"].bool() & dones.bool()
         if self.cfg.record:
-            self._after.write(self._step_count, {"joint_targets": self.env.joint_targets, "rewards": rewards,
-                                                 "terminated": dones.bool() & ~time_outs, "time_outs": time_outs})
+            after = {"joint_targets": self.env.joint_targets, "rewards": rewards,
+                     "terminated": dones.bool() & ~time_outs, "time_outs": time_outs}
+            if "pushed" in extras:   # a push after this step's reward: the next observation is after it
+                after["pushed"] = extras["pushed"]
+            self._after.write(self._step_count, after)
         self._step_count += 1
         self.env_steps += self.num_envs
         return dones.nonzero(as_tuple=False).flatten().tolist(), extras

@@ -12,6 +12,10 @@ import numpy as np
 from quadforge.data.schema import StoreSchema, spec_for
 from quadforge.data.store import MANIFEST, SCHEMA_FILE, read_schema
 
+# per-step features added to the catalogue after stores were written without them: an episode joining
+# such a store leaves them out, so the store keeps one schema (and reads as it always did)
+LATER_FEATURES = ("pushed",)
+
 
 def committed_schema(store_path: str | Path) -> StoreSchema | None:
     """The schema of a store that has committed episodes; None for a new or empty store."""
@@ -19,6 +23,14 @@ def committed_schema(store_path: str | Path) -> StoreSchema | None:
     if not (root / MANIFEST).is_file() or not (root / SCHEMA_FILE).is_file():
         return None
     return read_schema(root)
+
+
+def features_the_store_predates(store_path: str | Path) -> frozenset[str]:
+    """The ``LATER_FEATURES`` a store's committed schema lacks (none for a new store)."""
+    schema = committed_schema(store_path)
+    if schema is None:
+        return frozenset()
+    return frozenset(f for f in LATER_FEATURES if f not in schema.features)
 
 
 def check_store_accepts(store_path: str | Path, *, robot: str | None = None, control_dt: float | None = None,

@@ -1,4 +1,5 @@
-"""`quadforge dataset info [--json [PATH]] | validate | compact | export-hdf5 | import-hdf5`, each on ``--store PATH``."""
+"""`quadforge dataset info [--json [PATH]] | validate | compact | export-hdf5 | export-lerobot | import-hdf5`, each on
+``--store PATH``."""
 from __future__ import annotations
 
 import argparse
@@ -11,13 +12,43 @@ import numpy as np
 
 from quadforge.cli_flags import add_store, require, write_json
 
-ACTIONS = ("info", "validate", "compact", "export-hdf5", "import-hdf5")
+ACTIONS = ("info", "validate", "compact", "export-hdf5", "export-lerobot", "import-hdf5")
+# The positional spellings each action accepted before the flag convention (docs/cli.md), in their old
+# order: kept as deprecated aliases of the flags (`dataset export-hdf5 STORE OUT.h5`).
+OLD_POSITIONALS: dict[str, tuple[tuple[str, str], ...]] = {
+    "info": (("store", "--store"),), "validate": (("store", "--store"),), "compact": (("store", "--store"),),
+    "export-hdf5": (("store", "--store"), ("output", "--output")),
+    "export-lerobot": (),
+    "import-hdf5": (("input", "--input"), ("store", "--store")),
+}
+
+
+def _old_positionals(p: argparse.ArgumentParser) -> None:
+    p.add_argument("old_positionals", nargs="*", default=[], metavar="ARG", help=argparse.SUPPRESS)
 
 
 def _store(p: argparse.ArgumentParser, what: str) -> None:
     add_store(p, what)
-    # the old positional spelling (dataset info PATH), kept as a deprecated alias of --store
-    p.add_argument("store_positional", nargs="?", default=None, metavar="STORE", help=argparse.SUPPRESS)
+    _old_positionals(p)
+
+
+def apply_old_positionals(args: argparse.Namespace) -> None:
+    """Give each old positional to the next flag of its action that the command line left unset, with
+    one deprecation warning; more positionals than that is a one-line error."""
+    given = list(getattr(args, "old_positionals", None) or [])
+    if not given:
+        return
+    names = OLD_POSITIONALS[args.action]
+    unset = [(dest, flag) for dest, flag in names if getattr(args, dest, None) is None]
+    if len(given) > len(unset):
+        spelled = " ".join(f"{flag} {dest.upper()}" for dest, flag in names)
+        raise ValueError(f"dataset {args.action}: unexpected argument(s) {given[len(unset):]}; use {spelled}")
+    flags = []
+    for value, (dest, flag) in zip(given, unset):
+        setattr(args, dest, value)
+        flags.append(flag)
+    print(f"quadforge: warning: positional arguments of dataset {args.action} are deprecated; use "
+          f"{' '.join(f + ' ...' for f in flags)}", file=sys.stderr)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,13 +68,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     level.add_argument("--no-values", action="store_true", help="the default (checksums, no value checks)")
     p = sub.add_parser("compact", help="append staged episodes to the store")
     _store(p, "the one to compact")
-    p = sub.add_parser("export-hdf5", help="write the store as robomimic-style HDF5")
+    p = sub.add_parser("export-lerobot", help="write the store as a LeRobot v3 dataset (parquet, PNG frames, "
+                                              "instructions as tasks)")
+    add_store(p, "the one to export")
+    p.add_argument("--output", default=None, metavar="DIR", help="a new or empty folder for the dataset (required)")
+    p.add_argument("--action", dest="action_kind", choices=("auto", "command", "joint"), default="auto",
+                   help="the exported action: the 12-D high-level command (hl_commands), the joint actions, or "
+                        "auto: the command when the store has it (default)")
+    p = sub.add_parser("export-hdf5", help="write the store as robomimic HDF5 (SequenceDataset reads it)")
     _store(p, "the one to export")
-    p.add_argument("--output", required=True, metavar="FILE", help="the HDF5 file to write")
+    p.add_argument("--output", default=None, metavar="FILE", help="the HDF5 file to write (required)")
     p.add_argument("--compression", choices=("gzip", "lzf"), default=None, help="HDF5 compression (default none)")
     p = sub.add_parser("import-hdf5", help="append an exported HDF5 file's demos to a store")
-    p.add_argument("--input", required=True, metavar="FILE", help="the HDF5 file to read")
-    add_store(p, "appended to (created if missing)")
+    p.add_argument("--input", default=None, metavar="FILE", help="the HDF5 file to read (required)")
+    _store(p, "appended to (created if missing)")
 
 
 def summary(store_path: str | Path) -> dict[str, Any]:
@@ -124,10 +162,7 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    positional = getattr(args, "store_positional", None)
-    if positional is not None:
-        print("quadforge: warning: the positional store is deprecated; use --store PATH", file=sys.stderr)
-        args.store = args.store or positional
+    apply_old_positionals(args)
     require(args, "store", "--store")
     if args.action == "info":
         s = summary(args.store)
@@ -148,13 +183,24 @@ def run(args: argparse.Namespace) -> int:
               f"removed {len(r.skipped)} already-stored staging file(s); {r.seconds:.2f} s")
         for q in r.quarantined:
             print(f"WARNING: quarantined {q} (see {q}.reason.txt)")
+        for partial in r.removed_partial:
+            print(f"removed {partial} (a partial staging write of a writer that is gone: no episode)")
         return 0
     if args.action == "export-hdf5":
+        require(args, "output", "--output")
         from quadforge.data.export import export_hdf5
         n = export_hdf5(args.store, args.output, compression=args.compression)
         print(f"wrote {n} demos to {args.output}")
         return 0
+    if args.action == "export-lerobot":
+        require(args, "output", "--output")
+        from quadforge.data.export_lerobot import export_lerobot
+        info = export_lerobot(args.store, args.output, action=args.action_kind)
+        print(f"wrote {info['total_episodes']} episodes, {info['total_frames']} frames, {info['total_tasks']} tasks "
+              f"to {args.output} (LeRobot {info['codebase_version']}, action = {info['quadforge']['action_feature']})")
+        return 0
     if args.action == "import-hdf5":
+        require(args, "input", "--input")
         from quadforge.data.export import import_hdf5
         n = import_hdf5(args.input, args.store)
         print(f"imported {n} demos into {args.store}")

@@ -29,14 +29,15 @@ from quadforge.data.integrity import (INTEGRITY_VERSION, ChunkCrcs, array_meta_d
 from quadforge.data.images import frame_stride_of, image_chunk_frames, is_image
 from quadforge.data.instructions import InstructionTable
 from quadforge.data.schema import StoreSchema, episode_length, spec_for
-from quadforge.data.staging import (episode_id_of, fsync_dir, list_staged, quarantine_staged, read_staged,
-                                    read_staged_header)
+from quadforge.data.staging import (abandoned_partial_writes, episode_id_of, fsync_dir, list_staged,
+                                    quarantine_staged, read_staged, read_staged_header, remove_partial_writes)
 from quadforge.data.stats import RunningStats
 from quadforge.data.integrity import DIGEST_KEY
 from quadforge.data.store import (EPISODES_FILE, INSTRUCTIONS_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable,
                                   TrajectoryStore, array_path, read_episode_table, read_instructions, read_json,
                                   read_manifest, read_schema, read_tasks, verify_metadata, write_json_atomic)
 from quadforge.data.schema import FORMAT_VERSION
+from quadforge.errors import JobFailed, is_write_failure, os_reason
 
 LOCK_FILE = ".lock"
 TARGET_CHUNK_BYTES = 2 << 20        # ~2 MiB per chunk (diffusion_policy's choice)
@@ -58,6 +59,7 @@ class CompactionResult:
     steps: int                        # steps appended
     seconds: float
     quarantined: list[str] = field(default_factory=list)   # staging files set aside (paths)
+    removed_partial: list[str] = field(default_factory=list)   # abandoned partial writes deleted (paths)
 
 
 @contextmanager
@@ -235,7 +237,9 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
     A staging file that cannot be merged (damaged, or written for another schema, robot or control
     rate) is moved to ``<store>/quarantine/`` with a ``.reason.txt`` beside it and the compaction
     starts over without it: it never blocks the store. ``validate`` and ``info`` report quarantined
-    files; ``CompactionResult.quarantined`` lists them.
+    files; ``CompactionResult.quarantined`` lists them. Partial writes no live writer owns are removed
+    (``CompactionResult.removed_partial``). A write the disk refuses (full, quota, I/O) is a ``JobFailed``
+    naming the store: nothing was committed, the previous generation and the staged episodes are intact.
     """
     import zarr
     if append_mode not in APPEND_MODES:
@@ -247,6 +251,7 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
     quarantined: list[str] = []
     # every chunk is written, even all-fill ones, so a lost chunk is never mistaken for zeros
     with store_lock(root, lock_timeout), zarr.config.set({"array.write_empty_chunks": True}):
+        removed = [str(p) for p in remove_partial_writes(abandoned_partial_writes(root))]
         while True:
             try:
                 result = _compact_locked(root, append_mode, t0)
@@ -254,8 +259,24 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
                 # nothing was committed (the manifest is written last): set the file aside, start over
                 quarantined.append(str(quarantine_staged(root, bad.path, str(bad))))
                 continue
-            result.quarantined = quarantined
+            except OSError as err:
+                if is_write_failure(err):
+                    raise _write_failed(root, err) from err
+                raise
+            result.quarantined, result.removed_partial = quarantined, removed
             return result
+
+
+def _write_failed(root: Path, err: OSError) -> JobFailed:
+    """The one line for a compaction the disk stopped: what failed, what is intact, how to finish."""
+    try:
+        m = read_manifest(root)
+        committed = f"generation {m['generation']} ({m['num_episodes']} episodes) is intact"
+    except (OSError, ValueError):
+        committed = "the store has no committed generation yet"
+    return JobFailed(f"{root}: compaction failed: {os_reason(err)}; nothing was committed: {committed} and the "
+                     f"{len(list_staged(root))} staged episode(s) are kept; free space and run "
+                     f"`quadforge dataset compact --store {root}` (or rerun the collection) to finish")
 
 
 def _check_integrity_start(root: Path, manifest: dict[str, Any], schema: StoreSchema, group) -> dict[str, list[int]]:
@@ -278,38 +299,43 @@ def _check_integrity_start(root: Path, manifest: dict[str, Any], schema: StoreSc
     return out
 
 
-def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult:
-    import zarr
-    fresh = not (root / MANIFEST).is_file()
-    if fresh:
+@dataclass
+class _Committed:
+    """The store as its manifest commits it (a fresh store: generation 0, nothing else)."""
+    fresh: bool
+    manifest: dict[str, Any]
+    schema: StoreSchema | None
+    table: EpisodeTable
+    tasks: dict[str, list[str]]
+    instructions: InstructionTable
+
+
+def _read_committed(root: Path) -> _Committed:
+    if not (root / MANIFEST).is_file():
         manifest = {"format_version": FORMAT_VERSION, "generation": 0, "num_steps": 0,
                     "num_episodes": 0, "lengths": {}, "stats": {}}
-        schema, table, tasks = None, EpisodeTable.from_rows([]), {}
-        instructions = InstructionTable()
-    else:
-        manifest = read_manifest(root)
-        schema = read_schema(root)
-        table = read_episode_table(root, int(manifest["num_episodes"]))
-        tasks = read_tasks(root, required=bool(manifest.get("meta")))
-        # appending to a store whose committed metadata or chunks are damaged would bury the damage
-        verify_metadata(root, manifest, schema, table, tasks)
-        TrajectoryStore(root, manifest, schema, table, tasks)._check_arrays()
-        counts = manifest.get("meta", {}).get("tasks_counts")
-        if counts is not None:   # instructions beyond the committed ones are leftovers of a crash
-            tasks = {t: list(tasks.get(t, []))[:int(counts.get(t, 0))] for t in set(tasks) | set(counts)}
-            tasks = {t: v for t, v in tasks.items() if t in counts}
-        instructions = InstructionTable(read_instructions(root, manifest))   # the committed entries only
+        return _Committed(True, manifest, None, EpisodeTable.from_rows([]), {}, InstructionTable())
+    manifest = read_manifest(root)
+    schema = read_schema(root)
+    table = read_episode_table(root, int(manifest["num_episodes"]))
+    tasks = read_tasks(root, required=bool(manifest.get("meta")))
+    # appending to a store whose committed metadata or chunks are damaged would bury the damage
+    verify_metadata(root, manifest, schema, table, tasks)
+    TrajectoryStore(root, manifest, schema, table, tasks)._check_arrays()
+    counts = manifest.get("meta", {}).get("tasks_counts")
+    if counts is not None:   # instructions beyond the committed ones are leftovers of a crash
+        tasks = {t: list(tasks.get(t, []))[:int(counts.get(t, 0))] for t in set(tasks) | set(counts)}
+        tasks = {t: v for t, v in tasks.items() if t in counts}
+    instructions = InstructionTable(read_instructions(root, manifest))   # the committed entries only
+    return _Committed(False, manifest, schema, table, tasks, instructions)
 
-    known = set(table["episode_id"].tolist())
-    staged = list_staged(root)
-    skipped = [p for p in staged if episode_id_of(p) in known]
-    todo = [p for p in staged if episode_id_of(p) not in known]
-    if not todo:
-        _delete(skipped, root)
-        return CompactionResult(int(manifest["generation"]), [], [episode_id_of(p) for p in skipped], 0,
-                                time.perf_counter() - t0)
 
-    # 3. every header against the schema before the first write
+_Header = tuple[Path, dict[str, ArrayHeader], dict[str, Any]]
+
+
+def _checked_headers(todo: list[Path], schema: StoreSchema | None) -> tuple[list[_Header], StoreSchema]:
+    """Step 3: every staging file's header against the schema (a fresh store's comes from the first file),
+    before the first write; a file that cannot join is ``Unmergeable``."""
     headers = []
     for p in todo:
         try:
@@ -330,63 +356,81 @@ def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult
         problem = staging_mismatch(schema, h, info, f"staging file {p}")
         if problem:
             raise Unmergeable(p, problem)
+    return headers, schema
 
-    # 1. open arrays at their trusted lengths (truncating leftovers of an interrupted compaction)
+
+def _open_appenders(root: Path, state: _Committed, schema: StoreSchema, headers: list[_Header],
+                    append_mode: str) -> dict[str, _Appender]:
+    """Step 1: every array at its trusted length (truncating leftovers of an interrupted compaction),
+    sized for the rows to come, with its running stats and chunk CRCs."""
+    import zarr
     group = zarr.open_group(str(root), mode="a", zarr_format=3)
-    if fresh:
+    if state.fresh:
         write_json_atomic(root / SCHEMA_FILE, schema.to_dict())
         _create_arrays(group, schema)
-    committed_crcs = {} if fresh else _check_integrity_start(root, manifest, schema, group)
-    start = int(manifest["num_steps"])
+    committed_crcs = {} if state.fresh else _check_integrity_start(root, state.manifest, schema, group)
     appenders: dict[str, _Appender] = {}
     for name, spec in schema.features.items():
         arr = group[array_path(name)]
-        n0 = int(manifest["lengths"].get(name, 0))
+        n0 = int(state.manifest["lengths"].get(name, 0))
         if arr.shape[0] != n0:
             arr.resize((n0,) + spec.shape)
         if append_mode == "chunked":   # rows to come: steps, or frames for images
             arr.resize((n0 + sum(h[name].shape[0] for _, h, _ in headers),) + spec.shape)
         stats = None
         if not is_image(name):
-            stats = (RunningStats.from_dict(manifest["stats"][name]) if name in manifest["stats"]
+            stats = (RunningStats.from_dict(state.manifest["stats"][name]) if name in state.manifest["stats"]
                      else RunningStats.empty(spec.shape))
         crcs = ChunkCrcs(arr.chunks[0], committed_crcs.get(name, []), n0)
         appenders[name] = _Appender(arr, n0, arr.chunks[0], append_mode, stats, crcs)
+    return appenders
 
-    # 4. buffered appends
+
+def _append_episodes(headers: list[_Header], appenders: dict[str, _Appender], schema: StoreSchema,
+                     state: _Committed) -> list[dict[str, Any]]:
+    """Step 4: each staged episode's features through the appenders (buffered); its episode-table row."""
     rows = []
-    pos = start
+    pos = int(state.manifest["num_steps"])
     for p, _, _ in headers:
         try:
             features, info = read_staged(p)
             # the header promised this; check the data really agrees before appending it
             schema.check(features, where=f"staging file {p}")
             if "instruction" in features:   # the collector's instruction numbering -> the store's
-                features = {**features, "instruction": instructions.remap(features["instruction"], info,
-                                                                          f"staging file {p}")}
+                features = {**features, "instruction": state.instructions.remap(features["instruction"], info,
+                                                                                f"staging file {p}")}
         except ValueError as err:
             raise Unmergeable(p, str(err)) from err
         for name, app in appenders.items():
             app.add(features[name])
-        rows.append(_episode_row(features, info, pos, tasks, instructions))
+        rows.append(_episode_row(features, info, pos, state.tasks, state.instructions))
         pos += rows[-1]["length"]
     for app in appenders.values():
         app.finish()
+    return rows
 
-    # 5. durability of the data, then the tables
+
+def _write_tables(root: Path, appenders: dict[str, _Appender], new_table: EpisodeTable,
+                  state: _Committed) -> dict[str, list]:
+    """Step 5: the written chunks fsynced, then the episode, tasks and instruction tables (not yet
+    committed: the manifest's digests and counts decide what a reader trusts)."""
     for name, app in appenders.items():
         _fsync_written(root, name, app.first_chunk, max(app.pos - 1, 0) // app.chunk)
-    new_table = table.concat(rows)
     table_lists = new_table.to_lists()
     write_json_atomic(root / EPISODES_FILE, {"columns": table_lists})
-    write_json_atomic(root / TASKS_FILE, {"tasks": tasks})
-    if len(instructions):
-        write_json_atomic(root / INSTRUCTIONS_FILE, {"instructions": instructions.texts})
+    write_json_atomic(root / TASKS_FILE, {"tasks": state.tasks})
+    if len(state.instructions):
+        write_json_atomic(root / INSTRUCTIONS_FILE, {"instructions": state.instructions.texts})
+    return table_lists
 
-    # 6. commit
-    new_manifest = {
-        "format_version": FORMAT_VERSION, "generation": int(manifest["generation"]) + 1,
-        "num_steps": pos, "num_episodes": len(new_table),
+
+def _new_manifest(root: Path, state: _Committed, schema: StoreSchema, appenders: dict[str, _Appender],
+                  num_steps: int, table_lists: dict[str, list]) -> dict[str, Any]:
+    """Step 6's record: generation + 1, lengths, stats, chunk CRCs and the digests of all metadata."""
+    tasks, instructions = state.tasks, state.instructions
+    manifest = {
+        "format_version": FORMAT_VERSION, "generation": int(state.manifest["generation"]) + 1,
+        "num_steps": num_steps, "num_episodes": len(next(iter(table_lists.values()))),
         "lengths": {name: app.pos for name, app in appenders.items()},
         "stats": {name: app.stats.to_dict() for name, app in appenders.items() if app.stats is not None},
         "chunks": {name: app.chunk for name, app in appenders.items()},
@@ -400,13 +444,32 @@ def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult
                  "arrays": {name: array_meta_digest(read_array_meta(root / array_path(name)))
                             for name in appenders}},
     }
-    new_manifest[DIGEST_KEY] = manifest_digest(new_manifest)
-    write_manifest(root, new_manifest)
+    manifest[DIGEST_KEY] = manifest_digest(manifest)
+    return manifest
 
-    # 7. the staged copies are now redundant
-    _delete(todo + skipped, root)
-    return CompactionResult(new_manifest["generation"], [r["episode_id"] for r in rows],
-                            [episode_id_of(p) for p in skipped], pos - start, time.perf_counter() - t0)
+
+def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult:
+    """The numbered steps of the module docstring, under the store's lock."""
+    state = _read_committed(root)
+    known = set(state.table["episode_id"].tolist())
+    staged = list_staged(root)
+    skipped = [p for p in staged if episode_id_of(p) in known]
+    todo = [p for p in staged if episode_id_of(p) not in known]
+    if not todo:
+        _delete(skipped, root)
+        return CompactionResult(int(state.manifest["generation"]), [], [episode_id_of(p) for p in skipped], 0,
+                                time.perf_counter() - t0)
+    headers, schema = _checked_headers(todo, state.schema)
+    appenders = _open_appenders(root, state, schema, headers, append_mode)
+    rows = _append_episodes(headers, appenders, schema, state)
+    start = int(state.manifest["num_steps"])
+    end = start + sum(r["length"] for r in rows)
+    table_lists = _write_tables(root, appenders, state.table.concat(rows), state)
+    manifest = _new_manifest(root, state, schema, appenders, end, table_lists)
+    write_manifest(root, manifest)   # 6. the commit point
+    _delete(todo + skipped, root)    # 7. the staged copies are now redundant
+    return CompactionResult(manifest["generation"], [r["episode_id"] for r in rows],
+                            [episode_id_of(p) for p in skipped], end - start, time.perf_counter() - t0)
 
 
 def staging_mismatch(schema: StoreSchema, headers: Mapping[str, ArrayHeader], info: Mapping[str, Any],

@@ -1,58 +1,130 @@
-"""HDF5 export/import in a robomimic-like layout, for tools that expect it.
+"""HDF5 export/import in robomimic's layout (robomimic 0.3's ``SequenceDataset`` reads it as it is).
 
 ```
-/data                      attrs: format, total, schema (JSON), tasks (JSON), env_args (JSON),
-                           instructions (JSON list: the store's instruction table)
-/data/demo_<i>/obs/<term>  raw observation terms of store episode i (T rows), its task_* terms and
-                           per-step instruction index, and images/<camera> (its ceil(T / stride) frames;
-                           frame j = step j * stride, the stride in the schema and the demo's frame_stride)
-/data/demo_<i>/actions     (T, 12)          /data/demo_<i>/rewards (T,)
-/data/demo_<i>/dones       (T,) uint8, 1 at the episode's last step (robomimic's convention)
-/data/demo_<i>/<other>     the remaining per-step features (joint_targets, terminated, time_outs, ...)
+/data                       attrs: total (steps), env_args (JSON: env_name, type, env_kwargs {robot,
+                            control_dt, frame_stride}; robomimic cannot build this env, the args describe it),
+                            and quadforge's own: format, schema, tasks, instructions (the instruction table),
+                            cameras ({obs key: store feature}), frame_stride
+/data/demo_<i>/obs/<key>    store episode i's raw observation terms, task_* terms and per-step instruction
+                            index (T rows), and each camera under its own key (``front_rgb``) at one row
+                            per step: step t carries the latest frame taken, frame t // frame_stride
+/data/demo_<i>/next_obs/<key>   obs one step on (the last row repeats: the observation after an episode's
+                            last step is not stored)
+/data/demo_<i>/actions      (T, 12)   rewards (T,)   dones (T,) uint8, 1 at the last step (robomimic's convention)
+/data/demo_<i>/states       (T, D) float32: every raw observation term concatenated (names in its attrs);
+                            not a MuJoCo state - quadforge stores none, so robomimic cannot replay a demo
+/data/demo_<i>/<other>      the remaining per-step features (joint_targets, terminated, time_outs, pushed, ...)
     attrs: num_samples, frame_stride (with images) and every episode-table column (label, extra,
     task_params as JSON strings)
-/mask/<filter>             demo names: success, failure, terrain_<type>
+/mask/<filter>              demo names: train / valid (the 90 / 10 episode split of data.episodes.split_episodes,
+                            seed 0), success, failure, terrain_<type>
 ```
 Import writes each demo as a staging file with its original episode id and compacts, keeping the
-demo order, so export -> import -> export reproduces the file's contents bit for bit.
+demo order, so export -> import -> export reproduces the file's contents bit for bit; files of the
+first layout (``quadforge-robomimic-1``: frames every ``frame_stride`` steps under ``obs/images/``) still import.
 """
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from quadforge.data.admission import check_store_accepts
-from quadforge.data.images import is_image
-from quadforge.data.instructions import InstructionTable
-from quadforge.data.schema import TASK_PREFIX
-from quadforge.data.staging import write_staging_file
 from quadforge.data.compaction import compact
+from quadforge.data.episodes import split_episodes
+from quadforge.data.images import IMAGE_PREFIX, hold_frames, is_image, subsample
+from quadforge.data.instructions import InstructionTable
+from quadforge.data.locks import locked
+from quadforge.data.schema import TASK_PREFIX
+from quadforge.data.staging import write_staging_file, writer_lock_path
 from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore
 from quadforge.layout import TERM_DIMS
 from quadforge.output_paths import check_output_dir, check_output_file, is_store_dir
 
-FORMAT = "quadforge-robomimic-1"
+FORMAT = "quadforge-robomimic-2"
+FORMATS = ("quadforge-robomimic-1", FORMAT)      # what import reads
 DERIVED_COLUMNS = ("start", "end", "length", "instruction_id")
+VALID_FRACTION, SPLIT_SEED = 0.1, 0
+# robomimic's EnvType.GYM_TYPE: the closest of its env types; robomimic cannot build this env
+ROBOMIMIC_ENV_TYPE = 2
 
 
 def _is_obs(name: str) -> bool:
     return name in TERM_DIMS or is_image(name) or name.startswith(TASK_PREFIX) or name == "instruction"
 
 
-def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | None = None) -> int:
-    """Write the whole store to ``h5_path``; returns the number of demos."""
-    import h5py
-    out = check_output_file(h5_path, flag="export-hdf5 OUTPUT")   # before reading a byte of the store
-    store = TrajectoryStore.open(store_path)
-    # per-step features in RAM; images are read episode by episode from their chunks (they may not fit)
-    images = store.image_features
-    data = store.load([n for n in store.feature_names if n not in images])
-    frame_lo = {name: store.frame_starts(name) for name in images}
-    frame_n = {name: store.frame_counts(name) for name in images}
+def obs_key(name: str) -> str:
+    """A store feature's key under obs/: the feature itself, a camera without its images/ prefix."""
+    return name[len(IMAGE_PREFIX):] if is_image(name) else name
+
+
+def _env_args(store: TrajectoryStore) -> dict[str, Any]:
+    kwargs = {"robot": store.schema.robot, "control_dt": store.schema.control_dt,
+              "frame_stride": store.schema.frame_stride}
+    return {"env_name": f"quadforge:{store.schema.robot or 'robot'}", "type": ROBOMIMIC_ENV_TYPE,
+            "env_kwargs": kwargs, **kwargs}
+
+
+def _masks(table, names: list[str]) -> dict[str, list[str]]:
+    n = len(names)
+    masks: dict[str, list[str]] = {"success": [], "failure": [],
+                                   "train": [names[i] for i in split_episodes(n, "train", VALID_FRACTION, SPLIT_SEED)],
+                                   "valid": [names[i] for i in split_episodes(n, "val", VALID_FRACTION, SPLIT_SEED)]}
+    for i, name in enumerate(names):
+        masks["success" if table["success"][i] else "failure"].append(name)
+        masks.setdefault(f"terrain_{table['terrain_type'][i] or 'unknown'}", []).append(name)
+    return masks
+
+
+def _write_demo(d, store: TrajectoryStore, data: dict[str, np.ndarray], i: int, compression: str | None) -> None:
     table = store.episodes
+    lo, hi = int(table["start"][i]), int(table["end"][i])
+    n = hi - lo
+    stride = store.schema.frame_stride or 1
+    obs: dict[str, np.ndarray] = {}
+    for feat in sorted(store.feature_names):
+        if is_image(feat):
+            f0 = int(store.frame_starts(feat)[i])
+            frames = np.asarray(store.array(feat)[f0:f0 + int(store.frame_counts(feat)[i])])
+            value = hold_frames(frames, n, stride)   # images are read episode by episode, never all at once
+        else:
+            value = data[feat][lo:hi]
+        if _is_obs(feat):
+            obs[obs_key(feat)] = value
+        else:
+            d.create_dataset(feat, data=value, compression=compression)
+    for group, shift in (("obs", 0), ("next_obs", 1)):
+        rows = np.minimum(np.arange(n) + shift, n - 1)
+        for key in sorted(obs):
+            d.create_dataset(f"{group}/{key}", data=obs[key][rows] if shift else obs[key], compression=compression)
+    terms = [t for t in sorted(store.feature_names) if t in TERM_DIMS]
+    states = d.create_dataset("states", data=np.concatenate([obs[t].reshape(n, -1) for t in terms], axis=1)
+                              .astype(np.float32), compression=compression)
+    states.attrs["terms"] = json.dumps(terms)
+    dones = np.zeros(n, dtype=np.uint8)
+    dones[-1] = 1
+    d.create_dataset("dones", data=dones)
+    d.attrs["num_samples"] = n
+    if store.image_features:
+        d.attrs["frame_stride"] = stride
+    for col in COLUMNS:
+        v = table[col][i]
+        v = v.item() if isinstance(v, np.generic) else v
+        d.attrs[col] = json.dumps(v, sort_keys=True) if col in DICT_COLUMNS else v
+
+
+def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | None = None) -> int:
+    """Write the whole store to ``h5_path`` in robomimic's layout; returns the number of demos."""
+    import h5py
+    out = check_output_file(h5_path, flag="export-hdf5 --output")   # before reading a byte of the store
+    store = TrajectoryStore.open(store_path)
+    images = store.image_features
+    data = store.load([n for n in store.feature_names if n not in images])   # per-step features in RAM
+    table = store.episodes
+    names = [f"demo_{i}" for i in range(len(table))]
     out.parent.mkdir(parents=True, exist_ok=True)
     with h5py.File(out, "w", track_order=True) as f:
         g = f.create_group("data", track_order=True)
@@ -60,35 +132,16 @@ def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | 
         g.attrs["total"] = store.num_steps
         g.attrs["schema"] = json.dumps(store.schema.to_dict(), sort_keys=True)
         g.attrs["tasks"] = json.dumps(store.tasks, sort_keys=True)
-        g.attrs["env_args"] = json.dumps({"robot": store.schema.robot, "control_dt": store.schema.control_dt})
+        g.attrs["env_args"] = json.dumps(_env_args(store), sort_keys=True)
         if store.instructions:
             g.attrs["instructions"] = json.dumps(store.instructions)
-        masks: dict[str, list[str]] = {"success": [], "failure": []}
-        for i in range(len(table)):
-            name = f"demo_{i}"
-            lo, hi = int(table["start"][i]), int(table["end"][i])
-            d = g.create_group(name, track_order=True)
-            for feat in sorted(store.feature_names):
-                key = f"obs/{feat}" if _is_obs(feat) else feat
-                if feat in frame_lo:
-                    f0 = int(frame_lo[feat][i])
-                    value = np.asarray(store.array(feat)[f0:f0 + int(frame_n[feat][i])])
-                else:
-                    value = data[feat][lo:hi]
-                d.create_dataset(key, data=value, compression=compression)
-            dones = np.zeros(hi - lo, dtype=np.uint8)
-            dones[-1] = 1
-            d.create_dataset("dones", data=dones)
-            d.attrs["num_samples"] = hi - lo
-            if images:
-                d.attrs["frame_stride"] = store.schema.frame_stride
-            for col in COLUMNS:
-                v = table[col][i]
-                v = v.item() if isinstance(v, np.generic) else v
-                d.attrs[col] = json.dumps(v, sort_keys=True) if col in DICT_COLUMNS else v
-            masks["success" if table["success"][i] else "failure"].append(name)
-            masks.setdefault(f"terrain_{table['terrain_type'][i] or 'unknown'}", []).append(name)
+        if images:
+            g.attrs["cameras"] = json.dumps({obs_key(c): c for c in images}, sort_keys=True)
+            g.attrs["frame_stride"] = store.schema.frame_stride
+        for i, name in enumerate(names):
+            _write_demo(g.create_group(name, track_order=True), store, data, i, compression)
         m = f.create_group("mask", track_order=True)
+        masks = _masks(table, names)
         for key in sorted(masks):
             m.create_dataset(key, data=np.asarray(masks[key], dtype="S"))
     return len(table)
@@ -112,8 +165,8 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
     check_output_dir(store_path, "trajectory store", owns=is_store_dir, flag="import-hdf5 --store")
     try:
         with h5py.File(src, "r") as f:
-            if "data" not in f or _attr(f["data"].attrs.get("format")) != FORMAT:
-                raise ValueError(f"{src}: not a quadforge HDF5 export (want /data with format={FORMAT!r})")
+            if "data" not in f or _attr(f["data"].attrs.get("format")) not in FORMATS:
+                raise ValueError(f"{src}: not a quadforge HDF5 export (want /data with format in {FORMATS})")
             env_args = json.loads(_attr(f["data"].attrs["env_args"]))
             check_store_accepts(store_path, robot=env_args.get("robot"), control_dt=env_args.get("control_dt"),
                                 what=f"{src}")
@@ -123,11 +176,15 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
     known = TrajectoryStore.existing_episode_ids(store_path)
     known_rows = _known_rows(store_path)
     imported = 0
-    with h5py.File(src, "r") as f:
+    held: set[str] = set()
+    # like a collector's writer, the import holds the writer lock of each collector id it stages under:
+    # a compaction meanwhile then knows its temp files are live, and a running collector of that id refuses it
+    with h5py.File(src, "r") as f, ExitStack() as writer_locks:
         g = f["data"]
         env_args = json.loads(_attr(g.attrs["env_args"]))
         tasks = json.loads(_attr(g.attrs.get("tasks", "{}")))
         table = InstructionTable(json.loads(_attr(g.attrs.get("instructions", "[]"))))
+        cameras = json.loads(_attr(g.attrs.get("cameras", "{}")))   # obs key -> store feature (layout 2)
         names = sorted(g.keys(), key=lambda k: int(k.split("_")[1]))
         last_id = ""
         for name in names:
@@ -147,8 +204,7 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
             if eid < last_id:  # compaction consumes staging files by name: keep the demo order
                 compact(store_path)
             last_id = eid
-            features = {k: np.asarray(d["obs"][k]) for k in _walk(d["obs"])}
-            features.update({k: np.asarray(d[k]) for k in d.keys() if k not in ("obs", "dones")})
+            features = _demo_features(d, cameras)
             info = {k: v for k, v in attrs.items() if k not in DERIVED_COLUMNS + DICT_COLUMNS + ("num_samples",)}
             info.update(json.loads(attrs.get("extra", "{}")))
             info["label"] = json.loads(attrs.get("label", "{}"))
@@ -168,7 +224,12 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
             if text is not None:
                 info["instruction"] = text
             info.update(robot=env_args.get("robot", ""), control_dt=env_args.get("control_dt", 0.02))
-            write_staging_file(store_path, eid, str(attrs["collector_id"]), features, info)
+            cid = str(attrs["collector_id"])
+            if cid not in held:
+                held.add(cid)
+                writer_locks.enter_context(locked(writer_lock_path(store_path, cid), f"import-hdf5 writer {cid!r}",
+                                                  hint="a collector of this id is writing to the store"))
+            write_staging_file(store_path, eid, cid, features, info)
             imported += 1
     result = compact(store_path)
     if result.quarantined:
@@ -200,3 +261,17 @@ def _walk(group, prefix: str = "") -> list[str]:
         else:
             out.append(f"{prefix}{k}")
     return out
+
+
+def _demo_features(d, cameras: dict[str, str]) -> dict[str, np.ndarray]:
+    """A demo's store features: obs/ (cameras back to their recorded frames) and the per-step datasets;
+    next_obs/, states and dones are derived on export."""
+    features = {}
+    for key in _walk(d["obs"]):
+        value = np.asarray(d["obs"][key])
+        if key in cameras:   # one row per step -> the frames taken, every frame_stride-th row
+            features[cameras[key]] = subsample(value, int(d.attrs.get("frame_stride", 1)))
+        else:
+            features[key] = value
+    features.update({k: np.asarray(d[k]) for k in d.keys() if k not in ("obs", "next_obs", "dones", "states")})
+    return features

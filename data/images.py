@@ -86,6 +86,12 @@ def image_chunk_frames(shape: tuple[int, ...], dtype: str) -> int:
     return int(1 << int(np.floor(np.log2(n))))
 
 
+def hold_frames(frames: np.ndarray, length: int, stride: int) -> np.ndarray:
+    """A per-step (length, ...) array from an episode's frames: step t carries the latest frame taken,
+    frame t // stride (how exports with one camera row per step lay them out). ``subsample`` undoes it."""
+    return frames[np.arange(length) // stride]
+
+
 def subsample(frames: np.ndarray, stride: int) -> np.ndarray:
     """Every ``stride``-th frame of a per-step (T, ...) image array, starting with the first."""
     return frames[::stride]

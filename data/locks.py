@@ -101,6 +101,24 @@ def acquire(path: str | Path, what: str, timeout: float | None = 0.0, hint: str 
     return HeldLock(path, fd, stale)
 
 
+def is_held(path: str | Path) -> bool:
+    """Whether a live process holds the lock ``path`` now (a missing lock file: no). This process's own
+    locks count as held: flock locks belong to the open file, not the process."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def locked(path: str | Path, what: str, timeout: float | None = 0.0, hint: str = "") -> Iterator[HeldLock]:
     lock = acquire(path, what, timeout, hint)

@@ -79,6 +79,8 @@ def _catalogue() -> dict[str, FeatureSpec]:
     cat["rewards"] = FeatureSpec("float32", (), (), "task reward per control step")
     cat["terminated"] = FeatureSpec("bool", (), (), "episode ended by a termination at this step")
     cat["time_outs"] = FeatureSpec("bool", (), (), "episode ended by the time limit at this step")
+    cat["pushed"] = FeatureSpec("bool", (), (), "a push came after this step's reward: the next step's observation "
+                                               "is after it (stores written before this column lack it)")
     cat["instruction"] = FeatureSpec("int64", (), (), "index into the store's instruction table (-1: none)")
     return cat
 

@@ -8,6 +8,12 @@ per-member zip and header parsing cost more than the copy itself. It is written 
 temp name, fsynced, renamed into place and the directory fsynced, so a reader (the compactor) sees
 either the whole file or nothing. Episode ids are ``<collector_id>-<counter:08d>``; a writer resumes
 its counter after the highest id of its collector already in the store or staged.
+
+A write that fails (the disk full) removes its temp file and raises ``JobFailed`` naming the store; a
+temp file left by a killed writer (``staging/.tmp-<episode_id>-<pid>.episode``) is a *partial write*:
+every writer holds its collector's lock ``staging/.writer-<collector_id>.lock`` while it writes, so a
+partial write whose collector's lock is free has no writer left. The collector's next writer and every
+compaction remove those (``remove_partial_writes``); ``dataset validate`` reports them.
 """
 from __future__ import annotations
 
@@ -21,7 +27,9 @@ import numpy as np
 
 from quadforge.data.images import frame_stride_of
 from quadforge.data.integrity import crc_rows
+from quadforge.data.locks import is_held
 from quadforge.data.schema import check_episode, spec_for
+from quadforge.errors import JobFailed, is_write_failure, os_reason
 
 STAGING_DIR = "staging"
 QUARANTINE_DIR = "quarantine"
@@ -29,6 +37,9 @@ SUFFIX = ".episode"
 MAGIC = b"QFEPISODE1\n"
 _ALIGN = 64
 COLLECTOR_ID_RE = re.compile(r"^[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*$")
+TMP_PREFIX = ".tmp-"
+# .tmp-<collector_id>-<counter>-<pid>.episode
+_PARTIAL_RE = re.compile(r"^\.tmp-(?P<collector>.+)-\d+-\d+\.episode$")
 
 
 def staging_dir(store_path: str | Path) -> Path:
@@ -76,6 +87,44 @@ def list_quarantined(store_path: str | Path) -> list[tuple[Path, str]]:
             reason = "reason unknown"
         out.append((p, reason))
     return out
+
+
+def writer_lock_path(store_path: str | Path, collector_id: str) -> Path:
+    """The flock a collector's writer holds while it writes (``data.locks``)."""
+    return staging_dir(store_path) / f".writer-{collector_id}.lock"
+
+
+def partial_writes(store_path: str | Path, collector_id: str | None = None) -> list[Path]:
+    """Temp files of staging writes not (yet) renamed into place: ``collector_id``'s, or everyone's."""
+    d = staging_dir(store_path)
+    if not d.is_dir():
+        return []
+    out = []
+    for p in sorted(d.iterdir()):
+        m = _PARTIAL_RE.match(p.name)
+        if m and (collector_id is None or m["collector"] == collector_id):
+            out.append(p)
+    return out
+
+
+def abandoned_partial_writes(store_path: str | Path) -> list[Path]:
+    """Partial writes whose collector has no live writer (its lock is free): leftovers of a killed or
+    failed write, safe to remove. A live writer's temp file is never listed."""
+    out = []
+    for p in partial_writes(store_path):
+        collector = _PARTIAL_RE.match(p.name)["collector"]
+        if not is_held(writer_lock_path(store_path, collector)):
+            out.append(p)
+    return out
+
+
+def remove_partial_writes(paths: list[Path]) -> list[Path]:
+    """Delete these partial writes (none of them is an episode: the rename never happened)."""
+    for p in paths:
+        p.unlink(missing_ok=True)
+    if paths:
+        fsync_dir(paths[0].parent)
+    return paths
 
 
 def episode_id_of(path: Path) -> str:
@@ -219,8 +268,16 @@ def write_staging_file(store_path: str | Path, episode_id: str, collector_id: st
     d = staging_dir(store_path)
     d.mkdir(parents=True, exist_ok=True)
     final = d / f"{episode_id}{SUFFIX}"
-    tmp = d / f".tmp-{episode_id}-{os.getpid()}{SUFFIX}"
-    write_episode_file(tmp, arrays, full_info)
-    os.replace(tmp, final)
-    fsync_dir(d)
+    tmp = d / f"{TMP_PREFIX}{episode_id}-{os.getpid()}{SUFFIX}"
+    try:
+        write_episode_file(tmp, arrays, full_info)
+        os.replace(tmp, final)
+        fsync_dir(d)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)   # a partial episode is nothing; leaving it would only hold disk space
+        if is_write_failure(err):
+            raise JobFailed(f"{Path(store_path)}: staging episode {episode_id} failed: {os_reason(err)}; the store's "
+                            f"committed episodes and the episodes already staged are intact; free space and "
+                            f"rerun the same command: it resumes after the last staged episode") from err
+        raise
     return final

@@ -191,13 +191,23 @@ def read_schema(root: Path) -> StoreSchema:
         raise ValueError(f"{root / SCHEMA_FILE}: corrupt schema ({type(err).__name__}: {err})") from err
 
 
+def missing_manifest_message(root: Path) -> str:
+    """Why a directory without a manifest cannot be read, and the command that recovers when one does:
+    staged episodes that were never compacted (a collection stopped before its first compaction)."""
+    staged = len(list_staged(root)) if root.is_dir() else 0
+    if staged:
+        return (f"{root}: no manifest: {staged} staged episode(s), never compacted (a collection stopped before "
+                f"its first compaction); nothing is lost: run `quadforge dataset compact --store {root}` to make them "
+                f"readable (or rerun the collection to resume it)")
+    return f"{root / MANIFEST}: missing manifest (not a trajectory store)"
+
+
 def read_manifest(root: Path, verify: bool = True) -> dict[str, Any]:
     """The manifest, checked (keys, types, digest); ``verify=False`` skips the digest (the validator
     reports a mismatch as one problem among others instead of stopping there)."""
     path = root / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing manifest (not a trajectory store, or never compacted: "
-                                f"run compact first)")
+        raise FileNotFoundError(missing_manifest_message(root))
     m = read_json(path, "manifest")
     missing = [k for k in MANIFEST_KEYS if not isinstance(m, dict) or k not in m]
     if missing:

@@ -5,6 +5,7 @@ Values are random but shaped like the real thing (unit gravity vector, bounded j
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -128,3 +129,30 @@ def synthetic_image_episode(rng: np.random.Generator, length: int, success: bool
         out["images/front_depth"] = dep
     out["instruction"] = np.full(length, instruction_index, dtype=np.int64)
     return out
+
+
+SYNTHETIC_INSTRUCTIONS = ("go to the red cube, slowly with a trotting gait",
+                          "stop the blue ball, quickly with a pacing gait")
+
+
+def write_synthetic_image_store(root: str | Path, episodes: int = 5, stride: int = 10, size: int = 16,
+                                seed: int = 0) -> Path:
+    """A small compacted QUARD-like store - proprioception (a one-entry term, ``base_height``, among it),
+    ``hl_commands``, two instructions, ``size``²
+    RGB frames every ``stride`` steps, every fourth episode a failure - for tests and for trying the
+    exports (tools/check_exports_external.py)."""
+    from quadforge.data.compaction import compact
+    from quadforge.data.writer import StagingWriter
+    rng = np.random.default_rng(seed)
+    with StagingWriter(root, "cam") as w:
+        for i in range(episodes):
+            length, success, k = int(rng.integers(15, 40)), i % 4 != 3, i % 2
+            feats = synthetic_image_episode(rng, length, success, stride=stride, size=size, instruction_index=k,
+                                            features=PROPRIO_FEATURES + ("hl_commands", "base_height"))
+            params = synthetic_task_params(i, seed)
+            text = SYNTHETIC_INSTRUCTIONS[k]
+            w.write_episode(feats, {**synthetic_info(i, success), "task": f"quard:{params['family']}",
+                                    "task_params": params, "instruction": text, "instructions": {str(k): text},
+                                    "frame_stride": stride})
+    compact(root)
+    return Path(root)

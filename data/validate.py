@@ -9,7 +9,8 @@ and tasks tables, every array's zarr.json) and every chunk's CRC32C (``data.inte
 in float features and stats present for every non-image feature with count = num_steps and matching a
 recomputation; image features with sum(ceil(length / stride)) frames (one stride per store); a
 readable instruction table with the manifest's num_instructions entries (and digest), per-step
-``instruction`` values and ``instruction_id`` within it; task_params dicts. Quarantined staging files are warnings: the store is sound, but they were not merged.
+``instruction`` values and ``instruction_id`` within it; task_params dicts. Quarantined staging files are warnings: the store is sound, but they were not merged;
+so are partial staging writes no live writer owns (``staging/.tmp-*``: leftovers of a killed or failed write).
 Levels: metadata and chunk files only (``checksums=False, check_values=False``, the CLI's ``--quick``),
 checksums (the CLI's default), checksums and values (``--deep``; the Python default).
 """
@@ -24,7 +25,7 @@ from quadforge.data.integrity import (DIGEST_KEY, array_meta_digest, bad_chunks,
                                      missing_chunk_files, num_chunks, read_array_meta, table_digest, tasks_digest)
 from quadforge.data.images import is_image, num_frames
 from quadforge.data.schema import StoreSchema
-from quadforge.data.staging import list_quarantined, list_staged
+from quadforge.data.staging import abandoned_partial_writes, list_quarantined, list_staged
 from quadforge.data.stats import RunningStats
 from quadforge.data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, array_path, read_episode_table,
                                   read_instructions, read_manifest, read_schema, read_tasks)
@@ -74,6 +75,9 @@ def _validate(root: Path, rep: ValidationReport, check_values: bool, checksums: 
         rep.notes.append(f"{len(staged)} staged episode(s) not yet compacted")
     for path, reason in list_quarantined(root):
         rep.warnings.append(f"quarantined staging file {path.name} (not merged): {reason}")
+    for path in abandoned_partial_writes(root):
+        rep.warnings.append(f"partial staging write {path} of a writer that is gone: no episode; `quadforge "
+                            f"dataset compact --store {root}` or the collector's next run removes it")
     try:
         manifest = read_manifest(root, verify=False)
     except (FileNotFoundError, ValueError) as err:

@@ -11,7 +11,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from quadforge.data.locks import acquire
-from quadforge.data.staging import COLLECTOR_ID_RE, staging_dir, write_staging_file
+from quadforge.data.staging import (COLLECTOR_ID_RE, partial_writes, remove_partial_writes, staging_dir,
+                                    write_staging_file, writer_lock_path)
 from quadforge.data.store import TrajectoryStore
 
 
@@ -28,8 +29,12 @@ class StagingWriter:
         self.collector_id = str(collector_id)
         self.dir = staging_dir(self.store_path)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.lock = acquire(self.dir / f".writer-{self.collector_id}.lock", f"staging writer {self.collector_id!r}",
+        self.lock = acquire(writer_lock_path(self.store_path, self.collector_id),
+                            f"staging writer {self.collector_id!r}",
                             hint="episode ids would collide; give this writer another collector id")
+        # this collector's earlier writer was killed mid-write: its temp files are no episode (the lock says
+        # no other writer of this collector is alive)
+        self.removed_partial = remove_partial_writes(partial_writes(self.store_path, self.collector_id))
         prefix = self.collector_id + "-"
         counters = [int(eid[len(prefix):]) for eid in TrajectoryStore.existing_episode_ids(self.store_path)
                     if eid.startswith(prefix) and eid[len(prefix):].isdigit()]

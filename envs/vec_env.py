@@ -81,6 +81,9 @@ class LeggedEnv(VecEnv):
         body_names = tuple(self.backend.state.body_names)
         self.task = self._make_task(cfg, body_names, gen("commands"))
         self.pushes = Pushes(cfg.randomization, self.dt, gen("push"))
+        # extras["pushed"]: all envs are pushed together, so two constant (N,) columns (never written to) do
+        self._pushed_flags = (torch.zeros(self.num_envs, dtype=torch.bool, device=self.device),
+                              torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
         self.latency = ActionLatency(cfg.randomization, n, gen("latency"), dev)
 
         self.default_joint_pos = torch.tensor(self.robot.default_joint_pos, device=dev)
@@ -182,7 +185,10 @@ class LeggedEnv(VecEnv):
             self._obs = self._compute_obs(yaw=self.task.yaw, known=None if pushed else ground, noise=self._noise)
         else:
             self._obs = self._compute_obs(noise=self._noise)
-        self.extras = {"time_outs": res.time_outs, "log": log, "episode_end": episode}
+        # the push comes after this step's reward and before the next observation: who recomputes a reward from
+        # stored observations needs to know which steps it came between (stored per step as `pushed`)
+        self.extras = {"time_outs": res.time_outs, "log": log, "episode_end": episode,
+                       "pushed": self._pushed_flags[int(pushed)]}
         return self._obs, res.rewards, res.dones, self.extras
 
     # --- contract extras -------------------------------------------------------------------------------

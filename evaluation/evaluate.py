@@ -31,7 +31,7 @@ import math
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -44,6 +44,7 @@ from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.collection.skills import SkillCommandSampler, parse_skills
 from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.builder import make_env
+from quadforge.envs.config import EnvConfig
 from quadforge.envs.robots import ROBOTS
 from quadforge.envs.terrain import terrain_types
 from quadforge.experts.registry import check_policy_spec, policy_for_env
@@ -123,8 +124,14 @@ def build_env(cfg: EvalConfig, seed: int) -> Any:
     return make_env(cfg.robot, cfg.terrain, num_envs=cfg.num_envs, seed=seed, num_threads=cfg.num_threads,
                     backend=cfg.backend, warp=cfg.warp, one_column_per_type=True,
                     terrain_grid={"num_levels": cfg.num_levels, "seed": derive_seed(seed, "eval/terrain") % (2**31)},
-                    overrides={"curriculum": False, "episode_length_s": cfg.max_episode_s,
-                               "commands.resample": False, "randomization.push_robots": False})
+                    adjust=lambda env: _evaluation_settings(cfg, env))
+
+
+def _evaluation_settings(cfg: EvalConfig, env: EnvConfig) -> EnvConfig:
+    """The env under evaluation: curriculum off, ``--max-episode-s`` episodes, commands held, no pushes."""
+    return replace(env, curriculum=False, episode_length_s=cfg.max_episode_s,
+                   commands=replace(env.commands, resample=False),
+                   randomization=replace(env.randomization, push_robots=False))
 
 
 class TimedPolicy:

@@ -85,7 +85,7 @@ class QuardExpert:
         return self.memory[family]
 
     def _steps(self, o: dict[str, torch.Tensor], band: torch.Tensor, gait_word: torch.Tensor, family: torch.Tensor):
-        """(behaviour, env rows, ExpertStep) of every family present in the batch."""
+        """(family, env rows, ExpertStep) of every family present in the batch."""
         cols = {"xy": o["task_base_pose"][:, :2], "yaw": o["task_base_pose"][:, 3],
                 "target": o["task_target_pos"][:, :2], "distractor": o["task_distractor_pos"][:, :2],
                 "target_vel": o["task_target_vel"][:, :2], "obstacle": o["task_obstacle_pos"][:, :2],

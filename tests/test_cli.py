@@ -76,9 +76,35 @@ def test_deprecated_spellings_still_work(tmp_path, capsys):
     args = build_parser("eval").parse_args(["eval", "--out", "D", "--episodes", "3"])
     assert args.episodes == 3
     assert main(["dataset", "info", str(tmp_path / "missing")]) == 2   # the old positional store
-    assert "positional store is deprecated" in capsys.readouterr().err
+    assert "positional arguments of dataset info are deprecated; use --store" in capsys.readouterr().err
 
 
 def test_tracking_eval_is_a_subcommand(capsys):
     assert main(["eval-tracking", "--policy", "nope.pt"]) == 2
     assert "nope.pt" in capsys.readouterr().err
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    """`quadforge dataset info --store S | head -1`: stdout closed before the command writes is a quiet exit
+    141 (as a Unix tool killed by SIGPIPE), for any subcommand: tools/cli.py handles it once."""
+    import os
+
+    import numpy as np
+
+    from quadforge.data.compaction import compact
+    from quadforge.data.synthetic import synthetic_episode, synthetic_info
+    from quadforge.data.writer import StagingWriter
+    store = tmp_path / "s"
+    with StagingWriter(store, "c0") as w:
+        w.write_episode(synthetic_episode(np.random.default_rng(0), 20, True), synthetic_info(0, True))
+    compact(store)
+    for argv in (["dataset", "info", "--store", str(store)], ["dataset", "validate", "--store", str(store)]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)   # the reader is gone before the first write
+        try:
+            r = subprocess.run([sys.executable, "-m", "quadforge.tools.cli", *argv], stdout=write_end,
+                               stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(write_end)
+        assert r.returncode == 141, (argv, r.stderr)
+        assert r.stderr == "", (argv, r.stderr)

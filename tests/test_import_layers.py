@@ -216,3 +216,12 @@ def test_imports_inside_functions_only_where_laziness_is_the_point():
         bad.append(f"{mods[a].relative_to(ROOT)}:{line}: {a} imports {b} inside a function")
     assert not bad, ("imports of another package inside functions (move them to the top, or add the pair to "
                      "LAZY with the reason laziness is needed):\n" + "\n".join(bad))
+
+
+def test_the_repository_as_built_names_every_module():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    built = doc[doc.index("## The repository as built"):]
+    built = built[:built.index("```", built.index("```") + 3)]
+    missing = [str(path.relative_to(ROOT)) for name, path in modules().items()
+               if path.name != "__init__.py" and not re.search(rf"(?<![\w]){re.escape(path.stem)}\b", built)]
+    assert not missing, "modules missing from docs/architecture.md's 'The repository as built': " + ", ".join(missing)

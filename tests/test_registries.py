@@ -129,3 +129,10 @@ def test_make_env_config_takes_typed_terrain_and_adjust():
                                                 "randomization.max_push_vel_xy": 0.7,
                                                 "randomization.push_interval_s": 3.0})
     assert typed == dotted
+    # and evaluation's
+    from quadforge.evaluation.evaluate import EvalConfig, _evaluation_settings
+    ev = EvalConfig(max_episode_s=7.0)
+    typed = builder.make_env_config(adjust=lambda c: _evaluation_settings(ev, c))
+    dotted = builder.make_env_config(overrides={"curriculum": False, "episode_length_s": 7.0,
+                                                "commands.resample": False, "randomization.push_robots": False})
+    assert typed == dotted

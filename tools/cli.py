@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from quadforge.tools.bench.cli import BENCHMARKS
+
+# what a Unix tool killed by SIGPIPE exits with (128 + 13), e.g. `quadforge dataset info | head -1`
+EXIT_BROKEN_PIPE = 141
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval-expert": ("quadforge.evaluation.evaluate_expert", "evaluate an expert per terrain type x level"),
     "eval-tracking": ("quadforge.evaluation.tracking_eval", "velocity tracking and fall rate of an expert per terrain type"),
     "reproduce": ("quadforge.tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency; --stages quard: QUARD-Auto and Table III)"),
-    "bench": ("quadforge.tools.bench.cli", "benchmarks: sim | env_step | experts | store | models | germ | scale"),
+    "bench": ("quadforge.tools.bench.cli", "benchmarks: " + " | ".join(BENCHMARKS)),
 }
 
 
@@ -55,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quadforge: error: {what} (commands: {', '.join(COMMANDS)}; see quadforge --help)",
               file=sys.stderr)
         return 2
+    from quadforge.errors import JobFailed
     args = build_parser(with_subcommand=name).parse_args(argv)
     module = importlib.import_module(COMMANDS[name][0])
     try:
@@ -62,14 +69,35 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(json_out, str) and json_out != "-":   # --json PATH: checked before the work, not after
             from quadforge.output_paths import check_output_file
             check_output_file(json_out, flag="--json")
-        return int(module.run(args) or 0)
+        code = int(module.run(args) or 0)
+        sys.stdout.flush()   # inside the try: a reader that left early fails the flush here, not at exit
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except JobFailed as err:
+        # a job stopped for an outside reason (disk full, a worker died): its message says what is safe and how
+        # to go on
+        print(f"quadforge {name}: {err}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError, NotImplementedError, ImportError) as err:
         # Bad input (or a missing optional package) is a one-line error naming what is wrong, not a traceback.
         print(f"quadforge {name}: error: {err}", file=sys.stderr)
         return 2
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (`| head -1`): stop quietly, as Unix tools do. stdout is pointed at
+    /dev/null so the interpreter's own flush at exit does not print a second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):   # stdout without a file descriptor (captured): nothing left to silence
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from quadforge.layout import get_layout
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.training.distributed import resolve_device
 from quadforge.training.imitation import train
-from quadforge.training.presets import preset
+from quadforge.training.presets import TrainConfig, preset
 
 DEMO_TERRAIN = "flat,slope_up,rough_slope,stairs_up"
 
@@ -110,6 +110,22 @@ def concat_episodes(parts: list[EpisodeArrays]) -> EpisodeArrays:
                          np.concatenate([p.episode_ends + o for p, o in zip(parts, offsets)]), info)
 
 
+def iteration_train_config(cfg: DaggerConfig, it: int, previous: str | None) -> TrainConfig:
+    """Iteration ``it``'s imitation config: the model's preset with the run's overrides, from scratch for
+    ``train_steps`` or (``finetune_steps`` > 0, it >= 1) from ``previous``'s weights."""
+    tcfg = preset(cfg.model, cfg.preset)
+    overrides = parse_overrides(cfg.overrides)
+    model_keys = {k: v for k, v in overrides.items() if k.startswith("model.")}
+    apply_overrides(tcfg, {k: v for k, v in overrides.items() if k not in model_keys})
+    tcfg.model_config.update({k.split(".", 1)[1]: v for k, v in model_keys.items()})
+    tcfg.seed, tcfg.batch_size, tcfg.tensorboard = cfg.seed, cfg.batch_size, False
+    tcfg.max_steps = cfg.train_steps
+    if it > 0 and cfg.finetune_steps:
+        tcfg.max_steps, tcfg.init_from = cfg.finetune_steps, previous
+    tcfg.val_every = tcfg.log_every = max(1, tcfg.max_steps // 4)
+    return tcfg
+
+
 def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     cfg.validate()
     torch.set_num_threads(1)
@@ -166,16 +182,7 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
             driven_success = collected.get("run", {}).get("success_ratio")
             parts.append(_load(relabelled, features))
         data = concat_episodes(parts) if len(parts) > 1 else expert
-        tcfg = preset(cfg.model, cfg.preset)
-        overrides = parse_overrides(cfg.overrides)
-        model_keys = {k: v for k, v in overrides.items() if k.startswith("model.")}
-        apply_overrides(tcfg, {k: v for k, v in overrides.items() if k not in model_keys})
-        tcfg.model_config.update({k.split(".", 1)[1]: v for k, v in model_keys.items()})
-        tcfg.seed, tcfg.batch_size, tcfg.tensorboard = cfg.seed, cfg.batch_size, False
-        tcfg.max_steps = cfg.train_steps
-        if it > 0 and cfg.finetune_steps:
-            tcfg.max_steps, tcfg.init_from = cfg.finetune_steps, previous
-        tcfg.val_every = tcfg.log_every = max(1, tcfg.max_steps // 4)
+        tcfg = iteration_train_config(cfg, it, previous)
         log(f"[dagger] iteration {it}: training {cfg.model} on {data.num_episodes} episodes / {data.num_steps} steps, "
             f"{tcfg.max_steps} steps" + (f" from {previous}" if tcfg.init_from else ""))
         t1 = time.perf_counter()

@@ -116,3 +116,64 @@ def test_an_unknown_quard_task_is_a_one_line_error_naming_the_tasks(tmp_path):
     from quadforge.collection.collect import CollectConfig
     with pytest.raises(ValueError, match="quard:go_to"):
         CollectConfig(out=str(tmp_path / "s"), episodes=1, task="quard:nope").validate()
+
+
+def test_compaction_schedule_by_count_or_time_whichever_first():
+    from quadforge.collection.collect import CompactionSchedule
+    now = [0.0]
+    s = CompactionSchedule(every=10, every_s=60.0, clock=lambda: now[0])
+    assert not s.due(9)
+    assert s.due(10)                       # by count
+    s.compacted(10)
+    now[0] = 59.0
+    assert not s.due(12)
+    now[0] = 60.0
+    assert s.due(12) and not s.due(10)     # by time, and only with new episodes
+    s.compacted(12)
+    assert not CompactionSchedule(0, 0.0, clock=lambda: now[0]).due(10 ** 6)   # both off: only at the end
+    with pytest.raises(ValueError, match="--compact-every-s"):
+        from quadforge.collection.collect import CollectConfig
+        CollectConfig(out="s", episodes=1, compact_every_s=float("nan")).validate()
+
+
+def test_collection_compacts_by_time_so_a_stopped_run_leaves_a_readable_store(tmp_path, capsys):
+    out = tmp_path / "store"
+    collect(capsys, out, 3, "--compact-every", "0", "--compact-every-s", "1e-9")
+    assert TrajectoryStore.open(out).generation == 3       # one compaction per episode, none left at the end
+    out = tmp_path / "store2"
+    collect(capsys, out, 3, "--compact-every", "0", "--compact-every-s", "0")
+    assert TrajectoryStore.open(out).generation == 1       # only the final one
+
+
+def test_pushed_steps_are_stored_and_an_older_store_without_the_column_still_collects(tmp_path, capsys):
+    """`pushed` marks the steps after whose reward the env pushed (the next observation is after the push):
+    every push_interval steps of the env's clock; a store written before the column keeps its schema."""
+    out = tmp_path / "store"
+    collect(capsys, out, 4, "--push", "1.0", "--push-interval-s", "0.1")   # 5 control steps at 50 Hz
+    store = TrajectoryStore.open(out)
+    assert store.schema.features["pushed"].dtype == "bool"
+    table, pushed = store.episodes, store.load(["pushed"])["pushed"]
+    clock: dict[int, int] = {}   # steps each env ran before this episode (its episodes are back to back)
+    for i in range(len(table)):
+        env_id, start, end = table["extra"][i]["env_id"], table["start"][i], table["end"][i]
+        c0 = clock.get(env_id, 0)
+        want = (np.arange(c0, c0 + end - start) + 1) % 5 == 0
+        np.testing.assert_array_equal(pushed[start:end], want)
+        clock[env_id] = c0 + end - start
+    assert pushed.any()
+
+    # an "old" store: the same episodes without the column, as stores were written before it
+    from quadforge.data.compaction import compact
+    from quadforge.data.writer import StagingWriter
+    old = tmp_path / "old"
+    data = store.load()
+    with StagingWriter(old, "main") as w:
+        for i in range(2):
+            lo, hi = table["start"][i], table["end"][i]
+            w.write_episode({k: v[lo:hi] for k, v in data.items() if k != "pushed"},
+                            {**table.row(i)["extra"], "robot": "go1", "control_dt": 0.02,
+                             "success": bool(table["success"][i])})
+    compact(old)
+    assert "pushed" not in TrajectoryStore.open(old).schema.features
+    assert collect(capsys, old, 4, "--push", "1.0")["in_store"] == 4   # resumes without the column
+    assert "pushed" not in TrajectoryStore.open(old).schema.features and validate(old).ok

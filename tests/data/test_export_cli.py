@@ -82,3 +82,26 @@ def test_dataset_info_json(tmp_path, write_episodes, capsys):
     (store / "manifest.json").unlink()
     assert main(["dataset", "validate", "--store", str(store)]) == 1
     assert "missing manifest" in capsys.readouterr().out
+
+
+def test_export_and_import_hdf5_old_positional_spellings(tmp_path, write_episodes, capsys):
+    """`dataset export-hdf5 STORE OUT.h5` and `import-hdf5 IN.h5 STORE` (the spellings before --store/--output)
+    still work beside the flags, with a deprecation warning; mixed with a flag, a positional fills the rest."""
+    store = tmp_path / "s"
+    write_episodes(store, "c0", n=3, seed=2)
+    compact(store)
+    old, new, mixed = tmp_path / "old.h5", tmp_path / "new.h5", tmp_path / "mixed.h5"
+    assert main(["dataset", "export-hdf5", str(store), str(old)]) == 0
+    out = capsys.readouterr()
+    assert "deprecated" in out.err and "--store" in out.err and "--output" in out.err
+    assert f"wrote 3 demos to {old}" in out.out
+    assert main(["dataset", "export-hdf5", "--store", str(store), "--output", str(new)]) == 0
+    assert main(["dataset", "export-hdf5", "--store", str(store), str(mixed)]) == 0
+    assert old.read_bytes() == new.read_bytes() == mixed.read_bytes()
+    capsys.readouterr()
+    assert main(["dataset", "import-hdf5", str(old), str(tmp_path / "copy")]) == 0
+    assert TrajectoryStore.open(tmp_path / "copy").num_episodes == 3
+    assert main(["dataset", "export-hdf5", "--store", str(store)]) == 2
+    assert "--output is required" in capsys.readouterr().err
+    assert main(["dataset", "export-hdf5", str(store), str(old), "extra"]) == 2
+    assert "unexpected argument(s) ['extra']" in capsys.readouterr().err

@@ -207,7 +207,10 @@ def test_hdf5_roundtrip_with_images(tmp_path, small_image_chunks):
     s = TrajectoryStore.open(store)
     with h5py.File(h5a, "r") as f:
         d = f["data/demo_1"]
-        assert d["obs/images/front_rgb"].shape[0] == s.frame_counts("images/front_rgb")[1]
+        # robomimic's layout: one row per step under obs/<camera>, the frames taken every frame_stride-th row
+        assert d["obs/front_rgb"].shape[0] == d.attrs["num_samples"]
+        f0, k = s.frame_starts("images/front_rgb")[1], s.frame_counts("images/front_rgb")[1]
+        np.testing.assert_array_equal(d["obs/front_rgb"][::10], s.array("images/front_rgb")[f0:f0 + k])
         assert d.attrs["frame_stride"] == 10
         assert json.loads(d.attrs["task_params"]) == s.task_params(1)
         assert json.loads(f["data"].attrs["instructions"]) == s.instructions

@@ -210,80 +210,93 @@ def _step_rows(table: Table, quick: bool) -> None:
             env.close()
 
 
+def _outcome_columns() -> list[str]:
+    from quadforge.envs.quard.rules import OUTCOMES
+    return list(OUTCOMES[2:]) + ["mean time to success s", "mean path m", "failures by gait", "wall s"]
+
+
+def _expert_table(quick: bool, families: tuple[str, ...], speed_sum: dict[tuple[str, str], list[float]]) -> Table:
+    """Section 1: the expert's outcomes per family on flat ground; the ground speed of every successful
+    walking episode is added to ``speed_sum[(gait word, speed word)]`` for section 2."""
+    from quadforge.envs.quard.families import get_family
+
+    episodes, num_envs = (24, 12) if quick else (200, 40)
+    table = Table(f"QUARD expert, training colours, flat, seed {EXPERT_SEED}" + (" (--quick)" if quick else ""),
+                  ["family", "episodes", "success"] + _outcome_columns())
+    for family in families:
+        eps, wall = _expert_run(family, episodes, num_envs, EXPERT_SEED)
+        rate = _outcome_row(table, (family,), eps, wall)
+        if get_family(family).expert.command is None:    # one that turns on the spot has no walking speed
+            for e in eps:
+                if e.info["quard_outcome"] == "success":
+                    p = e.info["task_params"]
+                    speed_sum[(p["gait"], p["speed"])].append(e.info["path_length"] / max(e.info["time_to_success"], 1e-6))
+        print(f"[bench quard] {family}: {rate:.3f} of {len(eps)} ({wall:.0f} s)", flush=True)
+    return table
+
+
+def _gait_tables(quick: bool, speed_sum: dict[tuple[str, str], list[float]]) -> list[Table]:
+    """Section 2: from recorded go_to episodes, the forward speed after the settle per speed and gait word
+    (beside section 1's ground speeds) and the feet's phase offsets per gait word against the commanded."""
+    from quadforge.envs.quard.words import GAIT_OF_WORD, GAIT_WORDS, SPEEDS
+    from quadforge.experts.hierarchical import HL_COMMAND_NAMES
+    from quadforge.experts.quard_expert import GAIT_SPEEDS
+
+    f_col = HL_COMMAND_NAMES.index("gait_frequency")
+    eps, _ = _expert_run("go_to", 24 if quick else 96, 16, EXPERT_SEED + 1, record=True)
+    by_gait, forward = collections.defaultdict(list), collections.defaultdict(list)
+    for e in eps:
+        p = e.info["task_params"]
+        vx = np.asarray(e.features["base_lin_vel"])[15:, 0]      # after the gait controller's 0.3 s settle
+        if len(vx):
+            forward[(p["gait"], p["speed"])].append(float(vx.mean()))
+        contacts = e.features["foot_contacts"]
+        if len(contacts) > 100:
+            freq = float(np.median(np.asarray(e.features["hl_commands"])[:, f_col]))
+            by_gait[p["gait"]].append(_phase_offsets(contacts[50:], freq, 0.02))
+    speeds = Table("speed words per gait word: band and stepping frequency the expert holds, mean ground speed "
+                   "(path / time to success of successful walking episodes, flat) and mean forward speed "
+                   "after the settle (recorded go_to episodes), m/s",
+                   ["gait word", "speed word", "band m/s", "frequency Hz", "episodes", "ground speed",
+                    "go_to episodes", "forward speed"])
+    for g in GAIT_WORDS:
+        for s in SPEEDS:
+            band, freq = GAIT_SPEEDS[g][s]
+            gs, fw = speed_sum[(g, s)], forward[(g, s)]
+            speeds.add(g, s, band, freq, len(gs), round(float(np.mean(gs)), 3) if gs else None,
+                       len(fw), round(float(np.mean(fw)), 3) if fw else None)
+    gaits = Table("gait phase offsets of the feet relative to FR (FR, FL, RR, RL), measured vs commanded",
+                  ["gait word", "episodes", "measured", "commanded", "max abs error"])
+    for word in GAIT_WORDS:
+        rows = [r for r in by_gait[word] if np.isfinite(r).all()]
+        if not rows:
+            gaits.add(word, 0, None, None, None)
+            continue
+        ang = 2 * np.pi * np.asarray(rows)
+        mean = (np.arctan2(np.sin(ang).mean(0), np.cos(ang).mean(0)) / (2 * np.pi)) % 1.0
+        want = _expected_offsets(GAIT_OF_WORD[word])
+        err = np.abs((mean - want + 0.5) % 1.0 - 0.5).max()
+        gaits.add(word, len(rows), " ".join(f"{v:.2f}" for v in mean), " ".join(f"{v:.2f}" for v in want),
+                  round(float(err), 3))
+    return [speeds, gaits]
+
+
 def main(quick: bool = False, json_path: str | None = None, families: tuple[str, ...] | None = None,
          sections: tuple[str, ...] = SECTIONS) -> int:
     os.environ.setdefault("LP_NUM_THREADS", "1")   # llvmpipe: one render thread per worker
     from quadforge.envs.quard.families import family_names
-    from quadforge.envs.quard.instructions import GAIT_WORDS, SPEEDS
-    from quadforge.envs.quard.rules import OUTCOMES
-    from quadforge.experts.quard_expert import GAIT_SPEEDS
 
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         raise ValueError(f"bench quard: unknown sections {unknown}; allowed: {', '.join(SECTIONS)}")
     families = tuple(families or family_names())
-    episodes, num_envs = (24, 12) if quick else (200, 40)
-    outcome_cols = list(OUTCOMES[2:]) + ["mean time to success s", "mean path m", "failures by gait", "wall s"]
     tables, extra = [], {"load_avg_start": os.getloadavg()}
     t_start = time.perf_counter()
     speed_sum: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     if "expert" in sections:
-        expert = Table(f"QUARD expert, training colours, flat, seed {EXPERT_SEED}" + (" (--quick)" if quick else ""),
-                       ["family", "episodes", "success"] + outcome_cols)
-        for family in families:
-            eps, wall = _expert_run(family, episodes, num_envs, EXPERT_SEED)
-            rate = _outcome_row(expert, (family,), eps, wall)
-            if family != "distinguish":    # distinguish turns on the spot: no walking speed
-                for e in eps:
-                    if e.info["quard_outcome"] == "success":
-                        p = e.info["task_params"]
-                        speed_sum[(p["gait"], p["speed"])].append(
-                            e.info["path_length"] / max(e.info["time_to_success"], 1e-6))
-            print(f"[bench quard] {family}: {rate:.3f} of {len(eps)} ({wall:.0f} s)", flush=True)
-        tables.append(expert)
-
+        tables.append(_expert_table(quick, families, speed_sum))
     if "gaits" in sections:
-        # recorded go_to episodes: the gait phase offsets of the feet and the forward speed after the settle
-        from quadforge.envs.quard.instructions import GAIT_OF_WORD
-        from quadforge.experts.hierarchical import HL_COMMAND_NAMES
-        f_col = HL_COMMAND_NAMES.index("gait_frequency")
-        eps, _ = _expert_run("go_to", 24 if quick else 96, 16, EXPERT_SEED + 1, record=True)
-        by_gait, forward = collections.defaultdict(list), collections.defaultdict(list)
-        for e in eps:
-            p = e.info["task_params"]
-            vx = np.asarray(e.features["base_lin_vel"])[15:, 0]      # after the gait controller's 0.3 s settle
-            if len(vx):
-                forward[(p["gait"], p["speed"])].append(float(vx.mean()))
-            contacts = e.features["foot_contacts"]
-            if len(contacts) > 100:
-                freq = float(np.median(np.asarray(e.features["hl_commands"])[:, f_col]))
-                by_gait[p["gait"]].append(_phase_offsets(contacts[50:], freq, 0.02))
-        speeds = Table("speed words per gait word: band and stepping frequency the expert holds, mean ground speed "
-                       "(path / time to success of successful walking episodes, flat) and mean forward speed "
-                       "after the settle (recorded go_to episodes), m/s",
-                       ["gait word", "speed word", "band m/s", "frequency Hz", "episodes", "ground speed",
-                        "go_to episodes", "forward speed"])
-        for g in GAIT_WORDS:
-            for s in SPEEDS:
-                band, freq = GAIT_SPEEDS[g][s]
-                gs, fw = speed_sum[(g, s)], forward[(g, s)]
-                speeds.add(g, s, band, freq, len(gs), round(float(np.mean(gs)), 3) if gs else None,
-                           len(fw), round(float(np.mean(fw)), 3) if fw else None)
-        gaits = Table("gait phase offsets of the feet relative to FR (FR, FL, RR, RL), measured vs commanded",
-                      ["gait word", "episodes", "measured", "commanded", "max abs error"])
-        for word in GAIT_WORDS:
-            rows = [r for r in by_gait[word] if np.isfinite(r).all()]
-            if not rows:
-                gaits.add(word, 0, None, None, None)
-                continue
-            ang = 2 * np.pi * np.asarray(rows)
-            mean = (np.arctan2(np.sin(ang).mean(0), np.cos(ang).mean(0)) / (2 * np.pi)) % 1.0
-            want = _expected_offsets(GAIT_OF_WORD[word])
-            err = np.abs((mean - want + 0.5) % 1.0 - 0.5).max()
-            gaits.add(word, len(rows), " ".join(f"{v:.2f}" for v in mean), " ".join(f"{v:.2f}" for v in want),
-                      round(float(err), 3))
-        tables += [speeds, gaits]
-
+        tables += _gait_tables(quick, speed_sum)
     if "camera" in sections:
         camera = Table("camera frames per second on one core (render thread; shadows, reflections, MSAA off)",
                        ["resolution", "channels", "frames", "ms per frame", "frames/s"])
@@ -306,7 +319,7 @@ def main(quick: bool = False, json_path: str | None = None, families: tuple[str,
     if "terrain" in sections:
         terrain = Table(f"QUARD expert on terrain, level {TERRAIN_LEVEL} of {TERRAIN_LEVELS}, training colours, "
                         f"seed {TERRAIN_SEED}" + (" (--quick)" if quick else ""),
-                        ["terrain", "family", "episodes", "success"] + outcome_cols)
+                        ["terrain", "family", "episodes", "success"] + _outcome_columns())
         _terrain_rows(terrain, quick, families)
         tables.append(terrain)
     report("quard", tables, json_path,
