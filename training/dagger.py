@@ -40,6 +40,7 @@ from quadforge.cli_flags import add_out, add_seed, add_store, require
 from quadforge.collection.collect import CollectConfig, run_local
 from quadforge.evaluation.evaluate import EvalConfig, evaluate, write_outputs
 from quadforge.data.episodes import EpisodeArrays
+from quadforge.data.ram_budget import local_ranks, parse_ram_budget, ram_bytes_per_step
 from quadforge.data.store import TrajectoryStore
 from quadforge.layout import get_layout
 from quadforge.overrides import apply_overrides, parse_overrides
@@ -96,6 +97,22 @@ class DaggerConfig:
 
 def _load(store: str, features: list[str]) -> EpisodeArrays:
     return EpisodeArrays.from_store(TrajectoryStore.open(store), features)
+
+
+def check_aggregate_fits(stores: list[str], features: list[str], ram_budget: str) -> None:
+    """DAgger trains on its stores concatenated in RAM (the expert's and the relabelled episodes): the
+    out-of-core path reads one store's shards, and a view spanning several stores is not built yet. An
+    aggregate over ``ram_budget`` is a clear error before anything is loaded, not an out-of-memory kill."""
+    opened = [TrajectoryStore.open(s) for s in stores if Path(s).exists()]
+    layout = get_layout("proprio")
+    need = sum(s.num_steps * ram_bytes_per_step(s, [f for f in features if f in set(s.feature_names)], layout)
+               for s in opened) * local_ranks()
+    budget = parse_ram_budget(ram_budget)
+    if need > budget:
+        raise ValueError(f"dagger: {', '.join(stores)} hold {sum(s.num_steps for s in opened):,} steps, ~{need / 2**30:.2f} "
+                         f"GiB for the RAM path, over --ram-budget {budget / 2**30:.2f} GiB; DAgger aggregates its "
+                         f"stores in RAM (out of core is not built for it: docs/training.md): raise ram_budget=SIZE "
+                         f"or use a smaller --store")
 
 
 def concat_episodes(parts: list[EpisodeArrays]) -> EpisodeArrays:
@@ -163,6 +180,7 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
     log(f"[dagger] expert success {res['expert_eval']['success']:.3f}")
 
     features = list(get_layout("proprio").term_names) + ["actions"]
+    check_aggregate_fits([expert_store], features, iteration_train_config(cfg, 0, None).ram_budget)
     expert = _load(expert_store, features)
     relabelled = str(out / "relabelled")
     if cfg.init_from and not ladder:
@@ -180,6 +198,7 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
                 num_envs=cfg.num_envs, seed=cfg.seed, max_episode_s=cfg.max_episode_s,
                 collector_id=f"dagger{it}", compact_every=0, progress=False))
             driven_success = collected.get("run", {}).get("success_ratio")
+            check_aggregate_fits([expert_store, relabelled], features, iteration_train_config(cfg, it, previous).ram_budget)
             parts.append(_load(relabelled, features))
         data = concat_episodes(parts) if len(parts) > 1 else expert
         tcfg = iteration_train_config(cfg, it, previous)

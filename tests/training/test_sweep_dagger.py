@@ -91,3 +91,17 @@ def test_dagger_relabels_the_learners_states_and_keeps_a_ladder(tmp_path):
     assert not np.allclose(feats["actions"], feats["applied_actions"])   # labels are the expert's, not the driver's
     with pytest.raises(ValueError, match="control"):
         DaggerConfig(out=str(tmp_path / "x"), episodes_per_iter=0, iterations=1).validate()
+
+
+def test_dagger_refuses_an_aggregate_over_the_ram_budget_before_loading(tmp_path):
+    # DAgger concatenates its stores in RAM (no out-of-core view over several stores yet): over budget it
+    # must say so, naming the stores and the budget, instead of being killed for memory
+    from quadforge.layout import get_layout
+    from quadforge.training.dagger import check_aggregate_fits, iteration_train_config
+    store = str(_store(tmp_path / "s"))
+    features = list(get_layout("proprio").term_names) + ["actions"]
+    check_aggregate_fits([store], features, "auto")
+    with pytest.raises(ValueError, match=r"dagger: .*160 steps.*over --ram-budget.*ram_budget=SIZE"):
+        check_aggregate_fits([store, str(tmp_path / "not_yet")], features, "1K")
+    cfg = DaggerConfig(out=str(tmp_path / "d"), data=store, overrides=["ram_budget=1K"])
+    assert iteration_train_config(cfg, 0, None).ram_budget == "1K"     # `quadforge dagger ... ram_budget=SIZE`
