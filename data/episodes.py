@@ -19,8 +19,31 @@ FILTER_KEYS = ("success_only", "failure_only", "terrain_types", "tasks", "policy
                "episode_ids", "families")
 
 
+class EpisodeSpans:
+    """Sizes and spans derived from cumulative ``episode_ends`` (shared by ``EpisodeArrays`` and the
+    out-of-core ``data.step_shards.StepShards``)."""
+
+    episode_ends: np.ndarray
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episode_ends)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.episode_ends[-1]) if len(self.episode_ends) else 0
+
+    @property
+    def episode_starts(self) -> np.ndarray:
+        return np.concatenate([[0], self.episode_ends[:-1]]).astype(np.int64)
+
+    @property
+    def episode_lengths(self) -> np.ndarray:
+        return np.diff(self.episode_ends, prepend=0)
+
+
 @dataclass
-class EpisodeArrays:
+class EpisodeArrays(EpisodeSpans):
     features: dict[str, np.ndarray]
     episode_ends: np.ndarray
     episode_info: dict[str, np.ndarray] = field(default_factory=dict)
@@ -53,22 +76,6 @@ class EpisodeArrays:
         table = store.episodes
         info = table.columns() if hasattr(table, "columns") else dict(table)
         return cls(loaded, np.asarray(info["end"], dtype=np.int64), info)
-
-    @property
-    def num_episodes(self) -> int:
-        return len(self.episode_ends)
-
-    @property
-    def num_steps(self) -> int:
-        return int(self.episode_ends[-1])
-
-    @property
-    def episode_starts(self) -> np.ndarray:
-        return np.concatenate([[0], self.episode_ends[:-1]]).astype(np.int64)
-
-    @property
-    def episode_lengths(self) -> np.ndarray:
-        return np.diff(self.episode_ends, prepend=0)
 
     def require(self, names: Iterable[str], who: str) -> None:
         missing = [n for n in names if n not in self.features]

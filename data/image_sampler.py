@@ -48,6 +48,8 @@ import torch
 from quadforge.data.episodes import EpisodeArrays, select_episodes
 from quadforge.data.images import num_frames
 from quadforge.data.integrity import crc_rows
+from quadforge.data.samplers import SeededSampler
+from quadforge.data.step_shards import StepShards
 from quadforge.data.store import TrajectoryStore
 from quadforge.seeding import derive_seed, numpy_rng
 
@@ -109,14 +111,16 @@ class ChunkCache:
         return out
 
 
-class ImageWindowSampler:
-    """See the module doc. ``source``: a ``TrajectoryStore`` with image features."""
+class ImageWindowSampler(SeededSampler):
+    """See the module doc. ``source``: a ``TrajectoryStore`` with image features. ``steps``: the store's
+    ``StepShards`` to read the per-step features from memory-mapped shards instead of loading them
+    (out of core: ``data.ram_budget``)."""
 
     def __init__(self, source: Any, cameras: Sequence[str] | None = None, history: int = 6,
                  next_frame: bool = True, action_feature: str = "hl_commands",
                  step_features: Sequence[str] = (), split: str = "train", val_fraction: float = 0.1,
                  filters: Mapping[str, Any] | None = None, success_ratio: float | None = None, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, cache_chunks: int = 32):
+                 rank: int = 0, world_size: int = 1, cache_chunks: int = 32, steps: StepShards | None = None):
         who = "ImageWindowSampler"
         if not hasattr(source, "image_features") or not hasattr(source, "array"):
             raise ValueError(f"{who}: source must be a TrajectoryStore with image features, got {type(source).__name__}")
@@ -146,7 +150,12 @@ class ImageWindowSampler:
         if absent:
             raise ValueError(f"{who}: features {absent} are missing; the store has {list(source.feature_names)}")
         extra = [n for n in ("rewards", "terminated") if n in source.feature_names]
-        data = EpisodeArrays.from_store(source, needed + extra)
+        if steps is None:
+            data = EpisodeArrays.from_store(source, needed + extra)
+        else:   # out of core: the per-step features mapped from shards, each checked once in full here
+            data = steps
+            for name in needed + extra:
+                steps.feature(name).check_all()
         self.episodes = select_episodes(data, split, val_fraction, seed, filters, who)   # (E_sel,)
         info = data.episode_info
         lengths = data.episode_lengths                                                     # (E,)

@@ -1,9 +1,14 @@
-"""Window and transition samplers over a trajectory store or in-memory ``EpisodeArrays``.
+"""Window and transition samplers over a trajectory store, in-memory ``EpisodeArrays`` or, out of core,
+``StepShards`` (memory-mapped per-step shards of a store: ``data.step_shards``; pick with
+``data.ram_budget.sampler_source``).
 
 Both samplers select episodes once (seeded episode-level split, then filters), build the layout
 vector of every selected step up front and lay the steps out so that every window is a block of
 consecutive rows (see ``_SelectedSteps``). A batch is index arithmetic plus one block gather per
 tensor - no Python loop per window.
+
+Out of core the same samplers run on ``data.shard_steps.ShardSteps``: no per-step table, each batch gathered
+from the shards; the same seed draws the same batches on either path.
 
 Padding rule: the window ending at step t of an episode holds steps t-n+1..t; positions before the
 episode's first step read the zero row (obs, actions, rtg = 0) and have mask False, on the LEFT.
@@ -17,10 +22,12 @@ import torch
 
 from quadforge.data.episodes import (EpisodeArrays, as_episode_arrays, discounted_returns, select_episodes,
                            SPLITS)
+from quadforge.data.shard_steps import ShardSteps, StridedPool
+from quadforge.data.step_shards import StepShards
 from quadforge.layout import ObsLayout
 from quadforge.seeding import numpy_rng
 
-__all__ = ["EpisodeArrays", "WindowSampler", "TransitionSampler", "SPLITS"]
+__all__ = ["EpisodeArrays", "WindowSampler", "TransitionSampler", "SPLITS", "SeededSampler"]
 
 # "auto": strided unless padding would more than double the table; tests force each layout
 WINDOW_LAYOUT = "auto"
@@ -109,6 +116,43 @@ class _SelectedSteps:
         return torch.from_numpy(table[self.row[steps]])
 
 
+def _source(source: Any, needed: list[str]) -> Any:
+    """The samplers' data: a ``StepShards`` as is (out of core), anything else loaded into RAM."""
+    return source if isinstance(source, StepShards) else as_episode_arrays(source, needed)
+
+
+def _select_steps(data: Any, episodes: np.ndarray, layout: ObsLayout, action_feature: str, context: int):
+    steps = ShardSteps if isinstance(data, StepShards) else _SelectedSteps
+    return steps(data, episodes, layout, action_feature, context)
+
+
+BIN_FIT_ROWS = 4_000_000    # out of core, a bin fit sees at most this many sampled steps (RAM: every step)
+
+
+class SeededSampler:
+    """The random stream a sampler draws batches from, as a public API: ``rng`` (read it to checkpoint its
+    state), ``reseed(name)`` (a stream of its own, derived from the sampler's seed and ``name``)."""
+
+    seed: int
+    _rng: np.random.Generator
+
+    @property
+    def rng(self) -> np.random.Generator:
+        return self._rng
+
+    def reseed(self, name: str) -> np.random.Generator:
+        self._rng = numpy_rng(self.seed, name)
+        return self._rng
+
+    def binning_actions(self) -> np.ndarray:
+        """(N, A) actions to fit action bins on: the RAM path's action table (every selected step, plus its
+        zero rows); out of core the selected steps, a seeded sample of ``BIN_FIT_ROWS`` beyond that."""
+        steps = self.steps
+        if isinstance(steps, ShardSteps):
+            return steps.action_rows(BIN_FIT_ROWS, self.seed)
+        return steps.actions[1:]
+
+
 def _moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x64 = x.astype(np.float64)
     return x64.mean(axis=0), x64.std(axis=0)
@@ -124,7 +168,7 @@ def _check_rank(rank: int, world_size: int, who: str) -> None:
         raise ValueError(f"{who}: rank={rank}, world_size={world_size}; need 0 <= rank < world_size")
 
 
-class WindowSampler:
+class WindowSampler(SeededSampler):
     """Context windows for sequence imitation (FCNet, Transformer, DC, StARformer, MLP with n=1).
 
     Every step of every selected episode is a window end. ``reward_feature=None`` drops ``rtg`` from
@@ -139,14 +183,16 @@ class WindowSampler:
         _check_context(context, who)
         _check_rank(rank, world_size, who)
         needed = list(layout.term_names) + [action_feature] + ([reward_feature] if reward_feature else [])
-        data = as_episode_arrays(source, needed)
+        data = _source(source, needed)
         data.require(needed, who)
         self.layout, self.context, self.split = layout, int(context), split
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
-        self.steps = _SelectedSteps(data, select_episodes(data, split, val_fraction, seed, filters, who),
-                                    layout, action_feature, self.context)
-        self.rtg: np.ndarray | None = None
-        if reward_feature:
+        self.steps = _select_steps(data, select_episodes(data, split, val_fraction, seed, filters, who),
+                                   layout, action_feature, self.context)
+        self.rtg: Any = None
+        if reward_feature and isinstance(data, StepShards):
+            self.rtg = data.returns(reward_feature, 1.0)                             # (T_store,) mapped
+        elif reward_feature:
             rewards = np.asarray(data.features[reward_feature], dtype=np.float64).reshape(-1)
             rtg = discounted_returns(rewards[self.steps.source_index],
                                      self.steps.starts + self.steps.lengths, 1.0)
@@ -227,7 +273,7 @@ def _stats(moments: tuple[np.ndarray, np.ndarray], std_floor: float) -> tuple[to
 REWARD_MODES = ("sparse", "dense")
 
 
-class TransitionSampler:
+class TransitionSampler(SeededSampler):
     """(context window, action, reward, next window) transitions for Q-learning (GeRM).
 
     ``reward="sparse"``: 1 at the last step of a successful episode, else 0 (GeRM / Q-Transformer);
@@ -256,7 +302,7 @@ class TransitionSampler:
             raise ValueError(f"{who}: success_ratio={success_ratio}; must be in [0, 1] or None")
         needed = list(layout.term_names) + [action_feature] + (["rewards"] if reward == "dense" else [])
         source_features = needed + ["terminated"]
-        data = as_episode_arrays(source, source_features)
+        data = _source(source, source_features)
         data.require(needed, who)
         if "success" not in data.episode_info:
             raise ValueError(f"{who}: episode_info needs a 'success' column; have {sorted(data.episode_info)}")
@@ -266,12 +312,33 @@ class TransitionSampler:
         self.layout, self.context, self.gamma, self.n_step = layout, int(context), float(gamma), int(n_step)
         self.reward_mode = reward
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
-        steps = _SelectedSteps(data, select_episodes(data, split, val_fraction, seed, filters, who),
-                               layout, action_feature, self.context)
+        steps = _select_steps(data, select_episodes(data, split, val_fraction, seed, filters, who),
+                              layout, action_feature, self.context)
         self.steps = steps
-        ends = steps.starts + steps.lengths
         self.ep_success = data.episode_info["success"][steps.episodes].astype(bool)        # (E_sel,)
         self.ep_terminal = _episode_terminal(data, steps.episodes, who)                    # (E_sel,)
+        self.success_ratio = success_ratio
+        if isinstance(data, StepShards):   # per-step rewards, returns and pools computed per batch
+            kind = "sparse" if reward == "sparse" else "rewards"
+            self.step_reward = steps.per_step(data.reward(kind))
+            self.mc_return = steps.per_step(data.returns(kind, self.gamma))
+            self._pools = tuple(StridedPool(steps.starts, steps.lengths, chosen, self.rank, self.world_size)
+                                for chosen in (self.ep_success, ~self.ep_success))
+            self._all = StridedPool(steps.starts, steps.lengths, np.ones(len(steps.episodes), bool), self.rank,
+                                    self.world_size)
+        else:
+            self._table_steps(data, steps, reward)
+        if success_ratio is not None:
+            for name, p, share in (("successful", self._pools[0], success_ratio),
+                                   ("failed", self._pools[1], 1.0 - success_ratio)):
+                if share > 0 and p.size == 0:
+                    raise ValueError(f"{who}: success_ratio={success_ratio} needs {name} episodes; "
+                                     f"the selection has none")
+        self._rng = numpy_rng(self.seed, f"transition_sampler/rank{self.rank}")
+
+    def _table_steps(self, data: EpisodeArrays, steps: _SelectedSteps, reward: str) -> None:
+        """The RAM path: per-step rewards, returns and this rank's pools tabled for the selection."""
+        ends = steps.starts + steps.lengths
         if reward == "sparse":
             r = np.zeros(steps.num_steps, dtype=np.float64)
             r[ends[self.ep_success] - 1] = 1.0
@@ -282,16 +349,8 @@ class TransitionSampler:
         step_success = self.ep_success[steps.step_episode]
         # this rank's pool of transition starts: a disjoint strided shard of the selected steps
         pool = np.arange(steps.num_steps, dtype=np.int64)[self.rank::self.world_size]
-        self.success_ratio = success_ratio
         self._pools = (pool[step_success[pool]], pool[~step_success[pool]])
         self._all = pool
-        if success_ratio is not None:
-            for name, p, share in (("successful", self._pools[0], success_ratio),
-                                   ("failed", self._pools[1], 1.0 - success_ratio)):
-                if share > 0 and p.size == 0:
-                    raise ValueError(f"{who}: success_ratio={success_ratio} needs {name} episodes; "
-                                     f"the selection has none")
-        self._rng = numpy_rng(self.seed, f"transition_sampler/rank{self.rank}")
 
     def __len__(self) -> int:
         return len(self._all)
@@ -348,8 +407,10 @@ class TransitionSampler:
         return _stats(self.steps.action_moments, std_floor)
 
 
-def _episode_terminal(data: EpisodeArrays, episodes: np.ndarray, who: str) -> np.ndarray:
+def _episode_terminal(data: Any, episodes: np.ndarray, who: str) -> np.ndarray:
     """Whether each episode ended in a termination (fall, collision), not a time-out."""
+    if isinstance(data, StepShards) and "terminated" in data.features:
+        return data.feature("terminated").take(data.episode_ends[episodes] - 1).reshape(-1).astype(bool)
     if "terminated" in data.features:
         flags = np.asarray(data.features["terminated"]).reshape(-1)
         return flags[data.episode_ends[episodes] - 1].astype(bool)

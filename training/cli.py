@@ -4,7 +4,7 @@ transitions to ``training.qlearning``, the vision-language models (``rt1``; GeRM
 camera frames, or with ``--inputs vision``) to ``training.vla``.
 
     quadforge train --model fcnet --store STORE --out DIR [--max-steps N] [--seed S] [--device cpu|cuda]
-                    [--preset NAME] [--layout NAME] [--resume] [key=value ...]
+                    [--preset NAME] [--layout NAME] [--resume] [--ram-budget SIZE] [key=value ...]
 
 ``key=value`` overrides address the trainer config by (dotted) field name, e.g. ``batch_size=256``,
 ``optim.lr=1e-3``, ``model.num_layers=2``; values are parsed as Python literals when they parse
@@ -60,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inputs", choices=INPUT_CHOICES, default="auto",
                         help="for a model with both kinds of input (GeRM): proprio (layout vector) or vision "
                              "(camera frames + instruction); auto: vision when the store holds images/front_rgb")
+    parser.add_argument("--ram-budget", default=None, metavar="SIZE",
+                        help="memory the RAM sampler path may hold, e.g. 8G or 512M (default auto: half of this "
+                             "machine's memory, shared by the ranks on a node); a store whose tables exceed it is "
+                             "read out of core from memory-mapped shards; the log says which path (docs/data.md)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
@@ -70,6 +74,10 @@ def default_preset(device: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     spec = resolve_model(args)
+    if getattr(args, "ram_budget", None) is not None:   # every trainer's config has the field: one override
+        from quadforge.data.ram_budget import parse_ram_budget
+        parse_ram_budget(args.ram_budget)                # a bad size is an error before any work
+        args.overrides = [*(args.overrides or []), f"ram_budget={args.ram_budget}"]
     # before any work: never replace a finished run unasked, never crash at the end; under torchrun
     # rank 0 checks (the others would see the files rank 0 has just started writing)
     if args.out and int(os.environ.get("RANK", "0")) == 0:

@@ -24,6 +24,7 @@ from torch import nn
 
 from quadforge.layout import NUM_JOINTS, TERM_DIMS, get_layout
 from quadforge.data.episodes import EpisodeArrays
+from quadforge.data.ram_budget import sampler_source
 from quadforge.data.samplers import WindowSampler
 from quadforge.data.store import TrajectoryStore
 from quadforge.overrides import apply_overrides, parse_overrides
@@ -59,6 +60,8 @@ def make_samplers(cfg: TrainConfig, source: Any, info: dist.DistInfo, use_rtg: b
     filters = {"success_only": True} if cfg.success_only else None
     common = dict(layout=layout, context=cfg.context, val_fraction=cfg.val_fraction, filters=filters,
                   seed=cfg.seed, reward_feature="rewards" if use_rtg else None)
+    source = sampler_source(source, [*layout.term_names, "actions", *(["rewards"] if use_rtg else [])], layout,
+                            cfg.ram_budget, log=print if info.is_main else None)
     train = WindowSampler(source, split="train", rank=info.rank, world_size=info.world_size, **common)
     val = None
     if cfg.val_fraction > 0:

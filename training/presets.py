@@ -37,6 +37,7 @@ class TrainConfig:
     layout: str = "proprio"
     success_only: bool = False
     val_fraction: float = 0.1
+    ram_budget: str = "auto"      # the RAM path's limit ("auto": half the machine's memory); above it, out of core
     val_every: int = 500
     val_batches: int = 8
     log_every: int = 50

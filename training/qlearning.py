@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from quadforge.layout import ObsLayout, get_layout
-from quadforge.data.episodes import as_episode_arrays
+from quadforge.data.ram_budget import sampler_source
 from quadforge.data.samplers import TransitionSampler
 from quadforge.data.store import TrajectoryStore
 from quadforge.models.binning import BIN_METHODS, ActionBinner, fit_binner
@@ -86,6 +86,7 @@ class GeRMTrainConfig:
     bin_method: str = "uniform"
     bin_percentile: float = 0.0          # 0 = min-max edges
     val_fraction: float = 0.1
+    ram_budget: str = "auto"      # the RAM path's limit ("auto": half the machine's memory); above it, out of core
     val_batches: int = 4
     log_every: int = 50
     val_every: int = 500                 # validate and checkpoint every N steps (and at the end)
@@ -181,7 +182,8 @@ def open_source(path: str | Path) -> Any:
 
 
 def make_samplers(source: Any, layout: ObsLayout, cfg: GeRMTrainConfig, info: DistInfo):
-    data = as_episode_arrays(source, list(layout.term_names) + [cfg.action_feature, "terminated"])
+    data = sampler_source(source, list(layout.term_names) + [cfg.action_feature, "terminated"], layout, cfg.ram_budget,
+                          log=print if info.is_main else None)
     common = dict(layout=layout, context=cfg.model.context, gamma=cfg.gamma, reward="sparse",
                   success_only=cfg.success_only, n_step=cfg.n_step, seed=cfg.seed,
                   val_fraction=cfg.val_fraction, action_feature=cfg.action_feature)
@@ -252,7 +254,7 @@ def _fresh_binner_and_stats(cfg: GeRMTrainConfig, sampler: Any, info: DistInfo):
     broadcast: (ActionBinner, obs mean, obs std)."""
     fitted = None
     if info.is_main:
-        edges = fit_binner(sampler.steps.actions[1:], cfg.model.num_bins, cfg.bin_method, cfg.bin_percentile).edges
+        edges = fit_binner(sampler.binning_actions(), cfg.model.num_bins, cfg.bin_method, cfg.bin_percentile).edges
         fitted = (edges, *sampler.obs_stats())
     edges, mean, std = broadcast_object(fitted, info)
     return ActionBinner(edges), mean, std
@@ -285,7 +287,7 @@ class GeRMRun:
         self.target = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.objective == "q" else None
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.max_steps)
-        self.generators = {"sampler": self.sampler._rng}   # the transition sampler's stream, saved for resume
+        self.generators = {"sampler": self.sampler.rng}   # the transition sampler's stream, saved for resume
         self.start = 0 if ckpt is None else resume_from(ckpt, self.optimizer, self.scheduler, info, self.target,
                                                         self.generators)
         self.prov = {"episodes": int(data.num_episodes), "steps": int(data.num_steps),

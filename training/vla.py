@@ -127,6 +127,7 @@ class VLATrainConfig:
     # 128 chunks of 256 64² RGB frames are ~400 MB and hold a 30k-frame store whole
     cache_chunks: int = 128
     val_fraction: float = 0.1            # store episodes held out for validation (data.episodes.split_episodes)
+    ram_budget: str = "auto"             # the per-step features' RAM limit ("auto": half the memory); above it, out of core
     log_every: int = 50
     val_every: int = 500                 # validate and checkpoint every N steps (and at the end)
     val_batches: int = 4
@@ -304,7 +305,7 @@ def _store_sources(path: str | Path, cfg: VLATrainConfig, info: DistInfo):
     (``data.episodes.split_episodes``); None when it is empty or 0, and off the main rank."""
     history = int(cfg.model.get("history", 6))
     common = dict(history=history, seed=cfg.seed, val_fraction=cfg.val_fraction, success_only=cfg.success_only,
-                  cache_chunks=cfg.cache_chunks)
+                  cache_chunks=cfg.cache_chunks, ram_budget=cfg.ram_budget)
     source = open_image_source(path, split="train" if cfg.val_fraction > 0 else "all", success_ratio=cfg.success_ratio,
                                rank=info.rank, world_size=info.world_size, **common)
     val = None

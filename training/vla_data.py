@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 from quadforge.data.image_sampler import ImageWindowSampler, prefetch
+from quadforge.data.ram_budget import fits_in_ram
+from quadforge.data.step_shards import StepShards
 from quadforge.data.store import TrajectoryStore
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES
 from quadforge.seeding import numpy_rng
@@ -134,8 +136,8 @@ class StoreImageSource:
         if mode == "auto":
             mode = "uniform" if self.fits_in_cache else "stream"
         s, b = self.sampler, int(batch_size)
-        # the sampler draws (and stream() refreshes its chunks) from s._rng: a stream of its own per segment
-        s._rng = numpy_rng(s.seed, f"vla/batches/rank{s.rank}/step{int(start_step)}")
+        # the sampler draws (and stream() refreshes its chunks) from its rng: a stream of its own per segment
+        s.reseed(f"vla/batches/rank{s.rank}/step{int(start_step)}")
         raw = s.stream(b) if mode == "stream" else (s.sample(b) for _ in itertools.count())
         return _Converted(prefetch(raw, prefetch_depth) if prefetch_depth else raw, self.convert)
 
@@ -187,12 +189,13 @@ class _Converted:
 def open_image_source(path: str | Path, history: int, seed: int = 0, split: str = "all",
                       success_ratio: float | None = None, success_only: bool = False,
                       camera: str = "images/front_rgb", val_fraction: float = 0.1, rank: int = 0,
-                      world_size: int = 1, cache_chunks: int = 32) -> StoreImageSource:
+                      world_size: int = 1, cache_chunks: int = 32, ram_budget: str = "auto") -> StoreImageSource:
     """Image windows from a trajectory store holding ``camera`` (``data.image_sampler``): ``history``
     frames + the next one, the ``hl_commands`` at each frame's step, the success/failure mix. ``split``
     "train" / "val" holds ``val_fraction`` of the episodes out by the seeded episode permutation every
     trainer uses (``data.episodes.split_episodes``: the same ``seed`` gives the same held-out episodes);
-    ``rank`` / ``world_size`` take a strided shard of the windows (DDP)."""
+    ``rank`` / ``world_size`` take a strided shard of the windows (DDP). The per-step features come from RAM, or
+    from memory-mapped shards when they exceed ``ram_budget`` (``data.ram_budget``)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"--store {path}: no trajectory store there")
@@ -200,7 +203,10 @@ def open_image_source(path: str | Path, history: int, seed: int = 0, split: str 
     if camera not in store.image_features:
         raise ValueError(f"--store {path}: no {camera!r} frames (image features: {list(store.image_features)}); "
                          f"collect with a camera task (quadforge collect --task quard:...)")
+    in_ram = fits_in_ram(store, ["hl_commands", "rewards", "terminated"], None, ram_budget,
+                         log=print if rank == 0 and split != "val" else None)
     sampler = ImageWindowSampler(store, cameras=[camera], history=history, next_frame=True,
+                                 steps=None if in_ram else StepShards(store),
                                  action_feature="hl_commands", split=split, val_fraction=val_fraction, seed=seed,
                                  success_ratio=success_ratio, filters={"success_only": True} if success_only else None,
                                  rank=rank, world_size=world_size, cache_chunks=cache_chunks)

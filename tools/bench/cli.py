@@ -11,6 +11,7 @@ BENCHMARKS = {
     "experts": "quadforge.tools.bench.experts",
     "store": "quadforge.tools.bench.store",
     "store_images": "quadforge.tools.bench.store_images",
+    "out_of_core": "quadforge.tools.bench.out_of_core",
     "models": "quadforge.tools.bench.models",
     "germ": "quadforge.tools.bench.germ",
     "env_step": "quadforge.tools.bench.env_step",
@@ -26,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sim: env vs raw MuJoCo throughput; env_step: where an env step's time goes; "
                              "experts: gait controller falls and tracking; store: compaction and sampling (with its "
                              "image section); store_images: the image section alone; "
+                             "out_of_core: training on stores larger than RAM, both sampler paths, peak RSS; "
                              "models: step latency and training throughput; germ: GeRM trainer; "
                              "scale: env steps/s vs worlds per backend (mujoco_cpu, mujoco_warp) + compile time; "
                              "quard: QUARD expert success (flat and terrain), speeds, gaits, camera frames/s and collect-path "
