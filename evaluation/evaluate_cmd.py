@@ -56,7 +56,8 @@ def run_task(args: argparse.Namespace) -> int:
                          colours=tuple(c.strip() for c in args.colours.split(",") if c.strip()),
                          instructions=tuple(c.strip() for c in args.instructions.split(",") if c.strip()),
                          episodes=args.episodes, num_envs=args.num_envs, seed=args.seed,
-                         num_threads=args.num_threads, allow_robot_mismatch=args.allow_robot_mismatch).validate()
+                         num_threads=args.num_threads, allow_robot_mismatch=args.allow_robot_mismatch,
+                         **dict(zip(("backend", "warp"), backend_from_args(args)))).validate()
     paths = write_task_outputs(evaluate_task(cfg), cfg.out)
     print(f"report: {paths['report']}  json: {paths['json']}")
     return 0

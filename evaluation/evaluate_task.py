@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from quadforge.collection.rollout import Rollout, RolloutConfig
+from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.builder import make_env
 from quadforge.envs.quard.env import COLOUR_SETS
 from quadforge.envs.quard.instructions import task_families
@@ -58,6 +59,8 @@ class TaskEvalConfig:
     num_threads: int = 1
     allow_robot_mismatch: bool = False
     frames: bool = True         # a PNG strip of camera frames per family
+    backend: str = "mujoco_cpu"         # envs.backends name (QUARD needs its capabilities; make_env says which)
+    warp: WarpConfig | None = None      # mujoco_warp options (None: defaults)
 
     def validate(self) -> "TaskEvalConfig":
         task_families(self.task)
@@ -131,7 +134,7 @@ def evaluate_task(cfg: TaskEvalConfig, log: Callable[[str], None] = print) -> di
                 # the env seed leaves the instruction set out: swapped scenes are the original ones
                 env_seed = derive_seed(cfg.seed, f"eval/quard/{family}/{colours}") % (2**31)
                 env = make_env(cfg.robot, task=f"quard:{family}", num_envs=cfg.num_envs, seed=env_seed,
-                               num_threads=cfg.num_threads,
+                               num_threads=cfg.num_threads, backend=cfg.backend, warp=cfg.warp,
                                task_options={"images": True, "colours": colours, "swap_instruction": swapped})
                 try:
                     policy = policy_for_env(cfg.policy, env, cfg.robot,

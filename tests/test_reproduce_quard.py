@@ -350,3 +350,17 @@ def test_report_counts_the_demonstrations_the_rows_trained_on():
     steps = [{"id": "r0-demos", "meta": {"round": 0, "episodes": 1000, "collector": "demos"}}]
     assert demo_count({"demos": "/data/quard_demos"}, steps, scale) == 1000   # --demos: the store's count
     assert demo_count({}, steps, scale) == 200                              # collected by the run: the scale's
+
+
+def test_report_names_no_machine_only_path(tmp_path, monkeypatch):
+    # a rebuild of Table III from a run given absolute --demos / --pretrained paths must not put them in docs
+    from quadforge.tools.quard_report import _provenance
+    monkeypatch.chdir(tmp_path)
+    run = {"config": {"demos": "/work/runs/quard_demos", "pretrained": str(tmp_path / "ckpt" / "vla.pt"),
+                      "out": "runs/rq", "seeds": [0]},
+           "scale": {"name": "cpu"},
+           "commands": ["quadforge reproduce --stages quard --demos /work/runs/quard_demos"]}
+    text = "\n".join(_provenance(run, []))
+    assert "/work/" not in text and str(tmp_path) not in text
+    assert "`quard_demos` (`--demos`)" in text and "`ckpt/vla.pt` (`--pretrained`)" in text
+    assert "--demos quard_demos`" in text

@@ -8,6 +8,7 @@ between two markers of the docs page, leaving the rest of the page as it is. Not
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -144,6 +145,21 @@ def table3_section(data: Mapping[str, Any]) -> list[str]:
             + _flywheel_section(results, steps, families) + _wall_time_section(steps))
 
 
+def portable(text: str) -> str:
+    """``text`` with every absolute path made portable for a published page (house rule: no path that exists
+    only on the machine that ran it): under the working directory it becomes relative, elsewhere only its
+    last name is kept (the page says how to rebuild the thing it names)."""
+    cwd = Path.cwd()
+
+    def shorten(m: "re.Match[str]") -> str:
+        path = Path(m.group(0))
+        return str(path.relative_to(cwd)) if path.is_relative_to(cwd) else path.name
+    return _ABSOLUTE_PATH.sub(shorten, text)
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~/-])/[^\s`'\"),\]]+")
+
+
 def _invocations(commands: Sequence[str]) -> str:
     """The commands that made the run, a command run several times in a row (resumed) said once."""
     runs: list[tuple[str, int]] = []
@@ -152,7 +168,7 @@ def _invocations(commands: Sequence[str]) -> str:
             runs[-1] = (c, runs[-1][1] + 1)
         else:
             runs.append((c, 1))
-    return " then ".join(f"`{c}`" + (f" ({k} invocations: resumed)" if k > 1 else "") for c, k in runs)
+    return " then ".join(f"`{portable(c)}`" + (f" ({k} invocations: resumed)" if k > 1 else "") for c, k in runs)
 
 
 def _provenance(run: Mapping[str, Any], steps: list[dict[str, Any]]) -> list[str]:
@@ -170,9 +186,9 @@ def _provenance(run: Mapping[str, Any], steps: list[dict[str, Any]]) -> list[str
              f"(preset `{scale.get('preset')}`) for every model, {scale.get('eval_episodes')} evaluation episodes per "
              f"family and colour set (train, held_out) per seed, seeds {list(cfg.get('seeds', []))}.", ""]
     if cfg.get("demos"):
-        lines += [f"Demonstrations: the existing store `{cfg['demos']}` (`--demos`), not collected by this run.", ""]
+        lines += [f"Demonstrations: the existing store `{portable(cfg['demos'])}` (`--demos`), not collected by this run.", ""]
     if cfg.get("pretrained"):
-        lines += [f"Round 0's collector: the pre-trained VLA `{cfg['pretrained']}` (`--pretrained`), not trained by "
+        lines += [f"Round 0's collector: the pre-trained VLA `{portable(cfg['pretrained'])}` (`--pretrained`), not trained by "
                   "this run.", ""]
     if scale.get("name") == "tiny":
         lines += ["**Toy scale.** This run checks the plumbing; its success rates say nothing about the models.", ""]

@@ -60,3 +60,17 @@ def test_privileged_expert_follows_swapped_instructions_in_every_family(tmp_path
     for family, row in result["swapped"]["train"].items():
         assert row["follows"] >= 0.5 and row["to_original"] == 0.0, (family, row["outcomes"])
     assert result["instruction_following"]["follows"] >= 0.9
+
+
+def test_eval_quard_runs_on_the_backend_it_is_given(tmp_path, monkeypatch):
+    # `eval --task quard:* --backend B` must build its envs on B (it silently ran on mujoco_cpu before);
+    # a backend without the task's capabilities is named before any episode runs
+    from quadforge.envs import backends
+    from quadforge.evaluation.evaluate_task import TaskEvalConfig, evaluate_task
+    monkeypatch.setattr(backends, "BACKENDS", dict(backends.BACKENDS))
+    backends.register_backend(backends.BackendSpec("bare", "quadforge.envs.backends.mujoco_cpu:MujocoCpuBackend",
+                                                   "mujoco_cpu declaring no capabilities"))
+    cfg = TaskEvalConfig(task="quard:go_to", colours=("train",), episodes=1, num_envs=1, out=str(tmp_path),
+                         backend="bare")
+    with pytest.raises(NotImplementedError, match="backend 'bare' lacks"):
+        evaluate_task(cfg)
