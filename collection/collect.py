@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from quadforge.collection.background_writer import BackgroundWriter
+from quadforge.collection.counterfactual import check_ratio, collect_paired_episodes
 from quadforge.collection.labels import LabelRule
 from quadforge.collection.progress import Progress, Tally
 from quadforge.collection.relabel import RelabelledPolicy
@@ -91,6 +92,9 @@ class CollectConfig:
     relabel: str = ""                   # a policy spec ("gait"): --policy drives, this one labels (DAgger)
     expert_drive_prob: float = 0.0      # with relabel: share of episodes the expert itself drives (beta)
     allow_robot_mismatch: bool = False  # drive --robot with a policy trained for another robot
+    # QUARD: share of scenes also recorded with the instruction naming the other candidate (the same scene
+    # seed, the expert's demonstration for it: collection.counterfactual); 0: off
+    counterfactual: float = 0.0
     label_rule: LabelRule = field(default_factory=LabelRule)
 
     def validate(self) -> "CollectConfig":
@@ -139,6 +143,7 @@ class CollectConfig:
                                  "give the driving checkpoint as --policy and the expert as --relabel")
         if not 0.0 <= self.expert_drive_prob <= 1.0:
             raise bad("expert_drive_prob", "a number in [0, 1]")
+        check_ratio(self.counterfactual, self.task, self.workers)
         check_store_accepts(self.out, robot=self.robot, what=f"--robot {self.robot}")
         return self
 
@@ -300,7 +305,10 @@ def run_local(cfg: CollectConfig) -> dict[str, Any]:
     def collect_here(missing: int, done: int) -> dict[str, Any]:
         bar = Progress(cfg.episodes, done, enabled=cfg.progress)
         try:
-            result = collect_episodes(cfg, cfg.collector_id, missing, on_episode=bar.update)
+            if cfg.counterfactual > 0:
+                result = collect_paired_episodes(cfg, cfg.collector_id, missing, build_policy, on_episode=bar.update)
+            else:
+                result = collect_episodes(cfg, cfg.collector_id, missing, on_episode=bar.update)
         finally:
             bar.close()
         return {"collected": result["episodes"], "run": result}

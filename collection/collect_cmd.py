@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="control steps per recorded camera frame (10: 5 Hz at 50 Hz control)")
     p.add_argument("--no-images", action="store_true",
                    help="camera tasks (quard:*): no camera - proprioception, commands, instructions and task terms only")
+    p.add_argument("--counterfactual", type=float, default=d.counterfactual, metavar="R",
+                   help="quard:* tasks: share of scenes also recorded with the instruction naming the other "
+                        "candidate (same scene, same first frame; the expert's demonstration for it). 0: off, "
+                        "1: every scene for both candidates; the --episodes total counts both (docs/collection.md)")
     p.add_argument("--collector-id", default=d.collector_id, help="prefix of episode ids written by this run")
     p.add_argument("--compact-every", type=int, default=d.compact_every,
                    help=f"compact the store every N new episodes (default {d.compact_every}; 0: not by count)")
@@ -66,7 +70,7 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         collector_id=args.collector_id, compact_every=args.compact_every, compact_every_s=args.compact_every_s,
         num_threads=args.num_threads,
         progress=not args.no_progress, allow_robot_mismatch=args.allow_robot_mismatch, relabel=args.relabel,
-        expert_drive_prob=args.expert_drive_prob,
+        expert_drive_prob=args.expert_drive_prob, counterfactual=args.counterfactual,
         **dict(zip(("backend", "warp"), backend_from_args(args))),
     ).validate()
 

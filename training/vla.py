@@ -41,12 +41,12 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
+from quadforge.envs.quard.families import family_names as quard_family_names
 from quadforge.experts.hierarchical import command_binner
 from quadforge.experts.vla import POLICY_KIND
 from quadforge.models.binning import ActionBinner, fit_binner
 from quadforge.models.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
 from quadforge.models.germ_vla import GeRMVLA
-from quadforge.models.instruction import build_vocabulary
 from quadforge.models.losses import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, bin_imitation_terms,
                                      ema_update, q_learning_terms, with_mc_lower_bound)
 from quadforge.models.vision import random_shift
@@ -54,6 +54,8 @@ from quadforge.models.vla import VLAConfig, images_to_float
 from quadforge.models.registry import build_vla_model, model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
 from quadforge.training.vla_data import SAMPLING_MODES, ImageWindowSource, check_batch, open_image_source
+from quadforge.training.grounding import (TARGET_TERMS, GroundingProbe, TargetAuxLoss, append_row, load_init_weights,
+                                         vocabulary_for)
 from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup, init_distributed, unwrap,
                                             wrap_model)
 from quadforge.training.loop import RunLog, TrainLoop, apply_trainer_args, check_amp, resume_from, save_run_checkpoint
@@ -113,6 +115,12 @@ class VLATrainConfig:
     # commands (|wz| ~ 0.1 rad/s, ~10 bins from zero) get no graded signal (HL-Gauss, Farebrother et al. 2024)
     label_sigma: float = 0.0
     init_from: str | None = None         # a VLA checkpoint (same model and config) whose weights start the run
+    # the language-blind baseline: every instruction word maps to the unknown token (the model sees how many
+    # words there are, i.e. the family's template, never which object is named); grounding = score above it
+    blind_instruction: bool = False
+    # weight of the auxiliary grounding loss (training.grounding.TargetAuxLoss: a head regresses the named
+    # target's bearing and distance in the robot frame from the newest frame's tokens); 0: off
+    target_loss: float = 0.0
     gamma: float = 0.98
     alpha: float = 1.0                   # conservative weight (Q-T paper 1; GeRM code 0.1)
     tau: float = 0.999
@@ -120,6 +128,7 @@ class VLATrainConfig:
     mc_bound_dims: str = "last"
     success_ratio: float | None = SEED003_SUCCESS_RATIO
     success_only: bool = False
+    families: tuple[str, ...] = ()       # QUARD families to train on (task_params["family"]); (): all in the store
     sampling: str = "auto"               # store windows: "auto" | "stream" (chunk-aware) | "uniform" (i.i.d.)
     prefetch: int = 2                    # store batches built ahead on a thread (0: off)
     # decompressed frame chunks kept in RAM by the sampler: uniform windows over a store larger than the
@@ -131,6 +140,12 @@ class VLATrainConfig:
     log_every: int = 50
     val_every: int = 500                 # validate and checkpoint every N steps (and at the end)
     val_batches: int = 4
+    # held-out windows of the instruction-swap metric (training.grounding: does the command turn toward the
+    # object the words name?), logged as val/swap_* beside the losses; 0: off
+    swap_windows: int = 128
+    # the store the swap metric reads (every episode held out: e.g. a few scenes collected with another seed);
+    # None: the training store's held-out episodes (those whose scene has no counterfactual partner in training)
+    swap_store: str | None = None
     keep_every: int = 0                  # also keep step_N.pt every N steps (0: only last.pt)
     checkpoint_every_s: float = 600.0    # also write last.pt after this much wall time (0: off)
     tensorboard: bool = True
@@ -167,6 +182,17 @@ class VLATrainConfig:
         if self.label_sigma > 0 and self.objective != "ce":
             raise ValueError(f"label_sigma={self.label_sigma} smooths the imitation targets; the {self.objective!r} "
                              f"objective has none (use it with rt1 or germ-il)")
+        if self.blind_instruction and self.instruction != "words":
+            raise ValueError(f"blind_instruction blanks the words encoder's vocabulary; instruction={self.instruction!r} "
+                             f"has none (train the blind baseline with instruction=words)")
+        unknown = [f for f in self.families if f not in quard_family_names()]
+        if unknown:
+            raise ValueError(f"families={list(self.families)}: {unknown} unknown; allowed: {list(quard_family_names())} "
+                             f"(a list: families=['go_to','distinguish'])")
+        if self.target_loss < 0:
+            raise ValueError(f"target_loss={self.target_loss}; must be >= 0 (the auxiliary loss's weight; 0: off)")
+        if self.swap_windows < 0:
+            raise ValueError(f"swap_windows={self.swap_windows}; must be >= 0 (0: no instruction-swap metric)")
         check_amp(self.amp)
         if self.shift_pad < 0:
             raise ValueError(f"shift_pad={self.shift_pad}; must be >= 0")
@@ -189,12 +215,14 @@ def default_config(model_name: str, preset: str | None = None) -> VLATrainConfig
     return cfg
 
 
-def model_config(cfg: VLATrainConfig, image_size: tuple[int, int], instructions: list[str]) -> VLAConfig:
-    """The VLAConfig for a source: image size from its camera, vocabulary from its instruction table."""
+def model_config(cfg: VLATrainConfig, image_size: tuple[int, int], instructions: list[str],
+                 init: Checkpoint | None = None) -> VLAConfig:
+    """The VLAConfig for a source: image size from its camera, vocabulary from its instruction table (a
+    fine-tune's from the checkpoint it starts from; a language-blind run's: no word at all)."""
     kw = dict(cfg.model)
     kw.update(instruction=cfg.instruction, num_bins=cfg.num_bins, action_dim=12)
     if cfg.instruction == "words":
-        kw["vocab"] = tuple(build_vocabulary(instructions))
+        kw["vocab"] = vocabulary_for(instructions, cfg.blind_instruction, init)
     vla = VLAConfig.make(image_size=tuple(image_size), **kw)
     return vla.dense_matched() if model_spec(cfg.model_name, "vision").dense else vla
 
@@ -305,7 +333,8 @@ def _store_sources(path: str | Path, cfg: VLATrainConfig, info: DistInfo):
     (``data.episodes.split_episodes``); None when it is empty or 0, and off the main rank."""
     history = int(cfg.model.get("history", 6))
     common = dict(history=history, seed=cfg.seed, val_fraction=cfg.val_fraction, success_only=cfg.success_only,
-                  cache_chunks=cfg.cache_chunks, ram_budget=cfg.ram_budget)
+                  cache_chunks=cfg.cache_chunks, ram_budget=cfg.ram_budget,
+                  step_features=TARGET_TERMS if cfg.target_loss > 0 else (), families=tuple(cfg.families))
     source = open_image_source(path, split="train" if cfg.val_fraction > 0 else "all", success_ratio=cfg.success_ratio,
                                rank=info.rank, world_size=info.world_size, **common)
     val = None
@@ -339,11 +368,16 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
     if info.enabled:   # ranks share the machine's cores
         torch.set_num_threads(max(1, torch.get_num_threads() // info.world_size))
     prov = dict(provenance or {})
+    probe = None
     if isinstance(source, (str, Path)):
+        if info.is_main and cfg.val_fraction > 0 and cfg.swap_windows:   # the instruction-swap metric (grounding)
+            probe = GroundingProbe.from_store(cfg.swap_store or source, int(cfg.model.get("history", 6)), cfg.seed,
+                                              0.0 if cfg.swap_store else cfg.val_fraction, cfg.swap_windows,
+                                              families=tuple(cfg.families))
         source, val_source = _store_sources(source, cfg, info)
         prov.update(train_episodes=source.num_episodes, train_windows=source.num_windows * info.world_size,
                     val_episodes=val_source.num_episodes if val_source is not None else 0)
-    run = VLARun(cfg, source, val_source, out, info, resume, prov)
+    run = VLARun(cfg, source, val_source, out, info, resume, prov, probe)
     try:
         history = run.loop().run(run.start)
         if run.start >= cfg.max_steps:
@@ -355,7 +389,7 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
 
 
 def _starting_weights(cfg: VLATrainConfig, model: nn.Module, vla: VLAConfig, out: Path, resume: bool,
-                      prov: dict[str, Any]) -> tuple[Checkpoint | None, ActionBinner | None]:
+                      prov: dict[str, Any], init: Checkpoint | None) -> tuple[Checkpoint | None, ActionBinner | None]:
     """Load the weights a run starts from: its own ``last.pt`` on resume (returned, for the optimizer and
     streams) or ``init_from``'s for a fine-tune; the binner they were trained with (None: a fresh run)."""
     if resume:
@@ -365,15 +399,8 @@ def _starting_weights(cfg: VLATrainConfig, model: nn.Module, vla: VLAConfig, out
                              "resume with the same model, preset and data")
         load_state(model, ckpt)
         return ckpt, ActionBinner.from_dict(ckpt.extra["binner"])
-    if cfg.init_from:   # fine-tuning: the weights and the binning of an earlier run, a fresh optimizer
-        init = load_checkpoint(str(cfg.init_from), map_location="cpu")
-        if (init.extra or {}).get("policy_kind") != POLICY_KIND:
-            raise ValueError(f"init_from={cfg.init_from}: not a VLA checkpoint "
-                             f"(policy kind {(init.extra or {}).get('policy_kind')!r})")
-        if init.model_name != cfg.model_name or init.model_config != vla.to_dict():
-            raise ValueError(f"init_from={cfg.init_from}: holds {init.model_name!r} with a different model config "
-                             f"(history, sizes or vocabulary); fine-tune with the same model, preset and instructions")
-        load_state(model, init)
+    if init is not None:   # fine-tuning: the weights and the binning of an earlier run, a fresh optimizer
+        load_init_weights(model, init, vla, cfg.model_name, cfg.init_from)
         prov["init_from"] = str(cfg.init_from)
         return None, ActionBinner.from_dict(init.extra["binner"])
     return None, None
@@ -405,22 +432,29 @@ class VLARun:
     parts ``TrainLoop`` calls (``loss_terms``, ``after_step``, ``validate``, ``checkpoint``)."""
 
     def __init__(self, cfg: VLATrainConfig, source: ImageWindowSource, val_source: ImageWindowSource | None,
-                 out: Path, info: DistInfo, resume: bool, prov: dict[str, Any]):
+                 out: Path, info: DistInfo, resume: bool, prov: dict[str, Any], probe: GroundingProbe | None = None):
         self.cfg, self.source, self.out, self.info, self.prov = cfg, source, out, info, prov
+        self.probe = probe   # the instruction-swap metric's windows (training.grounding), measured at validation
         dev = info.device
         self.instructions = list(source.instructions)
-        self.vla = model_config(cfg, tuple(source.image_size), self.instructions)
+        init = load_checkpoint(str(cfg.init_from), map_location="cpu") if cfg.init_from and not resume else None
+        self.vla = model_config(cfg, tuple(source.image_size), self.instructions, init)
         if self.vla.history != int(source.history):
             raise ValueError(f"the source gives {source.history}-frame windows, the model's history is "
                              f"{self.vla.history}")
         self.model = build_model(cfg.model_name, self.vla).to(dev)
-        ckpt, binner = _starting_weights(cfg, self.model, self.vla, out, resume, prov)
+        ckpt, binner = _starting_weights(cfg, self.model, self.vla, out, resume, prov, init)
         binner = binner or _fresh_binner(cfg, source, info)
         self.binner = binner.to(dev)
         self.table = self.model.frontend.prepare_instructions(self.instructions).to(dev)   # (K, ...) prepared
         self.ddp_model = wrap_model(self.model, info)   # DDP broadcasts rank 0's weights: copy the target after
         self.target = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.objective == "q" else None
         self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.aux = TargetAuxLoss(self.model, cfg.target_loss) if cfg.target_loss > 0 else None
+        if self.aux is not None:   # the auxiliary head trains with the model (not part of the deployed model)
+            self.optimizer.add_param_group({"params": list(self.aux.parameters()), "weight_decay": 0.0})
+            if ckpt is not None and "target_head" in ckpt.extra:
+                self.aux.head.load_state_dict(ckpt.extra["target_head"])
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.max_steps)
         self.start = 0
         if ckpt is not None:
@@ -445,7 +479,8 @@ class VLARun:
 
     def loss_terms(self, step: int) -> dict[str, torch.Tensor]:
         batch, frames, instruction = self.prepare(self.feed.next(), augment=True)
-        return losses(self.ddp_model, self.target, batch, frames, instruction, self.binner, self.cfg)
+        terms = losses(self.ddp_model, self.target, batch, frames, instruction, self.binner, self.cfg)
+        return self.aux.add(terms, batch) if self.aux is not None else terms
 
     def after_step(self) -> None:
         average_buffers(self.model, self.info)
@@ -456,6 +491,9 @@ class VLARun:
         """On the main rank, into its own rows (``val/`` in TensorBoard); the other ranks wait at the save."""
         if self.val_draw is not None and self.info.is_main:
             v = validate(self.model, self.target, self.val_draw(), self.binner, self.cfg, self.prepare)
+            if self.probe is not None:
+                v.update(self.probe.measure(self.model, self.binner))
+                append_row(self.out, {**v, "step": step})
             v["step"] = step
             self.val_history.append(v)
             self.log.line("val", f"val step {step}", v, step)
@@ -468,6 +506,8 @@ class VLARun:
         extra = {"policy_kind": POLICY_KIND, "binner": {"edges": self.binner.edges.cpu()},
                  "settings": dict(self.source.settings), "instructions": self.instructions,
                  "instruction_inputs": self.table.cpu(), "action_space": "command", "rng": rngs}
+        if self.aux is not None:
+            extra["target_head"] = self.aux.state_dict()
         if self.target is not None:
             extra["target_state_dict"] = {k: v.detach().cpu() for k, v in self.target.state_dict().items()}
         c = Checkpoint(model_name=cfg.model_name, model_config=self.vla.to_dict(),
@@ -497,6 +537,8 @@ class VLARun:
         return self._loop
 
     def close(self) -> None:
+        if self.aux is not None:
+            self.aux.close()
         self.feed.close()
         self.log.close()
 

@@ -35,6 +35,7 @@ from quadforge.data.step_shards import StepShards
 from quadforge.data.store import TrajectoryStore
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES
 from quadforge.seeding import numpy_rng
+from quadforge.training.grounding import TARGET_TERMS, target_polar
 
 SAMPLING_MODES = ("auto", "stream", "uniform")
 BATCH_KEYS = ("frames", "frame_mask", "instruction", "action", "reward", "discount", "mc_return", "success",
@@ -157,6 +158,9 @@ class StoreImageSource:
         if bool((instruction < 0).any()):
             raise ValueError("image windows from episodes without an instruction (instruction_id -1)")
         success = b["success"].float()
+        extra = {}
+        if all(t in b for t in TARGET_TERMS):   # the named target in the robot frame (auxiliary grounding loss)
+            extra["target_polar"] = target_polar(*(b[t][:, -1].float() for t in TARGET_TERMS))
         to_end = torch.from_numpy(self._frames[b["episode_index"].numpy()]) - 1 - b["frame"].long()
         return {"frames": torch.cat([b[cam], b["next_" + cam][:, None]], dim=1),             # (B, H+1, h, w, 3)
                 "frame_mask": torch.cat([b["mask"].bool(), b["next_valid"].bool()[:, None]], dim=1),
@@ -165,7 +169,7 @@ class StoreImageSource:
                 "reward": b["sparse_reward"].float(),
                 "discount": torch.full_like(success, self.gamma),
                 "mc_return": success * self.gamma ** to_end.float(),
-                "success": success, "done": b["done"].bool(), "last": b["last"].bool()}
+                "success": success, "done": b["done"].bool(), "last": b["last"].bool(), **extra}
 
 
 class _Converted:
@@ -189,13 +193,16 @@ class _Converted:
 def open_image_source(path: str | Path, history: int, seed: int = 0, split: str = "all",
                       success_ratio: float | None = None, success_only: bool = False,
                       camera: str = "images/front_rgb", val_fraction: float = 0.1, rank: int = 0,
-                      world_size: int = 1, cache_chunks: int = 32, ram_budget: str = "auto") -> StoreImageSource:
+                      world_size: int = 1, cache_chunks: int = 32, ram_budget: str = "auto",
+                      step_features: tuple[str, ...] = (), families: tuple[str, ...] = ()) -> StoreImageSource:
     """Image windows from a trajectory store holding ``camera`` (``data.image_sampler``): ``history``
     frames + the next one, the ``hl_commands`` at each frame's step, the success/failure mix. ``split``
     "train" / "val" holds ``val_fraction`` of the episodes out by the seeded episode permutation every
     trainer uses (``data.episodes.split_episodes``: the same ``seed`` gives the same held-out episodes);
     ``rank`` / ``world_size`` take a strided shard of the windows (DDP). The per-step features come from RAM, or
-    from memory-mapped shards when they exceed ``ram_budget`` (``data.ram_budget``)."""
+    from memory-mapped shards when they exceed ``ram_budget`` (``data.ram_budget``). ``families`` keeps those
+    QUARD families' episodes only (the sampler's ``families`` filter); ``step_features`` adds per-step
+    features to the sampler (``training.grounding.TARGET_TERMS`` make the batches carry ``target_polar``)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"--store {path}: no trajectory store there")
@@ -203,14 +210,22 @@ def open_image_source(path: str | Path, history: int, seed: int = 0, split: str 
     if camera not in store.image_features:
         raise ValueError(f"--store {path}: no {camera!r} frames (image features: {list(store.image_features)}); "
                          f"collect with a camera task (quadforge collect --task quard:...)")
-    in_ram = fits_in_ram(store, ["hl_commands", "rewards", "terminated"], None, ram_budget,
+    in_ram = fits_in_ram(store, ["hl_commands", "rewards", "terminated", *step_features], None, ram_budget,
                          log=print if rank == 0 and split != "val" else None)
     sampler = ImageWindowSampler(store, cameras=[camera], history=history, next_frame=True,
                                  steps=None if in_ram else StepShards(store),
-                                 action_feature="hl_commands", split=split, val_fraction=val_fraction, seed=seed,
-                                 success_ratio=success_ratio, filters={"success_only": True} if success_only else None,
+                                 action_feature="hl_commands", step_features=tuple(step_features), split=split,
+                                 val_fraction=val_fraction, seed=seed,
+                                 success_ratio=success_ratio, filters=_filters(success_only, families),
                                  rank=rank, world_size=world_size, cache_chunks=cache_chunks)
     return StoreImageSource(sampler, store, camera)
+
+
+def _filters(success_only: bool, families: tuple[str, ...]) -> dict[str, Any] | None:
+    out: dict[str, Any] = {"success_only": True} if success_only else {}
+    if families:
+        out["families"] = list(families)
+    return out or None
 
 
 # --- a synthetic source: "go left/right to the named colour" ----------------------------------------

@@ -9,6 +9,10 @@ experts/checkpoints/VLA_MODEL_CARD.md.
 
     from quadforge.training.vla_probe import steering_by_family
     steering_by_family("experts/checkpoints/vla_rt1.pt", "quard_demos")   # {"all": {...}, "go_to": {...}, ...}
+
+Does it read the words? ``swap_by_family`` is the trainer's instruction-swap metric (``training.grounding``)
+for a checkpoint on a store's windows: ``python -m quadforge.training.vla_probe CHECKPOINT STORE --swap``
+(``--split all`` for a store the checkpoint was not trained on).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import torch
 
 from quadforge.envs.quard.instructions import parse_instruction
 from quadforge.experts.vla import load_vla
+from quadforge.training.grounding import GroundingProbe
 from quadforge.models.vla import images_to_float
 from quadforge.training.vla import act_bins
 from quadforge.training.vla_data import ImageWindowSource, open_image_source
@@ -73,6 +78,19 @@ def steering_by_family(checkpoint: str, source: ImageWindowSource | str, windows
     return out
 
 
+def swap_by_family(checkpoint: str, store: str, windows: int = 256, seed: int = 0, split: str = "val"
+                   ) -> dict[str, float]:
+    """The instruction-swap metric (``training.grounding.swap_scores``: ``toward_named``, ``change``, per
+    family) of a checkpoint on ``windows`` successful windows of ``store`` (``split`` "val": the trainer's
+    seeded held-out episodes; "all": every episode)."""
+    policy = load_vla(checkpoint, 1)
+    probe = GroundingProbe.from_store(store, policy.model.cfg.history, seed=seed,
+                                      val_fraction=0.1 if split == "val" else 0.0, windows=windows)
+    if probe is None:
+        raise ValueError(f"{store}: no successful QUARD windows with two candidates (split {split!r})")
+    return {k[len("swap_"):]: v for k, v in probe.measure(policy.model, policy.binner).items()}
+
+
 def format_steering(report: dict[str, dict[str, dict[str, float]]], dim: str = "wz") -> str:
     lines = [f"| family | windows | mean abs {dim}, data | mean abs {dim}, commanded | error | corr | slope |",
              "|---|---|---|---|---|---|---|"]
@@ -84,12 +102,20 @@ def format_steering(report: dict[str, dict[str, dict[str, float]]], dim: str = "
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:   # python -m quadforge.training.vla_probe CKPT STORE
-    import sys
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        raise SystemExit("usage: python -m quadforge.training.vla_probe CHECKPOINT IMAGE_STORE")
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m quadforge.training.vla_probe")
+    p.add_argument("checkpoint")
+    p.add_argument("store")
+    p.add_argument("--swap", action="store_true", help="the instruction-swap metric instead of the steering table")
+    p.add_argument("--split", choices=("val", "all"), default="val")
+    p.add_argument("--windows", type=int, default=256)
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
-    report = steering_by_family(args[0], args[1])
+    if args.swap:
+        swap = swap_by_family(args.checkpoint, args.store, args.windows, split=args.split)
+        print(" ".join(f"{k}={v:.3f}" for k, v in swap.items()))
+        return swap
+    report = steering_by_family(args.checkpoint, args.store, split=args.split)
     print(format_steering(report))
     return report
 
