@@ -34,7 +34,7 @@ from quadforge.data.staging import (abandoned_partial_writes, episode_id_of, fsy
 from quadforge.data.stats import RunningStats
 from quadforge.data.integrity import DIGEST_KEY
 from quadforge.data.store import (EPISODES_FILE, INSTRUCTIONS_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable,
-                                  TrajectoryStore, array_path, read_episode_table, read_instructions, read_json,
+                                  TrajectoryStore, array_path, read_episode_table, read_instructions,
                                   read_manifest, read_schema, read_tasks, verify_metadata, write_json_atomic)
 from quadforge.data.schema import FORMAT_VERSION
 from quadforge.errors import JobFailed, is_write_failure, os_reason

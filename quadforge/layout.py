@@ -6,7 +6,7 @@ its own input later. This file is the single catalogue of term names and widths.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import torch

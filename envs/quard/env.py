@@ -36,7 +36,7 @@ from quadforge.envs.quard.families import EpisodeScene, family_code, get_family,
 from quadforge.envs.quard.instructions import (GAIT_WORDS, HELD_OUT_COLOURS, SPEEDS, TRAIN_COLOURS,
                                                instruction_table, task_families)
 from quadforge.envs.quard.objects import NEUTRAL, PARK, RGB, ObjectLibrary
-from quadforge.envs.quard.rules import OUTCOME_CODE, OUTCOMES, RuleState, inside_tunnel, judge
+from quadforge.envs.quard.rules import OUTCOME_CODE, RuleState, inside_tunnel, judge
 from quadforge.envs.tasks.locomotion import LocomotionTask, StepResult
 from quadforge.envs.terminations import BASE_COLLISION, FALL, NON_FINITE, TASK_END, TIME_OUT
 from quadforge.envs.vec_env import LeggedEnv

@@ -20,7 +20,7 @@ from quadforge.data.compaction import compact
 from quadforge.data.samplers import TransitionSampler, WindowSampler
 from quadforge.data.writer import StagingWriter
 from quadforge.data.store import TrajectoryStore
-from quadforge.data.synthetic import PROPRIO_FEATURES, synthetic_episode, synthetic_info
+from quadforge.data.synthetic import synthetic_episode, synthetic_info
 from quadforge.layout import get_layout
 from quadforge.tools.bench.common import Table, report
 from quadforge.seeding import numpy_rng
