@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from quadforge.models.base import Cache, Decoder, SequenceModel
-from quadforge.models.transformer import Block, allowed_keys
+from quadforge.models.transformer import Block, allowed_keys, empty_kv_cache
 
 
 class StARformer(SequenceModel):
@@ -90,13 +90,7 @@ class StARformer(SequenceModel):
         return self.decoder(self.norm(h))
 
     def _init_state(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-        slots = 2 * self.context
-        shape = (batch_size, slots, self.num_heads, self.hidden // self.num_heads)
-        state = {"valid": torch.zeros(batch_size, slots, dtype=torch.bool, device=device)}
-        for i in range(self.num_layers):
-            state[f"k{i}"] = torch.zeros(shape, device=device)
-            state[f"v{i}"] = torch.zeros(shape, device=device)
-        return state
+        return empty_kv_cache(batch_size, 2 * self.context, self.num_layers, self.num_heads, self.hidden, device)
 
     def _step(self, obs_t, cache: Cache, action_prev, rtg_t) -> torch.Tensor:
         b = obs_t.shape[0]

@@ -27,6 +27,17 @@ def allowed_keys(key_valid: torch.Tensor, key_slot: torch.Tensor, query_slot: to
     return ((key_valid[:, None, :] & earlier) | same).unsqueeze(1)
 
 
+def empty_kv_cache(batch_size: int, slots: int, num_layers: int, num_heads: int, hidden: int,
+                   device: torch.device) -> dict[str, torch.Tensor]:
+    """A KV cache with ``slots`` empty positions per layer (``valid`` says which hold a key)."""
+    shape = (batch_size, slots, num_heads, hidden // num_heads)
+    state = {"valid": torch.zeros(batch_size, slots, dtype=torch.bool, device=device)}
+    for i in range(num_layers):
+        state[f"k{i}"] = torch.zeros(shape, device=device)
+        state[f"v{i}"] = torch.zeros(shape, device=device)
+    return state
+
+
 class SelfAttention(nn.Module):
     def __init__(self, hidden: int, heads: int):
         super().__init__()
@@ -106,13 +117,8 @@ class Transformer(SequenceModel):
         return self.decoder(self.norm(states))
 
     def _init_state(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-        slots = self.context * self.tokens.k + 1
-        shape = (batch_size, slots, self.num_heads, self.hidden // self.num_heads)
-        state = {"valid": torch.zeros(batch_size, slots, dtype=torch.bool, device=device)}
-        for i in range(self.num_layers):
-            state[f"k{i}"] = torch.zeros(shape, device=device)
-            state[f"v{i}"] = torch.zeros(shape, device=device)
-        return state
+        return empty_kv_cache(batch_size, self.context * self.tokens.k + 1, self.num_layers, self.num_heads,
+                              self.hidden, device)
 
     def _step(self, obs_t, cache: Cache, action_prev, rtg_t) -> torch.Tensor:
         if self._plan is None or self._plan[-2].device != obs_t.device:
