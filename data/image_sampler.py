@@ -120,7 +120,8 @@ class ImageWindowSampler(SeededSampler):
                  next_frame: bool = True, action_feature: str = "hl_commands",
                  step_features: Sequence[str] = (), split: str = "train", val_fraction: float = 0.1,
                  filters: Mapping[str, Any] | None = None, success_ratio: float | None = None, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, cache_chunks: int = 32, steps: StepShards | None = None):
+                 rank: int = 0, world_size: int = 1, cache_chunks: int = 32, steps: StepShards | None = None,
+                 early_frames: int = 0, early_share: float = 0.0):
         who = "ImageWindowSampler"
         if not hasattr(source, "image_features") or not hasattr(source, "array"):
             raise ValueError(f"{who}: source must be a TrajectoryStore with image features, got {type(source).__name__}")
@@ -130,6 +131,9 @@ class ImageWindowSampler(SeededSampler):
             raise ValueError(f"{who}: rank={rank}, world_size={world_size}; need 0 <= rank < world_size")
         if success_ratio is not None and not 0.0 <= success_ratio <= 1.0:
             raise ValueError(f"{who}: success_ratio={success_ratio}; must be in [0, 1] or None")
+        if not 0.0 <= early_share <= 1.0 or (early_share > 0 and int(early_frames) < 1):
+            raise ValueError(f"{who}: early_share={early_share}, early_frames={early_frames}; need a share in [0, 1] "
+                             f"and early_frames >= 1 when the share is > 0")
         cameras = tuple(cameras) if cameras is not None else source.image_features
         missing = [c for c in cameras if c not in source.image_features]
         if not cameras or missing:
@@ -183,6 +187,10 @@ class ImageWindowSampler(SeededSampler):
             raise ValueError(f"{who}: rank {rank} of {world_size} has no windows ({len(win_ep)} in all)")
         succ = self._success[self._win_ep]
         self._pools = (np.flatnonzero(succ), np.flatnonzero(~succ))
+        # the windows whose newest frame is one of the episode's first ``early_frames``: where a QUARD episode's
+        # choice between two objects is made (later frames mostly show the chosen one ahead)
+        self.early_share = float(early_share)
+        self._early = np.flatnonzero(self._win_j < int(early_frames)) if early_share > 0 else np.zeros(0, np.int64)
         if success_ratio is not None:
             for name, p, share in (("successful", self._pools[0], success_ratio),
                                    ("failed", self._pools[1], 1.0 - success_ratio)):
@@ -218,6 +226,17 @@ class ImageWindowSampler(SeededSampler):
         return n_succ, batch_size - n_succ
 
     def _draw(self, batch_size: int, pools: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        if self.early_share > 0:
+            if pools is not None:
+                raise ValueError("ImageWindowSampler: early_share draws from the whole store; the chunk-aware "
+                                 "stream() cannot honour it (use uniform sampling: sample(), or a cache that holds "
+                                 "the store)")
+            n_early = int(round(batch_size * self.early_share))
+            early = self._early[self._rng.integers(0, len(self._early), size=n_early)]
+            return self._rng.permutation(np.concatenate([early, self._draw_pools(batch_size - n_early, None)]))
+        return self._draw_pools(batch_size, pools)
+
+    def _draw_pools(self, batch_size: int, pools: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
         rng = self._rng
         if self.success_ratio is None and pools is None:
             return rng.integers(0, self.num_windows, size=batch_size)

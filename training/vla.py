@@ -121,6 +121,11 @@ class VLATrainConfig:
     # weight of the auxiliary grounding loss (training.grounding.TargetAuxLoss: a head regresses the named
     # target's bearing and distance in the robot frame from the newest frame's tokens); 0: off
     target_loss: float = 0.0
+    # a share of every training batch drawn from windows ending in an episode's first ``early_frames`` image
+    # frames: a QUARD episode's choice between its two objects is made there (later frames mostly show the
+    # chosen one ahead, so uniform windows carry the words' signal in ~1 of 10 rows); 0: uniform
+    early_share: float = 0.0
+    early_frames: int = 5
     gamma: float = 0.98
     alpha: float = 1.0                   # conservative weight (Q-T paper 1; GeRM code 0.1)
     tau: float = 0.999
@@ -189,6 +194,9 @@ class VLATrainConfig:
         if unknown:
             raise ValueError(f"families={list(self.families)}: {unknown} unknown; allowed: {list(quard_family_names())} "
                              f"(a list: families=['go_to','distinguish'])")
+        if not 0.0 <= self.early_share <= 1.0 or self.early_frames < 1:
+            raise ValueError(f"early_share={self.early_share}, early_frames={self.early_frames}; need a share in "
+                             f"[0, 1] and early_frames >= 1")
         if self.target_loss < 0:
             raise ValueError(f"target_loss={self.target_loss}; must be >= 0 (the auxiliary loss's weight; 0: off)")
         if self.swap_windows < 0:
@@ -336,7 +344,8 @@ def _store_sources(path: str | Path, cfg: VLATrainConfig, info: DistInfo):
                   cache_chunks=cfg.cache_chunks, ram_budget=cfg.ram_budget,
                   step_features=TARGET_TERMS if cfg.target_loss > 0 else (), families=tuple(cfg.families))
     source = open_image_source(path, split="train" if cfg.val_fraction > 0 else "all", success_ratio=cfg.success_ratio,
-                               rank=info.rank, world_size=info.world_size, **common)
+                               rank=info.rank, world_size=info.world_size, early_frames=cfg.early_frames,
+                               early_share=cfg.early_share, **common)
     val = None
     if cfg.val_fraction > 0 and info.is_main:   # the main rank validates
         try:   # the held-out episodes as they come (successes only when training on them)

@@ -136,6 +136,10 @@ class StoreImageSource:
             raise ValueError(f"sampling {mode!r} unknown; allowed: {SAMPLING_MODES}")
         if mode == "auto":
             mode = "uniform" if self.fits_in_cache else "stream"
+        if mode == "stream" and getattr(self.sampler, "early_share", 0.0) > 0:
+            raise ValueError(f"early_share={self.sampler.early_share} needs i.i.d. windows from the whole store; the "
+                             f"chunk-aware stream cannot give them (sampling=uniform, or a cache_chunks that holds "
+                             f"the store's frames)")
         s, b = self.sampler, int(batch_size)
         # the sampler draws (and stream() refreshes its chunks) from its rng: a stream of its own per segment
         s.reseed(f"vla/batches/rank{s.rank}/step{int(start_step)}")
@@ -194,7 +198,8 @@ def open_image_source(path: str | Path, history: int, seed: int = 0, split: str 
                       success_ratio: float | None = None, success_only: bool = False,
                       camera: str = "images/front_rgb", val_fraction: float = 0.1, rank: int = 0,
                       world_size: int = 1, cache_chunks: int = 32, ram_budget: str = "auto",
-                      step_features: tuple[str, ...] = (), families: tuple[str, ...] = ()) -> StoreImageSource:
+                      step_features: tuple[str, ...] = (), families: tuple[str, ...] = (),
+                      early_frames: int = 0, early_share: float = 0.0) -> StoreImageSource:
     """Image windows from a trajectory store holding ``camera`` (``data.image_sampler``): ``history``
     frames + the next one, the ``hl_commands`` at each frame's step, the success/failure mix. ``split``
     "train" / "val" holds ``val_fraction`` of the episodes out by the seeded episode permutation every
@@ -202,7 +207,8 @@ def open_image_source(path: str | Path, history: int, seed: int = 0, split: str 
     ``rank`` / ``world_size`` take a strided shard of the windows (DDP). The per-step features come from RAM, or
     from memory-mapped shards when they exceed ``ram_budget`` (``data.ram_budget``). ``families`` keeps those
     QUARD families' episodes only (the sampler's ``families`` filter); ``step_features`` adds per-step
-    features to the sampler (``training.grounding.TARGET_TERMS`` make the batches carry ``target_polar``)."""
+    features to the sampler (``training.grounding.TARGET_TERMS`` make the batches carry ``target_polar``);
+    ``early_share`` of every batch comes from windows ending in an episode's first ``early_frames`` frames."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"--store {path}: no trajectory store there")
@@ -217,7 +223,8 @@ def open_image_source(path: str | Path, history: int, seed: int = 0, split: str 
                                  action_feature="hl_commands", step_features=tuple(step_features), split=split,
                                  val_fraction=val_fraction, seed=seed,
                                  success_ratio=success_ratio, filters=_filters(success_only, families),
-                                 rank=rank, world_size=world_size, cache_chunks=cache_chunks)
+                                 rank=rank, world_size=world_size, cache_chunks=cache_chunks,
+                                 early_frames=early_frames, early_share=early_share)
     return StoreImageSource(sampler, store, camera)
 
 

@@ -297,3 +297,20 @@ def test_rewards_and_monte_carlo_bounds_on_image_episodes_match_a_hand_computati
     expected = [max(0.5, float(m)) for m in b["mc_return"]]
     assert bounded[:, -1].tolist() == pytest.approx(expected)
     assert (b["mc_return"] > 0.5).any() and (b["mc_return"] < 0.5).any()     # both cases occur
+
+
+def test_early_share_draws_that_share_from_each_episodes_first_frames(store):
+    """QUARD's choice between two objects is made in an episode's first frames: ``early_share`` of every batch
+    ends there, the rest is the usual uniform draw; the chunk-aware stream refuses the option."""
+    s = ImageWindowSampler(store, split="all", seed=3, early_frames=1, early_share=0.5)
+    uniform = ImageWindowSampler(store, split="all", seed=3)
+    for _ in range(3):
+        frame = s.sample(200)["frame"]
+        # 100 rows end in an episode's first frame; the uniform half adds its own few there
+        assert int((frame == 0).sum()) >= 100
+        assert int((frame > 0).sum()) > 0
+    assert float((uniform.sample(2000)["frame"] == 0).float().mean()) < 0.3
+    with pytest.raises(ValueError, match="early_share"):
+        next(s.stream(8))
+    with pytest.raises(ValueError, match="early_frames"):
+        ImageWindowSampler(store, split="all", early_frames=0, early_share=0.2)
