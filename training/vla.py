@@ -54,7 +54,7 @@ from quadforge.models.vla import VLAConfig, images_to_float
 from quadforge.models.registry import build_vla_model, model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
 from quadforge.training.vla_data import SAMPLING_MODES, ImageWindowSource, check_batch, open_image_source
-from quadforge.training.grounding import (TARGET_TERMS, GroundingProbe, TargetAuxLoss, append_row, load_init_weights,
+from quadforge.training.grounding import (DECISION_FRAMES, TARGET_TERMS, GroundingProbe, TargetAuxLoss, append_row, load_init_weights,
                                          vocabulary_for)
 from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup, init_distributed, unwrap,
                                             wrap_model)
@@ -125,7 +125,7 @@ class VLATrainConfig:
     # frames: a QUARD episode's choice between its two objects is made there (later frames mostly show the
     # chosen one ahead, so uniform windows carry the words' signal in ~1 of 10 rows); 0: uniform
     early_share: float = 0.0
-    early_frames: int = 5
+    early_frames: int = DECISION_FRAMES
     gamma: float = 0.98
     alpha: float = 1.0                   # conservative weight (Q-T paper 1; GeRM code 0.1)
     tau: float = 0.999

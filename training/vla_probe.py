@@ -23,7 +23,7 @@ import torch
 
 from quadforge.envs.quard.instructions import parse_instruction
 from quadforge.experts.vla import load_vla
-from quadforge.training.grounding import GroundingProbe
+from quadforge.training.grounding import DECISION_FRAMES, GroundingProbe
 from quadforge.models.vla import images_to_float
 from quadforge.training.vla import act_bins
 from quadforge.training.vla_data import ImageWindowSource, open_image_source
@@ -78,14 +78,16 @@ def steering_by_family(checkpoint: str, source: ImageWindowSource | str, windows
     return out
 
 
-def swap_by_family(checkpoint: str, store: str, windows: int = 256, seed: int = 0, split: str = "val"
-                   ) -> dict[str, float]:
+def swap_by_family(checkpoint: str, store: str, windows: int = 256, seed: int = 0, split: str = "val",
+                   families: tuple[str, ...] = (), decision_frames: int = DECISION_FRAMES) -> dict[str, float]:
     """The instruction-swap metric (``training.grounding.swap_scores``: ``toward_named``, ``change``, per
     family) of a checkpoint on ``windows`` successful windows of ``store`` (``split`` "val": the trainer's
-    seeded held-out episodes; "all": every episode)."""
+    seeded held-out episodes; "all": every episode; ``decision_frames``: windows ending in each episode's
+    first so many frames, 0: any)."""
     policy = load_vla(checkpoint, 1)
     probe = GroundingProbe.from_store(store, policy.model.cfg.history, seed=seed,
-                                      val_fraction=0.1 if split == "val" else 0.0, windows=windows)
+                                      val_fraction=0.1 if split == "val" else 0.0, windows=windows,
+                                      families=families, decision_frames=decision_frames)
     if probe is None:
         raise ValueError(f"{store}: no successful QUARD windows with two candidates (split {split!r})")
     return {k[len("swap_"):]: v for k, v in probe.measure(policy.model, policy.binner).items()}
@@ -109,10 +111,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:   # python -m quadfor
     p.add_argument("--swap", action="store_true", help="the instruction-swap metric instead of the steering table")
     p.add_argument("--split", choices=("val", "all"), default="val")
     p.add_argument("--windows", type=int, default=256)
+    p.add_argument("--families", default="", help="comma-separated QUARD families (default: all in the store)")
+    p.add_argument("--decision-frames", type=int, default=DECISION_FRAMES,
+                   help="swap windows end in an episode's first N image frames (0: anywhere)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     if args.swap:
-        swap = swap_by_family(args.checkpoint, args.store, args.windows, split=args.split)
+        families = tuple(f for f in args.families.split(",") if f)
+        swap = swap_by_family(args.checkpoint, args.store, args.windows, split=args.split, families=families,
+                              decision_frames=args.decision_frames)
         print(" ".join(f"{k}={v:.3f}" for k, v in swap.items()))
         return swap
     report = steering_by_family(args.checkpoint, args.store, split=args.split)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from quadforge.experts.hierarchical import HL_COMMAND_NAMES
-from quadforge.training.grounding import (BLIND_VOCAB, TARGET_TERMS, GroundingProbe, robot_frame_polar,
+from quadforge.training.grounding import (BLIND_VOCAB, DECISION_FRAMES, TARGET_TERMS, GroundingProbe, robot_frame_polar,
                                           swap_scores, swapped_instruction, target_polar)
 
 torch.set_num_threads(1)
@@ -86,6 +86,11 @@ def test_the_probe_reads_held_out_windows_with_the_partner_instruction_and_score
     from quadforge.data.store import TrajectoryStore
     probe = GroundingProbe.from_store(paired_store, history=2, seed=0, val_fraction=0.0, windows=64)
     assert probe is not None and len(probe) > 0
+    # the decision phase: every window ends in its episode's first DECISION_FRAMES frames; 0 lifts that
+    assert max(probe.frame_index) < DECISION_FRAMES
+    anywhere = GroundingProbe.from_store(paired_store, history=2, seed=0, val_fraction=0.0, windows=64,
+                                         decision_frames=0)
+    assert max(anywhere.frame_index) >= DECISION_FRAMES
     store = TrajectoryStore.open(paired_store)
     pairs = pairs_of([store.task_params(i) for i in range(store.num_episodes)])
     assert pairs
