@@ -115,6 +115,10 @@ class VLATrainConfig:
     # commands (|wz| ~ 0.1 rad/s, ~10 bins from zero) get no graded signal (HL-Gauss, Farebrother et al. 2024)
     label_sigma: float = 0.0
     init_from: str | None = None         # a VLA checkpoint (same model and config) whose weights start the run
+    # a VLA checkpoint of any model whose front-end (trunk, TokenLearner, instruction encoder: the part that
+    # grounds the words in the frames) replaces the starting front-end, e.g. a GeRM decoder on a grounded
+    # RT-1-style front-end; its front-end must have the same shapes (image size, history, widths, vocabulary)
+    frontend_from: str | None = None
     # the language-blind baseline: every instruction word maps to the unknown token (the model sees how many
     # words there are, i.e. the family's template, never which object is named); grounding = score above it
     blind_instruction: bool = False
@@ -415,6 +419,20 @@ def _starting_weights(cfg: VLATrainConfig, model: nn.Module, vla: VLAConfig, out
     return None, None
 
 
+def load_frontend(model: nn.Module, path: str) -> None:
+    """Copy the front-end weights (``model.frontend``) of the VLA checkpoint at ``path`` into ``model``."""
+    ckpt = load_checkpoint(str(path), map_location="cpu")
+    if (ckpt.extra or {}).get("policy_kind") != "vla":
+        raise ValueError(f"frontend_from={path}: not a VLA checkpoint")
+    state = {k[len("frontend."):]: v for k, v in ckpt.state_dict.items() if k.startswith("frontend.")}
+    mine = model.frontend.state_dict()
+    wrong = sorted(k for k in mine if k not in state or state[k].shape != mine[k].shape)
+    if wrong or len(state) != len(mine):
+        raise ValueError(f"frontend_from={path}: its {ckpt.model_name!r} front-end differs from this run's in "
+                         f"{wrong[:4] or sorted(set(state) - set(mine))[:4]} (same preset, history and vocabulary needed)")
+    model.frontend.load_state_dict(state)
+
+
 def _fresh_binner(cfg: VLATrainConfig, source: ImageWindowSource, info: DistInfo) -> ActionBinner:
     """The gait controller's command ranges (``bins="controller"``), or uniform edges fitted to the
     source's commands on the main rank and broadcast (``bins="data"``)."""
@@ -453,6 +471,9 @@ class VLARun:
                              f"{self.vla.history}")
         self.model = build_model(cfg.model_name, self.vla).to(dev)
         ckpt, binner = _starting_weights(cfg, self.model, self.vla, out, resume, prov, init)
+        if cfg.frontend_from and not resume:
+            load_frontend(self.model, cfg.frontend_from)
+            prov["frontend_from"] = str(cfg.frontend_from)
         binner = binner or _fresh_binner(cfg, source, info)
         self.binner = binner.to(dev)
         self.table = self.model.frontend.prepare_instructions(self.instructions).to(dev)   # (K, ...) prepared

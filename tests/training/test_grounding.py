@@ -149,6 +149,32 @@ def test_training_logs_the_swap_metric_and_a_blind_model_scores_chance(paired_st
     torch.testing.assert_close(policy.embeddings[0], policy.embeddings[1])
 
 
+def test_a_germ_decoder_starts_on_a_grounded_front_end_and_early_windows_train(paired_store, tmp_path):
+    """``frontend_from``: a GeRM w/o MoE run takes an RT-1-style run's front-end (trunk, tokens, words);
+    a front-end of other shapes is a one-line error. The run also trains with ``early_share``."""
+    from quadforge.models.checkpoint import load_checkpoint
+    from quadforge.training.vla import default_config, train
+    cfg = default_config("rt1")
+    cfg.model.update(TINY)
+    cfg.max_steps, cfg.batch_size, cfg.val_fraction, cfg.tensorboard = 2, 4, 0.0, False
+    cfg.early_share, cfg.sampling = 0.5, "uniform"
+    train(cfg, str(paired_store), tmp_path / "rt1")
+    rt1 = load_checkpoint(tmp_path / "rt1" / "last.pt")
+    cfg = default_config("germ-dense")
+    cfg.model.update(TINY)
+    cfg.max_steps, cfg.batch_size, cfg.val_fraction, cfg.tensorboard = 1, 4, 0.0, False
+    cfg.frontend_from, cfg.success_ratio, cfg.optim.lr = str(tmp_path / "rt1" / "last.pt"), None, 1e-12
+    out = train(cfg, str(paired_store), tmp_path / "germ")
+    front = {k: v for k, v in rt1.state_dict.items() if k.startswith("frontend.") and "running" not in k
+             and "num_batches" not in k}
+    mine = out["model"].state_dict()
+    for k, v in front.items():   # lr 1e-12: the front-end is still the RT-1 run's (BatchNorm statistics aside)
+        torch.testing.assert_close(mine[k], v)
+    cfg.model["history"] = 3
+    with pytest.raises(ValueError, match="frontend_from=.*front-end differs"):
+        train(cfg, str(paired_store), tmp_path / "germ3")
+
+
 def test_store_batches_carry_the_named_targets_bearing_at_the_newest_frame(paired_store):
     from quadforge.data.store import TrajectoryStore
     from quadforge.training.vla_data import open_image_source
