@@ -353,3 +353,19 @@ def test_a_return_conditioned_model_trains_alike_on_either_path_with_the_best_re
     scale = ram_ck["train_config"]["rtg_scale"]
     assert ram_ck["extra"]["target_return"] == ooc_ck["extra"]["target_return"]
     assert ram_ck["extra"]["target_return"] == pytest.approx(best / scale, rel=1e-5)
+
+
+def test_joined_shards_read_rows_blocks_and_windows_across_the_store_boundary(aggregate):
+    table = MultiStepShards(aggregate).layout_table(LAYOUT)
+    whole = np.concatenate([p.block(0, len(p)) for p in table.parts])
+    boundary, n = int(table.offsets[1]), 8
+    assert len(table) == len(whole) == aggregate.num_steps
+    np.testing.assert_array_equal(table.block(boundary - 30, boundary + 20), whole[boundary - 30:boundary + 20])
+    rows = np.array([[0, boundary - 1], [boundary, len(whole) - 1]])
+    np.testing.assert_array_equal(table.take(rows), whole[rows])
+    for starts in (np.arange(boundary - n - 2, boundary + 3), np.array([boundary + 1, boundary + 5]),
+                   np.array([3, boundary - n])):   # mixed and crossing; all in the second store; all in the first
+        idx = starts[:, None] + np.arange(n)[None, :]
+        first = table.offsets[np.searchsorted(table.offsets, idx[:, -1], side="right") - 1]
+        want = whole[np.maximum(idx, first[:, None])]     # rows before a window's store read its first row
+        np.testing.assert_array_equal(table.windows(starts, n, span=idx[:, -1]), want)
