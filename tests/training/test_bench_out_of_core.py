@@ -30,5 +30,5 @@ def test_out_of_core_bench_reports_both_paths(tmp_path, monkeypatch):
     assert record["raw"]["dagger/fits/RAM/sample"]["path"] == "RAM"
     assert record["raw"]["dagger/large/out-of-core/sample"]["steps"] == 15_000      # the two stores as one
     bars = record["tables"]["issue 28 bars (same run)"]
-    assert len(bars) == 8 and all(isinstance(b["met"], bool) for b in bars)
+    assert len(bars) == 9 and all(isinstance(b["met"], bool) for b in bars)
     assert not (tmp_path / "runs" / "bench_out_of_core").exists()     # its stores deleted at the end
