@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from quadforge.envs.fast_paths import cpu_arrays
 from quadforge.seeding import numpy_rng
 
 TERRAIN_TYPES = ("flat", "slope_up", "slope_down", "rough_slope", "stairs_up", "stairs_down",
@@ -321,7 +322,16 @@ class Terrain:
 
     def height_at(self, xy: torch.Tensor) -> torch.Tensor:
         """Terrain height (m) under world points (..., 2) -> (...), on MuJoCo's triangles; points
-        outside the heightfield get the height of its nearest edge."""
+        outside the heightfield get the height of its nearest edge. On the CPU numpy evaluates the
+        same elementwise arithmetic (``height_at_numpy``, bit for bit, tested) at a fraction of the
+        per-call cost: the height scan looks up ~190 points per env every step."""
+        arrays = cpu_arrays(xy)
+        if arrays is not None:
+            return torch.from_numpy(self.height_at_numpy(arrays[0]))
+        return self.height_at_reference(xy)
+
+    def height_at_reference(self, xy: torch.Tensor) -> torch.Tensor:
+        """``height_at`` in torch (any device): the reference."""
         H = self._flat_heights(xy.device)   # (nx * ny,) row-major: vertex (i, j) at i * ny + j
         nx, ny = self.heights.shape
         hs = self.cfg.horizontal_scale
@@ -340,6 +350,25 @@ class Terrain:
         hm = H.take(k + torch.where(lower, ny, 1))
         h11 = H.take(k + (ny + 1))
         return h00 + torch.maximum(fu, fv) * (hm - h00) + torch.minimum(fu, fv) * (h11 - hm)
+
+    def height_at_numpy(self, xy: np.ndarray) -> np.ndarray:
+        """``height_at_reference`` on numpy arrays: the same IEEE-rounded operations in the same order
+        (torch turns the Python scalars into the float32 operands used here)."""
+        H = self._flat_heights(torch.device("cpu")).numpy()
+        nx, ny = self.heights.shape
+        f32 = H.dtype.type
+        xy = xy.astype(H.dtype, copy=False)
+        hs = f32(self.cfg.horizontal_scale)
+        u = np.clip(xy[..., 0] / hs + f32((nx - 1) / 2), 0, nx - 1)  # one column at a time: numpy
+        v = np.clip(xy[..., 1] / hs + f32((ny - 1) / 2), 0, ny - 1)  # is slow on a length-2 last axis
+        i = np.minimum(np.floor(u), f32(nx - 2))
+        j = np.minimum(np.floor(v), f32(ny - 2))
+        fu, fv = u - i, v - j
+        k = i.astype(np.int64) * ny + j.astype(np.int64)
+        h00 = H.take(k)
+        hm = H.take(k + np.where(fu >= fv, ny, 1))
+        h11 = H.take(k + (ny + 1))
+        return h00 + np.maximum(fu, fv) * (hm - h00) + np.minimum(fu, fv) * (h11 - hm)
 
     def _flat_heights(self, device: torch.device) -> torch.Tensor:
         key = str(device)
