@@ -71,15 +71,14 @@ def scan_points_w(state: RobotState, points_b: torch.Tensor, yaw: torch.Tensor |
     # cost (bit for bit: single IEEE-rounded operations); writes land in ``out`` either way.
     args = (out, pos, c, s) + _columns(points_b)
     arrays = cpu_arrays(*args)
-    xp, (o, pos, c, s, px, py) = (torch, args) if arrays is None else (np, arrays)
-    grid = o[:, :p]
     # R(yaw) p + pos written out per coordinate: the same products and sums as a batched (P, 2) @ R^T
     # matmul at a fraction of its cost for K = 2 (tested against it), each coordinate written straight
     # into its strided slot (stacking the two (N, P) planes would cost more than the arithmetic)
-    xp.add(px * c - py * s, pos[:, 0:1], out=grid[..., 0])
-    xp.add(px * s + py * c, pos[:, 1:2], out=grid[..., 1])
+    xp, (o, pos_, c, s, px, py) = (torch, args) if arrays is None else (np, arrays)
+    xp.add(px * c - py * s, pos_[:, 0:1], out=o[:, :p, 0])
+    xp.add(px * s + py * c, pos_[:, 1:2], out=o[:, :p, 1])
     if append_base:
-        o[:, p] = pos[:, :2]
+        out[:, p] = state.root_pos_w[:, :2]
     return out
 
 
