@@ -235,12 +235,14 @@ class CompiledLayout:
         draws nothing)."""
         cols = getattr(terms, "columns", None) or (lambda n, idx: terms[n][:, idx])
         x = torch.cat([terms[n] if idx is None else cols(n, idx) for n, idx in self.parts], dim=1)
-        # ((x + offset) + U(-a, a)) * scale, written to touch the (N, D) block as few times as possible
-        y = (x + self.offset) * self.scale if self.has_offset else x * self.scale
+        # ((x + offset) + U(-a, a)) * scale, written to touch the (N, D) block as few times as possible;
+        # in place on the fresh concatenation (the same operations as out of place: the same bits),
+        # so a step allocates one (N, D) block, not four
+        y = x.add_(self.offset).mul_(self.scale) if self.has_offset else x.mul_(self.scale)
         if self.has_noise and generator is not None:
             u = noise if noise is not None else torch.rand(y.shape, generator=generator, device=y.device)
-            y = torch.addcmul(y - self.noise, u, self.noise2)
-        return torch.clamp(y, self.lo, self.hi) if self.has_clip else y
+            y = y.sub_(self.noise).addcmul_(u, self.noise2)
+        return y.clamp_(self.lo, self.hi) if self.has_clip else y
 
 
 def _as_slice(index: tuple[int, ...] | None) -> slice | list[int] | None:
