@@ -209,7 +209,17 @@ class _LazyFeatures(Mapping[str, np.ndarray]):
         return len(self._shards.store.feature_names)
 
 
-class StepShards(EpisodeSpans):
+class ShardSource(EpisodeSpans):
+    """What the out-of-core samplers read (``data.shard_steps``): the episode table (``episode_ends``,
+    ``episode_info``), ``features`` (name -> mapped rows), ``require``, and per-step tables with ``take``,
+    ``windows`` and ``block`` from ``feature``, ``layout_table``, ``reward`` and ``returns``. ``StepShards``
+    reads one store; ``data.store_set.MultiStepShards`` several stores as one (DAgger's aggregate)."""
+
+    features: Mapping[str, Any]
+    episode_info: dict[str, np.ndarray]
+
+
+class StepShards(ShardSource):
     """The out-of-core view of a ``TrajectoryStore``: what ``EpisodeArrays`` offers (episode table,
     ``features[name]``, lengths), with per-step arrays memory-mapped from shard files instead of loaded."""
 
