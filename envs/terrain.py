@@ -297,7 +297,7 @@ class Terrain:
     origins: torch.Tensor          # (num_levels, num_cols, 3) float32, spawn point at each tile centre
     col_types: tuple[str, ...]     # terrain type name of each column
     _device_heights: dict = field(default_factory=dict, repr=False)
-    _scratch: threading.local = field(default_factory=threading.local, repr=False, compare=False)
+    _scratch: dict = field(default_factory=dict, repr=False, compare=False)  # height_at_numpy's buffers
 
     @property
     def is_plane(self) -> bool:
@@ -397,15 +397,15 @@ class Terrain:
         return h00
 
     def _scratch_for(self, shape: tuple[int, ...], dtype) -> dict[str, np.ndarray]:
-        """``height_at_numpy``'s intermediates for this batch shape (per thread: no sharing)."""
-        per_thread = self._scratch.__dict__
-        got = per_thread.get(shape)
+        """``height_at_numpy``'s intermediates for this batch shape, per thread (no sharing)."""
+        key = (threading.get_ident(), shape)
+        got = self._scratch.get(key)
         if got is None:
             got = {name: np.empty(shape, dtype) for name in ("u", "v", "i", "j", "a", "hm", "h11")}
             got.update(k=np.empty(shape, np.int64), k2=np.empty(shape, np.int64), lower=np.empty(shape, bool))
-            if len(per_thread) >= 4:  # the shapes in use: the scan's, a reset's two; keep a few
-                del per_thread[next(iter(per_thread))]
-            per_thread[shape] = got
+            for stale in list(self._scratch)[:-3]:  # in use: the scan's shape, a reset's two; keep a few
+                self._scratch.pop(stale, None)
+            self._scratch[key] = got
         return got
 
     def _flat_heights(self, device: torch.device) -> torch.Tensor:

@@ -49,6 +49,28 @@ def test_flat_index_lookup_is_bitwise_the_two_triangle_lookup():
     assert torch.equal(t.height_at(leaf), t.height_at_reference(xy[:50]))
 
 
+def test_terrain_lookup_scratch_buffers_are_per_thread_and_the_terrain_still_pickles():
+    import pickle
+    import threading
+    t = generate(_small_terrain())
+    errors = []
+
+    def work(seed):
+        g = torch.Generator().manual_seed(seed)
+        for k in range(40):  # shapes change under the other threads' feet: the scratch is per thread
+            pts = torch.randn(8 + (k + seed) % 5, 37, 2, generator=g) * 6
+            if not torch.equal(t.height_at(pts), t.height_at_reference(pts)):
+                errors.append(seed)
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    pts = torch.randn(5, 9, 2)
+    assert torch.equal(pickle.loads(pickle.dumps(t)).height_at(pts), t.height_at(pts))
+
+
 def test_height_scan_with_the_reused_yaw_equals_a_fresh_scan():
     cfg = EnvConfig.rough(num_envs=4, terrain=_small_terrain(), randomization=RandomizationConfig.off(),
                           episode_length_s=5.0)
