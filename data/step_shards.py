@@ -98,6 +98,11 @@ class ShardArray:
     def shape(self) -> tuple[int, ...]:
         return self.array.shape
 
+    @property
+    def all_checked(self) -> bool:
+        """Whether every chunk has been checked (then ``check`` has nothing left to do)."""
+        return self._all_checked
+
     def check(self, rows: np.ndarray) -> None:
         """Check (once each) the CRC of every chunk holding one of ``rows``; raise naming a damaged one."""
         if self._all_checked:
@@ -147,6 +152,20 @@ class ShardArray:
         if self._gathers % RESIDENT_CHECK_EVERY == 0:
             release_if_over()
         return out
+
+    def windows_into(self, starts: np.ndarray, n: int, span: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``windows`` gathered into ``out`` (contiguous, at least len(starts) * n rows: a caller's reused scratch,
+        so a batch assembled from several shards allocates nothing per shard). Every window must lie inside
+        this shard (0 <= start, start + n <= len)."""
+        self.check(span)
+        starts = np.asarray(starts, dtype=np.int64)
+        rows = (starts[:, None] + np.arange(n, dtype=np.int64)[None, :]).reshape(-1)
+        dest = out[:len(rows)]
+        np.take(self.array, rows, axis=0, out=dest, mode="clip")   # in range by contract; "clip": no buffered copy
+        self._gathers += 1
+        if self._gathers % RESIDENT_CHECK_EVERY == 0:
+            release_if_over()
+        return dest.reshape((len(starts), n) + self.array.shape[1:])
 
     def block(self, start: int, stop: int) -> np.ndarray:
         """Rows start..stop-1, checked, as a copy (streaming passes). Read with ``pread``, not through the

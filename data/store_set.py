@@ -13,6 +13,8 @@ Not joined: images (frame arrays, not per step) and the per-step ``instruction``
 """
 from __future__ import annotations
 
+import threading
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -95,7 +97,7 @@ class StoreSet:
             raise ValueError(f"StoreSet {[str(r) for r in self.roots]}: features {', '.join(bad)}")
         return {n: np.concatenate([s.load([n])[n] for s in self.stores]) for n in names}
 
-    @property
+    @cached_property
     def episodes(self) -> EpisodeTable:
         """The stores' episode tables one after the other: step offsets shifted, per-store indices dropped."""
         tables = [s.episodes.columns() for s in self.stores]
@@ -137,6 +139,7 @@ class ConcatShards:
                              f"{[(str(p.path), p.array.shape[1:], str(p.array.dtype)) for p in parts]}")
         self.row_shape, self.dtype = parts[0].array.shape[1:], parts[0].array.dtype
         self.shape = (int(self.offsets[-1]),) + tuple(self.row_shape)
+        self._local = threading.local()
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -182,25 +185,36 @@ class ConcatShards:
         before that store's first row (only ever padding: an episode lies in one store) read its first row,
         and the caller zeroes them as it zeroes all padding."""
         starts = np.asarray(starts, dtype=np.int64)
-        span = np.asarray(span, dtype=np.int64).reshape(-1)
-        which, span_which = self._part(starts + (n - 1)), self._part(span)
+        which = self._part(starts + (n - 1))
+        if all(p.all_checked for p in self.parts):
+            span = None      # every chunk checked already: no rows left to check, skip splitting them
+        else:
+            span = np.asarray(span, dtype=np.int64).reshape(-1)
+            span_which = self._part(span)
         out = None
         for k, part in enumerate(self.parts):
             sel = np.flatnonzero(which == k)
             if len(sel) == 0:
                 continue
             off = self.offsets[k]
-            local, sp = starts[sel] - off, span[span_which == k] - off
-            if local.min() >= 0:
-                x = part.windows(local, n, span=sp)
-            else:   # windows reaching back into the store before: row by row, clamped to this store
-                x = part.take(np.maximum(local[:, None] + np.arange(n, dtype=np.int64)[None, :], 0), span=sp)
-            if len(sel) == len(starts):
-                return x                 # the whole batch in one store: no second copy
+            local = starts[sel] - off
+            sp = np.zeros(0, dtype=np.int64) if span is None else span[span_which == k] - off
+            if len(sel) == len(starts) and local.min() >= 0:
+                return part.windows(local, n, span=sp)     # the whole batch in one store: read as one store's
             if out is None:
                 out = np.empty((len(starts), n) + tuple(self.row_shape), dtype=self.dtype)
-            out[sel] = x
+            if local.min() >= 0:   # through a scratch buffer kept between batches: no per-batch temporaries,
+                out[sel] = part.windows_into(local, n, sp, self._scratch(len(sel) * n))   # which churn the heap
+            else:   # windows reaching back into the store before: row by row, clamped to this store
+                out[sel] = part.take(np.maximum(local[:, None] + np.arange(n, dtype=np.int64)[None, :], 0), span=sp)
         return out
+
+    def _scratch(self, rows: int) -> np.ndarray:
+        """A per-thread buffer of at least ``rows`` rows (the batch is copied out of it before it is reused)."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < rows:
+            buf = self._local.buf = np.empty((rows,) + tuple(self.row_shape), dtype=self.dtype)
+        return buf
 
     def block(self, start: int, stop: int) -> np.ndarray:
         """Rows start..stop-1, checked, as a copy (each store's part read by its own ``block``)."""
