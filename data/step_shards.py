@@ -88,6 +88,7 @@ class ShardArray:
         self._checked = np.zeros(len(self.crcs), dtype=bool)
         self._all_checked = False
         self._gathers = 0
+        self._views: dict[int, np.ndarray] = {}
         _OPEN.add(self)
 
     def __len__(self) -> int:
@@ -136,9 +137,11 @@ class ShardArray:
         """(B, n, ...) the n consecutive rows from each of ``starts`` (>= 0, + n <= len): one block copy per
         window through a sliding-window view of the map; ``span``: rows to check (see ``take``)."""
         self.check(span)
-        a = self.array
-        view = np.lib.stride_tricks.as_strided(a, shape=(len(a) - n + 1, n) + a.shape[1:],
-                                               strides=(a.strides[0],) + a.strides, writeable=False)
+        view = self._views.get(n)
+        if view is None:   # made once per window length (as_strided costs about as much as a small gather)
+            a = self.array
+            view = self._views[n] = np.lib.stride_tricks.as_strided(
+                a, shape=(len(a) - n + 1, n) + a.shape[1:], strides=(a.strides[0],) + a.strides, writeable=False)
         out = view[np.asarray(starts, dtype=np.int64)]
         self._gathers += 1
         if self._gathers % RESIDENT_CHECK_EVERY == 0:

@@ -182,17 +182,24 @@ class ConcatShards:
         before that store's first row (only ever padding: an episode lies in one store) read its first row,
         and the caller zeroes them as it zeroes all padding."""
         starts = np.asarray(starts, dtype=np.int64)
-        last = starts + (n - 1)
-        out = np.empty((len(starts), n) + tuple(self.row_shape), dtype=self.dtype)
-        for k, sel in self._split(last):
-            local = starts[sel] - self.offsets[k]
-            sp = self._local_span(span, k)
-            inside = local >= 0
-            if inside.all():
-                out[sel] = self.parts[k].windows(local, n, span=sp)
+        span = np.asarray(span, dtype=np.int64).reshape(-1)
+        which, span_which = self._part(starts + (n - 1)), self._part(span)
+        out = None
+        for k, part in enumerate(self.parts):
+            sel = np.flatnonzero(which == k)
+            if len(sel) == 0:
+                continue
+            off = self.offsets[k]
+            local, sp = starts[sel] - off, span[span_which == k] - off
+            if local.min() >= 0:
+                x = part.windows(local, n, span=sp)
             else:   # windows reaching back into the store before: row by row, clamped to this store
-                idx = np.maximum(local[:, None] + np.arange(n, dtype=np.int64)[None, :], 0)
-                out[sel] = self.parts[k].take(idx, span=sp)
+                x = part.take(np.maximum(local[:, None] + np.arange(n, dtype=np.int64)[None, :], 0), span=sp)
+            if len(sel) == len(starts):
+                return x                 # the whole batch in one store: no second copy
+            if out is None:
+                out = np.empty((len(starts), n) + tuple(self.row_shape), dtype=self.dtype)
+            out[sel] = x
         return out
 
     def block(self, start: int, stop: int) -> np.ndarray:

@@ -215,7 +215,11 @@ class ImitationRun:
         """Deployment conditions on the best return seen (DT's convention); None without return-to-go."""
         if not use_rtg or self.train_s.rtg is None:
             return None
-        return float(self.train_s.rtg[torch.as_tensor(self.train_s.steps.starts + 1)].max()) / self.cfg.rtg_scale
+        # the return to go at each episode's first step (its return): the last position of the windows ending
+        # there, read as every batch reads it on either path (a table row index is a layout detail)
+        steps = self.train_s.steps
+        first = steps.windows(self.train_s.rtg, np.asarray(steps.starts, dtype=np.int64))[:, -1]
+        return float(first.max()) / self.cfg.rtg_scale
 
     def checkpoint(self, step: int, name: str, keep: bool = False, rngs: dict | None = None) -> Path | None:
         if self.out is None or not self.info.is_main:

@@ -328,3 +328,44 @@ def test_imitation_on_an_aggregate_trains_the_same_weights_on_either_path(aggreg
     assert all(torch.equal(ram[k], ooc[k]) for k in ram)
     assert ooc_ck["provenance"]["store"] == [str(r.resolve()) for r in aggregate.roots]
     assert ooc_ck["provenance"]["episodes"] == aggregate.num_episodes == 29
+
+
+def test_a_return_conditioned_model_trains_alike_on_either_path_with_the_best_return_as_target(store, tmp_path):
+    """Return-to-go out of core: the same weights as the RAM path, and the deployment target is the best
+    training episode's return (the return to go at its first step) on both."""
+    from quadforge.training.imitation import train
+    from quadforge.training.presets import preset
+
+    def run(budget: str, out: str):
+        cfg = preset("transformer", "cpu")
+        cfg.max_steps, cfg.batch_size, cfg.log_every, cfg.val_every, cfg.val_batches = 3, 16, 3, 3, 1
+        cfg.context, cfg.ram_budget, cfg.tensorboard = 4, budget, False
+        cfg.model_config.update(use_rtg=True, use_actions=True)
+        result = train(cfg, str(store.root), tmp_path / out)
+        return result.model.state_dict(), torch.load(result.checkpoint, weights_only=True)
+
+    (ram, ram_ck), (ooc, ooc_ck) = run("inf", "ram"), run("0", "ooc")
+    assert all(torch.equal(ram[k], ooc[k]) for k in ram)
+    train_eps = WindowSampler(store, LAYOUT, context=4, split="train", seed=0).episode_indices
+    rewards = store.load(["rewards"])["rewards"].astype(np.float64).reshape(-1)
+    ends = store.episode_ends
+    best = max(rewards[(ends[e - 1] if e else 0):ends[e]].sum() for e in train_eps)
+    scale = ram_ck["train_config"]["rtg_scale"]
+    assert ram_ck["extra"]["target_return"] == ooc_ck["extra"]["target_return"]
+    assert ram_ck["extra"]["target_return"] == pytest.approx(best / scale, rel=1e-5)
+
+
+def test_joined_shards_read_rows_blocks_and_windows_across_the_store_boundary(aggregate):
+    table = MultiStepShards(aggregate).layout_table(LAYOUT)
+    whole = np.concatenate([p.block(0, len(p)) for p in table.parts])
+    boundary, n = int(table.offsets[1]), 8
+    assert len(table) == len(whole) == aggregate.num_steps
+    np.testing.assert_array_equal(table.block(boundary - 30, boundary + 20), whole[boundary - 30:boundary + 20])
+    rows = np.array([[0, boundary - 1], [boundary, len(whole) - 1]])
+    np.testing.assert_array_equal(table.take(rows), whole[rows])
+    for starts in (np.arange(boundary - n - 2, boundary + 3), np.array([boundary + 1, boundary + 5]),
+                   np.array([3, boundary - n])):   # mixed and crossing; all in the second store; all in the first
+        idx = starts[:, None] + np.arange(n)[None, :]
+        first = table.offsets[np.searchsorted(table.offsets, idx[:, -1], side="right") - 1]
+        want = whole[np.maximum(idx, first[:, None])]     # rows before a window's store read its first row
+        np.testing.assert_array_equal(table.windows(starts, n, span=idx[:, -1]), want)
