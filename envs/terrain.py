@@ -356,8 +356,9 @@ class Terrain:
     def height_at_numpy(self, xy: np.ndarray) -> np.ndarray:
         """``height_at_reference`` on numpy arrays: the same IEEE-rounded operations in the same order
         (torch turns the Python scalars into the float32 operands used here). The intermediates live
-        in per-shape scratch buffers: a fresh array the size of a scan at a few hundred envs would be
-        a fresh mapping from the allocator, and its page faults would cost more than the arithmetic."""
+        in per-shape scratch buffers: with fresh ones the same arithmetic took 3.3 ms instead of
+        0.65 ms at 256 x 188 points (measured side by side; the cost is the allocations', not the
+        arithmetic's - at 64 x 188 the two are equal)."""
         H = self._flat_heights(torch.device("cpu")).numpy()
         nx, ny = self.heights.shape
         f32 = H.dtype.type
