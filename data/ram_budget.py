@@ -9,6 +9,9 @@ holds its own copy), and returns
 - a ``StepShards`` (``data.step_shards``) when it does not: per-step arrays memory-mapped from uncompressed
   shard files, one copy of the bytes for every rank on the node, windows gathered per batch.
 
+A ``data.store_set.StoreSet`` (several stores as one: DAgger's aggregate) takes the same choice on its
+total: its stores loaded and concatenated, or a ``MultiStepShards`` over each store's shards.
+
 It says which in the log. ``ram_budget``: "auto" (``DEFAULT_FRACTION`` of this machine's memory), a size
 ("8G", "512M", "1.5GB", plain bytes), "0" (always out of core) or "inf" (always RAM).
 """
@@ -21,7 +24,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from quadforge.data.episodes import EpisodeArrays, as_episode_arrays
-from quadforge.data.step_shards import StepShards
+from quadforge.data.step_shards import ShardSource, StepShards
+from quadforge.data.store_set import MultiStepShards, StoreSet
 from quadforge.layout import ObsLayout
 
 DEFAULT_FRACTION = 0.5           # of physical memory: room for the model, the optimizer and the OS
@@ -83,19 +87,21 @@ def fits_in_ram(store: Any, features: Iterable[str], layout: ObsLayout | None, r
     if log and fits:
         log(f"data: RAM path ({where} <= --ram-budget {limit})")
     elif log:
+        roots = store.roots if hasattr(store, "roots") else [store.root]   # a StoreSet: each store's shards
+        shards = " and ".join(f"{root}/shards" for root in roots)
         log(f"data: out-of-core path ({where} > --ram-budget {limit}): windows read per batch from memory-mapped "
-            f"shards under {store.root}/shards")
+            f"shards under {shards}")
     return fits
 
 
 def sampler_source(source: Any, features: Iterable[str], layout: ObsLayout, ram_budget: Any = "auto",
                    log: Callable[[str], None] | None = print) -> Any:
-    """``source`` (a store or ``EpisodeArrays``) as the samplers should read it; see the module doc."""
+    """``source`` (a store, a ``StoreSet`` or ``EpisodeArrays``) as the samplers should read it; see the module doc."""
     features = [f for f in dict.fromkeys(features)]
-    if isinstance(source, (EpisodeArrays, StepShards)):
+    if isinstance(source, (EpisodeArrays, ShardSource)):
         return source
     if not (hasattr(source, "schema") and hasattr(source, "num_steps")):
         return as_episode_arrays(source, features)
     if fits_in_ram(source, features, layout, ram_budget, log):
         return as_episode_arrays(source, [f for f in features if f in set(source.feature_names)])
-    return StepShards(source, log=log)
+    return MultiStepShards(source, log=log) if isinstance(source, StoreSet) else StepShards(source, log=log)

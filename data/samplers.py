@@ -1,6 +1,6 @@
 """Window and transition samplers over a trajectory store, in-memory ``EpisodeArrays`` or, out of core,
-``StepShards`` (memory-mapped per-step shards of a store: ``data.step_shards``; pick with
-``data.ram_budget.sampler_source``).
+``StepShards`` (memory-mapped per-step shards of a store: ``data.step_shards``; of several stores as one:
+``data.store_set.MultiStepShards``; pick with ``data.ram_budget.sampler_source``).
 
 Both samplers select episodes once (seeded episode-level split, then filters), build the layout
 vector of every selected step up front and lay the steps out so that every window is a block of
@@ -23,7 +23,7 @@ import torch
 from quadforge.data.episodes import (EpisodeArrays, as_episode_arrays, discounted_returns, select_episodes,
                            SPLITS)
 from quadforge.data.shard_steps import ShardSteps, StridedPool
-from quadforge.data.step_shards import StepShards
+from quadforge.data.step_shards import ShardSource
 from quadforge.layout import ObsLayout
 from quadforge.seeding import numpy_rng
 
@@ -117,12 +117,12 @@ class _SelectedSteps:
 
 
 def _source(source: Any, needed: list[str]) -> Any:
-    """The samplers' data: a ``StepShards`` as is (out of core), anything else loaded into RAM."""
-    return source if isinstance(source, StepShards) else as_episode_arrays(source, needed)
+    """The samplers' data: a ``ShardSource`` as is (out of core), anything else loaded into RAM."""
+    return source if isinstance(source, ShardSource) else as_episode_arrays(source, needed)
 
 
 def _select_steps(data: Any, episodes: np.ndarray, layout: ObsLayout, action_feature: str, context: int):
-    steps = ShardSteps if isinstance(data, StepShards) else _SelectedSteps
+    steps = ShardSteps if isinstance(data, ShardSource) else _SelectedSteps
     return steps(data, episodes, layout, action_feature, context)
 
 
@@ -190,7 +190,7 @@ class WindowSampler(SeededSampler):
         self.steps = _select_steps(data, select_episodes(data, split, val_fraction, seed, filters, who),
                                    layout, action_feature, self.context)
         self.rtg: Any = None
-        if reward_feature and isinstance(data, StepShards):
+        if reward_feature and isinstance(data, ShardSource):
             self.rtg = data.returns(reward_feature, 1.0)                             # (T_store,) mapped
         elif reward_feature:
             rewards = np.asarray(data.features[reward_feature], dtype=np.float64).reshape(-1)
@@ -318,7 +318,7 @@ class TransitionSampler(SeededSampler):
         self.ep_success = data.episode_info["success"][steps.episodes].astype(bool)        # (E_sel,)
         self.ep_terminal = _episode_terminal(data, steps.episodes, who)                    # (E_sel,)
         self.success_ratio = success_ratio
-        if isinstance(data, StepShards):   # per-step rewards, returns and pools computed per batch
+        if isinstance(data, ShardSource):   # per-step rewards, returns and pools computed per batch
             kind = "sparse" if reward == "sparse" else "rewards"
             self.step_reward = steps.per_step(data.reward(kind))
             self.mc_return = steps.per_step(data.returns(kind, self.gamma))
@@ -409,7 +409,7 @@ class TransitionSampler(SeededSampler):
 
 def _episode_terminal(data: Any, episodes: np.ndarray, who: str) -> np.ndarray:
     """Whether each episode ended in a termination (fall, collision), not a time-out."""
-    if isinstance(data, StepShards) and "terminated" in data.features:
+    if isinstance(data, ShardSource) and "terminated" in data.features:
         return data.feature("terminated").take(data.episode_ends[episodes] - 1).reshape(-1).astype(bool)
     if "terminated" in data.features:
         flags = np.asarray(data.features["terminated"]).reshape(-1)

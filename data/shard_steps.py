@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from quadforge.data.step_shards import ShardArray, StepShards
+from quadforge.data.step_shards import ShardArray, ShardSource
 from quadforge.layout import ObsLayout
 
 MOMENT_BLOCK_STEPS = 1 << 16     # rows per block of the moments pass (its float64 copies stay ~30 MB)
@@ -33,9 +33,9 @@ class _PerStep:
 
 
 class ShardSteps:
-    """The selected episodes of a ``StepShards`` source, read per batch (same interface as ``_SelectedSteps``)."""
+    """The selected episodes of a ``ShardSource``, read per batch (same interface as ``_SelectedSteps``)."""
 
-    def __init__(self, data: StepShards, episodes: np.ndarray, layout: ObsLayout, action_feature: str, context: int):
+    def __init__(self, data: ShardSource, episodes: np.ndarray, layout: ObsLayout, action_feature: str, context: int):
         self.data, self.episodes, self.context = data, episodes, int(context)
         self.lengths = data.episode_lengths[episodes]
         self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)   # compact starts

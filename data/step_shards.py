@@ -88,6 +88,7 @@ class ShardArray:
         self._checked = np.zeros(len(self.crcs), dtype=bool)
         self._all_checked = False
         self._gathers = 0
+        self._views: dict[int, np.ndarray] = {}
         _OPEN.add(self)
 
     def __len__(self) -> int:
@@ -96,6 +97,11 @@ class ShardArray:
     @property
     def shape(self) -> tuple[int, ...]:
         return self.array.shape
+
+    @property
+    def all_checked(self) -> bool:
+        """Whether every chunk has been checked (then ``check`` has nothing left to do)."""
+        return self._all_checked
 
     def check(self, rows: np.ndarray) -> None:
         """Check (once each) the CRC of every chunk holding one of ``rows``; raise naming a damaged one."""
@@ -136,14 +142,30 @@ class ShardArray:
         """(B, n, ...) the n consecutive rows from each of ``starts`` (>= 0, + n <= len): one block copy per
         window through a sliding-window view of the map; ``span``: rows to check (see ``take``)."""
         self.check(span)
-        a = self.array
-        view = np.lib.stride_tricks.as_strided(a, shape=(len(a) - n + 1, n) + a.shape[1:],
-                                               strides=(a.strides[0],) + a.strides, writeable=False)
+        view = self._views.get(n)
+        if view is None:   # made once per window length (as_strided costs about as much as a small gather)
+            a = self.array
+            view = self._views[n] = np.lib.stride_tricks.as_strided(
+                a, shape=(len(a) - n + 1, n) + a.shape[1:], strides=(a.strides[0],) + a.strides, writeable=False)
         out = view[np.asarray(starts, dtype=np.int64)]
         self._gathers += 1
         if self._gathers % RESIDENT_CHECK_EVERY == 0:
             release_if_over()
         return out
+
+    def windows_into(self, starts: np.ndarray, n: int, span: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``windows`` gathered into ``out`` (contiguous, at least len(starts) * n rows: a caller's reused scratch,
+        so a batch assembled from several shards allocates nothing per shard). Every window must lie inside
+        this shard (0 <= start, start + n <= len)."""
+        self.check(span)
+        starts = np.asarray(starts, dtype=np.int64)
+        rows = (starts[:, None] + np.arange(n, dtype=np.int64)[None, :]).reshape(-1)
+        dest = out[:len(rows)]
+        np.take(self.array, rows, axis=0, out=dest, mode="clip")   # in range by contract; "clip": no buffered copy
+        self._gathers += 1
+        if self._gathers % RESIDENT_CHECK_EVERY == 0:
+            release_if_over()
+        return dest.reshape((len(starts), n) + self.array.shape[1:])
 
     def block(self, start: int, stop: int) -> np.ndarray:
         """Rows start..stop-1, checked, as a copy (streaming passes). Read with ``pread``, not through the
@@ -209,7 +231,17 @@ class _LazyFeatures(Mapping[str, np.ndarray]):
         return len(self._shards.store.feature_names)
 
 
-class StepShards(EpisodeSpans):
+class ShardSource(EpisodeSpans):
+    """What the out-of-core samplers read (``data.shard_steps``): the episode table (``episode_ends``,
+    ``episode_info``), ``features`` (name -> mapped rows), ``require``, and per-step tables with ``take``,
+    ``windows`` and ``block`` from ``feature``, ``layout_table``, ``reward`` and ``returns``. ``StepShards``
+    reads one store; ``data.store_set.MultiStepShards`` several stores as one (DAgger's aggregate)."""
+
+    features: Mapping[str, Any]
+    episode_info: dict[str, np.ndarray]
+
+
+class StepShards(ShardSource):
     """The out-of-core view of a ``TrajectoryStore``: what ``EpisodeArrays`` offers (episode table,
     ``features[name]``, lengths), with per-step arrays memory-mapped from shard files instead of loaded."""
 

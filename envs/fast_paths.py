@@ -11,6 +11,8 @@ reference. The references, and the tests that compare the two bit for bit
     yaw_from_quat_numpy              envs/rotations.py: yaw_from_quat_reference
     numpy_path(Terminations._outcome) envs/terminations.py: Terminations._outcome(torch, ...)
     numpy_path(FeetAirTime._update)  envs/rewards.py: FeetAirTime._update(torch, ...)
+    Terrain.height_at_numpy          envs/terrain.py: Terrain.height_at_reference
+    scan_points_w's numpy branch     the same function's torch branch (envs/observations.py)
 
 (The fused reward block, ``envs/rewards_fused.py``, is the other speed-only env module.)
 """

@@ -12,9 +12,11 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+import numpy as np
 import torch
 
 from quadforge.envs.backends.base import RobotState
+from quadforge.envs.fast_paths import cpu_arrays
 from quadforge.envs.rotations import yaw_from_quat
 from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, TERM_DIMS
 from quadforge.envs.view_cache import ViewCache
@@ -54,20 +56,29 @@ def scan_points_b(device: torch.device | str = "cpu") -> torch.Tensor:
     return torch.stack((gx.flatten(), gy.flatten()), dim=1)
 
 
-def scan_points_w(state: RobotState, points_b: torch.Tensor, yaw: torch.Tensor | None = None) -> torch.Tensor:
+def scan_points_w(state: RobotState, points_b: torch.Tensor, yaw: torch.Tensor | None = None,
+                  append_base: bool = False) -> torch.Tensor:
     """(N, P, 2) world xy of the grid rotated by the base yaw (legged_gym's quat_apply_yaw); ``yaw``:
-    the yaw of ``state.root_quat_w`` when the caller has it."""
+    the yaw of ``state.root_quat_w`` when the caller has it. ``append_base``: (N, P + 1, 2), the
+    base's own xy as a last point (``ground_terms``' one lookup)."""
     if yaw is None:
         yaw = yaw_from_quat(state.root_quat_w)
     c, s = torch.cos(yaw)[:, None], torch.sin(yaw)[:, None]     # (N, 1)
-    px, py = _columns(points_b)                                 # (P,) each
     pos = state.root_pos_w
+    p = points_b.shape[0]
+    out = torch.empty(pos.shape[0], p + int(append_base), 2, dtype=pos.dtype, device=pos.device)
+    # On the CPU numpy does the same elementwise products and sums at a fraction of torch's per-call
+    # cost (bit for bit: single IEEE-rounded operations); writes land in ``out`` either way.
+    args = (out, pos, c, s) + _columns(points_b)
+    arrays = cpu_arrays(*args)
     # R(yaw) p + pos written out per coordinate: the same products and sums as a batched (P, 2) @ R^T
     # matmul at a fraction of its cost for K = 2 (tested against it), each coordinate written straight
     # into its strided slot (stacking the two (N, P) planes would cost more than the arithmetic)
-    out = torch.empty(pos.shape[0], px.shape[0], 2, dtype=pos.dtype, device=pos.device)
-    torch.add(px * c - py * s, pos[:, 0:1], out=out[..., 0])
-    torch.add(px * s + py * c, pos[:, 1:2], out=out[..., 1])
+    xp, (o, pos_, c, s, px, py) = (torch, args) if arrays is None else (np, arrays)
+    xp.add(px * c - py * s, pos_[:, 0:1], out=o[:, :p, 0])
+    xp.add(px * s + py * c, pos_[:, 1:2], out=o[:, :p, 1])
+    if append_base:
+        out[:, p] = state.root_pos_w[:, :2]
     return out
 
 
@@ -91,10 +102,12 @@ def _base_height(v: TaskView) -> torch.Tensor:
 def ground_terms(v: TaskView, points_b: torch.Tensor) -> dict[str, torch.Tensor]:
     """``height_scan`` (N, P) and ``base_height`` (N, 1) from one terrain lookup (the base point
     appended to the scan points): the same per-point arithmetic as the two terms, one call fewer."""
-    pos = v.state.root_pos_w
-    z = pos[:, 2:3]
-    pts = torch.cat((scan_points_w(v.state, points_b, v.yaw), pos[:, None, :2]), dim=1)  # (N, P + 1, 2)
-    h = v.terrain_height(pts)
+    z = v.state.root_pos_w[:, 2:3]
+    h = v.terrain_height(scan_points_w(v.state, points_b, v.yaw, append_base=True))  # (N, P + 1)
+    arrays = cpu_arrays(z, h)
+    if arrays is not None:  # two subtractions, the same bits in numpy
+        zn, hn = arrays
+        return {"height_scan": torch.from_numpy(zn - hn[:, :-1]), "base_height": torch.from_numpy(zn - hn[:, -1:])}
     return {"height_scan": z - h[:, :-1], "base_height": z - h[:, -1:]}
 
 
@@ -222,12 +235,14 @@ class CompiledLayout:
         draws nothing)."""
         cols = getattr(terms, "columns", None) or (lambda n, idx: terms[n][:, idx])
         x = torch.cat([terms[n] if idx is None else cols(n, idx) for n, idx in self.parts], dim=1)
-        # ((x + offset) + U(-a, a)) * scale, written to touch the (N, D) block as few times as possible
-        y = (x + self.offset) * self.scale if self.has_offset else x * self.scale
+        # ((x + offset) + U(-a, a)) * scale, written to touch the (N, D) block as few times as possible;
+        # in place on the fresh concatenation (the same operations as out of place: the same bits),
+        # so a step allocates one (N, D) block, not four
+        y = x.add_(self.offset).mul_(self.scale) if self.has_offset else x.mul_(self.scale)
         if self.has_noise and generator is not None:
             u = noise if noise is not None else torch.rand(y.shape, generator=generator, device=y.device)
-            y = torch.addcmul(y - self.noise, u, self.noise2)
-        return torch.clamp(y, self.lo, self.hi) if self.has_clip else y
+            y = y.sub_(self.noise).addcmul_(u, self.noise2)
+        return y.clamp_(self.lo, self.hi) if self.has_clip else y
 
 
 def _as_slice(index: tuple[int, ...] | None) -> slice | list[int] | None:

@@ -15,12 +15,14 @@ Conventions (see docs/terrain.md):
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 
+from quadforge.envs.fast_paths import cpu_arrays
 from quadforge.seeding import numpy_rng
 
 TERRAIN_TYPES = ("flat", "slope_up", "slope_down", "rough_slope", "stairs_up", "stairs_down",
@@ -295,6 +297,7 @@ class Terrain:
     origins: torch.Tensor          # (num_levels, num_cols, 3) float32, spawn point at each tile centre
     col_types: tuple[str, ...]     # terrain type name of each column
     _device_heights: dict = field(default_factory=dict, repr=False)
+    _scratch: dict = field(default_factory=dict, repr=False, compare=False)  # height_at_numpy's buffers
 
     @property
     def is_plane(self) -> bool:
@@ -321,7 +324,16 @@ class Terrain:
 
     def height_at(self, xy: torch.Tensor) -> torch.Tensor:
         """Terrain height (m) under world points (..., 2) -> (...), on MuJoCo's triangles; points
-        outside the heightfield get the height of its nearest edge."""
+        outside the heightfield get the height of its nearest edge. On the CPU numpy evaluates the
+        same elementwise arithmetic (``height_at_numpy``, bit for bit, tested) at a fraction of the
+        per-call cost: the height scan looks up ~190 points per env every step."""
+        arrays = cpu_arrays(xy)
+        if arrays is not None:
+            return torch.from_numpy(self.height_at_numpy(arrays[0]))
+        return self.height_at_reference(xy)
+
+    def height_at_reference(self, xy: torch.Tensor) -> torch.Tensor:
+        """``height_at`` in torch (any device): the reference."""
         H = self._flat_heights(xy.device)   # (nx * ny,) row-major: vertex (i, j) at i * ny + j
         nx, ny = self.heights.shape
         hs = self.cfg.horizontal_scale
@@ -340,6 +352,62 @@ class Terrain:
         hm = H.take(k + torch.where(lower, ny, 1))
         h11 = H.take(k + (ny + 1))
         return h00 + torch.maximum(fu, fv) * (hm - h00) + torch.minimum(fu, fv) * (h11 - hm)
+
+    def height_at_numpy(self, xy: np.ndarray) -> np.ndarray:
+        """``height_at_reference`` on numpy arrays: the same IEEE-rounded operations in the same order
+        (torch turns the Python scalars into the float32 operands used here). The intermediates live
+        in per-shape scratch buffers: with fresh ones the same arithmetic took 3.3 ms instead of
+        0.65 ms at 256 x 188 points (measured side by side; the cost is the allocations', not the
+        arithmetic's - at 64 x 188 the two are equal)."""
+        H = self._flat_heights(torch.device("cpu")).numpy()
+        nx, ny = self.heights.shape
+        f32 = H.dtype.type
+        s = self._scratch_for(xy.shape[:-1], H.dtype)
+        u, v, i, j, k, k2 = s["u"], s["v"], s["i"], s["j"], s["k"], s["k2"]
+        hs = f32(self.cfg.horizontal_scale)
+        xy = xy.astype(H.dtype, copy=False)                        # torch casts before dividing too
+        np.divide(xy[..., 0], hs, out=u, casting="same_kind")     # one column at a time: numpy is
+        np.divide(xy[..., 1], hs, out=v, casting="same_kind")     # slow on a length-2 last axis
+        u += f32((nx - 1) / 2)
+        v += f32((ny - 1) / 2)
+        np.clip(u, 0, nx - 1, out=u)
+        np.clip(v, 0, ny - 1, out=v)
+        np.minimum(np.floor(u, out=i), f32(nx - 2), out=i)
+        np.minimum(np.floor(v, out=j), f32(ny - 2), out=j)
+        fu, fv = np.subtract(u, i, out=u), np.subtract(v, j, out=v)
+        np.copyto(k, i, casting="unsafe")                          # whole numbers: exact
+        k *= ny
+        np.copyto(k2, j, casting="unsafe")
+        k += k2                                                    # k = i * ny + j
+        h00 = H.take(k)                                            # the result's buffer: fresh
+        lower = np.greater_equal(fu, fv, out=s["lower"])
+        np.add(k, 1, out=k2)
+        np.add(k2, ny - 1, out=k2, where=lower)                    # the middle vertex: k + ny or k + 1
+        hm = H.take(k2, out=s["hm"], mode="clip")                 # (every index is in range)
+        k += ny + 1
+        h11 = H.take(k, out=s["h11"], mode="clip")
+        a = np.maximum(fu, fv, out=s["a"])
+        b = np.minimum(fu, fv, out=u)
+        # h00 + a (hm - h00) + b (h11 - hm), evaluated in that order
+        h11 -= hm
+        h11 *= b
+        hm -= h00
+        hm *= a
+        h00 += hm
+        h00 += h11
+        return h00
+
+    def _scratch_for(self, shape: tuple[int, ...], dtype) -> dict[str, np.ndarray]:
+        """``height_at_numpy``'s intermediates for this batch shape, per thread (no sharing)."""
+        key = (threading.get_ident(), shape)
+        got = self._scratch.get(key)
+        if got is None:
+            got = {name: np.empty(shape, dtype) for name in ("u", "v", "i", "j", "a", "hm", "h11")}
+            got.update(k=np.empty(shape, np.int64), k2=np.empty(shape, np.int64), lower=np.empty(shape, bool))
+            for stale in list(self._scratch)[:-3]:  # in use: the scan's shape, a reset's two; keep a few
+                self._scratch.pop(stale, None)
+            self._scratch[key] = got
+        return got
 
     def _flat_heights(self, device: torch.device) -> torch.Tensor:
         key = str(device)

@@ -10,7 +10,8 @@ mix, the model's ``cpu`` preset trained ``train_steps`` steps. Iteration i >= 1 
    labelling every visited state (``collect --relabel gait``, ``collection/relabel.py``) into
    ``OUT/relabelled`` (one store, one collector id per iteration);
 2. aggregate: the expert's episodes plus every relabelled episode so far (``actions`` = the expert's
-   label in both);
+   label in both), the two stores read as one (``data.store_set.StoreSet``): in RAM when the aggregate
+   fits the train config's ``ram_budget``, else out of core from each store's memory-mapped shards;
 3. train on the aggregate - from scratch for ``train_steps`` (classic DAgger) or, with
    ``finetune_steps`` > 0, continuing from iteration i-1's weights for that many steps.
 
@@ -33,16 +34,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from quadforge.cli_flags import add_out, add_seed, add_store, require
 from quadforge.collection.collect import CollectConfig, run_local
 from quadforge.evaluation.evaluate import EvalConfig, evaluate, write_outputs
-from quadforge.data.episodes import EpisodeArrays
-from quadforge.data.ram_budget import local_ranks, parse_ram_budget, ram_bytes_per_step
 from quadforge.data.store import TrajectoryStore
-from quadforge.layout import get_layout
+from quadforge.data.store_set import StoreSet, open_aggregate
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.training.distributed import resolve_device
 from quadforge.training.imitation import train
@@ -93,38 +91,6 @@ class DaggerConfig:
         if self.data is not None and not Path(self.data).exists():
             raise FileNotFoundError(f"--store {self.data}: no trajectory store there (omit it to collect one)")
         return self
-
-
-def _load(store: str, features: list[str]) -> EpisodeArrays:
-    return EpisodeArrays.from_store(TrajectoryStore.open(store), features)
-
-
-def check_aggregate_fits(stores: list[str], features: list[str], ram_budget: str) -> None:
-    """DAgger trains on its stores concatenated in RAM (the expert's and the relabelled episodes): the
-    out-of-core path reads one store's shards, and a view spanning several stores is not built yet. An
-    aggregate over ``ram_budget`` is a clear error before anything is loaded, not an out-of-memory kill."""
-    opened = [TrajectoryStore.open(s) for s in stores if Path(s).exists()]
-    layout = get_layout("proprio")
-    need = sum(s.num_steps * ram_bytes_per_step(s, [f for f in features if f in set(s.feature_names)], layout)
-               for s in opened) * local_ranks()
-    budget = parse_ram_budget(ram_budget)
-    if need > budget:
-        raise ValueError(f"dagger: {', '.join(stores)} hold {sum(s.num_steps for s in opened):,} steps, ~{need / 2**30:.2f} "
-                         f"GiB for the RAM path, over --ram-budget {budget / 2**30:.2f} GiB; DAgger aggregates its "
-                         f"stores in RAM (out of core is not built for it: docs/training.md): raise ram_budget=SIZE "
-                         f"or use a smaller --store")
-
-
-def concat_episodes(parts: list[EpisodeArrays]) -> EpisodeArrays:
-    """One EpisodeArrays of several (the features they all have, and "success"), episodes in order."""
-    features = set.intersection(*(set(p.features) for p in parts))
-    offsets = np.cumsum([0] + [p.num_steps for p in parts[:-1]])
-    # the stores' episode tables differ in columns; the trainer's filters read only "success"
-    info = {}
-    if all("success" in p.episode_info for p in parts):
-        info["success"] = np.concatenate([np.asarray(p.episode_info["success"], dtype=bool) for p in parts])
-    return EpisodeArrays({n: np.concatenate([p.features[n] for p in parts]) for n in sorted(features)},
-                         np.concatenate([p.episode_ends + o for p, o in zip(parts, offsets)]), info)
 
 
 def iteration_train_config(cfg: DaggerConfig, it: int, previous: str | None) -> TrainConfig:
@@ -179,16 +145,14 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
         save()
     log(f"[dagger] expert success {res['expert_eval']['success']:.3f}")
 
-    features = list(get_layout("proprio").term_names) + ["actions"]
-    check_aggregate_fits([expert_store], features, iteration_train_config(cfg, 0, None).ram_budget)
-    expert = _load(expert_store, features)
+    expert_episodes = TrajectoryStore.open(expert_store).num_episodes
     relabelled = str(out / "relabelled")
     if cfg.init_from and not ladder:
         ladder.append({"iteration": 0, "checkpoint": cfg.init_from, "reused": True})
     previous = ladder[-1]["checkpoint"] if ladder else None
     for it in range(len(ladder), cfg.iterations + 1):
         t0 = time.perf_counter()
-        parts = [expert]
+        stores = [expert_store]
         if it > 0 and cfg.episodes_per_iter:   # 0: the control, same optimisation without relabelled data
             target = it * cfg.episodes_per_iter
             log(f"[dagger] iteration {it}: {previous} drives, the gait expert labels -> {relabelled} ({target} episodes)")
@@ -198,19 +162,20 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
                 num_envs=cfg.num_envs, seed=cfg.seed, max_episode_s=cfg.max_episode_s,
                 collector_id=f"dagger{it}", compact_every=0, progress=False))
             driven_success = collected.get("run", {}).get("success_ratio")
-            check_aggregate_fits([expert_store, relabelled], features, iteration_train_config(cfg, it, previous).ram_budget)
-            parts.append(_load(relabelled, features))
-        data = concat_episodes(parts) if len(parts) > 1 else expert
+            stores.append(relabelled)
+        # the stores as one: the trainer reads them in RAM when they fit its ram_budget, else out of core
+        # (each store's memory-mapped shards, joined per batch), and says which ("data: ... path")
+        data = StoreSet.open(stores)
         tcfg = iteration_train_config(cfg, it, previous)
-        log(f"[dagger] iteration {it}: training {cfg.model} on {data.num_episodes} episodes / {data.num_steps} steps, "
-            f"{tcfg.max_steps} steps" + (f" from {previous}" if tcfg.init_from else ""))
+        log(f"[dagger] iteration {it}: training {cfg.model} on {data.num_episodes} episodes / {data.num_steps} steps "
+            f"({len(stores)} store(s)), {tcfg.max_steps} steps" + (f" from {previous}" if tcfg.init_from else ""))
         t1 = time.perf_counter()
-        trained = train(tcfg, data, out / f"iter{it}", device=cfg.device)
+        trained = train(tcfg, open_aggregate(stores), out / f"iter{it}", device=cfg.device)
         train_s = time.perf_counter() - t1
         val = [h["val_loss"] for h in trained.history if "val_loss" in h]
         ev = evaluate_policy(str(trained.checkpoint), f"iter{it}")
         row = {"iteration": it, "checkpoint": str(trained.checkpoint), "data_episodes": data.num_episodes,
-               "data_steps": data.num_steps, "relabelled_episodes": data.num_episodes - expert.num_episodes,
+               "data_steps": data.num_steps, "relabelled_episodes": data.num_episodes - expert_episodes,
                "train_steps": tcfg.max_steps, "init_from": tcfg.init_from, "val_loss": val[-1] if val else None,
                "train_s": train_s, "wall_s": time.perf_counter() - t0, **ev}
         if it > 0 and cfg.episodes_per_iter:

@@ -27,6 +27,7 @@ from quadforge.data.episodes import EpisodeArrays
 from quadforge.data.ram_budget import sampler_source
 from quadforge.data.samplers import WindowSampler
 from quadforge.data.store import TrajectoryStore
+from quadforge.data.store_set import StoreSet
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
@@ -40,10 +41,15 @@ from quadforge.training.presets import TrainConfig, preset
 # --- data ----------------------------------------------------------------------------------------------
 
 def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
-    """A TrajectoryStore (opened from a path) or in-memory EpisodeArrays, with its provenance."""
+    """A TrajectoryStore (opened from a path), a StoreSet or in-memory EpisodeArrays, with its provenance."""
     if isinstance(data, EpisodeArrays):
         return data, {"store": None, "source": "in-memory EpisodeArrays", "episodes": data.num_episodes,
                       "steps": data.num_steps}
+    if isinstance(data, StoreSet):   # several stores as one (DAgger's aggregate)
+        first = data.stores[0]
+        return data, {"store": [str(r.resolve()) for r in data.roots],
+                      "generation": [s.generation for s in data.stores], "episodes": data.num_episodes,
+                      "steps": data.num_steps, "robot": first.schema.robot, "control_dt": first.schema.control_dt}
     if data is None:
         raise ValueError("--store is required: the trajectory store to train on")
     path = Path(data)
@@ -209,7 +215,11 @@ class ImitationRun:
         """Deployment conditions on the best return seen (DT's convention); None without return-to-go."""
         if not use_rtg or self.train_s.rtg is None:
             return None
-        return float(self.train_s.rtg[torch.as_tensor(self.train_s.steps.starts + 1)].max()) / self.cfg.rtg_scale
+        # the return to go at each episode's first step (its return): the last position of the windows ending
+        # there, read as every batch reads it on either path (a table row index is a layout detail)
+        steps = self.train_s.steps
+        first = steps.windows(self.train_s.rtg, np.asarray(steps.starts, dtype=np.int64))[:, -1]
+        return float(first.max()) / self.cfg.rtg_scale
 
     def checkpoint(self, step: int, name: str, keep: bool = False, rngs: dict | None = None) -> Path | None:
         if self.out is None or not self.info.is_main:

@@ -39,9 +39,36 @@ def test_flat_index_lookup_is_bitwise_the_two_triangle_lookup():
     vertices = torch.round(xy / t.cfg.horizontal_scale) * t.cfg.horizontal_scale
     diagonal = (torch.floor(xy / t.cfg.horizontal_scale) + 0.5) * t.cfg.horizontal_scale  # fu == fv
     for pts in (xy, vertices, diagonal, xy.view(100, 200, 2)[:, ::3]):  # strided batch too
-        got = t.height_at(pts)
+        got = t.height_at(pts)                                       # the CPU's numpy path
         assert got.shape == pts.shape[:-1]
         assert torch.equal(got, _two_triangle_height(t, pts))
+        assert torch.equal(t.height_at_reference(pts), got)          # the torch path (a GPU's)
+    xy64 = xy.double()                                               # cast to the heights' dtype first
+    assert torch.equal(t.height_at(xy64), t.height_at_reference(xy64))
+    leaf = xy[:50].clone().requires_grad_(True)                      # autograd keeps the torch path
+    assert torch.equal(t.height_at(leaf), t.height_at_reference(xy[:50]))
+
+
+def test_terrain_lookup_scratch_buffers_are_per_thread_and_the_terrain_still_pickles():
+    import pickle
+    import threading
+    t = generate(_small_terrain())
+    errors = []
+
+    def work(seed):
+        g = torch.Generator().manual_seed(seed)
+        for k in range(40):  # shapes change under the other threads' feet: the scratch is per thread
+            pts = torch.randn(8 + (k + seed) % 5, 37, 2, generator=g) * 6
+            if not torch.equal(t.height_at(pts), t.height_at_reference(pts)):
+                errors.append(seed)
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    pts = torch.randn(5, 9, 2)
+    assert torch.equal(pickle.loads(pickle.dumps(t)).height_at(pts), t.height_at(pts))
 
 
 def test_height_scan_with_the_reused_yaw_equals_a_fresh_scan():
@@ -97,9 +124,10 @@ def test_env_sets_torch_threads_and_validates_them():
             EnvConfig.flat(num_envs=2, torch_threads=bad).validate()
 
 
-def test_scan_points_match_the_batched_rotation_matmul():
+def test_scan_points_match_the_batched_rotation_matmul(monkeypatch):
     from types import SimpleNamespace
 
+    from quadforge.envs import observations
     from quadforge.envs.rotations import yaw_from_quat
     from quadforge.envs.observations import scan_points_w
     g = torch.Generator().manual_seed(2)
@@ -114,6 +142,12 @@ def test_scan_points_match_the_batched_rotation_matmul():
         assert got.shape == (n, pb.shape[0], 2)
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)  # bitwise on this machine's kernels
         assert torch.equal(scan_points_w(st, pb, yaw), got)
+        with_base = scan_points_w(st, pb, yaw, append_base=True)
+        assert torch.equal(with_base[:, :-1], got) and torch.equal(with_base[:, -1], st.root_pos_w[:, :2])
+        with monkeypatch.context() as m:  # the torch arithmetic a GPU runs: the CPU's numpy bits
+            m.setattr(observations, "cpu_arrays", lambda *tensors: None)
+            assert torch.equal(scan_points_w(st, pb, yaw), got)
+            assert torch.equal(scan_points_w(st, pb, yaw, append_base=True), with_base)
 
 
 def test_in_place_heading_steering_is_the_yaw_command_formula():

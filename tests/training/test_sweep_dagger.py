@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from quadforge.tools.cli import main as cli_main
-from quadforge.training.dagger import DaggerConfig, concat_episodes, run_dagger
+from quadforge.data.store_set import concat_episodes
+from quadforge.training.dagger import DaggerConfig, run_dagger
 from quadforge.training.presets import PRESETS
 from quadforge.training.sweep import LION_LR_RATIO, SETTINGS, SWEEP_MODELS, SweepConfig, run_config
 
@@ -76,15 +77,22 @@ def test_concat_keeps_episode_boundaries():
     assert np.array_equal(c.features["actions"][a.num_steps:], b.features["actions"])
 
 
-def test_dagger_relabels_the_learners_states_and_keeps_a_ladder(tmp_path):
+def test_dagger_relabels_the_learners_states_and_keeps_a_ladder(tmp_path, capsys):
+    # ram_budget=1K: every iteration trains out of core, iteration 1 on the expert's and the relabelled
+    # store joined per batch (tests/data/test_out_of_core.py: the same batches and weights as the RAM path)
     from quadforge.data.store import TrajectoryStore
     cfg = DaggerConfig(out=str(tmp_path / "d"), expert_episodes=4, num_envs=2, train_steps=3, batch_size=8,
                        iterations=1, episodes_per_iter=2, finetune_steps=2, eval_terrain="flat",
-                       eval_levels="0", eval_episodes=1, max_episode_s=0.4)
-    res = run_dagger(cfg, log=lambda _: None)
+                       eval_levels="0", eval_episodes=1, max_episode_s=0.4, overrides=["ram_budget=1K"])
+    lines = []
+    res = run_dagger(cfg, log=lines.append)
     assert [r["iteration"] for r in res["ladder"]] == [0, 1]
     first, second = res["ladder"]
     assert second["relabelled_episodes"] == 2 and second["init_from"] == first["checkpoint"]
+    assert second["data_episodes"] == first["data_episodes"] + 2
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("data: ")]
+    assert len(said) == 2 and all(line.startswith("data: out-of-core path") for line in said)
+    assert f"{tmp_path / 'd' / 'relabelled'}/shards" in said[1] and "(2 store(s))" in "\n".join(lines)
     assert 0.0 <= second["success"] <= 1.0 and 0.0 <= res["expert_eval"]["success"] <= 1.0
     store = TrajectoryStore.open(str(tmp_path / "d" / "relabelled"))
     feats = store.load(["actions", "applied_actions"])
@@ -93,15 +101,8 @@ def test_dagger_relabels_the_learners_states_and_keeps_a_ladder(tmp_path):
         DaggerConfig(out=str(tmp_path / "x"), episodes_per_iter=0, iterations=1).validate()
 
 
-def test_dagger_refuses_an_aggregate_over_the_ram_budget_before_loading(tmp_path):
-    # DAgger concatenates its stores in RAM (no out-of-core view over several stores yet): over budget it
-    # must say so, naming the stores and the budget, instead of being killed for memory
-    from quadforge.layout import get_layout
-    from quadforge.training.dagger import check_aggregate_fits, iteration_train_config
-    store = str(_store(tmp_path / "s"))
-    features = list(get_layout("proprio").term_names) + ["actions"]
-    check_aggregate_fits([store], features, "auto")
-    with pytest.raises(ValueError, match=r"dagger: .*160 steps.*over --ram-budget.*ram_budget=SIZE"):
-        check_aggregate_fits([store, str(tmp_path / "not_yet")], features, "1K")
-    cfg = DaggerConfig(out=str(tmp_path / "d"), data=store, overrides=["ram_budget=1K"])
+def test_dagger_passes_ram_budget_to_its_trainer(tmp_path):
+    from quadforge.training.dagger import iteration_train_config
+    cfg = DaggerConfig(out=str(tmp_path / "d"), data=str(_store(tmp_path / "s")), overrides=["ram_budget=1K"])
     assert iteration_train_config(cfg, 0, None).ram_budget == "1K"     # `quadforge dagger ... ram_budget=SIZE`
+    assert iteration_train_config(cfg, 1, None).ram_budget == "1K"
