@@ -20,6 +20,7 @@ success rate (Wilson) and counts; NaNs are skipped per metric.
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -77,6 +78,19 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def episodes_for_power(p1: float, p2: float, alpha: float = 0.05, power: float = 0.8) -> int:
+    """Evaluation episodes per row for a two-sided two-proportion z test at level ``alpha`` to detect
+    success rates ``p1`` against ``p2`` with probability ``power`` (the normal approximation with unpooled
+    variances: n = (z_{1-α/2} + z_power)² (p1(1-p1) + p2(1-p2)) / (p1 - p2)², rounded up)."""
+    if not (0.0 < p1 < 1.0 and 0.0 < p2 < 1.0) or p1 == p2:
+        raise ValueError(f"episodes_for_power: rates p1={p1}, p2={p2} must differ and lie in (0, 1)")
+    if not (0.0 < alpha < 1.0 and 0.0 < power < 1.0):
+        raise ValueError(f"episodes_for_power: alpha={alpha} and power={power} must lie in (0, 1)")
+    quantile = statistics.NormalDist().inv_cdf
+    z = quantile(1 - alpha / 2) + quantile(power)
+    return math.ceil(z * z * (p1 * (1 - p1) + p2 * (1 - p2)) / (p1 - p2) ** 2)
 
 
 def _nanmean(values: list[float]) -> float:
