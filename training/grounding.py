@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -41,6 +42,7 @@ import torch
 from quadforge.data.image_sampler import ImageWindowSampler
 from quadforge.data.store import TrajectoryStore
 from quadforge.envs.quard.families import EpisodeScene, swap_instruction
+from quadforge.envs.quard.words import COLOURS
 from quadforge.experts.hierarchical import HL_COMMAND_NAMES
 from quadforge.experts.vla import POLICY_KIND
 from quadforge.seeding import numpy_rng
@@ -216,6 +218,19 @@ def append_row(out: Path, row: Mapping[str, float]) -> None:
     rows.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()
                  if k == "step" or k.startswith("swap_")})
     path.write_text(json.dumps(rows, indent=1))
+
+
+# --- colour dropout: the instruction without its colour word ---------------------------------------------
+
+UNSEEN_WORD = "unseen"   # not a word of any QUARD instruction: the words encoder maps it to <unk>
+_COLOUR_WORD = re.compile(r"\b(" + "|".join(COLOURS) + r")\b")
+
+
+def blank_colours(texts: Sequence[str]) -> list[str]:
+    """Each instruction with its colour words (training and held-out) replaced by ``UNSEEN_WORD``: what a
+    held-out colour looks like to the words encoder (one ``<unk>``), so a model trained on both learns to
+    fall back on the other words (object, shape) when the colour is one it does not know."""
+    return [_COLOUR_WORD.sub(UNSEEN_WORD, str(t)) for t in texts]
 
 
 # --- the language-blind baseline and fine-tuning vocabularies ------------------------------------------

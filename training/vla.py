@@ -54,7 +54,7 @@ from quadforge.models.vla import VLAConfig, images_to_float
 from quadforge.models.registry import build_vla_model, model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
 from quadforge.training.vla_data import SAMPLING_MODES, ImageWindowSource, check_batch, open_image_source
-from quadforge.training.grounding import (DECISION_FRAMES, TARGET_TERMS, GroundingProbe, TargetAuxLoss, append_row, load_init_weights,
+from quadforge.training.grounding import (DECISION_FRAMES, TARGET_TERMS, blank_colours, GroundingProbe, TargetAuxLoss, append_row, load_init_weights,
                                          vocabulary_for)
 from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup, init_distributed, unwrap,
                                             wrap_model)
@@ -128,6 +128,10 @@ class VLATrainConfig:
     # a share of every training batch drawn from windows ending in an episode's first ``early_frames`` image
     # frames: a QUARD episode's choice between its two objects is made there (later frames mostly show the
     # chosen one ahead, so uniform windows carry the words' signal in ~1 of 10 rows); 0: uniform
+    # the share of training rows whose instruction loses its colour words (``training.grounding.blank_colours``):
+    # held-out colours are one <unk> to the words encoder, so without this the model never sees an instruction
+    # whose colour it does not know; 0: off
+    colour_dropout: float = 0.0
     early_share: float = 0.0
     early_frames: int = DECISION_FRAMES
     gamma: float = 0.98
@@ -198,6 +202,8 @@ class VLATrainConfig:
         if unknown:
             raise ValueError(f"families={list(self.families)}: {unknown} unknown; allowed: {list(quard_family_names())} "
                              f"(a list: families=['go_to','distinguish'])")
+        if not 0.0 <= self.colour_dropout <= 1.0:
+            raise ValueError(f"colour_dropout={self.colour_dropout}; must be in [0, 1] (a share of training rows)")
         if not 0.0 <= self.early_share <= 1.0 or self.early_frames < 1:
             raise ValueError(f"early_share={self.early_share}, early_frames={self.early_frames}; need a share in "
                              f"[0, 1] and early_frames >= 1")
@@ -477,6 +483,8 @@ class VLARun:
         binner = binner or _fresh_binner(cfg, source, info)
         self.binner = binner.to(dev)
         self.table = self.model.frontend.prepare_instructions(self.instructions).to(dev)   # (K, ...) prepared
+        self.blanked = (self.model.frontend.prepare_instructions(blank_colours(self.instructions)).to(dev)
+                        if cfg.colour_dropout > 0 else None)   # the same table without colour words
         self.ddp_model = wrap_model(self.model, info)   # DDP broadcasts rank 0's weights: copy the target after
         self.target = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.objective == "q" else None
         self.optimizer = build_optimizer(self.model, cfg.optim)
@@ -505,7 +513,12 @@ class VLARun:
         frames = images_to_float(batch["frames"])
         if augment and self.cfg.shift_pad:
             frames = random_shift(frames, self.cfg.shift_pad)
-        return batch, frames, self.table[batch["instruction"]]
+        idx = batch["instruction"]
+        instruction = self.table[idx]
+        if augment and self.blanked is not None:
+            drop = torch.rand(idx.shape[0], device=idx.device) < self.cfg.colour_dropout
+            instruction = torch.where(drop.view(-1, *([1] * (instruction.dim() - 1))), self.blanked[idx], instruction)
+        return batch, frames, instruction
 
     def loss_terms(self, step: int) -> dict[str, torch.Tensor]:
         batch, frames, instruction = self.prepare(self.feed.next(), augment=True)

@@ -56,6 +56,24 @@ def test_robot_frame_polar_and_the_auxiliary_target_from_poses():
     torch.testing.assert_close(target_polar(base, point), torch.stack([bearing, dist], -1))
 
 
+def test_colour_dropout_blanks_every_colour_word_and_only_those():
+    from quadforge.envs.quard.words import HELD_OUT_COLOURS, TRAIN_COLOURS
+    from quadforge.models.instruction import WordTokenEncoder
+    from quadforge.training.grounding import UNSEEN_WORD, blank_colours
+    texts = [f"go to the {c} cube, slowly with a trotting gait" for c in TRAIN_COLOURS + HELD_OUT_COLOURS]
+    blanked = blank_colours(texts + ["distinguish letter d, quickly with a bounding gait", "go to the redwood"])
+    assert set(blanked[:len(texts)]) == {f"go to the {UNSEEN_WORD} cube, slowly with a trotting gait"}
+    assert blanked[len(texts):] == ["distinguish letter d, quickly with a bounding gait", "go to the redwood"]
+    # to a words encoder a blanked training colour reads exactly as a held-out colour does
+    enc = WordTokenEncoder(sorted({w for t in texts[:len(TRAIN_COLOURS)] for w in t.replace(",", "").split()}))
+    assert torch.equal(enc.prepare(blanked[:1]), enc.prepare(texts[-1:]))
+    from quadforge.training.vla import default_config
+    cfg = default_config("rt1")
+    cfg.colour_dropout = 1.5
+    with pytest.raises(ValueError, match="colour_dropout=1.5"):
+        cfg.validate()
+
+
 def test_swapped_instruction_names_the_other_candidate():
     params = {"family": "go_to", "speed": "slowly", "gait": "trotting", "instruction": "x",
               "target": {"object": "chair", "colour": "red"}, "distractor": {"object": "cube", "colour": "blue"},
@@ -157,7 +175,7 @@ def test_a_germ_decoder_starts_on_a_grounded_front_end_and_early_windows_train(p
     cfg = default_config("rt1")
     cfg.model.update(TINY)
     cfg.max_steps, cfg.batch_size, cfg.val_fraction, cfg.tensorboard = 2, 4, 0.0, False
-    cfg.early_share, cfg.sampling = 0.5, "uniform"
+    cfg.early_share, cfg.sampling, cfg.colour_dropout = 0.5, "uniform", 0.5
     train(cfg, str(paired_store), tmp_path / "rt1")
     rt1 = load_checkpoint(tmp_path / "rt1" / "last.pt")
     cfg = default_config("germ-dense")
