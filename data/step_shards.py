@@ -33,7 +33,7 @@ import shutil
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -212,23 +212,25 @@ def release_if_over(limit: int | None = None) -> bool:
 
 # --- the source -------------------------------------------------------------------------------------------
 
-class _LazyFeatures(Mapping[str, np.ndarray]):
-    """``features[name]``: the feature's shard array (written on first use)."""
+class LazyFeatures(Mapping[str, Any]):
+    """``features[name]``: ``get(name)`` for each of a source's per-step feature ``names``, read (and its
+    shards written) only on first use. ``StepShards`` maps a name to its shard array,
+    ``data.store_set.MultiStepShards`` to the stores' shards joined."""
 
-    def __init__(self, shards: "StepShards"):
-        self._shards = shards
+    def __init__(self, names: Sequence[str], get: Callable[[str], Any]):
+        self._names, self._get = tuple(names), get
 
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self._shards.feature(name).array
+    def __getitem__(self, name: str) -> Any:
+        return self._get(name)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._shards.store.feature_names
+        return name in self._names
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._shards.store.feature_names)
+        return iter(self._names)
 
     def __len__(self) -> int:
-        return len(self._shards.store.feature_names)
+        return len(self._names)
 
 
 class ShardSource(EpisodeSpans):
@@ -250,7 +252,7 @@ class StepShards(ShardSource):
         self.dir = shard_root(store.root) / f"g{store.generation}"
         self.episode_ends = np.asarray(store.episode_ends, dtype=np.int64)
         self.episode_info = store.episodes.columns()
-        self.features = _LazyFeatures(self)
+        self.features = LazyFeatures(store.feature_names, self._feature_array)
         self._log = log
         self._open: dict[str, ShardArray] = {}
 
@@ -260,6 +262,10 @@ class StepShards(ShardSource):
             raise ValueError(f"{who}: features {missing} are missing; the store has {list(self.store.feature_names)}")
 
     # shards ------------------------------------------------------------------------------------------
+    def _feature_array(self, name: str) -> np.ndarray:
+        """The shard array of a per-step feature (a bound method, so the mapping pickles with its source)."""
+        return self.feature(name).array
+
     def feature(self, name: str) -> ShardArray:
         """A stored per-step feature, uncompressed."""
         self.store._check_feature(name)

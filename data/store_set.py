@@ -16,12 +16,12 @@ from __future__ import annotations
 import threading
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from quadforge.data.episodes import EpisodeArrays
-from quadforge.data.step_shards import ShardArray, ShardSource, StepShards, layout_key
+from quadforge.data.step_shards import LazyFeatures, ShardArray, ShardSource, StepShards, layout_key
 from quadforge.data.store import EpisodeTable, TrajectoryStore
 from quadforge.layout import ObsLayout
 
@@ -226,25 +226,6 @@ class ConcatShards:
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
-class _ConcatFeatures(Mapping[str, ConcatShards]):
-    """``features[name]``: the stores' shards of a per-step feature, joined (written on first use)."""
-
-    def __init__(self, owner: "MultiStepShards"):
-        self._owner = owner
-
-    def __getitem__(self, name: str) -> ConcatShards:
-        return self._owner.feature(name)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._owner.stores.feature_names
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._owner.stores.feature_names)
-
-    def __len__(self) -> int:
-        return len(self._owner.stores.feature_names)
-
-
 class MultiStepShards(ShardSource):
     """The out-of-core view of a ``StoreSet``: its episode table, and per-step tables joined from each store's
     ``StepShards`` (see the module doc)."""
@@ -254,7 +235,7 @@ class MultiStepShards(ShardSource):
         self.parts = [StepShards(s, log=log) for s in stores.stores]
         self.episode_ends = np.concatenate([p.episode_ends + o for p, o in zip(self.parts, stores.step_offsets)])
         self.episode_info = stores.episodes.columns()
-        self.features = _ConcatFeatures(self)
+        self.features = LazyFeatures(stores.feature_names, self.feature)
         self._open: dict[str, ConcatShards] = {}
 
     def require(self, names: Iterable[str], who: str) -> None:
