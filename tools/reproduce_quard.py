@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import shlex
 import shutil
@@ -45,7 +46,9 @@ from typing import Any, Callable
 from quadforge.envs.quard.families import family_names
 from quadforge.output_paths import holds_run
 from quadforge.tools.quard_report import MODEL_NAMES, TABLE3_ROWS, update_docs
-SCALES = ("tiny", "cpu", "paper")
+
+# the colour sets every evaluation covers (envs.quard.env.COLOUR_SETS): the seen colours and the held-out ones
+EVAL_COLOURS = ("train", "held_out")
 
 
 @dataclass(frozen=True)
@@ -57,9 +60,29 @@ class QuardScale:
     train_steps: int | None      # None: the preset's own length (paper)
     batch_size: int | None
     preset: str                  # training preset of the VLA models (training/vla.py): cpu | paper
-    eval_episodes: int
+    eval_episodes: int | None    # per family and colour set and seed; None: from the power analysis (row_power)
     num_envs: int
     note: str
+    # success rates (p1, p2) the evaluation must tell apart with 80 % power at a two-sided α of 0.05, over all
+    # families pooled (evaluation.metrics.episodes_for_power); used when eval_episodes is None
+    row_power: tuple[float, float] | None = None
+    val_every: int | None = None  # validation (and its loss curve point) every N training steps; None: the preset's
+    keep_every: int | None = None  # also keep step_N.pt every N steps (Fig. 6 evaluates them); None: last.pt only
+
+    def row_episodes(self) -> int | None:
+        """Evaluation episodes a Table III row needs, over seeds, families and colour sets together."""
+        if self.row_power is None:
+            return None
+        from quadforge.evaluation.metrics import episodes_for_power
+        return episodes_for_power(*self.row_power)
+
+    def eval_per_cell(self, seeds: int) -> int:
+        """Episodes per family, colour set and seed: the scale's own, or the power analysis's row count
+        spread over the cells (rounded up, so every row gets at least that many)."""
+        if self.eval_episodes is not None:
+            return self.eval_episodes
+        cells = len(family_names()) * len(EVAL_COLOURS) * seeds
+        return math.ceil(self.row_episodes() / cells)
 
 
 SCALE_PRESETS: dict[str, QuardScale] = {
@@ -76,7 +99,15 @@ SCALE_PRESETS: dict[str, QuardScale] = {
     "paper": QuardScale("paper", demo_episodes=8610, auto_episodes=5200, train_steps=None, batch_size=None,
                         preset="paper", eval_episodes=100, num_envs=64,
                         note="seed 003's data sizes and the paper preset: a GPU cluster, not this machine"),
+    # issue 25's rerun: evaluation sized by the power analysis (15 points at 80 % power over all families,
+    # docs/results.md), training long enough for the validation losses to flatten (the report shows the curves
+    # and says which did), a collector that follows instructions (--pretrained experts/checkpoints/vla_rt1.pt)
+    "power": QuardScale("power", demo_episodes=400, auto_episodes=400, train_steps=2000, batch_size=16,
+                        preset="cpu", eval_episodes=None, num_envs=9, row_power=(0.50, 0.65), val_every=200,
+                        keep_every=500, note="Table III sized by its power analysis; about 2 h on 2 cores with "
+                        "--seeds 0 --jobs 2 (measured in docs/results.md)"),
 }
+SCALES = tuple(SCALE_PRESETS)
 
 
 @dataclass
@@ -149,6 +180,7 @@ class Step:
     needs: tuple[str, ...]      # capabilities (CAPABILITIES) the command needs
     meta: dict[str, Any] = field(default_factory=dict)
     program: str = "quadforge"  # or "copy": argv = [source store, destination store], done in this process
+    after: tuple[str, ...] = ()  # ids of the steps whose outputs this one reads (--jobs runs the others beside it)
 
     @property
     def command(self) -> str:
@@ -170,6 +202,7 @@ def _train_argv(cfg: QuardConfig, model: str, failures: bool, store: str, out: s
         argv += ["--batch-size", str(s.batch_size)]
     if not failures:
         argv.append("--success-only")
+    argv += [f"{k}={v}" for k, v in (("val_every", s.val_every), ("keep_every", s.keep_every)) if v is not None]
     return argv
 
 
@@ -180,34 +213,38 @@ def _collect_argv(cfg: QuardConfig, policy: str, store: str, episodes: int, coll
 
 def build_plan(cfg: QuardConfig) -> list[Step]:
     """Every step of the loop in order, as `quadforge` command lines (paths relative to ``cfg.out``'s parent
-    as given). Pure: the same config gives the same plan (docs/quard_auto.md prints it per scale)."""
+    as given), each naming the steps whose outputs it reads (``after``). Pure: the same config gives the same
+    plan (docs/quard_auto.md prints it per scale)."""
     s, out = cfg.sizes, cfg.out.rstrip("/")
+    per_cell = s.eval_per_cell(len(cfg.seeds))
     steps: list[Step] = []
+    first: tuple[str, ...] = ()
     if cfg.demos is None:
         demos, n_demos = f"{out}/data/demos", s.demo_episodes
         steps.append(Step("demos", "demos", _collect_argv(cfg, "quard_expert", demos, n_demos, "expert", cfg.seed),
                           demos, ("quard_collect", "quard_expert"), {"episodes": n_demos}))
+        first = ("demos",)
     else:   # --demos: a store someone already collected (read now: the round stores start from all of it)
         demos, n_demos = cfg.demos.rstrip("/"), _store_episodes(cfg.demos)
     if cfg.pretrained is None:
         pre = f"{out}/train/pretrain_{cfg.pretrain_model}"
         steps.append(Step("pretrain", "pretrain", _train_argv(cfg, cfg.pretrain_model, False, demos, pre, cfg.seed),
-                          pre, ("vla_train",), {"model": cfg.pretrain_model}))
-        collector = f"{pre}/last.pt"
+                          pre, ("vla_train",), {"model": cfg.pretrain_model}, after=first))
+        collector, collector_step = f"{pre}/last.pt", ("pretrain",)
     else:   # --pretrained: a shipped VLA checkpoint collects round 0
-        collector = cfg.pretrained
+        collector, collector_step = cfg.pretrained, ()
     for rnd in range(cfg.rounds):
         store = f"{out}/data/round{rnd}"
         # the round's store starts as a copy of the demonstrations (collecting them again would cost as much
         # as the first time for the same episodes), then the round's collector tops it up
         steps.append(Step(f"r{rnd}-demos", "auto", [demos, store], store, (),
-                          {"round": rnd, "episodes": n_demos, "collector": "demos"}, program="copy"))
+                          {"round": rnd, "episodes": n_demos, "collector": "demos"}, program="copy", after=first))
         steps.append(Step(f"r{rnd}-auto", "auto",
                           _collect_argv(cfg, collector, store, n_demos + s.auto_episodes, f"auto{rnd}",
                                         cfg.seed + 1 + rnd),
                           store, ("quard_collect", "vla_policy"),
                           {"round": rnd, "episodes": n_demos + s.auto_episodes, "collector": f"auto{rnd}",
-                           "policy": collector}))
+                           "policy": collector}, after=(f"r{rnd}-demos", *collector_step)))
         rows = TABLE3_ROWS if rnd == 0 else (("germ", True),)
         for model, failures in rows:
             for seed in cfg.seeds:
@@ -215,17 +252,18 @@ def build_plan(cfg: QuardConfig) -> list[Step]:
                 tdir = f"{out}/train/{name}"
                 meta = {"model": model, "failures": failures, "round": rnd, "seed": seed, "run": name}
                 steps.append(Step(f"train-{name}", "train", _train_argv(cfg, model, failures, store, tdir, seed),
-                                  tdir, ("vla_train",), meta))
+                                  tdir, ("vla_train",), meta, after=(f"r{rnd}-auto",)))
                 # one process evaluates every family (and colour set) in turn: the start-up (torch, the
                 # checkpoint) is paid once per model, not per family; no more envs than episodes per cell,
                 # or the surplus envs would run episodes nobody keeps
                 edir = f"{out}/eval/{name}"
                 steps.append(Step(f"eval-{name}", "eval",
                                   ["eval", "--task", "quard:all", "--policy", f"{tdir}/last.pt", "--out", edir,
-                                   "--episodes-per-cell", str(s.eval_episodes),
-                                   "--num-envs", str(min(s.num_envs, s.eval_episodes)), "--seed", str(1000 + seed)],
-                                  edir, ("quard_eval", "vla_policy"), meta))
-        collector = f"{out}/train/{run_name('germ', True, rnd, cfg.seeds[0])}/last.pt"
+                                   "--colours", ",".join(EVAL_COLOURS), "--episodes-per-cell", str(per_cell),
+                                   "--num-envs", str(min(s.num_envs, per_cell)), "--seed", str(1000 + seed)],
+                                  edir, ("quard_eval", "vla_policy"), meta, after=(f"train-{name}",)))
+        collector_name = run_name("germ", True, rnd, cfg.seeds[0])
+        collector, collector_step = f"{out}/train/{collector_name}/last.pt", (f"train-{collector_name}",)
     return steps
 
 
@@ -487,7 +525,42 @@ def eval_results(cfg: QuardConfig, step: Step, train_record: dict[str, Any] | No
     return out
 
 
-def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str | None = None) -> Path:
+def run_steps(cfg: QuardConfig, todo: list[Step], jobs: int, log: Callable[[str], None],
+              finished: Callable[[Step, dict[str, Any], bool], None]) -> None:
+    """Run ``todo`` in plan order, up to ``jobs`` at once, each only after the steps it reads (``after``)
+    are done. A failure lets the running steps finish (their outputs are kept) and starts no new one, then
+    raises; a rerun resumes from there."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    pending = list(todo)
+    waiting_on = {s.id for s in todo}
+    running: dict[Any, Step] = {}
+    failure: StepFailed | None = None
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        while pending or running:
+            if failure is None:
+                for step in [s for s in pending if not set(s.after) & waiting_on][:max(0, jobs - len(running))]:
+                    pending.remove(step)
+                    log(f"[quard] {step.id}: {step.command}")
+                    running[pool.submit(run_step, cfg, step, log)] = step
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                step = running.pop(fut)
+                try:
+                    record = fut.result()
+                except StepFailed as err:
+                    failure = failure or err
+                    continue
+                waiting_on.discard(step.id)
+                finished(step, record, True)
+    if failure is not None:
+        raise failure
+
+
+def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str | None = None,
+              jobs: int = 1) -> Path:
     from quadforge.progress import progress_bar
     from quadforge.tools.run_info import git_state, machine
 
@@ -514,11 +587,10 @@ def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str
     bar = progress_bar(len(steps), len(steps) - len(todo), desc="reproduce quard", unit="step")
     records = {s.id: json.loads(step_record_path(cfg.out, s).read_text())
                for s in steps if step_record_path(cfg.out, s).exists()}
-    for step in steps:
-        ran = step in todo
-        if ran:
-            log(f"[quard] {step.id}: {step.command}")
-            records[step.id] = run_step(cfg, step, log)
+
+    def finished(step: Step, record: dict[str, Any] | None, ran: bool) -> None:
+        if record is not None:
+            records[step.id] = record
             bar.update(1)
         if step.stage == "eval":
             paths = {fam: out / "results" / f"{step.meta['run']}_{fam}.json" for fam in family_names()}
@@ -526,6 +598,11 @@ def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str
                 per = eval_results(cfg, step, records.get(f"train-{step.meta['run']}"), records[step.id])
                 for fam, path in paths.items():
                     _write_json(path, per[fam])
+
+    for step in steps:
+        if step not in todo:
+            finished(step, None, ran=False)
+    run_steps(cfg, todo, jobs, log, finished)
     bar.close()
     meta["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     _write_json(meta_path, meta)
@@ -540,12 +617,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(round k+1 collects with round k's GeRM); default 1")
     p.add_argument("--demos", default=None, metavar="STORE", help="quard stage: an existing demonstration store "
                    "(quadforge collect --task quard:all --policy quard_expert) instead of collecting one")
+    p.add_argument("--jobs", type=int, default=None, metavar="N", help="quard stage: run up to N steps at once "
+                   "(trainings and evaluations that do not read each other's outputs), one core each; default 1")
     p.add_argument("--pretrained", default=None, metavar="CKPT", help="quard stage: a pre-trained VLA checkpoint "
                    "(e.g. in experts/checkpoints/) as round 0's collector instead of training one")
 
 
 def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> int:
     out = args.out if args.out != "runs/reproduce" else "runs/reproduce_quard"
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs {args.jobs}: give the number of steps to run at once, >= 1 (one core each)")
     if args.report_only:
         if not (Path(out) / "run.json").exists():
             raise FileNotFoundError(f"--report-only: no {out}/run.json; run `quadforge reproduce --stages quard` first")
@@ -564,7 +645,7 @@ def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> in
         kw["seeds"] = seeds
     command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
     try:
-        print(f"wrote {run_quard(QuardConfig(**kw), command=command)}")
+        print(f"wrote {run_quard(QuardConfig(**kw), command=command, jobs=args.jobs or 1)}")
     except StepFailed as err:   # one line naming the step, its command and its log; rerun to resume
         print(f"quadforge reproduce: error: {err}", file=sys.stderr)
         return 1
