@@ -254,6 +254,7 @@ class ImitationRun:
         if not self.val_batches:
             return {}
         val_loss = _validate(self.objective, self.val_batches, self.to_inputs)
+        self.log.val_row(step, {"loss": val_loss})
         if val_loss < self.best_val:
             self.best_val = val_loss
             self.checkpoint(step, "best.pt")

@@ -21,6 +21,8 @@ trainer's store batches restart from such a stream at every checkpoint.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,18 +55,50 @@ def autocast(device: torch.device, amp: str):
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
+VAL_CURVE = "val.jsonl"
+
+
+def _plain(v: Any) -> Any:
+    """A JSON value of a logged number (NaN as null)."""
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+def read_val_curve(out: Path) -> list[dict[str, Any]]:
+    """The validation rows a run wrote (``OUT/val.jsonl``), oldest first; [] when it wrote none. A torn
+    last line (the run killed mid-write) is skipped."""
+    path = Path(out) / VAL_CURVE
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
 class RunLog:
-    """TensorBoard scalars of one run (a no-op off the main rank, without ``out`` or when disabled).
+    """TensorBoard scalars of one run (a no-op off the main rank, without ``out`` or when disabled), and
+    the validation rows as JSON lines in ``OUT/val.jsonl`` (with or without TensorBoard: the loss curves
+    a report reads without a TensorBoard reader).
 
     ``resumed_at``: the checkpoint step a resumed run continues from. The killed run may have logged
     steps after that checkpoint; the writer asks TensorBoard to drop every earlier event after it
-    (``purge_step`` = the first step the resumed run logs), so those steps are drawn once, by the
-    resumed run, and the rows up to the checkpoint stay."""
+    (``purge_step`` = the first step the resumed run logs), and ``val.jsonl`` keeps only its rows up to
+    that step, so those steps are written once, by the resumed run, and the rows up to the checkpoint stay."""
 
     def __init__(self, out: Path | None, is_main: bool, enabled: bool = True, who: str = "train",
                  resumed_at: int = 0):
-        self.writer, self.who = None, who
-        if out is None or not is_main or not enabled:
+        self.writer, self.who, self.curve = None, who, None
+        if out is None or not is_main:
+            return
+        self.curve = Path(out) / VAL_CURVE
+        kept = [r for r in read_val_curve(Path(out)) if int(r.get("step", 0)) <= resumed_at] if resumed_at else []
+        self.curve.parent.mkdir(parents=True, exist_ok=True)
+        self.curve.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        if not enabled:
             return
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -84,6 +118,14 @@ class RunLog:
         """Print ``[who] head k=v ...`` and write the same scalars under ``group/`` (call on the main rank)."""
         print(f"[{self.who}] {head} " + " ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "step"), flush=True)
         self.scalars(group, row, step)
+        if group == "val":
+            self.val_row(step, row)
+
+    def val_row(self, step: int, row: Mapping[str, float]) -> None:
+        """Append one validation's numbers to ``OUT/val.jsonl`` (main rank; ``line`` does it for ``val``)."""
+        if self.curve is not None:
+            with open(self.curve, "a") as fh:
+                fh.write(json.dumps({"step": int(step), **{k: _plain(v) for k, v in row.items() if k != "step"}}) + "\n")
 
     def close(self) -> None:
         if self.writer is not None:

@@ -64,3 +64,32 @@ def test_tensorboard_after_a_resume_has_each_step_once(tmp_path, monkeypatch):
     events.Reload()
     steps = [e.step for e in events.Scalars("train/loss")]
     assert steps == list(range(1, 13))
+
+
+def test_val_curve_after_a_resume_has_each_validation_once(tmp_path, monkeypatch):
+    """``OUT/val.jsonl`` (the loss curve reports read) of a killed and resumed run: one row per validation
+    step, in order. A row written after the checkpoint the run resumes from (the run died between its
+    validation and its save) is dropped and written again by the resumed run."""
+    import json
+
+    from quadforge.training.loop import read_val_curve
+
+    real_train = imitation.train
+
+    def train_then_tear(cfg, data, out, resume=False):
+        if resume:   # the killed run validated step 8 and died before saving it
+            with open(out / "val.jsonl", "a") as fh:
+                fh.write(json.dumps({"step": 8, "loss": -1.0}) + "\n" + '{"step": 10, "lo')
+        return real_train(cfg, data, out, resume=resume)
+    monkeypatch.setattr(imitation, "train", train_then_tear)
+    _killed_then_resumed(tmp_path, monkeypatch, _cfg())
+    rows = read_val_curve(tmp_path)
+    assert [r["step"] for r in rows] == [2, 4, 6, 8, 10, 12]
+    assert all(r["loss"] >= 0 for r in rows)
+    whole = read_val_curve(_whole_run(tmp_path / "whole"))
+    assert [r["loss"] for r in whole] == pytest.approx([r["loss"] for r in rows])
+
+
+def _whole_run(out):
+    imitation.train(_cfg(), learnable_arrays(), out)
+    return out
