@@ -364,3 +364,112 @@ def test_report_names_no_machine_only_path(tmp_path, monkeypatch):
     assert "/work/" not in text and str(tmp_path) not in text
     assert "`quard_demos` (`--demos`)" in text and "`ckpt/vla.pt` (`--pretrained`)" in text
     assert "--demos quard_demos`" in text
+
+
+# --- the power scale, --jobs, the validation curves (issue 25) ------------------------------------------------
+def test_power_scale_evaluates_what_the_power_analysis_asks_per_row():
+    from quadforge.evaluation.metrics import episodes_for_power
+    from quadforge.tools.reproduce_quard import EVAL_COLOURS
+    need = episodes_for_power(0.50, 0.65)
+    for seeds in ((0,), (0, 1, 2)):
+        cfg = QuardConfig(scale="power", seeds=seeds, pretrained=None).validate()
+        evals = [s for s in build_plan(cfg) if s.stage == "eval" and s.meta["round"] == 0]
+        per_cell = {int(s.argv[s.argv.index("--episodes-per-cell") + 1]) for s in evals}
+        assert len(per_cell) == 1
+        row = per_cell.pop() * len(family_names()) * len(EVAL_COLOURS) * len(seeds)
+        assert need <= row < need + len(family_names()) * len(EVAL_COLOURS) * len(seeds)
+        trains = [s for s in build_plan(cfg) if s.stage == "train"]
+        assert all("val_every=200" in s.argv and "--max-steps" in s.argv for s in trains)
+
+
+def test_every_step_names_the_steps_whose_outputs_it_reads():
+    steps = build_plan(QuardConfig(scale="tiny", rounds=2, seeds=(0, 1)).validate())
+    ids = [s.id for s in steps]
+    for k, step in enumerate(steps):
+        assert all(dep in ids[:k] for dep in step.after), f"{step.id} reads a later or unknown step: {step.after}"
+        for dep in step.after:   # a step reads its dependency's output path
+            out = next(s.output for s in steps if s.id == dep)
+            assert any(out in a for a in step.argv), (step.id, dep)
+    by_id = {s.id: s for s in steps}
+    assert by_id["r1-auto"].after == ("r1-demos", "train-germ_Y_r0_s0")   # round 1's collector
+    assert by_id["eval-rt1_N_r0_s1"].after == ("train-rt1_N_r0_s1",)
+
+
+def _fake_steps():
+    # a -> (b, c) -> d; c fails on request
+    return [Step("a", "demos", [], "a", ()), Step("b", "train", [], "b", (), after=("a",)),
+            Step("c", "train", [], "c", (), after=("a",)), Step("d", "eval", [], "d", (), after=("b", "c"))]
+
+
+def test_jobs_run_independent_steps_together_and_dependents_after(monkeypatch):
+    import threading
+    import time as _time
+
+    from quadforge.tools import reproduce_quard as rq
+    lock, live, events = threading.Lock(), set(), []
+
+    def fake_run(cfg, step, log):
+        with lock:
+            live.add(step.id)
+            events.append(("start", step.id, frozenset(live)))
+        _time.sleep(0.2)
+        with lock:
+            live.discard(step.id)
+            events.append(("end", step.id, frozenset(live)))
+        return {"id": step.id}
+    monkeypatch.setattr(rq, "run_step", fake_run)
+    done = []
+    rq.run_steps(QuardConfig(), _fake_steps(), 2, lambda s: None, lambda st, rec, ran: done.append(st.id))
+    starts = {e[1]: e[2] for e in events if e[0] == "start"}
+    ends = [e[1] for e in events if e[0] == "end"]
+    assert starts["a"] == {"a"} and ends.index("a") < min(ends.index("b"), ends.index("c"))
+    assert {"b", "c"} <= starts["b"] | starts["c"]              # b and c ran side by side
+    assert starts["d"] == {"d"} and done[-1] == "d" and sorted(done) == ["a", "b", "c", "d"]
+
+
+def test_a_failed_step_stops_new_steps_and_keeps_the_finished(monkeypatch):
+    from quadforge.tools import reproduce_quard as rq
+
+    def fake_run(cfg, step, log):
+        if step.id == "c":
+            raise rq.StepFailed("step c failed (exit 1)")
+        return {"id": step.id}
+    monkeypatch.setattr(rq, "run_step", fake_run)
+    done = []
+    with pytest.raises(rq.StepFailed, match="step c"):
+        rq.run_steps(QuardConfig(), _fake_steps(), 2, lambda s: None, lambda st, rec, ran: done.append(st.id))
+    assert sorted(done) == ["a", "b"]    # d, which reads c, never started
+
+
+def test_jobs_below_one_is_a_clear_error(tmp_path, capsys):
+    assert cli_main(["reproduce", "--stages", "quard", "--jobs", "0", "--out", str(tmp_path / "r")]) == 2
+    assert "--jobs 0" in capsys.readouterr().err
+
+
+def test_flattening_reads_the_last_quarter_of_the_curve():
+    from quadforge.tools.quard_report import flattening
+    falling = [{"step": s, "loss": 2.0 - s / 1000} for s in range(200, 2001, 200)]
+    flat, change = flattening(falling)
+    assert not flat and change == pytest.approx((0.0 - 0.6) / 0.6)    # best to step 1500: 0.6; after: 0.0
+    plateau = [{"step": s, "loss": 1.0 + 1.0 / s} for s in range(200, 2001, 200)]
+    assert flattening(plateau)[0]
+    rising = [{"step": s, "loss": 1.0 + s / 1000} for s in range(200, 2001, 200)]   # over-fitting: flat
+    assert flattening(rising)[0] and flattening(rising)[1] > 0
+    assert flattening(falling[:3]) is None
+
+
+def test_report_shows_each_runs_validation_curve(tmp_path):
+    from quadforge.training.curves import append_val_row, restart_val_curve
+    out = tmp_path / "run"
+    _write_run(out)
+    for run, loss in (("rt1_N_r0_s0", lambda s: 3.0 - s / 1000), ("germ_Y_r0_s0", lambda s: 0.5)):
+        path = restart_val_curve(out / "train" / run, 0)
+        for s in range(200, 2001, 200):
+            append_val_row(path, s, {"loss": loss(s), "greedy_agreement": s / 4000})
+    text = "\n".join(table3_section(load_run(out)))
+    assert "### Validation curves" in text
+    rt1 = next(line for line in text.splitlines() if line.startswith("| rt1_N_r0_s0 |") and "flattened" not in line
+               and ("no (" in line or "yes (" in line))
+    assert rt1.endswith("| no (-37.5 %) |")   # best to step 1500: 1.6 (step 1400); after: 1.0
+    germ = next(line for line in text.splitlines() if line.startswith("| germ_Y_r0_s0 |") and "(" in line)
+    assert germ.endswith("| yes (+0.0 %) |")

@@ -16,6 +16,7 @@ import numpy as np
 
 from quadforge.evaluation.reports import fmt, markdown_table
 from quadforge.envs.quard.families import family_names
+from quadforge.training.curves import read_val_curve
 from quadforge.tools.results_report import QUARD_BEGIN as BEGIN
 from quadforge.tools.results_report import QUARD_END as END
 from quadforge.tools.results_report import around_markers, two_proportion_z
@@ -34,11 +35,32 @@ PAPER_TABLE3: dict[tuple[str, bool], tuple[float, ...]] = {
 
 
 def load_run(out: Path) -> dict[str, Any]:
-    """Everything the report reads, from the run directory's JSON files."""
+    """Everything the report reads, from the run directory's JSON files (and each training run's
+    validation curve, ``OUT/train/<run>/val.jsonl``)."""
     def read_all(folder: Path) -> list[dict[str, Any]]:
         return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
     run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
-    return {"run": run, "steps": read_all(out / "steps"), "results": read_all(out / "results")}
+    curves = {d.name: read_val_curve(d) for d in sorted((out / "train").glob("*")) if d.is_dir()} \
+        if (out / "train").is_dir() else {}
+    return {"run": run, "steps": read_all(out / "steps"), "results": read_all(out / "results"),
+            "curves": {k: v for k, v in curves.items() if v}}
+
+
+# a validation curve has flattened when its last quarter of training lowered the best loss by less than 2 %
+FLAT_TAIL, FLAT_TOLERANCE = 0.25, 0.02
+
+
+def flattening(rows: Sequence[Mapping[str, Any]], key: str = "loss") -> tuple[bool, float] | None:
+    """(flattened, relative change of the best ``key`` over the last quarter of the steps) of one run's
+    validation rows; negative: the tail still lowered it. None with fewer than four validations."""
+    pts = [(int(r["step"]), float(r[key])) for r in rows if r.get(key) is not None]
+    if len(pts) < 4:
+        return None
+    cut = (1 - FLAT_TAIL) * pts[-1][0]
+    before = min(v for st, v in pts if st <= cut)
+    after = min(v for st, v in pts if st > cut)
+    change = (after - before) / abs(before) if before else 0.0
+    return change > -FLAT_TOLERANCE, change
 
 
 def row_label(model: str, failures: bool) -> str:
@@ -142,7 +164,32 @@ def table3_section(data: Mapping[str, Any]) -> list[str]:
     r0 = _select(results, round=0)
     return (lines + _provenance(run, steps) + _data_section(steps) + _success_section(r0, families)
             + parameters_section(run.get("preset_parameters")) + _germ_vs_baselines(r0, families)
-            + _flywheel_section(results, steps, families) + _wall_time_section(steps))
+            + _flywheel_section(results, steps, families) + curves_section(data.get("curves", {}))
+            + _wall_time_section(steps))
+
+
+def curves_section(curves: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Every training run's validation loss and greedy agreement at each validation step, and whether the
+    loss has flattened (``flattening``). Losses compare within a row only: the Q rows' loss is TD + CQL,
+    the others' cross-entropy; greedy agreement (the greedy bins equal the data's) compares across rows."""
+    if not curves:
+        return []
+    steps = sorted({int(r["step"]) for rows in curves.values() for r in rows})
+    lines = ["### Validation curves", "",
+             f"Flattened: the last {FLAT_TAIL:.0%} of the steps lowered the best validation loss by less than "
+             f"{FLAT_TOLERANCE:.0%}. Losses compare within a row (Q rows: TD + CQL; the others: cross-entropy); "
+             "greedy agreement (the greedy bins equal the data's, all 12 dimensions) compares across rows.", ""]
+    for key, title in (("loss", "validation loss"), ("greedy_agreement", "greedy agreement")):
+        table = []
+        for run, rows in curves.items():
+            at = {int(r["step"]): r.get(key) for r in rows}
+            verdict = flattening(rows) if key == "loss" else None
+            flat = "-" if verdict is None else f"{'yes' if verdict[0] else 'no'} ({100 * verdict[1]:+.1f} %)"
+            table.append([run] + [fmt(at.get(st)) if at.get(st) is not None else "" for st in steps]
+                         + ([flat] if key == "loss" else []))
+        head = ("run", *map(str, steps)) + (("flattened",) if key == "loss" else ())
+        lines += [f"**{title}** by training step", "", markdown_table(head, table), ""]
+    return lines
 
 
 def portable(text: str) -> str:
@@ -183,7 +230,7 @@ def _provenance(run: Mapping[str, Any], steps: list[dict[str, Any]]) -> list[str
              f"{demo_count(cfg, steps, scale)} demonstrations, "
              f"{scale.get('auto_episodes')} auto-collected episodes per round, "
              f"{scale.get('train_steps') or 'preset'} training steps × batch {scale.get('batch_size') or 'preset'} "
-             f"(preset `{scale.get('preset')}`) for every model, {scale.get('eval_episodes')} evaluation episodes per "
+             f"(preset `{scale.get('preset')}`) for every model, {eval_per_cell(steps, scale)} evaluation episodes per "
              f"family and colour set (train, held_out) per seed, seeds {list(cfg.get('seeds', []))}.", ""]
     if cfg.get("demos"):
         lines += [f"Demonstrations: the existing store `{portable(cfg['demos'])}` (`--demos`), not collected by this run.", ""]
@@ -193,6 +240,16 @@ def _provenance(run: Mapping[str, Any], steps: list[dict[str, Any]]) -> list[str
     if scale.get("name") == "tiny":
         lines += ["**Toy scale.** This run checks the plumbing; its success rates say nothing about the models.", ""]
     return lines
+
+
+def eval_per_cell(steps: list[dict[str, Any]], scale: Mapping[str, Any]) -> Any:
+    """Evaluation episodes per family, colour set and seed: what the eval steps ran (a power-sized scale
+    derives it from the seed count), else the scale's number."""
+    for st in steps:
+        argv = st.get("argv") or []
+        if st.get("stage") == "eval" and "--episodes-per-cell" in argv:
+            return int(argv[argv.index("--episodes-per-cell") + 1])
+    return scale.get("eval_episodes")
 
 
 def _data_section(steps: list[dict[str, Any]]) -> list[str]:

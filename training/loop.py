@@ -21,8 +21,6 @@ trainer's store batches restart from such a stream at every checkpoint.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +32,7 @@ import torch
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.models.checkpoint import Checkpoint, save_checkpoint
 from quadforge.progress import progress_bar
+from quadforge.training.curves import append_val_row, restart_val_curve
 from quadforge.training.distributed import DistInfo, all_reduce_mean, barrier
 from quadforge.training.optim import clip_gradients
 
@@ -55,30 +54,6 @@ def autocast(device: torch.device, amp: str):
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
-VAL_CURVE = "val.jsonl"
-
-
-def _plain(v: Any) -> Any:
-    """A JSON value of a logged number (NaN as null)."""
-    v = float(v)
-    return None if math.isnan(v) else v
-
-
-def read_val_curve(out: Path) -> list[dict[str, Any]]:
-    """The validation rows a run wrote (``OUT/val.jsonl``), oldest first; [] when it wrote none. A torn
-    last line (the run killed mid-write) is skipped."""
-    path = Path(out) / VAL_CURVE
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
 class RunLog:
     """TensorBoard scalars of one run (a no-op off the main rank, without ``out`` or when disabled), and
     the validation rows as JSON lines in ``OUT/val.jsonl`` (with or without TensorBoard: the loss curves
@@ -94,10 +69,7 @@ class RunLog:
         self.writer, self.who, self.curve = None, who, None
         if out is None or not is_main:
             return
-        self.curve = Path(out) / VAL_CURVE
-        kept = [r for r in read_val_curve(Path(out)) if int(r.get("step", 0)) <= resumed_at] if resumed_at else []
-        self.curve.parent.mkdir(parents=True, exist_ok=True)
-        self.curve.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.curve = restart_val_curve(Path(out), resumed_at)
         if not enabled:
             return
         try:
@@ -124,8 +96,7 @@ class RunLog:
     def val_row(self, step: int, row: Mapping[str, float]) -> None:
         """Append one validation's numbers to ``OUT/val.jsonl`` (main rank; ``line`` does it for ``val``)."""
         if self.curve is not None:
-            with open(self.curve, "a") as fh:
-                fh.write(json.dumps({"step": int(step), **{k: _plain(v) for k, v in row.items() if k != "step"}}) + "\n")
+            append_val_row(self.curve, step, row)
 
     def close(self) -> None:
         if self.writer is not None:

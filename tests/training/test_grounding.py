@@ -156,7 +156,7 @@ def test_training_logs_the_swap_metric_and_a_blind_model_scores_chance(paired_st
     assert {"target", "target_err_deg"} <= set(reading["history"][-1])
     assert json.loads((tmp_path / "reading" / "grounding.json").read_text())[-1]["step"] == 2
     # the loss curve a report reads: every validation row, the swap numbers with it, without TensorBoard
-    from quadforge.training.loop import read_val_curve
+    from quadforge.training.curves import read_val_curve
     curve = read_val_curve(tmp_path / "reading")
     assert [r["step"] for r in curve] == [2] and curve[-1]["loss"] == pytest.approx(row["loss"])
     # the blind baseline, fine-tuned from the reading model: every word is <unk>, so the swap changes nothing

@@ -72,7 +72,7 @@ def test_val_curve_after_a_resume_has_each_validation_once(tmp_path, monkeypatch
     validation and its save) is dropped and written again by the resumed run."""
     import json
 
-    from quadforge.training.loop import read_val_curve
+    from quadforge.training.curves import read_val_curve
 
     real_train = imitation.train
 
