@@ -473,3 +473,31 @@ def test_report_shows_each_runs_validation_curve(tmp_path):
     assert rt1.endswith("| no (-37.5 %) |")   # best to step 1500: 1.6 (step 1400); after: 1.0
     germ = next(line for line in text.splitlines() if line.startswith("| germ_Y_r0_s0 |") and "(" in line)
     assert germ.endswith("| yes (+0.0 %) |")
+
+
+def test_fig6_plan_trains_on_one_familys_demonstrations_and_evaluates_each_kept_checkpoint():
+    cfg = QuardConfig(scale="tiny", seeds=(0, 1), fig6="go_to").validate()
+    steps = [s for s in build_plan(cfg) if s.stage.startswith("fig6")]
+    trains = [s for s in steps if s.stage == "fig6_train"]
+    assert [s.meta["model"] for s in trains] == ["rt1", "germ-il", "germ-dense", "germ"]
+    for t in trains:
+        assert t.argv[t.argv.index("--store") + 1].endswith("/data/demos") and "--success-only" in t.argv
+        assert "families=go_to" in t.argv and "keep_every=2" in t.argv and t.after == ("demos",)
+        evals = [s for s in steps if s.stage == "fig6_eval" and s.after == (t.id,)]
+        assert [s.meta["step"] for s in evals] == [2, 4]
+        assert all(s.argv[s.argv.index("--policy") + 1] == f"{t.output}/step_{s.meta['step']}.pt" for s in evals)
+        assert all(s.argv[s.argv.index("--task") + 1] == "quard:go_to" for s in evals)
+    with pytest.raises(ValueError, match="--fig6 'go_nowhere'"):
+        QuardConfig(scale="tiny", fig6="go_nowhere").validate()
+
+
+def test_fig6_section_reads_success_against_epochs():
+    from quadforge.tools.quard_report import fig6_section
+    points = [{"model": m, "family": "go_to", "step": st, "epoch": st / 100, "successes": k, "episodes": 16}
+              for m, ks in (("rt1", (2, 6, 10)), ("germ", (12, 14, 13))) for st, k in zip((100, 200, 300), ks)]
+    text = "\n".join(fig6_section(points))
+    assert "| 100 (1.0) | 200 (2.0) | 300 (3.0) |" in text
+    assert "| RT-1-style | 12 (2/16) | 38 (6/16) | 62 (10/16) | 62 | step 300 (epoch 3.0) |" in text
+    # 75 is 12.5 points below the best 87.5: converged at step 200
+    assert "| GeRM | 75 (12/16) | 88 (14/16) | 81 (13/16) | 88 | step 200 (epoch 2.0) |" in text
+    assert fig6_section([]) == []

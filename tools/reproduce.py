@@ -365,8 +365,9 @@ def run(args: argparse.Namespace) -> int:
         if stages != ("quard",):
             raise ValueError(f"--stages={args.stages!r}: quard runs alone (its own --out and report section)")
         return run_quard_from_args(args, _ints(args.seeds) if args.seeds else None)
-    if args.scale or args.rounds is not None or args.demos or args.pretrained or args.jobs is not None:
-        raise ValueError("--scale, --rounds, --demos, --pretrained and --jobs belong to --stages quard; the imitation/germ "
+    if args.scale or args.rounds is not None or args.demos or args.pretrained or args.jobs is not None \
+            or args.fig6:
+        raise ValueError("--scale, --rounds, --demos, --pretrained, --jobs and --fig6 belong to --stages quard; the imitation/germ "
                          "stages use --quick")
     if args.report_only:
         path = Path(args.out) / "results.json"

@@ -67,7 +67,12 @@ class QuardScale:
     # families pooled (evaluation.metrics.episodes_for_power); used when eval_episodes is None
     row_power: tuple[float, float] | None = None
     val_every: int | None = None  # validation (and its loss curve point) every N training steps; None: the preset's
-    keep_every: int | None = None  # also keep step_N.pt every N steps (Fig. 6 evaluates them); None: last.pt only
+    keep_every: int | None = None  # also keep step_N.pt every N steps; None: last.pt only
+    # Fig. 6 (--fig6 FAMILY): each model trains on that family's demonstrations alone for fig6_steps, keeping
+    # step_N.pt every fig6_every steps, each evaluated on fig6_episodes episodes of the family (seen colours)
+    fig6_steps: int = 2000
+    fig6_every: int = 200
+    fig6_episodes: int = 16
 
     def row_episodes(self) -> int | None:
         """Evaluation episodes a Table III row needs, over seeds, families and colour sets together."""
@@ -88,7 +93,8 @@ class QuardScale:
 SCALE_PRESETS: dict[str, QuardScale] = {
     # a smoke test of the plumbing: minutes, numbers meaningless
     "tiny": QuardScale("tiny", demo_episodes=8, auto_episodes=8, train_steps=4, batch_size=4, preset="cpu",
-                       eval_episodes=1, num_envs=2, note="plumbing only (tens of minutes); the numbers mean nothing"),
+                       eval_episodes=1, num_envs=2, note="plumbing only (tens of minutes); the numbers mean nothing",
+                       fig6_steps=4, fig6_every=2, fig6_episodes=1),
     # the documented run on this machine, sized from per-step costs measured at tiny scale (docs/quard_auto.md,
     # "Scales and what each costs"): training the 18 Table III runs dominates, so steps are what was cut
     "cpu": QuardScale("cpu", demo_episodes=200, auto_episodes=200, train_steps=300, batch_size=16, preset="cpu",
@@ -122,6 +128,7 @@ class QuardConfig:
     seed: int = 0                    # root seed of the collections
     demos: str | None = None         # an existing demonstration store instead of the demos step (--demos)
     pretrained: str | None = None    # a VLA checkpoint as round 0's collector instead of pretrain (--pretrained)
+    fig6: str | None = None          # a QUARD family: seed 003's Fig. 6 (success against epochs) on it (--fig6)
 
     @property
     def sizes(self) -> QuardScale:
@@ -148,6 +155,8 @@ class QuardConfig:
                                  f"train on them: collect it with --task quard:...")
         if self.pretrained is not None:
             self.pretrained = str(pretrained_checkpoint(self.pretrained))
+        if self.fig6 is not None and self.fig6 not in family_names():
+            raise ValueError(f"--fig6 {self.fig6!r}: not a QUARD family; allowed: {', '.join(family_names())}")
         return self
 
 
@@ -211,6 +220,13 @@ def _collect_argv(cfg: QuardConfig, policy: str, store: str, episodes: int, coll
             "--collector-id", collector, "--num-envs", str(cfg.sizes.num_envs), "--seed", str(seed), "--no-progress"]
 
 
+def balanced_envs(episodes: int, most: int) -> int:
+    """Envs for ``episodes`` per cell, at most ``most``: as many waves as ``most`` needs, each as full as the
+    last (16 episodes on up to 9 envs: 2 waves of 8, not 9 + 7)."""
+    waves = math.ceil(episodes / most)
+    return math.ceil(episodes / waves)
+
+
 def build_plan(cfg: QuardConfig) -> list[Step]:
     """Every step of the loop in order, as `quadforge` command lines (paths relative to ``cfg.out``'s parent
     as given), each naming the steps whose outputs it reads (``after``). Pure: the same config gives the same
@@ -260,10 +276,39 @@ def build_plan(cfg: QuardConfig) -> list[Step]:
                 steps.append(Step(f"eval-{name}", "eval",
                                   ["eval", "--task", "quard:all", "--policy", f"{tdir}/last.pt", "--out", edir,
                                    "--colours", ",".join(EVAL_COLOURS), "--episodes-per-cell", str(per_cell),
-                                   "--num-envs", str(min(s.num_envs, per_cell)), "--seed", str(1000 + seed)],
+                                   "--num-envs", str(balanced_envs(per_cell, s.num_envs)), "--seed", str(1000 + seed)],
                                   edir, ("quard_eval", "vla_policy"), meta, after=(f"train-{name}",)))
         collector_name = run_name("germ", True, rnd, cfg.seeds[0])
         collector, collector_step = f"{out}/train/{collector_name}/last.pt", (f"train-{collector_name}",)
+    if cfg.fig6 is not None:
+        steps += fig6_steps(cfg, demos, first)
+    return steps
+
+
+# seed 003 Fig. 6: RT-1, GeRM w/o RL, GeRM w/o MoE and GeRM on "go to the red cube", demonstrations only
+FIG6_MODELS = ("rt1", "germ-il", "germ-dense", "germ")
+
+
+def fig6_steps(cfg: QuardConfig, demos: str, after: tuple[str, ...]) -> list[Step]:
+    """Fig. 6's steps: each model trained on one family's demonstrations (``--success-only``, the family
+    alone), its checkpoint every ``fig6_every`` steps evaluated on that family (seen colours)."""
+    s, out, fam, seed = cfg.sizes, cfg.out.rstrip("/"), cfg.fig6, cfg.seeds[0]
+    steps = []
+    for model in FIG6_MODELS:
+        tdir = f"{out}/fig6/train/{model}"
+        argv = ["train", "--model", model, "--store", demos, "--out", tdir, "--seed", str(seed), "--preset", s.preset,
+                "--max-steps", str(s.fig6_steps), "--batch-size", str(s.batch_size or 16), "--success-only",
+                f"families={fam}", f"val_every={s.fig6_every}", f"keep_every={s.fig6_every}"]
+        meta = {"model": model, "family": fam, "seed": seed, "run": f"fig6_{model}", "batch_size": s.batch_size or 16}
+        steps.append(Step(f"fig6-train-{model}", "fig6_train", argv, tdir, ("vla_train",), meta, after=after))
+        for k in range(s.fig6_every, s.fig6_steps + 1, s.fig6_every):
+            edir = f"{out}/fig6/eval/{model}/step_{k}"
+            steps.append(Step(f"fig6-eval-{model}-{k}", "fig6_eval",
+                              ["eval", "--task", f"quard:{fam}", "--policy", f"{tdir}/step_{k}.pt", "--out", edir,
+                               "--colours", "train", "--episodes-per-cell", str(s.fig6_episodes),
+                               "--num-envs", str(balanced_envs(s.fig6_episodes, s.num_envs)), "--seed", str(2000 + seed)],
+                              edir, ("quard_eval", "vla_policy"), {**meta, "step": k},
+                              after=(f"fig6-train-{model}",)))
     return steps
 
 
@@ -354,9 +399,12 @@ def step_record_path(out: str, step: Step) -> Path:
 def is_complete(cfg: QuardConfig, step: Step) -> bool:
     if step.stage in ("demos", "auto"):
         return _store_episodes(step.output) >= int(step.meta["episodes"])
-    if step.stage in ("pretrain", "train"):
+    if step.stage in TRAIN_STAGES:
         return (Path(step.output) / "last.pt").exists() and step_record_path(cfg.out, step).exists()
     return (Path(step.output) / "eval.json").exists() and step_record_path(cfg.out, step).exists()
+
+
+TRAIN_STAGES = ("pretrain", "train", "fig6_train")   # steps whose output is a training directory
 
 
 class StepFailed(RuntimeError):
@@ -375,7 +423,7 @@ def resume_argv(step: Step) -> list[str]:
     """The step's command, continuing an interrupted training run: from its ``last.pt`` (``--resume``), or
     afresh over a directory it left without one (``--overwrite``; the directory is this loop's own)."""
     argv = list(step.argv)
-    if step.stage in ("pretrain", "train") and Path(step.output).is_dir():
+    if step.stage in TRAIN_STAGES and Path(step.output).is_dir():
         argv.append("--resume" if (Path(step.output) / "last.pt").exists() else "--overwrite")
     return argv
 
@@ -385,7 +433,7 @@ def clear_dead_attempt(step: Step) -> bool:
     files only, say): ``train`` refuses a non-empty folder that is not a run even with ``--overwrite``, and
     the folder is this loop's own, so there is nothing in it to keep. True when something was removed."""
     out = Path(step.output)
-    if step.stage not in ("pretrain", "train") or not out.is_dir() or holds_run(out):
+    if step.stage not in TRAIN_STAGES or not out.is_dir() or holds_run(out):
         return False
     shutil.rmtree(out)
     return True
@@ -525,6 +573,21 @@ def eval_results(cfg: QuardConfig, step: Step, train_record: dict[str, Any] | No
     return out
 
 
+def fig6_result(step: Step, record: dict[str, Any]) -> dict[str, Any]:
+    """One Fig. 6 point: a checkpoint's successes on its family, at its step and epoch (windows seen over the
+    training windows, which the checkpoint's provenance records)."""
+    from quadforge.models.checkpoint import load_checkpoint
+    ev = json.loads((Path(step.output) / "eval.json").read_text())
+    rows = [r[step.meta["family"]] for r in ev["families"].values() if step.meta["family"] in r]
+    n = sum(int(r["episodes"]) for r in rows)
+    k = sum(int(round(float(r["success"]) * int(r["episodes"]))) for r in rows)
+    ckpt = Path(step.argv[step.argv.index("--policy") + 1])
+    windows = (load_checkpoint(str(ckpt)).provenance or {}).get("train_windows")
+    epoch = step.meta["step"] * step.meta["batch_size"] / windows if windows else None
+    return {**step.meta, "successes": k, "episodes": n, "train_windows": windows, "epoch": epoch,
+            "eval_wall_s": record["wall_s"], "eval_command": step.command}
+
+
 def run_steps(cfg: QuardConfig, todo: list[Step], jobs: int, log: Callable[[str], None],
               finished: Callable[[Step, dict[str, Any], bool], None]) -> None:
     """Run ``todo`` in plan order, up to ``jobs`` at once, each only after the steps it reads (``after``)
@@ -599,6 +662,11 @@ def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str
                 for fam, path in paths.items():
                     _write_json(path, per[fam])
 
+        if step.stage == "fig6_eval":
+            path = out / "results" / "fig6" / f"{step.meta['model']}_step{step.meta['step']}.json"
+            if ran or not path.exists():
+                _write_json(path, fig6_result(step, records[step.id]))
+
     for step in steps:
         if step not in todo:
             finished(step, None, ran=False)
@@ -617,6 +685,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(round k+1 collects with round k's GeRM); default 1")
     p.add_argument("--demos", default=None, metavar="STORE", help="quard stage: an existing demonstration store "
                    "(quadforge collect --task quard:all --policy quard_expert) instead of collecting one")
+    p.add_argument("--fig6", default=None, metavar="FAMILY", help="quard stage: also seed 003's Fig. 6 on one family "
+                   "(e.g. go_to): RT-1-style, GeRM w/o RL, GeRM w/o MoE and GeRM on its demonstrations alone, success "
+                   "against training epochs")
     p.add_argument("--jobs", type=int, default=None, metavar="N", help="quard stage: run up to N steps at once "
                    "(trainings and evaluations that do not read each other's outputs), one core each; default 1")
     p.add_argument("--pretrained", default=None, metavar="CKPT", help="quard stage: a pre-trained VLA checkpoint "
@@ -641,6 +712,8 @@ def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> in
         kw["demos"] = args.demos
     if args.pretrained:
         kw["pretrained"] = args.pretrained
+    if args.fig6:
+        kw["fig6"] = args.fig6
     if seeds:
         kw["seeds"] = seeds
     command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
