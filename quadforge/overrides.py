@@ -4,8 +4,8 @@
 Python literal (a bare word stays a string); ``apply_overrides(cfg, overrides)`` sets (dotted) fields of a
 dataclass config, checking each value against the field it replaces: an int field takes an integer
 (``batch_size=64.5`` is an error), a float field a number (``lr=fast`` is an error), a bool field
-``True``/``False`` (``tensorboard=maybe`` is refused), a tuple field a list/tuple (or one value), a str
-field any word. Unknown fields are errors naming the allowed ones, so a typo never silently does nothing.
+``True``/``False`` (``tensorboard=maybe`` is refused), a tuple field a list/tuple, bare words split at
+commas (``families=go_to,stop``) or one value, a str field any word. Unknown fields are errors naming the allowed ones, so a typo never silently does nothing.
 A frozen dataclass is not changed in place: the result is a new instance.
 """
 from __future__ import annotations
@@ -79,6 +79,8 @@ def coerce(key: str, value: Any, current: Any, annotation: Any = None) -> Any:
             raise bad("a word")
         return str(value)
     if kind == "tuple":
+        if isinstance(value, str) and "," in value:   # bare words: families=go_to,stop
+            return tuple(v.strip() for v in value.split(",") if v.strip())
         return tuple(value) if isinstance(value, (list, tuple)) else (value,)
     if kind == "dict" and not isinstance(value, dict):
         raise bad("a dict literal, or set its entries with key.<name>=value")

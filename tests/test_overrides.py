@@ -50,3 +50,14 @@ def test_env_overrides_apply_only_under_their_root():
     from quadforge.envs.config import EnvConfig
     cfg = apply_overrides(EnvConfig.flat(), parse_overrides(["env.commands.resample=False", "lr=3"]), root="env")
     assert cfg.commands.resample is False
+
+
+def test_a_tuple_field_takes_bare_words_split_at_commas():
+    from quadforge.training.vla import default_config
+    cfg = default_config("rt1", "cpu")
+    apply_overrides(cfg, parse_overrides(["families=go_to,stop"]))
+    assert cfg.families == ("go_to", "stop")
+    apply_overrides(cfg, parse_overrides(["families=go_avoid"]))
+    assert cfg.families == ("go_avoid",)
+    apply_overrides(cfg, parse_overrides(["families=('go_to', 'distinguish')"]))
+    assert cfg.families == ("go_to", "distinguish")
