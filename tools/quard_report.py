@@ -36,12 +36,13 @@ PAPER_TABLE3: dict[tuple[str, bool], tuple[float, ...]] = {
 
 def load_run(out: Path) -> dict[str, Any]:
     """Everything the report reads, from the run directory's JSON files (and each training run's
-    validation curve, ``OUT/train/<run>/val.jsonl``)."""
+    validation curve, ``OUT/train/<run>/val.jsonl`` and ``OUT/fig6/train/<model>/val.jsonl``)."""
     def read_all(folder: Path) -> list[dict[str, Any]]:
         return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
     run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
-    curves = {d.name: read_val_curve(d) for d in sorted((out / "train").glob("*")) if d.is_dir()} \
-        if (out / "train").is_dir() else {}
+    # Table III's runs by name, Fig. 6's as fig6_<model>
+    curves = {prefix + d.name: read_val_curve(d) for prefix, folder in (("", out / "train"), ("fig6_", out / "fig6" / "train"))
+              for d in (sorted(folder.glob("*")) if folder.is_dir() else []) if d.is_dir()}
     return {"run": run, "steps": read_all(out / "steps"), "results": read_all(out / "results"),
             "curves": {k: v for k, v in curves.items() if v}, "fig6": read_all(out / "results" / "fig6")}
 
