@@ -1,7 +1,7 @@
 """`quadforge reproduce --stages quard`: the QUARD-Auto loop and seed 003's Table III on our tasks.
 
-    quadforge reproduce --stages quard [--scale tiny|cpu|paper] [--rounds K] [--seeds 0,1,2]
-                        [--demos STORE] [--pretrained CKPT]
+    quadforge reproduce --stages quard [--scale tiny|cpu|paper|power] [--rounds K] [--seeds 0,1,2]
+                        [--demos STORE] [--pretrained CKPT] [--fig6 FAMILY] [--jobs N]
                         [--out runs/reproduce_quard] [--docs docs/results.md] [--report-only]
 
 The loop is a fixed sequence of ordinary ``quadforge`` commands (the plan, ``build_plan``), each run as its
@@ -19,6 +19,11 @@ own process so the report can quote the exact command line:
                  failures. Later rounds train GeRM (Y) only: it is the next round's collector.
 5. ``eval``      every trained model on every family (one ``eval --task quard:all`` per model: success per
                  family and colour set) over the seeds.
+6. ``fig6_*``    with ``--fig6 FAMILY``: seed 003's Fig. 6, the four models on that family's demonstrations
+                 alone, every kept checkpoint evaluated on the family (success against epochs).
+
+Every step names the steps whose outputs it reads (``Step.after``); ``--jobs N`` runs up to N steps at once,
+each as soon as those are done.
 
 A step is complete when its output is (a store holding its target episode count; a training directory with
 ``last.pt`` and the step's record; an ``eval.json``), and is then skipped: an interrupted run resumes where
