@@ -501,3 +501,22 @@ def test_fig6_section_reads_success_against_epochs():
     # 75 is 12.5 points below the best 87.5: converged at step 200
     assert "| GeRM | 75 (12/16) | 88 (14/16) | 81 (13/16) | 88 | step 200 (epoch 2.0) |" in text
     assert fig6_section([]) == []
+
+
+def test_a_fig6_point_counts_its_familys_episodes_at_the_checkpoints_epoch(tmp_path):
+    import torch
+
+    from quadforge.models.checkpoint import Checkpoint, save_checkpoint
+    from quadforge.tools.reproduce_quard import fig6_result
+    cfg = QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,), fig6="go_to").validate()
+    step = next(s for s in build_plan(cfg) if s.stage == "fig6_eval" and s.meta["step"] == 4)
+    ckpt = Path(step.argv[step.argv.index("--policy") + 1])
+    save_checkpoint(ckpt, Checkpoint("rt1", {}, {"w": torch.zeros(1)}, {"name": "vla"}, step=4,
+                                     provenance={"train_windows": 8}))
+    Path(step.output).mkdir(parents=True)
+    (Path(step.output) / "eval.json").write_text(json.dumps({"families": {"train": {"go_to": {"episodes": 4,
+                                                                                             "success": 0.75}}}}))
+    point = fig6_result(step, {"wall_s": 3.0})
+    assert (point["successes"], point["episodes"]) == (3, 4)
+    assert point["epoch"] == pytest.approx(4 * 4 / 8)     # step 4 x batch 4 over 8 training windows
+    assert point["model"] == step.meta["model"] and point["family"] == "go_to"
