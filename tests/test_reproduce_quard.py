@@ -520,3 +520,19 @@ def test_a_fig6_point_counts_its_familys_episodes_at_the_checkpoints_epoch(tmp_p
     assert (point["successes"], point["episodes"]) == (3, 4)
     assert point["epoch"] == pytest.approx(4 * 4 / 8)     # step 4 x batch 4 over 8 training windows
     assert point["model"] == step.meta["model"] and point["family"] == "go_to"
+
+
+def test_a_resumed_collections_rate_counts_only_the_episodes_it_added(tmp_path, monkeypatch):
+    import subprocess
+
+    from quadforge.tools import reproduce_quard as rq
+    counts = iter([30, 40])    # the collector's episodes before and after the invocation
+    monkeypatch.setattr(rq, "_store_episodes", lambda path, collector=None: next(counts))
+    monkeypatch.setattr(rq, "collection_stats", lambda store, collector: {"episodes": 40, "per_family": {}})
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0))
+    cfg = QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,))
+    step = next(s for s in build_plan(cfg) if s.id == "r0-auto")
+    record = rq.run_step(cfg, step, lambda s: None)
+    c = record["collection"]
+    assert c["resumed_with"] == 30 and c["episodes"] == 40
+    assert c["episodes_per_min"] == pytest.approx(10 / (record["wall_s"] / 60))

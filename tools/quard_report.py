@@ -81,12 +81,14 @@ def per_seed_rates(rows: Sequence[Mapping[str, Any]]) -> list[float]:
 
 
 def spread(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Success % as mean ± sample std over seeds (n=1 for a single seed), '-' without results."""
+    """Success % as mean ± sample std over seeds; one seed: the rate and its successes/episodes (no spread
+    to give); '-' without results."""
     rates = [100 * r for r in per_seed_rates(rows)]
     if not rates:
         return "-"
     if len(rates) == 1:
-        return f"{rates[0]:.1f} (n=1)"
+        k, n = pooled(rows)
+        return f"{rates[0]:.1f} ({k}/{n})"
     return f"{np.mean(rates):.1f} ± {np.std(rates, ddof=1):.1f}"
 
 
@@ -271,6 +273,9 @@ def _provenance(run: Mapping[str, Any], steps: list[dict[str, Any]]) -> list[str
              f"family and colour set (train, held_out) per seed, seeds {list(cfg.get('seeds', []))}.", ""]
     if cfg.get("demos"):
         lines += [f"Demonstrations: the existing store `{portable(cfg['demos'])}` (`--demos`), not collected by this run.", ""]
+    if not cfg.get("demos"):
+        lines += ["Demonstrations: collected by this run's `demos` step (the first command under \"Wall time\"), so a "
+                  "fresh clone rebuilds them with the same command.", ""]
     if cfg.get("pretrained"):
         lines += [f"Round 0's collector: the pre-trained VLA `{portable(cfg['pretrained'])}` (`--pretrained`), not trained by "
                   "this run.", ""]
@@ -297,12 +302,13 @@ def _data_section(steps: list[dict[str, Any]]) -> list[str]:
         per = c.get("per_family", {})
         split = ", ".join(f"{f}: {v['successes']}/{v['successes'] + v['failures']}" for f, v in sorted(per.items()))
         source = st["meta"].get("policy") or ("copy of the demonstrations" if st["stage"] == "auto" else "quard_expert")
-        table.append([st["id"], c.get("collector"), source, c.get("episodes"),
+        resumed = f" ({c['resumed_with']} before this invocation)" if c.get("resumed_with") else ""
+        table.append([st["id"], c.get("collector"), source, f"{c.get('episodes')}{resumed}",
                       split if c.get("success_labels") else "no labels", fmt(st["wall_s"]),
                       fmt(c.get("episodes_per_min"))])
     return ["### The data", "",
             markdown_table(("step", "collector id", "policy", "episodes", "successes/episodes per family",
-                            "wall s", "episodes/min"), table),
+                            "wall s (this invocation)", "episodes/min"), table),
             "", "Training store of round k = a copy of the demonstrations + round k's auto-collection. (N) rows train "
             "on its successful episodes only (`--success-only`); (Y) rows on everything, successes:failures "
             "75.69 %:24.31 % per batch, sparse reward 1 at a success's end.", ""]
@@ -319,7 +325,7 @@ def _success_section(r0: list[Mapping[str, Any]], families: Sequence[str]) -> li
         table.append([row_label(model, failures), fmt(total), fmt(active), "Y" if failures else "N",
                       len({r["seed"] for r in rows})] + [spread(_select(rows, family=f)) for f in families]
                      + [spread(rows)])
-    return ["### Success per family (%, mean ± std over seeds)", "",
+    return ["### Success per family (%, mean ± std over seeds; one seed: successes/episodes)", "",
             markdown_table(("model", "total params", "active params", "failures", "seeds", *families, "all"), table),
             "", "Seed 003's Table III for reference (its data and sizes, success %): "
             + "; ".join(f"{row_label(m, f)} " + "/".join(f"{v:g}" for v in vals) for (m, f), vals in PAPER_TABLE3.items())
@@ -368,14 +374,29 @@ def _flywheel_section(results: list[Mapping[str, Any]], steps: list[dict[str, An
             markdown_table(("round", "collector successes", *families, "GeRM (Y) all", "vs previous round"), table), ""]
 
 
+def _elapsed_h(steps: list[dict[str, Any]]) -> float | None:
+    """Hours from the first step's start to the last step's end (steps run side by side with --jobs)."""
+    from datetime import datetime, timedelta
+    spans = [(datetime.strptime(s["started_utc"], "%Y-%m-%d %H:%M:%S"), float(s["wall_s"])) for s in steps
+             if s.get("started_utc")]
+    if not spans:
+        return None
+    first = min(t for t, _ in spans)
+    last = max(t + timedelta(seconds=w) for t, w in spans)
+    return (last - first).total_seconds() / 3600
+
+
 def _wall_time_section(steps: list[dict[str, Any]]) -> list[str]:
     """Wall time per stage, and every command in the order it ran (folded)."""
     wall: dict[str, float] = {}
     for s in steps:
         wall[s["stage"]] = wall.get(s["stage"], 0.0) + float(s["wall_s"])
     total = sum(wall.values())
+    elapsed = _elapsed_h(steps)
+    span = "" if elapsed is None else (f" From the first step's start to the last one's end: {elapsed:.2f} h (steps "
+                                       "run side by side with `--jobs`; a run stopped and resumed counts its pause).")
     return (["### Wall time", "", "Summed over steps, seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items())
-             + f"; all {total:.0f} ({total / 3600:.2f} h).", "", "<details><summary>The exact commands, in the order "
+             + f"; all {total:.0f} ({total / 3600:.2f} h)." + span, "", "<details><summary>The exact commands, in the order "
              f"they ran ({len(steps)} steps)</summary>", "", "```"]
             + [s["command"] for s in sorted(steps, key=lambda s: s["started_utc"])] + ["```", "", "</details>", ""])
 

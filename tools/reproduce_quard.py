@@ -462,6 +462,8 @@ def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[s
         _write_json(step_record_path(cfg.out, step), record)
         log(f"[quard] {step.id}: done in {wall:.0f} s")
         return record
+    collector = step.meta.get("collector", "expert")
+    before = _store_episodes(step.output, collector) if step.stage in ("demos", "auto") else 0
     with open(logfile, "w") as fh:
         proc = subprocess.run([sys.executable, "-m", "quadforge.tools.cli", *argv], stdout=fh, stderr=subprocess.STDOUT,
                               env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
@@ -473,8 +475,11 @@ def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[s
     record = {"id": step.id, "stage": step.stage, "command": step.command, "argv": argv, "meta": step.meta,
               "started_utc": started, "wall_s": wall}
     if step.stage in ("demos", "auto"):
-        record["collection"] = collection_stats(step.output, step.meta.get("collector", "expert"))
-        record["collection"]["episodes_per_min"] = record["collection"]["episodes"] / max(wall / 60, 1e-9)
+        # a resumed collection's wall time covers only the episodes this invocation added
+        record["collection"] = collection_stats(step.output, collector)
+        record["collection"]["resumed_with"] = before
+        added = record["collection"]["episodes"] - before
+        record["collection"]["episodes_per_min"] = added / max(wall / 60, 1e-9) if added > 0 else None
     _write_json(step_record_path(cfg.out, step), record)
     log(f"[quard] {step.id}: done in {wall:.0f} s")
     return record
