@@ -536,3 +536,14 @@ def test_a_resumed_collections_rate_counts_only_the_episodes_it_added(tmp_path, 
     c = record["collection"]
     assert c["resumed_with"] == 30 and c["episodes"] == 40
     assert c["episodes_per_min"] == pytest.approx(10 / (record["wall_s"] / 60))
+
+
+def test_train_overrides_reach_every_training_step_and_a_typo_fails_first(tmp_path, capsys):
+    cfg = QuardConfig(scale="tiny", seeds=(0,), fig6="go_to", train_overrides=("early_share=0.5",)).validate()
+    trains = [s for s in build_plan(cfg) if s.stage in ("pretrain", "train", "fig6_train")]
+    assert trains and all(s.argv[-1] == "early_share=0.5" for s in trains)
+    with pytest.raises(ValueError, match="--train-override.*early_shar"):
+        QuardConfig(scale="tiny", train_overrides=("early_shar=0.5",)).validate()
+    assert cli_main(["reproduce", "--stages", "quard", "--scale", "tiny", "--train-override", "batch_size=big",
+                     "--out", str(tmp_path / "r")]) == 2
+    assert "--train-override" in capsys.readouterr().err

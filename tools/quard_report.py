@@ -273,6 +273,9 @@ def _provenance(run: Mapping[str, Any], steps: list[dict[str, Any]]) -> list[str
              f"family and colour set (train, held_out) per seed, seeds {list(cfg.get('seeds', []))}.", ""]
     if cfg.get("demos"):
         lines += [f"Demonstrations: the existing store `{portable(cfg['demos'])}` (`--demos`), not collected by this run.", ""]
+    if cfg.get("train_overrides"):
+        lines += ["Every training step also took " + ", ".join(f"`{o}`" for o in cfg["train_overrides"])
+                  + " (`--train-override`).", ""]
     if not cfg.get("demos"):
         lines += ["Demonstrations: collected by this run's `demos` step (the first command under \"Wall time\"), so a "
                   "fresh clone rebuilds them with the same command.", ""]

@@ -366,8 +366,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--stages={args.stages!r}: quard runs alone (its own --out and report section)")
         return run_quard_from_args(args, _ints(args.seeds) if args.seeds else None)
     if args.scale or args.rounds is not None or args.demos or args.pretrained or args.jobs is not None \
-            or args.fig6:
-        raise ValueError("--scale, --rounds, --demos, --pretrained, --jobs and --fig6 belong to --stages quard; the imitation/germ "
+            or args.fig6 or args.train_override:
+        raise ValueError("--scale, --rounds, --demos, --pretrained, --jobs, --fig6 and --train-override belong to --stages quard; the imitation/germ "
                          "stages use --quick")
     if args.report_only:
         path = Path(args.out) / "results.json"

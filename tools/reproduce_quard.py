@@ -134,6 +134,8 @@ class QuardConfig:
     demos: str | None = None         # an existing demonstration store instead of the demos step (--demos)
     pretrained: str | None = None    # a VLA checkpoint as round 0's collector instead of pretrain (--pretrained)
     fig6: str | None = None          # a QUARD family: seed 003's Fig. 6 (success against epochs) on it (--fig6)
+    # key=value training options given to every training step (--train-override), e.g. early_share=0.5
+    train_overrides: tuple[str, ...] = ()
 
     @property
     def sizes(self) -> QuardScale:
@@ -160,9 +162,23 @@ class QuardConfig:
                                  f"train on them: collect it with --task quard:...")
         if self.pretrained is not None:
             self.pretrained = str(pretrained_checkpoint(self.pretrained))
+        check_train_overrides(self.train_overrides)
         if self.fig6 is not None and self.fig6 not in family_names():
             raise ValueError(f"--fig6 {self.fig6!r}: not a QUARD family; allowed: {', '.join(family_names())}")
         return self
+
+
+def check_train_overrides(items: tuple[str, ...]) -> None:
+    """Every ``--train-override`` is a ``key=value`` every Table III model's training config takes (checked on
+    each model's default config, so a typo fails before any step runs)."""
+    from quadforge.overrides import apply_overrides, parse_overrides
+    from quadforge.training.vla import default_config
+    try:
+        parsed = parse_overrides(list(items))
+        for model in MODEL_NAMES:
+            apply_overrides(default_config(model, "cpu"), dict(parsed))
+    except ValueError as err:
+        raise ValueError(f"--train-override: {err}") from err
 
 
 def pretrained_checkpoint(path: str) -> Path:
@@ -217,7 +233,7 @@ def _train_argv(cfg: QuardConfig, model: str, failures: bool, store: str, out: s
     if not failures:
         argv.append("--success-only")
     argv += [f"{k}={v}" for k, v in (("val_every", s.val_every), ("keep_every", s.keep_every)) if v is not None]
-    return argv
+    return argv + list(cfg.train_overrides)
 
 
 def _collect_argv(cfg: QuardConfig, policy: str, store: str, episodes: int, collector: str, seed: int) -> list[str]:
@@ -303,7 +319,7 @@ def fig6_steps(cfg: QuardConfig, demos: str, after: tuple[str, ...]) -> list[Ste
         tdir = f"{out}/fig6/train/{model}"
         argv = ["train", "--model", model, "--store", demos, "--out", tdir, "--seed", str(seed), "--preset", s.preset,
                 "--max-steps", str(s.fig6_steps), "--batch-size", str(s.batch_size or 16), "--success-only",
-                f"families={fam}", f"val_every={s.fig6_every}", f"keep_every={s.fig6_every}"]
+                f"families={fam}", f"val_every={s.fig6_every}", f"keep_every={s.fig6_every}", *cfg.train_overrides]
         meta = {"model": model, "family": fam, "seed": seed, "run": f"fig6_{model}", "batch_size": s.batch_size or 16}
         steps.append(Step(f"fig6-train-{model}", "fig6_train", argv, tdir, ("vla_train",), meta, after=after))
         for k in range(s.fig6_every, s.fig6_steps + 1, s.fig6_every):
@@ -698,6 +714,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fig6", default=None, metavar="FAMILY", help="quard stage: also seed 003's Fig. 6 on one family "
                    "(e.g. go_to): RT-1-style, GeRM w/o RL, GeRM w/o MoE and GeRM on its demonstrations alone, success "
                    "against training epochs")
+    p.add_argument("--train-override", action="append", default=None, metavar="KEY=VALUE", help="quard stage: a "
+                   "training option for every training step (repeatable), e.g. early_share=0.5; use a new --out")
     p.add_argument("--jobs", type=int, default=None, metavar="N", help="quard stage: run up to N steps at once "
                    "(trainings and evaluations that do not read each other's outputs), one core each; default 1")
     p.add_argument("--pretrained", default=None, metavar="CKPT", help="quard stage: a pre-trained VLA checkpoint "
@@ -724,6 +742,8 @@ def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> in
         kw["pretrained"] = args.pretrained
     if args.fig6:
         kw["fig6"] = args.fig6
+    if args.train_override:
+        kw["train_overrides"] = tuple(args.train_override)
     if seeds:
         kw["seeds"] = seeds
     command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
