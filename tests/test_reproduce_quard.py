@@ -250,7 +250,9 @@ def test_report_is_rebuilt_from_stored_results_alone(tmp_path):
     z, p = two_proportion_z(24, 30, 9, 30)
     assert f"24/30 vs 9/30: z = {z:.2f}, p = {p:.3g} *" in text
     z, p = two_proportion_z(120, 150, 45, 150)
-    assert f"120/150 vs 45/150: z = {z:.2f}, p = {p:.3g} *" in text
+    half = 1.96 * math.sqrt(0.8 * 0.2 / 150 + 0.3 * 0.7 / 150)   # the gap's 95 % (Wald) interval, in points
+    assert f"120/150 vs 45/150: +50.0 points ({50 - 100 * half:+.1f} to {50 + 100 * half:+.1f}), z = {z:.2f}, " \
+           f"p = {p:.3g} *" in text
     # the flywheel: round 1 (150/150) vs round 0 (120/150) rises
     z, p = two_proportion_z(150, 150, 120, 150)
     assert f"z = {z:.2f}, p = {p:.3g}: rises" in text and "| 0 | 3/8 |" in text
@@ -547,3 +549,11 @@ def test_train_overrides_reach_every_training_step_and_a_typo_fails_first(tmp_pa
     assert cli_main(["reproduce", "--stages", "quard", "--scale", "tiny", "--train-override", "batch_size=big",
                      "--out", str(tmp_path / "r")]) == 2
     assert "--train-override" in capsys.readouterr().err
+
+
+def test_one_seed_cells_show_counts_and_a_wilson_interval():
+    from quadforge.evaluation.metrics import wilson_interval
+    from quadforge.tools.quard_report import spread
+    lo, hi = wilson_interval(60, 170)
+    assert spread([{"seed": 0, "successes": 60, "episodes": 170}]) == f"35.3 (60/170; {100 * lo:.0f}–{100 * hi:.0f})"
+    assert spread([]) == "-"

@@ -8,12 +8,14 @@ between two markers of the docs page, leaving the rest of the page as it is. Not
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from quadforge.evaluation.metrics import wilson_interval
 from quadforge.evaluation.reports import fmt, markdown_table
 from quadforge.envs.quard.families import family_names
 from quadforge.training.curves import read_val_curve
@@ -88,16 +90,24 @@ def spread(rows: Sequence[Mapping[str, Any]]) -> str:
         return "-"
     if len(rates) == 1:
         k, n = pooled(rows)
-        return f"{rates[0]:.1f} ({k}/{n})"
+        lo, hi = wilson_interval(k, n)
+        return f"{rates[0]:.1f} ({k}/{n}; {100 * lo:.0f}–{100 * hi:.0f})"
     return f"{np.mean(rates):.1f} ± {np.std(rates, ddof=1):.1f}"
 
 
-def ztest_cell(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> str:
+def ztest_cell(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], gap: bool = False) -> str:
+    """``k1/n1 vs k2/n2: z, p`` of a two-proportion test; ``gap``: also the difference in points with its 95 %
+    (Wald, unpooled) interval."""
     (k1, n1), (k2, n2) = pooled(a), pooled(b)
     if n1 == 0 or n2 == 0:
         return "-"
     z, p = two_proportion_z(k1, n1, k2, n2)
-    return f"{k1}/{n1} vs {k2}/{n2}: z = {z:.2f}, p = {p:.3g}{' *' if p < 0.05 else ''}"
+    diff = ""
+    if gap:
+        p1, p2 = k1 / n1, k2 / n2
+        half = 1.96 * math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
+        diff = f" {100 * (p1 - p2):+.1f} points ({100 * (p1 - p2 - half):+.1f} to {100 * (p1 - p2 + half):+.1f}),"
+    return f"{k1}/{n1} vs {k2}/{n2}:{diff} z = {z:.2f}, p = {p:.3g}{' *' if p < 0.05 else ''}"
 
 
 def _select(results: Sequence[Mapping[str, Any]], **kw: Any) -> list[Mapping[str, Any]]:
@@ -328,7 +338,7 @@ def _success_section(r0: list[Mapping[str, Any]], families: Sequence[str]) -> li
         table.append([row_label(model, failures), fmt(total), fmt(active), "Y" if failures else "N",
                       len({r["seed"] for r in rows})] + [spread(_select(rows, family=f)) for f in families]
                      + [spread(rows)])
-    return ["### Success per family (%, mean ± std over seeds; one seed: successes/episodes)", "",
+    return ["### Success per family (%, mean ± std over seeds; one seed: successes/episodes; 95 % Wilson interval)", "",
             markdown_table(("model", "total params", "active params", "failures", "seeds", *families, "all"), table),
             "", "Seed 003's Table III for reference (its data and sizes, success %): "
             + "; ".join(f"{row_label(m, f)} " + "/".join(f"{v:g}" for v in vals) for (m, f), vals in PAPER_TABLE3.items())
@@ -346,9 +356,10 @@ def _germ_vs_baselines(r0: list[Mapping[str, Any]], families: Sequence[str]) -> 
         if (model, failures) != ("germ", True) and base:
             table.append([row_label(model, failures)]
                          + [ztest_cell(_select(germ, family=f), _select(base, family=f)) for f in families]
-                         + [ztest_cell(germ, base)])
+                         + [ztest_cell(germ, base, gap=True)])
     return ["### GeRM (Y) vs each baseline", "",
-            "Successes pooled over seeds, two-proportion z-test (pooled variance), two-sided p; * p < 0.05.", "",
+            "Successes pooled over seeds, two-proportion z-test (pooled variance), two-sided p; * p < 0.05. All "
+            "families: GeRM (Y) minus the baseline in points, with its 95 % interval.", "",
             markdown_table(("baseline", *families, "all"), table), ""]
 
 
