@@ -115,8 +115,8 @@ SCALE_PRESETS: dict[str, QuardScale] = {
     # and says which did), a collector that follows instructions (--pretrained experts/checkpoints/vla_rt1.pt)
     "power": QuardScale("power", demo_episodes=400, auto_episodes=400, train_steps=2000, batch_size=16,
                         preset="cpu", eval_episodes=None, num_envs=9, row_power=(0.50, 0.65), val_every=200,
-                        keep_every=500, note="Table III sized by its power analysis; about 2 h on 2 cores with "
-                        "--seeds 0 --jobs 2 (measured in docs/results.md)"),
+                        keep_every=500, note="Table III sized by its power analysis; measured on 2 CPU cores with "
+                        "--seeds 0 --jobs 2: round 0 in about 1.4 h, 2.3 h with --fig6 and --rounds 3"),
 }
 SCALES = tuple(SCALE_PRESETS)
 
