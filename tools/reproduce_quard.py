@@ -575,38 +575,42 @@ def parameters_of(checkpoint: Path) -> dict[str, Any] | None:
     return dict(p) if isinstance(p, dict) else None
 
 
-def eval_results(cfg: QuardConfig, step: Step, train_record: dict[str, Any] | None,
-                 eval_record: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """One evaluation's stored results, per family: successes / episodes of one model, seed and round (the
-    colour sets of a family pooled), from ``eval.json``'s ``families[colours][family]``."""
+def family_counts(step: Step, families: tuple[str, ...] | list[str]) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    """(successes, episodes) per family of an evaluation step (the colour sets of a family pooled), from its
+    ``eval.json``'s ``families[colours][family]``, and the colour sets it held; a clear error when the file
+    lacks a family."""
     ev = json.loads((Path(step.output) / "eval.json").read_text())
     by_colours = ev.get("families")
     if not isinstance(by_colours, dict) or not by_colours:
         raise ValueError(f"{step.output}/eval.json has no per-family results ('families'); cannot score {step.id}")
-    m = step.meta
-    params = parameters_of(Path(step.argv[step.argv.index("--policy") + 1]))
-    out: dict[str, dict[str, Any]] = {}
-    for fam in family_names():
+    counts = {}
+    for fam in families:
         rows = [r[fam] for r in by_colours.values() if fam in r]
         if not rows:
             raise ValueError(f"{step.output}/eval.json has no results for family {fam!r}; cannot score {step.id}")
-        n = sum(int(r["episodes"]) for r in rows)
-        k = sum(int(round(float(r["success"]) * int(r["episodes"]))) for r in rows)
-        out[fam] = {**{key: m[key] for key in ("model", "failures", "round", "seed", "run")}, "family": fam,
-                    "successes": k, "episodes": n, "colour_sets": sorted(by_colours), "parameters": params,
-                    "train_wall_s": (train_record or {}).get("wall_s"), "eval_wall_s": eval_record["wall_s"],
-                    "train_command": (train_record or {}).get("command"), "eval_command": step.command}
-    return out
+        counts[fam] = (sum(int(round(float(r["success"]) * int(r["episodes"]))) for r in rows),
+                       sum(int(r["episodes"]) for r in rows))
+    return counts, sorted(by_colours)
+
+
+def eval_results(cfg: QuardConfig, step: Step, train_record: dict[str, Any] | None,
+                 eval_record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One evaluation's stored results, per family: successes / episodes of one model, seed and round."""
+    counts, colour_sets = family_counts(step, family_names())
+    m = step.meta
+    params = parameters_of(Path(step.argv[step.argv.index("--policy") + 1]))
+    return {fam: {**{key: m[key] for key in ("model", "failures", "round", "seed", "run")}, "family": fam,
+                  "successes": k, "episodes": n, "colour_sets": colour_sets, "parameters": params,
+                  "train_wall_s": (train_record or {}).get("wall_s"), "eval_wall_s": eval_record["wall_s"],
+                  "train_command": (train_record or {}).get("command"), "eval_command": step.command}
+            for fam, (k, n) in counts.items()}
 
 
 def fig6_result(step: Step, record: dict[str, Any]) -> dict[str, Any]:
     """One Fig. 6 point: a checkpoint's successes on its family, at its step and epoch (windows seen over the
     training windows, which the checkpoint's provenance records)."""
     from quadforge.models.checkpoint import load_checkpoint
-    ev = json.loads((Path(step.output) / "eval.json").read_text())
-    rows = [r[step.meta["family"]] for r in ev["families"].values() if step.meta["family"] in r]
-    n = sum(int(r["episodes"]) for r in rows)
-    k = sum(int(round(float(r["success"]) * int(r["episodes"]))) for r in rows)
+    (k, n), = family_counts(step, [step.meta["family"]])[0].values()
     ckpt = Path(step.argv[step.argv.index("--policy") + 1])
     windows = (load_checkpoint(str(ckpt)).provenance or {}).get("train_windows")
     epoch = step.meta["step"] * step.meta["batch_size"] / windows if windows else None
