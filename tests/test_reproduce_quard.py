@@ -538,6 +538,11 @@ def test_a_resumed_collections_rate_counts_only_the_episodes_it_added(tmp_path, 
     c = record["collection"]
     assert c["resumed_with"] == 30 and c["episodes"] == 40
     assert c["episodes_per_min"] == pytest.approx(10 / (record["wall_s"] / 60))
+    # the step's log keeps every attempt, each under a header naming its command
+    counts = iter([40, 40])
+    rq.run_step(cfg, step, lambda s: None)
+    headers = [ln for ln in (tmp_path / "run" / "logs" / "r0-auto.log").read_text().splitlines() if ln.startswith("# ")]
+    assert len(headers) == 2 and all("quadforge collect" in h for h in headers)
 
 
 def test_train_overrides_reach_every_training_step_and_a_typo_fails_first(tmp_path, capsys):

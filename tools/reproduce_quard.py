@@ -480,7 +480,9 @@ def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[s
         return record
     collector = step.meta.get("collector", "expert")
     before = _store_episodes(step.output, collector) if step.stage in ("demos", "auto") else 0
-    with open(logfile, "w") as fh:
+    with open(logfile, "a") as fh:   # a resumed step adds to its killed attempt's log, which stays readable
+        fh.write(f"# {started} UTC: quadforge {shlex.join(argv)}\n")
+        fh.flush()
         proc = subprocess.run([sys.executable, "-m", "quadforge.tools.cli", *argv], stdout=fh, stderr=subprocess.STDOUT,
                               env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     wall = time.perf_counter() - t0
