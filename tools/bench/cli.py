@@ -17,6 +17,7 @@ BENCHMARKS = {
     "env_step": "quadforge.tools.bench.env_step",
     "scale": "quadforge.tools.bench.scale",
     "quard": "quadforge.tools.bench.quard",
+    "quard_gpu": "quadforge.tools.bench.quard_gpu",
     "vla": "quadforge.tools.bench.vla",
     "vla_closed_loop": "quadforge.tools.bench.vla_closed_loop",
 }
@@ -32,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "scale: env steps/s vs worlds per backend (mujoco_cpu, mujoco_warp) + compile time; "
                              "quard: QUARD expert success (flat and terrain), speeds, gaits, camera frames/s and collect-path "
                              "episodes/min with and without images; "
+                             "quard_gpu: QUARD on mujoco_warp with the batch renderer (env steps/s, frames/s) and VLA "
+                             "training samples/s on the GPU (Warp's CPU device without one); "
                              "vla: vision-language-action acting latency, training throughput and image-window sampling (uniform vs stream); "
                              "vla_closed_loop: QUARD success per family of --policy checkpoints beside the "
                              "privileged expert (seen / held-out colours, swapped instructions)")
@@ -43,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=None,
                         help="vla_closed_loop: episodes per family and evaluation (default 100; --quick 2)")
     parser.add_argument("--num-envs", type=int, default=None,
-                        help="vla_closed_loop: envs stepped as one batch (default 16; --quick 2)")
+                        help="vla_closed_loop: envs stepped as one batch (default 16; --quick 2); "
+                             "scale: mujoco_warp at this many worlds alone")
     parser.add_argument("--task", default=None, help="vla_closed_loop: quard:all (default) or quard:<family>")
     parser.add_argument("--workers", type=int, default=None,
                         help="vla_closed_loop: evaluations run in this many processes (one per core; default 1)")
@@ -57,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     refused = sorted(set(options) - set(getattr(module, "OPTIONS", ())))
     if refused:
         flags = ", ".join("--" + k.replace("_", "-") for k in refused)
-        raise ValueError(f"bench {args.name} takes no {flags} (only vla_closed_loop evaluates given policies)")
+        raise ValueError(f"bench {args.name} takes no {flags} (see `quadforge bench --help` for which takes what)")
     # a bar of measured rows and elapsed time (a benchmark does not know its row count in advance, so
     # there is no ETA); ticks land between measurements, never inside one
     common.PROGRESS = progress_bar(None, desc=f"bench {args.name}", unit="row")

@@ -35,6 +35,7 @@ from quadforge.tools.bench.common import Table, report
 GPU_TARGET = 250_000      # env steps/s at 4096 worlds, Go1 rough terrain, one H100-class GPU (issue 23)
 ENV_SHARE_TARGET = 0.85   # env steps/s over backend-only steps/s at the same world count (issue 23)
 GPU_WORLDS = (4096, 16384, 32768)
+OPTIONS = ("num_envs",)   # `--num-envs N`: the Warp backend at N worlds alone (a warm machine's extra row)
 
 _COLD = """
 import time, sys
@@ -115,13 +116,18 @@ def measure(sweeps: dict[str, list[int]], steps: int, rounds: int) -> Table:
     return table
 
 
-def main(quick: bool = False, json_path: str | None = None) -> int:
+def main(quick: bool = False, json_path: str | None = None, num_envs: int | None = None) -> int:
     from quadforge.envs.backends.mujoco_warp import available
 
     on_gpu = torch.cuda.is_available()
     device = _warp_device()
     sweeps = {"mujoco_cpu": [16, 64] if quick else [16, 64, 256]}
-    if available():
+    if num_envs is not None:
+        if num_envs < 1 or not available():
+            raise ValueError(f"bench scale --num-envs {num_envs}: measures mujoco_warp at that many worlds "
+                             f"(>= 1; installed: {available()})")
+        sweeps = {"mujoco_warp": [num_envs]}
+    elif available():
         sweeps["mujoco_warp"] = (list(GPU_WORLDS[:1]) if quick else list(GPU_WORLDS)) if on_gpu \
             else ([16, 64] if quick else [16, 64, 256])
     else:
@@ -132,13 +138,13 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
     tables = [table]
     extra: dict = {"gpu": on_gpu, "gpu_name": torch.cuda.get_device_name(0) if on_gpu else None,
                    "gpu_target_env_steps_per_s": GPU_TARGET, "env_share_target": ENV_SHARE_TARGET}
-    if "mujoco_warp" in sweeps and not quick:
+    if "mujoco_warp" in sweeps and not quick and num_envs is None:
         built, first = cold_compile_seconds(device)
         compile_table = Table("mujoco_warp cold compile (empty Warp kernel cache, rough terrain)",
                               ["device", "build s", "build + first step s"])
         compile_table.add(device, round(built, 1), round(first, 1))
         tables.append(compile_table)
-    if on_gpu and "mujoco_warp" in sweeps:
+    if on_gpu and "mujoco_warp" in sweeps and num_envs is None:
         at = {r[2]: r for r in table.rows if r[0] == "mujoco_warp"}
         first = at[GPU_WORLDS[0]]
         extra["gpu_target_met"] = first[4] >= GPU_TARGET

@@ -67,37 +67,48 @@ def latency_table(batches: tuple[int, ...], repeats: int) -> Table:
     return t
 
 
-def throughput_table(steps: int) -> Table:
+def throughput_table(steps: int, device: str = "cpu", amps: tuple[str, ...] = ("off",)) -> Table:
+    """Samples/s of one optimizer step per model (and per mixed-precision setting in ``amps``) on
+    ``device``; the batch is moved there once (the trainer's own copy-in is not timed)."""
     from quadforge.experts.hierarchical import command_binner
     from quadforge.models.vla import images_to_float
     from quadforge.models.vision import random_shift
+    from quadforge.training.loop import autocast
     from quadforge.training.vla import losses
     from quadforge.training.vla_data import ColourChoiceTask
+    dev = torch.device(device)
     source = ColourChoiceTask(image_size=IMAGE_SIZE, history=6, seed=0, success_ratio=0.7569)
     binner = command_binner()
-    t = Table(f"VLA training throughput (CPU preset, {torch.get_num_threads()} threads)",
-              ["model", "objective", "batch", "samples/s", "ms/step", "vs rt1"])
+    where = f"{torch.get_num_threads()} threads" if dev.type == "cpu" else torch.cuda.get_device_name(dev)
+    t = Table(f"VLA training throughput (CPU preset models, {where})",
+              ["model", "objective", "amp", "batch", "samples/s", "ms/step", "vs rt1"])
     fns, meta = {}, {}
     for name in MODELS:
-        cfg, model = _build(name, source)
-        model.train()
-        target = copy.deepcopy(model).eval().requires_grad_(False) if cfg.objective == "q" else None
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-        table = model.frontend.prepare_instructions(source.instructions)
-        batch = source.sample(cfg.batch_size)
+        for amp in amps:
+            cfg, model = _build(name, source)
+            model.to(dev).train()
+            target = copy.deepcopy(model).eval().requires_grad_(False) if cfg.objective == "q" else None
+            opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+            table = model.frontend.prepare_instructions(source.instructions)
+            table = table.to(dev) if torch.is_tensor(table) else table
+            batch = {k: v.to(dev) for k, v in source.sample(cfg.batch_size).items()}
 
-        def one(model=model, target=target, batch=batch, cfg=cfg, opt=opt, table=table):
-            frames = random_shift(images_to_float(batch["frames"]), cfg.shift_pad)
-            terms = losses(model, target, batch, frames, table[batch["instruction"]], binner, cfg)
-            opt.zero_grad(set_to_none=True)
-            terms["loss"].backward()
-            opt.step()
+            def one(model=model, target=target, batch=batch, cfg=cfg, opt=opt, table=table, amp=amp):
+                frames = random_shift(images_to_float(batch["frames"]), cfg.shift_pad)
+                with autocast(dev, amp):
+                    terms = losses(model, target, batch, frames, table[batch["instruction"]], binner, cfg)
+                opt.zero_grad(set_to_none=True)
+                terms["loss"].backward()
+                opt.step()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
 
-        fns[name], meta[name] = one, (cfg.objective, cfg.batch_size)
-    med = interleaved_medians(fns, steps, warmup=1)
-    for name, dt in med.items():
-        objective, b = meta[name]
-        t.add(name, objective, b, b / dt, dt * 1e3, med["rt1"] / dt)
+            key = f"{name}/{amp}"
+            fns[key], meta[key] = one, (name, cfg.objective, amp, cfg.batch_size)
+    med = interleaved_medians(fns, steps, warmup=1 if dev.type == "cpu" else 3)   # CUDA: lazy init, autotune
+    for key, dt in med.items():
+        name, objective, amp, b = meta[key]
+        t.add(name, objective, amp, b, b / dt, dt * 1e3, med[f"rt1/{amp}"] / dt)
     return t
 
 
