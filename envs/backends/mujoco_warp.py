@@ -91,12 +91,16 @@ def available() -> bool:
         return False
 
 
-# Buffer sizing (see measure_contact_load): the settled load measured on the CPU times this margin. Why 2:
-# MuJoCo Warp builds its own heightfield contacts per prism, so its counts differ from MuJoCo C's for
-# the same pose, and an episode reaches poses the probes do not (a stumble, a robot on its knees).
-# Contacts are one pool shared by all worlds (naconmax = nconmax x nworld), so a world may exceed its
-# share while others are below; constraint rows are a hard per-world limit. An overflow is never silent.
-BUFFER_SAFETY = 2.0
+# Buffer sizing (see measure_contact_load): the settled load measured on the CPU times these margins,
+# (contacts, constraint rows). Why: MuJoCo Warp builds its own heightfield contacts per prism, so its
+# counts differ from MuJoCo C's for the same pose, and an episode reaches poses the probes do not (a
+# stumble, a robot on its knees, a spawn on a stair edge). Contacts are one pool shared by all worlds
+# (naconmax = nconmax x nworld), so a world may exceed its share while others are below: 2x the measured
+# peak. Constraint rows are a hard per-world limit, so the rare world decides: on an H100 (2026-11-26)
+# 2x (150 rows, Go1 on the mixed terrain) held at 4096 worlds but one of 16384 standing robots
+# overflowed it within 13 steps, so rows get 3x (225; 5 % more memory per world). An overflow is never
+# silent either way (WarpConfig.on_overflow).
+BUFFER_SAFETY = (2.0, 3.0)
 # The floor of each buffer (contacts, rows): a scene whose probes touch little still gets room for four
 # feet on a heightfield prism corner each.
 MIN_BUFFERS = (32, 128)
@@ -152,12 +156,13 @@ def measure_contact_load(scene, decimation: int, num_spawns: int = 8,
     return ContactLoad(ncon=ncon, nefc=nefc, probes=probes)
 
 
-def buffers_for(load: ContactLoad, safety: float = BUFFER_SAFETY) -> tuple[int, int]:
-    """(nconmax, njmax) per world from a measured load: ``safety`` times it, at least ``MIN_BUFFERS``."""
-    if not safety >= 1.0:
-        raise ValueError(f"buffer safety factor must be >= 1, got {safety!r}")
-    return (max(MIN_BUFFERS[0], math.ceil(safety * load.ncon)),
-            max(MIN_BUFFERS[1], math.ceil(safety * load.nefc)))
+def buffers_for(load: ContactLoad, safety: tuple[float, float] = BUFFER_SAFETY) -> tuple[int, int]:
+    """(nconmax, njmax) per world from a measured load: each times its margin in ``safety`` (contacts,
+    rows), at least ``MIN_BUFFERS``."""
+    if not (len(safety) == 2 and all(f >= 1.0 for f in safety)):
+        raise ValueError(f"buffer safety factors (contacts, rows) must both be >= 1, got {safety!r}")
+    return (max(MIN_BUFFERS[0], math.ceil(safety[0] * load.ncon)),
+            max(MIN_BUFFERS[1], math.ceil(safety[1] * load.nefc)))
 
 
 # CUDA refuses to capture a graph on the legacy default stream: torch's default stream (handle 0) and the

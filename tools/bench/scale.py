@@ -10,7 +10,9 @@ in this process, which loads MuJoCo Warp's kernels from Warp's kernel cache).
 Also reported: env/backend (the env layer's share: 1 - env/backend of a step goes to observations,
 rewards, terminations, resets, curriculum, randomisation and command resampling) and, for
 ``mujoco_warp``, its buffers (contacts / constraint rows per world, measured from the scene) and device
-memory per world (``MujocoWarpBackend.memory_per_world``).
+memory per world (``MujocoWarpBackend.memory_per_world``), and the worlds whose contacts or constraint
+rows overflowed their buffers (``on_overflow="terminate"``: they end their episodes and are counted, so
+one rare world does not stop a sweep of 16384).
 
 The full (non-quick) run also measures a cold compile: a fresh process with an empty Warp kernel cache
 (``WARP_CACHE_PATH`` in a temporary folder) builds the backend and steps it once. On a GPU the sweep is
@@ -60,8 +62,9 @@ def _env(backend: str, num_envs: int):
     from quadforge.envs.builder import make_env
 
     t0 = time.perf_counter()
+    # overflowing worlds end their episodes instead of stopping the sweep; the table counts them
     env = make_env("go1", "mixed", num_envs=num_envs, num_threads=os.cpu_count(), backend=backend,
-                   warp=WarpConfig(device=_warp_device()))
+                   warp=WarpConfig(device=_warp_device(), on_overflow="terminate"))
     return env, time.perf_counter() - t0
 
 
@@ -94,7 +97,7 @@ def measure(sweeps: dict[str, list[int]], steps: int, rounds: int) -> Table:
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     table = Table(f"env steps/s vs worlds, Go1 rough terrain (mixed grid), warp device {_warp_device()}",
                   ["backend", "device", "worlds", "build s", "env steps/s", "backend steps/s", "env/backend",
-                   "buffers con/rows", "MB/world"])
+                   "buffers con/rows", "MB/world", "overflowed worlds"])
     for backend, counts in sweeps.items():
         for n in counts:
             env, build_s = _env(backend, n)
@@ -106,11 +109,12 @@ def measure(sweeps: dict[str, list[int]], steps: int, rounds: int) -> Table:
             env_rate = _rate(lambda: env.step(zeros), n, steps, rounds, sync)
             backend_rate = _rate(lambda: b.step(targets), n, steps, rounds, sync)
             dev = str(b.device) if backend == "mujoco_warp" else f"cpu x{b.num_threads} threads"
-            buffers, mb = "-", float("nan")
+            buffers, mb, overflowed = "-", float("nan"), "-"
             if backend == "mujoco_warp":
                 buffers, mb = f"{b.nconmax}/{b.njmax}", b.memory_per_world()["total"] / 1e6
+                overflowed = b.num_overflow
             table.add(backend, dev, n, round(build_s, 2), env_rate, backend_rate, env_rate / backend_rate,
-                      buffers, mb)
+                      buffers, mb, overflowed)
             env.close()
             print(f"  {backend} {n} worlds: env {env_rate:.0f} steps/s, backend {backend_rate:.0f}", flush=True)
     return table
