@@ -182,7 +182,7 @@ def test_graph_capture_runs_on_the_backends_stream_not_torchs_default(monkeypatc
     b._wp, b.wp_device, b.device = FakeWarp(), type("Dev", (), {"is_cuda": True})(), torch.device("cuda", 0)
     b._stream = mw.step_stream(b.device, new_stream=lambda device: _FakeStream(0x5EED))
     b._wp_stream = b._stream
-    b._use_graph, b._graph = True, None
+    b._use_graph, b._graphs = True, {}
     physics_on = []
     b._run_physics = lambda: physics_on.append((torch_streams[-1], warp_streams[-1]))
     b._physics()
@@ -191,6 +191,33 @@ def test_graph_capture_runs_on_the_backends_stream_not_torchs_default(monkeypatc
     assert physics_on == [(b._stream, b._stream)] * 2          # the uncaptured first run and the capture
     assert b._stream.waited == [legacy, legacy] and legacy.waited == [b._stream, b._stream]
     assert torch_streams == [legacy]                           # the caller's stream is current again
+    # resets take the same road, each under its own graph: captured at the first call, replayed after
+    runs = []
+    for key in ("reset", "forward", "reset", "forward"):
+        b._graphed(key, lambda key=key: runs.append(key))
+    assert runs == ["reset", "reset", "forward", "forward"]    # first calls: the uncaptured run + the capture
+    assert captured_on[2:] == [("capture", b._stream)] * 2 + [("replay", b._stream)] * 2
+    assert set(b._graphs) == {"step", "reset", "forward"}
+
+
+def test_resets_run_reset_data_and_forward_through_their_graphs():
+    """A reset's Warp work (reset_data, then forward) goes through ``_graphed``, so a GPU replays it as
+    two CUDA graphs; the torch copies of the stored state run between the two, outside any capture."""
+    from quadforge.envs.backends import mujoco_warp as mw
+    b = mw.MujocoWarpBackend.__new__(mw.MujocoWarpBackend)
+    calls = []
+    b._mjw = type("FakeMjw", (), {"reset_data": staticmethod(lambda m, d, mask: calls.append("reset_data")),
+                                  "forward": staticmethod(lambda m, d: calls.append("forward"))})()
+    b.m = b.d = b._reset_mask_wp = None
+    b._graphed = lambda key, run: (calls.append(f"graph:{key}"), run())
+    n = 3
+    b._reset_mask = torch.tensor([False, True, False])
+    b._qpos, b._qvel, b._ctrl, b._sens, b._dsens = (torch.zeros(n, 2) for _ in range(5))
+    b._reset_qpos, b._reset_qvel, b._reset_ctrl = (torch.ones(n, 2) for _ in range(3))
+    b._refresh = lambda: calls.append("refresh")
+    b._restore_masked()
+    assert calls == ["graph:reset", "reset_data", "graph:forward", "forward", "refresh"]
+    assert b._qpos[:, 0].tolist() == [0.0, 1.0, 0.0] and b._ctrl[:, 0].tolist() == [0.0, 1.0, 0.0]
 
 
 @pytest.mark.gpu
@@ -205,9 +232,36 @@ def test_cuda_graph_step_runs_from_torchs_default_stream():
     targets = b.state.joint_pos.clone()
     for _ in range(3):
         bad = b.step(targets)
-    assert b._graph is not None and not bool(bad.any())
+    assert "step" in b._graphs and not bool(bad.any())
     assert torch.isfinite(b.state.root_pos_w).all() and float(b.state.root_pos_w[:, 2].min()) > 0.15
     b.close()
+
+
+@pytest.mark.gpu
+@needs_warp
+@needs_cuda
+def test_cuda_graph_resets_equal_uncaptured_resets():
+    """Resets replayed as CUDA graphs (reset_data, forward) leave every world where the same resets
+    launched kernel by kernel leave it: worlds reset between steps, some twice."""
+    out = {}
+    for graph in (True, False):
+        b = make_backend("mujoco_warp", BackendConfig(num_envs=8, seed=0, warp=WarpConfig(device="cuda:0",
+                                                                                         cuda_graph=graph)))
+        s = b.state
+        start = [t.clone() for t in (s.root_pos_w, s.root_quat_w, s.root_lin_vel_w, s.root_ang_vel_w,
+                                     s.joint_pos, s.joint_vel)]
+        targets = s.joint_pos.clone()
+        for k in range(6):
+            b.step(targets)
+            ids = torch.tensor([k % 8, (k + 3) % 8], device=b.device)
+            pos = start[0][ids] + torch.tensor([0.0, 0.0, 0.02 * k], device=b.device)
+            b.reset(ids, pos, *(t[ids] for t in start[1:]))
+        b.step(targets)
+        out[graph] = (b.state.root_pos_w.clone(), b.state.joint_pos.clone(), sorted(b._graphs))
+        b.close()
+    assert out[True][2] == ["forward", "reset", "step"] and out[False][2] == []
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(out[True][1], out[False][1], atol=1e-5, rtol=0)
 
 
 # --- slow: Warp's CPU device -----------------------------------------------------------------------------
