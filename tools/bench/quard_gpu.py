@@ -32,13 +32,12 @@ def _sync() -> None:
 
 
 def _quard_env(num_envs: int, device: str):
+    """QUARD quard:all on mujoco_warp with images on, through the one builder."""
     from quadforge.envs.backends.base import WarpConfig
-    from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    from quadforge.envs.builder import make_env
 
-    q = QuardConfig.make("quard:all", num_envs=num_envs, seed=0, images=True, backend="mujoco_warp")
-    q.env.backend.warp = WarpConfig(device=device)
-    q.env.backend.num_threads = os.cpu_count()
-    return QuardEnv(q)
+    return make_env(task="quard:all", terrain=None, num_envs=num_envs, seed=0, num_threads=os.cpu_count(),
+                    backend="mujoco_warp", warp=WarpConfig(device=device), task_options={"images": True})
 
 
 def env_rows(table: Table, counts: list[int], device: str, steps: int, renders: int) -> None:
