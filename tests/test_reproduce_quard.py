@@ -443,6 +443,43 @@ def test_a_failed_step_stops_new_steps_and_keeps_the_finished(monkeypatch):
     assert sorted(done) == ["a", "b"]    # d, which reads c, never started
 
 
+_RUNNER_WITH_SLEEPING_STEPS = """
+import subprocess, sys
+from quadforge.tools import reproduce_quard as rq
+folder = sys.argv[1]
+def run(cfg, step, log):   # each step's process writes its pid, then sleeps like a long training
+    code = f"import os, time; open({folder!r} + '/{step.id}.pid', 'w').write(str(os.getpid())); time.sleep(120)"
+    return rq.run_child([sys.executable, "-c", code], subprocess.DEVNULL, None)
+rq.run_step = run
+steps = [rq.Step("b", "train", [], "b", ()), rq.Step("c", "train", [], "c", ())]
+rq.run_steps(rq.QuardConfig(), steps, 2, print, lambda *a: None)
+"""
+
+
+def test_sigterm_to_the_runner_stops_its_running_steps(tmp_path):
+    """A runner stopped by SIGTERM (`kill`, a scheduler's limit) takes its steps' processes with it: an
+    orphaned training would run on beside the rerun that resumes it, both writing one checkpoint."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time as _time
+    runner = subprocess.Popen([sys.executable, "-c", _RUNNER_WITH_SLEEPING_STEPS, str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids = [tmp_path / "b.pid", tmp_path / "c.pid"]
+    deadline = _time.monotonic() + 60
+    while not all(p.exists() and p.read_text() for p in pids):
+        assert runner.poll() is None and _time.monotonic() < deadline, runner.communicate()[0]
+        _time.sleep(0.05)
+    runner.send_signal(signal.SIGTERM)
+    out, _ = runner.communicate(timeout=60)
+    assert runner.returncode == 128 + signal.SIGTERM, out
+    assert "stopped: 2 running step(s) ended" in out
+    for p in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(p.read_text()), 0)
+
+
 def test_jobs_below_one_is_a_clear_error(tmp_path, capsys):
     assert cli_main(["reproduce", "--stages", "quard", "--jobs", "0", "--out", str(tmp_path / "r")]) == 2
     assert "--jobs 0" in capsys.readouterr().err
@@ -525,13 +562,11 @@ def test_a_fig6_point_counts_its_familys_episodes_at_the_checkpoints_epoch(tmp_p
 
 
 def test_a_resumed_collections_rate_counts_only_the_episodes_it_added(tmp_path, monkeypatch):
-    import subprocess
-
     from quadforge.tools import reproduce_quard as rq
     counts = iter([30, 40])    # the collector's episodes before and after the invocation
     monkeypatch.setattr(rq, "_store_episodes", lambda path, collector=None: next(counts))
     monkeypatch.setattr(rq, "collection_stats", lambda store, collector: {"episodes": 40, "per_family": {}})
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0))
+    monkeypatch.setattr(rq, "run_child", lambda cmd, log_file, env: 0)
     cfg = QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,))
     step = next(s for s in build_plan(cfg) if s.id == "r0-auto")
     record = rq.run_step(cfg, step, lambda s: None)

@@ -41,8 +41,10 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -483,12 +485,12 @@ def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[s
     with open(logfile, "a") as fh:   # a resumed step adds to its killed attempt's log, which stays readable
         fh.write(f"# {started} UTC: quadforge {shlex.join(argv)}\n")
         fh.flush()
-        proc = subprocess.run([sys.executable, "-m", "quadforge.tools.cli", *argv], stdout=fh, stderr=subprocess.STDOUT,
-                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        returncode = run_child([sys.executable, "-m", "quadforge.tools.cli", *argv], fh,
+                               {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
+    if returncode != 0:
         tail = [ln for ln in logfile.read_text().splitlines() if ln.strip()][-1:] or ["(no output)"]
-        raise StepFailed(f"step {step.id} failed (exit {proc.returncode}): {tail[0]} (command: "
+        raise StepFailed(f"step {step.id} failed (exit {returncode}): {tail[0]} (command: "
                            f"{step.command}; log {logfile})")
     record = {"id": step.id, "stage": step.stage, "command": step.command, "argv": argv, "meta": step.meta,
               "started_utc": started, "wall_s": wall}
@@ -620,36 +622,101 @@ def fig6_result(step: Step, record: dict[str, Any]) -> dict[str, Any]:
             "eval_wall_s": record["wall_s"], "eval_command": step.command}
 
 
+# The steps' processes running now. Why: a runner stopped by SIGTERM (`kill`, a scheduler's time limit)
+# would otherwise leave them running as orphans, and a rerun would start the same trainings beside them,
+# both writing one checkpoint. Stopping the runner stops them; a rerun resumes each from its checkpoint.
+_CHILDREN: set[subprocess.Popen] = set()
+_CHILDREN_LOCK = threading.Lock()
+
+
+def run_child(cmd: list[str], log_file, env: dict[str, str]) -> int:
+    """Run one step's process to its end (output to ``log_file``), registered so ``stop_children`` reaches it."""
+    with _CHILDREN_LOCK:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        _CHILDREN.add(proc)
+    try:
+        return proc.wait()
+    finally:
+        with _CHILDREN_LOCK:
+            _CHILDREN.discard(proc)
+
+
+def stop_children(grace_s: float = 30.0) -> int:
+    """SIGTERM every running step's process, SIGKILL those still alive after ``grace_s``; how many ran."""
+    with _CHILDREN_LOCK:
+        procs = list(_CHILDREN)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return len(procs)
+
+
+class _StopOnSigterm:
+    """Within it, SIGTERM raises ``SystemExit(143)`` in the main thread (the default handler would end the
+    runner at once and orphan its steps); outside the main thread it changes nothing."""
+
+    def __enter__(self):
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            def handler(signum, frame):
+                raise SystemExit(128 + signum)
+            self._previous = signal.signal(signal.SIGTERM, handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
 def run_steps(cfg: QuardConfig, todo: list[Step], jobs: int, log: Callable[[str], None],
               finished: Callable[[Step, dict[str, Any], bool], None]) -> None:
     """Run ``todo`` in plan order, up to ``jobs`` at once, each only after the steps it reads (``after``)
     are done. A failure lets the running steps finish (their outputs are kept) and starts no new one, then
-    raises; a rerun resumes from there."""
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+    raises; a rerun resumes from there. Ctrl-C or SIGTERM also stops the running steps' processes (their
+    checkpoints stay; they get no step record) before the runner exits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _StopOnSigterm(), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        try:
+            _schedule(cfg, todo, jobs, pool, log, finished)
+        except (KeyboardInterrupt, SystemExit):
+            stopped = stop_children()
+            log(f"[quard] stopped: {stopped} running step(s) ended; the same command resumes the run")
+            raise
+
+
+def _schedule(cfg: QuardConfig, todo: list[Step], jobs: int, pool, log: Callable[[str], None],
+              finished: Callable[[Step, dict[str, Any], bool], None]) -> None:
+    """``run_steps``' loop on ``pool``: the first ``StepFailed`` is raised once the running steps end."""
+    from concurrent.futures import FIRST_COMPLETED, wait
 
     pending = list(todo)
     waiting_on = {s.id for s in todo}
     running: dict[Any, Step] = {}
     failure: StepFailed | None = None
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        while pending or running:
-            if failure is None:
-                for step in [s for s in pending if not set(s.after) & waiting_on][:max(0, jobs - len(running))]:
-                    pending.remove(step)
-                    log(f"[quard] {step.id}: {step.command}")
-                    running[pool.submit(run_step, cfg, step, log)] = step
-            if not running:
-                break
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for fut in done:
-                step = running.pop(fut)
-                try:
-                    record = fut.result()
-                except StepFailed as err:
-                    failure = failure or err
-                    continue
-                waiting_on.discard(step.id)
-                finished(step, record, True)
+    while pending or running:
+        if failure is None:
+            for step in [s for s in pending if not set(s.after) & waiting_on][:max(0, jobs - len(running))]:
+                pending.remove(step)
+                log(f"[quard] {step.id}: {step.command}")
+                running[pool.submit(run_step, cfg, step, log)] = step
+        if not running:
+            break
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for fut in done:
+            step = running.pop(fut)
+            try:
+                record = fut.result()
+            except StepFailed as err:
+                failure = failure or err
+                continue
+            waiting_on.discard(step.id)
+            finished(step, record, True)
     if failure is not None:
         raise failure
 
