@@ -480,6 +480,36 @@ def test_sigterm_to_the_runner_stops_its_running_steps(tmp_path):
             os.kill(int(p.read_text()), 0)
 
 
+def test_the_loop_on_a_gpu_puts_every_step_there():
+    """--device cuda --backend mujoco_warp: every training (Table III's and Fig. 6's) gets the device, every
+    collection and evaluation the physics backend; the default plan names neither."""
+    gpu = build_plan(QuardConfig(scale="tiny", seeds=(0,), fig6="go_to", device="cuda", backend="mujoco_warp",
+                                 warp_device="cuda:0"))
+    for step in gpu:
+        if step.program == "copy":
+            continue
+        if step.argv[0] == "train":
+            assert step.argv[step.argv.index("--device") + 1] == "cuda", step.id
+        else:
+            assert step.argv[0] in ("collect", "eval"), step.id
+            i = step.argv.index("--backend")
+            assert step.argv[i:i + 4] == ["--backend", "mujoco_warp", "--warp-device", "cuda:0"], step.id
+    default = build_plan(QuardConfig(scale="tiny", seeds=(0,), fig6="go_to"))
+    assert not any({"--device", "--backend", "--warp-device"} & set(s.argv) for s in default)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_device_and_backend_are_checked_before_any_step(tmp_path, capsys):
+    out = str(tmp_path / "r")
+    assert cli_main(["reproduce", "--stages", "quard", "--device", "cuda", "--out", out]) == 2
+    assert "--device cuda: torch sees no CUDA device" in capsys.readouterr().err
+    assert cli_main(["reproduce", "--stages", "quard", "--warp-device", "cpu", "--out", out]) == 2
+    assert "only with --backend mujoco_warp" in capsys.readouterr().err
+    assert cli_main(["reproduce", "--stages", "imitation", "--backend", "mujoco_warp", "--out", out]) == 2
+    assert "belong to --stages quard" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
 def test_jobs_below_one_is_a_clear_error(tmp_path, capsys):
     assert cli_main(["reproduce", "--stages", "quard", "--jobs", "0", "--out", str(tmp_path / "r")]) == 2
     assert "--jobs 0" in capsys.readouterr().err

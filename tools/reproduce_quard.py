@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from quadforge.envs.backends import BACKENDS
 from quadforge.envs.quard.families import family_names
 from quadforge.output_paths import holds_run
 from quadforge.tools.quard_report import MODEL_NAMES, TABLE3_ROWS, update_docs
@@ -138,6 +139,11 @@ class QuardConfig:
     fig6: str | None = None          # a QUARD family: seed 003's Fig. 6 (success against epochs) on it (--fig6)
     # key=value training options given to every training step (--train-override), e.g. early_share=0.5
     train_overrides: tuple[str, ...] = ()
+    # where the steps run: the trainings' torch device (--device) and the collections' and evaluations'
+    # physics (--backend, --warp-device): the whole loop on a GPU is --device cuda --backend mujoco_warp
+    device: str = "cpu"
+    backend: str = "mujoco_cpu"
+    warp_device: str | None = None
 
     @property
     def sizes(self) -> QuardScale:
@@ -167,7 +173,26 @@ class QuardConfig:
         check_train_overrides(self.train_overrides)
         if self.fig6 is not None and self.fig6 not in family_names():
             raise ValueError(f"--fig6 {self.fig6!r}: not a QUARD family; allowed: {', '.join(family_names())}")
+        self._check_devices()
         return self
+
+    def _check_devices(self) -> None:
+        """Before any step runs: a CUDA device and MuJoCo Warp where the options ask for them."""
+        import torch
+
+        from quadforge.envs.backends import backend_spec
+        backend_spec(self.backend)                   # ValueError naming the registered backends
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"--device {self.device!r}; allowed: cpu, cuda or cuda:K")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device {self.device}: torch sees no CUDA device on this machine")
+        if self.backend == "mujoco_warp":
+            from quadforge.envs.backends.mujoco_warp import available
+            if not available():
+                raise ValueError("--backend mujoco_warp: mujoco-warp and warp-lang are not installed "
+                                 "(pip install 'quadforge[gpu]')")
+        elif self.warp_device is not None:
+            raise ValueError(f"--warp-device {self.warp_device}: only with --backend mujoco_warp")
 
 
 def check_train_overrides(items: tuple[str, ...]) -> None:
@@ -235,12 +260,25 @@ def _train_argv(cfg: QuardConfig, model: str, failures: bool, store: str, out: s
     if not failures:
         argv.append("--success-only")
     argv += [f"{k}={v}" for k, v in (("val_every", s.val_every), ("keep_every", s.keep_every)) if v is not None]
-    return argv + list(cfg.train_overrides)
+    return argv + _device_argv(cfg) + list(cfg.train_overrides)
 
 
 def _collect_argv(cfg: QuardConfig, policy: str, store: str, episodes: int, collector: str, seed: int) -> list[str]:
     return ["collect", "--task", cfg.task, "--policy", policy, "--store", store, "--episodes", str(episodes),
-            "--collector-id", collector, "--num-envs", str(cfg.sizes.num_envs), "--seed", str(seed), "--no-progress"]
+            "--collector-id", collector, "--num-envs", str(cfg.sizes.num_envs), "--seed", str(seed), "--no-progress",
+            *_physics_argv(cfg)]
+
+
+def _physics_argv(cfg: QuardConfig) -> list[str]:
+    """A collection's or evaluation's physics flags; none for the default (plans read as before)."""
+    if cfg.backend == "mujoco_cpu":
+        return []
+    return ["--backend", cfg.backend, *(["--warp-device", cfg.warp_device] if cfg.warp_device else [])]
+
+
+def _device_argv(cfg: QuardConfig) -> list[str]:
+    """A training's ``--device``; none for the CPU default."""
+    return [] if cfg.device == "cpu" else ["--device", cfg.device]
 
 
 def balanced_envs(episodes: int, most: int) -> int:
@@ -299,7 +337,8 @@ def build_plan(cfg: QuardConfig) -> list[Step]:
                 steps.append(Step(f"eval-{name}", "eval",
                                   ["eval", "--task", "quard:all", "--policy", f"{tdir}/last.pt", "--out", edir,
                                    "--colours", ",".join(EVAL_COLOURS), "--episodes-per-cell", str(per_cell),
-                                   "--num-envs", str(balanced_envs(per_cell, s.num_envs)), "--seed", str(1000 + seed)],
+                                   "--num-envs", str(balanced_envs(per_cell, s.num_envs)), "--seed", str(1000 + seed),
+                                   *_physics_argv(cfg)],
                                   edir, ("quard_eval", "vla_policy"), meta, after=(f"train-{name}",)))
         collector_name = run_name("germ", True, rnd, cfg.seeds[0])
         collector, collector_step = f"{out}/train/{collector_name}/last.pt", (f"train-{collector_name}",)
@@ -321,7 +360,8 @@ def fig6_steps(cfg: QuardConfig, demos: str, after: tuple[str, ...]) -> list[Ste
         tdir = f"{out}/fig6/train/{model}"
         argv = ["train", "--model", model, "--store", demos, "--out", tdir, "--seed", str(seed), "--preset", s.preset,
                 "--max-steps", str(s.fig6_steps), "--batch-size", str(s.batch_size or 16), "--success-only",
-                f"families={fam}", f"val_every={s.fig6_every}", f"keep_every={s.fig6_every}", *cfg.train_overrides]
+                f"families={fam}", f"val_every={s.fig6_every}", f"keep_every={s.fig6_every}", *_device_argv(cfg),
+                *cfg.train_overrides]
         meta = {"model": model, "family": fam, "seed": seed, "run": f"fig6_{model}", "batch_size": s.batch_size or 16}
         steps.append(Step(f"fig6-train-{model}", "fig6_train", argv, tdir, ("vla_train",), meta, after=after))
         for k in range(s.fig6_every, s.fig6_steps + 1, s.fig6_every):
@@ -329,7 +369,8 @@ def fig6_steps(cfg: QuardConfig, demos: str, after: tuple[str, ...]) -> list[Ste
             steps.append(Step(f"fig6-eval-{model}-{k}", "fig6_eval",
                               ["eval", "--task", f"quard:{fam}", "--policy", f"{tdir}/step_{k}.pt", "--out", edir,
                                "--colours", "train", "--episodes-per-cell", str(s.fig6_episodes),
-                               "--num-envs", str(balanced_envs(s.fig6_episodes, s.num_envs)), "--seed", str(2000 + seed)],
+                               "--num-envs", str(balanced_envs(s.fig6_episodes, s.num_envs)), "--seed", str(2000 + seed),
+                               *_physics_argv(cfg)],
                               edir, ("quard_eval", "vla_policy"), {**meta, "step": k},
                               after=(f"fig6-train-{model}",)))
     return steps
@@ -793,6 +834,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(trainings and evaluations that do not read each other's outputs), one core each; default 1")
     p.add_argument("--pretrained", default=None, metavar="CKPT", help="quard stage: a pre-trained VLA checkpoint "
                    "(e.g. in experts/checkpoints/) as round 0's collector instead of training one")
+    p.add_argument("--device", default=None, help="quard stage: the trainings' torch device (cpu, cuda); default cpu")
+    p.add_argument("--backend", default=None, choices=list(BACKENDS), help="quard stage: the collections' and "
+                   "evaluations' physics backend (mujoco_warp: MuJoCo Warp, on a GPU with --warp-device cuda:0); "
+                   "default mujoco_cpu")
+    p.add_argument("--warp-device", default=None, help="quard stage, --backend mujoco_warp: Warp device (cuda:0, cpu)")
 
 
 def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> int:
@@ -817,6 +863,9 @@ def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> in
         kw["fig6"] = args.fig6
     if args.train_override:
         kw["train_overrides"] = tuple(args.train_override)
+    for name in ("device", "backend", "warp_device"):
+        if getattr(args, name) is not None:
+            kw[name] = getattr(args, name)
     if seeds:
         kw["seeds"] = seeds
     command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
