@@ -100,10 +100,13 @@ class TerrainState:
     def log(self) -> dict[str, float]:
         if self.terrain is None:
             return {}
-        # one sync: per-type level sums and counts via bincount
+        # one host sync: the mean, per-type level sums and counts (bincount) fetched together
         k = len(self.types)
-        sums = torch.bincount(self.type_idx, weights=self.levels.to(torch.float32), minlength=k).tolist()
-        counts = torch.bincount(self.type_idx, minlength=k).tolist()
-        out = {"Curriculum/level/mean": self.levels.to(torch.float32).mean().item()}
-        out.update({f"Curriculum/level/{name}": s / c for name, s, c in zip(self.types, sums, counts) if c})
+        levels = self.levels.to(torch.float32)
+        sums = torch.bincount(self.type_idx, weights=levels, minlength=k).to(torch.float64)
+        counts = torch.bincount(self.type_idx, minlength=k).to(torch.float64)
+        mean, *rest = torch.cat([levels.mean().to(torch.float64).reshape(1), sums, counts]).tolist()
+        sums_l, counts_l = rest[:k], rest[k:]
+        out = {"Curriculum/level/mean": mean}
+        out.update({f"Curriculum/level/{name}": s / c for name, s, c in zip(self.types, sums_l, counts_l) if c})
         return out
