@@ -510,6 +510,29 @@ def test_device_and_backend_are_checked_before_any_step(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+def test_init_starts_every_training_of_its_model_from_the_checkpoint():
+    """--init rt1=CKPT: Table III's RT-1 rows and Fig. 6's RT-1 start from CKPT (init_from); no other row."""
+    ckpt = str(Path(__file__).resolve().parents[1] / "experts" / "checkpoints" / "vla_rt1.pt")
+    cfg = QuardConfig(scale="tiny", seeds=(0, 1), fig6="go_to", init=(f"rt1={ckpt}",))
+    assert cfg.inits() == {"rt1": ckpt}
+    trains = [s for s in build_plan(cfg) if s.argv[:1] == ["train"]]
+    for step in trains:
+        model = step.argv[step.argv.index("--model") + 1]
+        assert (f"init_from={ckpt}" in step.argv) == (model == "rt1"), step.id
+    assert sum(f"init_from={ckpt}" in s.argv for s in trains) == 3      # two seeds' rows and Fig. 6's
+
+
+def test_a_bad_init_is_a_clear_error_before_any_step(tmp_path, capsys):
+    ckpts = Path(__file__).resolve().parents[1] / "experts" / "checkpoints"
+    out = str(tmp_path / "r")
+    for init, message in ((f"rt1={ckpts / 'vla_germ_dense.pt'}", "holds a 'germ-dense' model, not 'rt1'"),
+                          (f"rt2={ckpts / 'vla_rt1.pt'}", "give MODEL=CKPT with MODEL one of"),
+                          (f"rt1={tmp_path / 'none.pt'}", "--init " + str(tmp_path / "none.pt") + ": no checkpoint")):
+        assert cli_main(["reproduce", "--stages", "quard", "--init", init, "--out", out]) == 2, init
+        assert message in capsys.readouterr().err, init
+    assert not (tmp_path / "r").exists()
+
+
 def test_jobs_below_one_is_a_clear_error(tmp_path, capsys):
     assert cli_main(["reproduce", "--stages", "quard", "--jobs", "0", "--out", str(tmp_path / "r")]) == 2
     assert "--jobs 0" in capsys.readouterr().err

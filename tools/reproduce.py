@@ -366,9 +366,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--stages={args.stages!r}: quard runs alone (its own --out and report section)")
         return run_quard_from_args(args, _ints(args.seeds) if args.seeds else None)
     if args.scale or args.rounds is not None or args.demos or args.pretrained or args.jobs is not None \
-            or args.fig6 or args.train_override or args.device or args.backend or args.warp_device:
-        raise ValueError("--scale, --rounds, --demos, --pretrained, --jobs, --fig6, --train-override, --device, "
-                         "--backend and --warp-device belong to --stages quard; the imitation/germ stages use --quick")
+            or args.fig6 or args.train_override or args.init or args.device or args.backend or args.warp_device:
+        raise ValueError("--scale, --rounds, --demos, --pretrained, --jobs, --fig6, --train-override, --init, "
+                         "--device, --backend and --warp-device belong to --stages quard; the imitation/germ stages "
+                         "use --quick")
     if args.report_only:
         path = Path(args.out) / "results.json"
         if not path.exists():

@@ -139,6 +139,9 @@ class QuardConfig:
     fig6: str | None = None          # a QUARD family: seed 003's Fig. 6 (success against epochs) on it (--fig6)
     # key=value training options given to every training step (--train-override), e.g. early_share=0.5
     train_overrides: tuple[str, ...] = ()
+    # MODEL=CKPT: every training of that model starts from the checkpoint's weights (--init; init_from),
+    # e.g. rt1=experts/checkpoints/vla_rt1.pt: rows that start grounded (docs/results.md)
+    init: tuple[str, ...] = ()
     # where the steps run: the trainings' torch device (--device) and the collections' and evaluations'
     # physics (--backend, --warp-device): the whole loop on a GPU is --device cuda --backend mujoco_warp
     device: str = "cpu"
@@ -171,10 +174,24 @@ class QuardConfig:
         if self.pretrained is not None:
             self.pretrained = str(pretrained_checkpoint(self.pretrained))
         check_train_overrides(self.train_overrides)
+        self.inits()
         if self.fig6 is not None and self.fig6 not in family_names():
             raise ValueError(f"--fig6 {self.fig6!r}: not a QUARD family; allowed: {', '.join(family_names())}")
         self._check_devices()
         return self
+
+    def inits(self) -> dict[str, str]:
+        """``--init`` as {model: checkpoint path}, each checked (a Table III model, once, a VLA checkpoint
+        of that model)."""
+        out: dict[str, str] = {}
+        for item in self.init:
+            model, sep, path = item.partition("=")
+            if not sep or model not in MODEL_NAMES or not path:
+                raise ValueError(f"--init {item!r}: give MODEL=CKPT with MODEL one of {', '.join(MODEL_NAMES)}")
+            if model in out:
+                raise ValueError(f"--init: {model} given twice")
+            out[model] = str(pretrained_checkpoint(path, "--init", model))
+        return out
 
     def _check_devices(self) -> None:
         """Before any step runs: a CUDA device and MuJoCo Warp where the options ask for them."""
@@ -208,22 +225,26 @@ def check_train_overrides(items: tuple[str, ...]) -> None:
         raise ValueError(f"--train-override: {err}") from err
 
 
-def pretrained_checkpoint(path: str) -> Path:
-    """``--pretrained``: a VLA checkpoint file (or a training directory holding ``last.pt``), checked to be one."""
+def pretrained_checkpoint(path: str, flag: str = "--pretrained", model: str | None = None) -> Path:
+    """A VLA checkpoint file (or a training directory holding ``last.pt``), checked to be one (of ``model``
+    when given); errors name ``flag``."""
     p = Path(path)
     if p.is_dir():
         p = p / "last.pt"
     if not p.is_file():
-        raise FileNotFoundError(f"--pretrained {path}: no checkpoint there (a .pt file or a training directory "
+        raise FileNotFoundError(f"{flag} {path}: no checkpoint there (a .pt file or a training directory "
                                 f"with last.pt)")
     from quadforge.models.checkpoint import load_checkpoint
     try:
-        kind = (load_checkpoint(str(p)).extra or {}).get("policy_kind")
+        ckpt = load_checkpoint(str(p))
     except ValueError as err:
-        raise ValueError(f"--pretrained {path}: {err}") from err
+        raise ValueError(f"{flag} {path}: {err}") from err
+    kind = (ckpt.extra or {}).get("policy_kind")
     if kind != "vla":
-        raise ValueError(f"--pretrained {path}: not a vision-language-action checkpoint (policy kind {kind!r}); "
+        raise ValueError(f"{flag} {path}: not a vision-language-action checkpoint (policy kind {kind!r}); "
                          f"give one `quadforge train --model germ-dense|germ|rt1|germ-il` wrote on an image store")
+    if model is not None and ckpt.model_name != model:
+        raise ValueError(f"{flag} {path}: holds a {ckpt.model_name!r} model, not {model!r}")
     return p
 
 
@@ -260,7 +281,13 @@ def _train_argv(cfg: QuardConfig, model: str, failures: bool, store: str, out: s
     if not failures:
         argv.append("--success-only")
     argv += [f"{k}={v}" for k, v in (("val_every", s.val_every), ("keep_every", s.keep_every)) if v is not None]
-    return argv + _device_argv(cfg) + list(cfg.train_overrides)
+    return argv + _device_argv(cfg) + list(cfg.train_overrides) + _init_argv(cfg, model)
+
+
+def _init_argv(cfg: QuardConfig, model: str) -> list[str]:
+    """``init_from=CKPT`` for a model ``--init`` names (the path as given: the plan stays pure)."""
+    given = dict(item.partition("=")[::2] for item in cfg.init)
+    return [f"init_from={given[model]}"] if model in given else []
 
 
 def _collect_argv(cfg: QuardConfig, policy: str, store: str, episodes: int, collector: str, seed: int) -> list[str]:
@@ -361,7 +388,7 @@ def fig6_steps(cfg: QuardConfig, demos: str, after: tuple[str, ...]) -> list[Ste
         argv = ["train", "--model", model, "--store", demos, "--out", tdir, "--seed", str(seed), "--preset", s.preset,
                 "--max-steps", str(s.fig6_steps), "--batch-size", str(s.batch_size or 16), "--success-only",
                 f"families={fam}", f"val_every={s.fig6_every}", f"keep_every={s.fig6_every}", *_device_argv(cfg),
-                *cfg.train_overrides]
+                *cfg.train_overrides, *_init_argv(cfg, model)]
         meta = {"model": model, "family": fam, "seed": seed, "run": f"fig6_{model}", "batch_size": s.batch_size or 16}
         steps.append(Step(f"fig6-train-{model}", "fig6_train", argv, tdir, ("vla_train",), meta, after=after))
         for k in range(s.fig6_every, s.fig6_steps + 1, s.fig6_every):
@@ -834,6 +861,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(trainings and evaluations that do not read each other's outputs), one core each; default 1")
     p.add_argument("--pretrained", default=None, metavar="CKPT", help="quard stage: a pre-trained VLA checkpoint "
                    "(e.g. in experts/checkpoints/) as round 0's collector instead of training one")
+    p.add_argument("--init", action="append", default=None, metavar="MODEL=CKPT", help="quard stage: every training "
+                   "of MODEL starts from CKPT's weights (repeatable), e.g. rt1=experts/checkpoints/vla_rt1.pt; use a new --out")
     p.add_argument("--device", default=None, help="quard stage: the trainings' torch device (cpu, cuda); default cpu")
     p.add_argument("--backend", default=None, choices=list(BACKENDS), help="quard stage: the collections' and "
                    "evaluations' physics backend (mujoco_warp: MuJoCo Warp, on a GPU with --warp-device cuda:0); "
@@ -863,6 +892,8 @@ def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> in
         kw["fig6"] = args.fig6
     if args.train_override:
         kw["train_overrides"] = tuple(args.train_override)
+    if args.init:
+        kw["init"] = tuple(args.init)
     for name in ("device", "backend", "warp_device"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
