@@ -195,14 +195,10 @@ class QuardConfig:
 
     def _check_devices(self) -> None:
         """Before any step runs: a CUDA device and MuJoCo Warp where the options ask for them."""
-        import torch
-
         from quadforge.envs.backends import backend_spec
+        from quadforge.training.distributed import resolve_device
         backend_spec(self.backend)                   # ValueError naming the registered backends
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise ValueError(f"--device {self.device!r}; allowed: cpu, cuda or cuda:K")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"--device {self.device}: torch sees no CUDA device on this machine")
+        resolve_device(self.device)                  # the trainers' own check: a known kind, CUDA present
         if self.backend == "mujoco_warp":
             from quadforge.envs.backends.mujoco_warp import available
             if not available():
