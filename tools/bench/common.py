@@ -44,6 +44,21 @@ def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
     return statistics.median(samples)
 
 
+def rate_per_second(fn: Callable[[], Any], units: int, calls: int, rounds: int,
+                    sync: Callable[[], Any] = lambda: None) -> float:
+    """Median units per second over ``rounds`` of ``calls`` calls of ``fn``, each call doing ``units`` (env
+    steps x worlds, say); ``sync`` waits for a device's queued work (torch.cuda.synchronize on a GPU)."""
+    rates = []
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        rates.append(calls * units / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
 @dataclass
 class Table:
     title: str

@@ -17,13 +17,12 @@ target is set for them.
 from __future__ import annotations
 
 import os
-import statistics
 import time
 
 import numpy as np
 import torch
 
-from quadforge.tools.bench.common import Table, report
+from quadforge.tools.bench.common import Table, median_time, rate_per_second, report
 
 
 def _sync() -> None:
@@ -49,28 +48,14 @@ def env_rows(table: Table, counts: list[int], device: str, steps: int, renders: 
             zeros = torch.zeros(n, 12, device=env.device)
             for _ in range(3):                    # warm-up: kernel loads, the CUDA graph's capture
                 env.step(zeros)
-            rates = []
-            for _ in range(2):
-                _sync()
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    env.step(zeros)
-                _sync()
-                rates.append(steps * n / (time.perf_counter() - t0))
+            rate = rate_per_second(lambda: env.step(zeros), n, steps, rounds=2, sync=_sync)
             rgb = np.zeros((n, env.camera.height, env.camera.width, 3), np.uint8)
             ids = np.arange(n)
-            env.camera.render(ids, rgb)
-            times = []
-            for _ in range(renders):
-                _sync()
-                t0 = time.perf_counter()
-                env.camera.render(ids, rgb)
-                times.append(time.perf_counter() - t0)
-            frame_s = statistics.median(times)
-            table.add(n, str(env.backend.device), round(build_s, 1), statistics.median(rates), n / frame_s,
+            # a render ends copying its frames to the host, which waits for the device: no sync needed
+            frame_s = median_time(lambda: env.camera.render(ids, rgb), renders, warmup=1)
+            table.add(n, str(env.backend.device), round(build_s, 1), rate, n / frame_s,
                       frame_s * 1e3, int((rgb.reshape(n, -1).max(1) > 0).sum()))
-            print(f"  quard:all {n} worlds: {statistics.median(rates):.0f} env steps/s, {n / frame_s:.0f} frames/s",
-                  flush=True)
+            print(f"  quard:all {n} worlds: {rate:.0f} env steps/s, {n / frame_s:.0f} frames/s", flush=True)
         finally:
             env.close()
 

@@ -23,7 +23,6 @@ Warp rows are there to show the path runs, not to be fast.
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import time
 import torch
 
 from quadforge.envs.backends.base import WarpConfig
-from quadforge.tools.bench.common import Table, report
+from quadforge.tools.bench.common import Table, rate_per_second, report
 
 GPU_TARGET = 250_000      # env steps/s at 4096 worlds, Go1 rough terrain, one H100-class GPU (issue 23)
 ENV_SHARE_TARGET = 0.85   # env steps/s over backend-only steps/s at the same world count (issue 23)
@@ -68,19 +67,6 @@ def _env(backend: str, num_envs: int):
     return env, time.perf_counter() - t0
 
 
-def _rate(fn, num_envs: int, steps: int, rounds: int, sync) -> float:
-    """Median env steps/s over ``rounds`` of ``steps`` calls of ``fn``."""
-    rates = []
-    for _ in range(rounds):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        sync()
-        rates.append(steps * num_envs / (time.perf_counter() - t0))
-    return statistics.median(rates)
-
-
 def cold_compile_seconds(device: str) -> tuple[float, float]:
     """(build, build + first step) seconds of the Warp backend in a fresh process with an empty kernel cache."""
     with tempfile.TemporaryDirectory(prefix="quadforge-warp-cache-") as cache:
@@ -106,8 +92,8 @@ def measure(sweeps: dict[str, list[int]], steps: int, rounds: int) -> Table:
             targets = env.default_joint_pos.expand(n, -1).contiguous()
             for _ in range(3):   # warm-up (and the CUDA-graph capture on a GPU)
                 env.step(zeros)
-            env_rate = _rate(lambda: env.step(zeros), n, steps, rounds, sync)
-            backend_rate = _rate(lambda: b.step(targets), n, steps, rounds, sync)
+            env_rate = rate_per_second(lambda: env.step(zeros), n, steps, rounds, sync)
+            backend_rate = rate_per_second(lambda: b.step(targets), n, steps, rounds, sync)
             dev = str(b.device) if backend == "mujoco_warp" else f"cpu x{b.num_threads} threads"
             buffers, mb, overflowed = "-", float("nan"), "-"
             if backend == "mujoco_warp":
