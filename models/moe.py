@@ -236,3 +236,30 @@ def matched_dense_hidden(cfg: MoEConfig) -> int:
     d, hdn, e, k = cfg.dim, cfg.hidden, cfg.num_experts, cfg.top_k
     active = k * (2 * d * hdn + hdn + d) + 2 * d * e
     return max(1, round((active - d) / (2 * d + 1)))
+
+
+def upcycled_state(dense_state: dict[str, torch.Tensor], moe_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Sparse upcycling (Komatsuzaki et al. 2023): the state of a network whose FFNs are DenseFFNs, mapped
+    onto the same network with SparseMoE FFNs. Every expert is a copy of the dense FFN it replaces and the
+    router keeps ``moe_state``'s (zero) weights, so the upcycled network computes exactly what the dense
+    one did (the top-k gates sum to 1 over identical experts) until training makes the experts differ.
+
+    ``moe_state`` is the target network's own state dict; its experts' width must equal the dense FFN's."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in dense_state.items():
+        prefix, _, leaf = key.rpartition(".fc")
+        if key in moe_state or leaf not in ("1.weight", "1.bias", "2.weight", "2.bias"):
+            out[key] = value          # not a replaced FFN (other layers may also be named fc1/fc2)
+            continue
+        name = {"1.weight": "w1", "1.bias": "b1", "2.weight": "w2", "2.bias": "b2"}[leaf]
+        target = moe_state.get(f"{prefix}.{name}")
+        if target is None:
+            raise ValueError(f"upcycling: {key} has no SparseMoE counterpart {prefix}.{name}")
+        expert = value.t() if value.dim() == 2 else value                  # nn.Linear stores (out, in)
+        if tuple(target.shape[1:]) != tuple(expert.shape):
+            raise ValueError(f"upcycling: {prefix}'s experts are {tuple(target.shape[1:])}, the dense FFN's "
+                             f"{name} is {tuple(expert.shape)}; the experts' width must equal the dense FFN's")
+        out[f"{prefix}.{name}"] = expert.unsqueeze(0).expand_as(target).clone()
+        for router in ("w_gate", "w_noise"):
+            out.setdefault(f"{prefix}.{router}", moe_state[f"{prefix}.{router}"].clone())
+    return out

@@ -520,6 +520,9 @@ def test_init_starts_every_training_of_its_model_from_the_checkpoint():
         model = step.argv[step.argv.index("--model") + 1]
         assert (f"init_from={ckpt}" in step.argv) == (model == "rt1"), step.id
     assert sum(f"init_from={ckpt}" in s.argv for s in trains) == 3      # two seeds' rows and Fig. 6's
+    dense = str(Path(ckpt).with_name("vla_germ_dense.pt"))               # upcycles into the MoE rows
+    both = QuardConfig(scale="tiny", seeds=(0,), init=(f"germ={dense}", f"germ-il={dense}", f"germ-dense={dense}"))
+    assert both.inits() == {"germ": dense, "germ-il": dense, "germ-dense": dense}
 
 
 def test_a_bad_init_is_a_clear_error_before_any_step(tmp_path, capsys):

@@ -231,6 +231,7 @@ def pretrained_checkpoint(path: str, flag: str = "--pretrained", model: str | No
         raise FileNotFoundError(f"{flag} {path}: no checkpoint there (a .pt file or a training directory "
                                 f"with last.pt)")
     from quadforge.models.checkpoint import load_checkpoint
+    from quadforge.training.grounding import upcycles
     try:
         ckpt = load_checkpoint(str(p))
     except ValueError as err:
@@ -239,8 +240,9 @@ def pretrained_checkpoint(path: str, flag: str = "--pretrained", model: str | No
     if kind != "vla":
         raise ValueError(f"{flag} {path}: not a vision-language-action checkpoint (policy kind {kind!r}); "
                          f"give one `quadforge train --model germ-dense|germ|rt1|germ-il` wrote on an image store")
-    if model is not None and ckpt.model_name != model:
-        raise ValueError(f"{flag} {path}: holds a {ckpt.model_name!r} model, not {model!r}")
+    if model is not None and ckpt.model_name != model and not upcycles(ckpt.model_name, model):
+        raise ValueError(f"{flag} {path}: holds a {ckpt.model_name!r} model, not {model!r}"
+                         + (" (a germ-dense checkpoint can start germ and germ-il: upcycling)" if model.startswith("germ") else ""))
     return p
 
 

@@ -48,6 +48,8 @@ from quadforge.experts.vla import POLICY_KIND
 from quadforge.seeding import numpy_rng
 from quadforge.models.checkpoint import Checkpoint, load_state
 from quadforge.models.instruction import PAD, UNK, build_vocabulary
+from quadforge.models.moe import upcycled_state
+from quadforge.models.registry import model_spec
 from quadforge.models.vla import images_to_float
 
 POSE_TERMS = ("task_base_pose", "task_target_pos", "task_distractor_pos")
@@ -254,25 +256,47 @@ def vocabulary_for(instructions: Sequence[str], blind: bool, init: Checkpoint | 
     return tuple(build_vocabulary(instructions))
 
 
+def upcycles(init_model: str, model_name: str) -> bool:
+    """Whether a checkpoint of ``init_model`` starts a ``model_name`` run by sparse upcycling: the dense
+    variant of a network (GeRM w/o MoE) into its MoE variants (GeRM, GeRM w/o RL), each expert a copy of
+    the dense FFN (``models.moe.upcycled_state``). This is how a GeRM starts from a grounded GeRM w/o MoE;
+    the experts then have the dense FFN's width, so the upcycled GeRM's active parameters exceed the
+    dense one's (top-2: two FFNs per token)."""
+    if init_model == model_name:
+        return False
+    try:
+        have, want = model_spec(init_model, "vision"), model_spec(model_name, "vision")
+    except ValueError:
+        return False
+    return have.dense and not want.dense and have.cls == want.cls
+
+
 def load_init_weights(model: torch.nn.Module, init: Checkpoint, vla: Any, model_name: str, path: Any) -> None:
     """Start a fine-tune from ``init``'s weights. The config must equal the run's, except that a
     language-blind run (``BLIND_VOCAB``) starting from a reading model keeps only the word table's
-    padding and unknown rows (what every word becomes)."""
+    padding and unknown rows (what every word becomes), and that a dense checkpoint upcycles into an MoE
+    run (``upcycles``: the same config with ``moe`` on)."""
     if (init.extra or {}).get("policy_kind") != POLICY_KIND:
         raise ValueError(f"init_from={path}: not a VLA checkpoint (policy kind {(init.extra or {}).get('policy_kind')!r})")
     want = vla.to_dict()
     blind = tuple(want.get("vocab", ())) == BLIND_VOCAB and tuple(init.model_config.get("vocab", ())) != BLIND_VOCAB
-    have = dict(init.model_config, vocab=want.get("vocab")) if blind else init.model_config
-    if init.model_name != model_name or have != want:
+    upcycle = upcycles(init.model_name, model_name)
+    have = dict(init.model_config, vocab=want.get("vocab")) if blind else dict(init.model_config)
+    if upcycle:
+        have["moe"] = True
+    if (init.model_name != model_name and not upcycle) or have != want:
         raise ValueError(f"init_from={path}: holds {init.model_name!r} with a different model config "
-                         f"(history, sizes or vocabulary); fine-tune with the same model, preset and instructions")
-    if not blind:
-        load_state(model, init)
-        return
+                         f"(history, sizes or vocabulary); fine-tune with the same model, preset and instructions "
+                         f"(or upcycle a germ-dense checkpoint into germ / germ-il)")
     state = dict(init.state_dict)
-    table = model.state_dict()[_EMBED].clone()
-    table[[PAD, UNK]] = state[_EMBED][[PAD, UNK]]
-    state[_EMBED] = table
+    if upcycle:
+        state = upcycled_state(state, model.state_dict())
+        print(f"[vla] init_from {path}: {init.model_name} upcycled into {model_name} "
+              f"(each of the {vla.num_experts} experts a copy of the dense FFN, router at zero)", flush=True)
+    if blind:
+        table = model.state_dict()[_EMBED].clone()
+        table[[PAD, UNK]] = state[_EMBED][[PAD, UNK]]
+        state[_EMBED] = table
     load_state(model, dataclasses.replace(init, state_dict=state))
 
 

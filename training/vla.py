@@ -55,7 +55,7 @@ from quadforge.models.registry import build_vla_model, model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
 from quadforge.training.vla_data import SAMPLING_MODES, ImageWindowSource, check_batch, open_image_source
 from quadforge.training.grounding import (DECISION_FRAMES, TARGET_TERMS, blank_colours, GroundingProbe, TargetAuxLoss, append_row, load_init_weights,
-                                         vocabulary_for)
+                                         upcycles, vocabulary_for)
 from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup, init_distributed, unwrap,
                                             wrap_model)
 from quadforge.training.loop import RunLog, TrainLoop, apply_trainer_args, check_amp, resume_from, save_run_checkpoint
@@ -241,6 +241,8 @@ def model_config(cfg: VLATrainConfig, image_size: tuple[int, int], instructions:
     kw.update(instruction=cfg.instruction, num_bins=cfg.num_bins, action_dim=12)
     if cfg.instruction == "words":
         kw["vocab"] = vocabulary_for(instructions, cfg.blind_instruction, init)
+    if init is not None and upcycles(init.model_name, cfg.model_name):
+        kw["ffn_hidden"] = init.model_config["ffn_hidden"]   # each expert is a copy of the dense FFN
     vla = VLAConfig.make(image_size=tuple(image_size), **kw)
     return vla.dense_matched() if model_spec(cfg.model_name, "vision").dense else vla
 

@@ -138,3 +138,20 @@ def test_bad_config_is_a_clear_error():
         SparseMoE(MoEConfig(dim=4, hidden=4, num_experts=2, top_k=3))
     with pytest.raises(ValueError, match="balance"):
         SparseMoE(MoEConfig(dim=4, hidden=4, balance="nope"))
+
+
+def test_an_upcycled_moe_computes_what_the_dense_ffn_did_until_trained():
+    from quadforge.models.moe import upcycled_state
+    torch.manual_seed(0)
+    dense = DenseFFN(8, 12)
+    moe = SparseMoE(MoEConfig(dim=8, hidden=12, num_experts=4, top_k=2))
+    wrapped_dense, wrapped_moe = torch.nn.ModuleDict({"ffn": dense}), torch.nn.ModuleDict({"ffn": moe})
+    wrapped_moe.load_state_dict(upcycled_state(wrapped_dense.state_dict(), wrapped_moe.state_dict()))
+    x = torch.randn(5, 7, 8)
+    for mode in (False, True):                   # eval and noisy training routing alike
+        moe.train(mode)
+        assert torch.allclose(moe(x).y, dense(x).y, atol=1e-6)
+    assert torch.equal(moe.w_gate, torch.zeros_like(moe.w_gate))
+    narrow = torch.nn.ModuleDict({"ffn": SparseMoE(MoEConfig(dim=8, hidden=6, num_experts=4, top_k=2))})
+    with pytest.raises(ValueError, match="width must equal the dense FFN's"):
+        upcycled_state(wrapped_dense.state_dict(), narrow.state_dict())

@@ -510,3 +510,24 @@ def test_steering_probe_reports_agreement_per_family(tmp_path):
     assert set(report) == {"all", "other"} and report["all"]["wz"]["n"] == 32
     assert report["all"]["vy"]["data_abs"] > 0             # the colour task's commands are lateral
     assert "| all | 32 |" in format_steering(report, "vy")
+
+
+@pytest.mark.parametrize("model", ["germ", "germ-il"])
+def test_a_germ_dense_checkpoint_upcycles_into_the_moe_models(tmp_path, model):
+    src = ColourChoiceTask(image_size=16, history=2, seed=0)
+    dense = train(_cfg("germ-dense", steps=2), src, tmp_path / "dense")
+    cfg = _cfg(model, steps=1)
+    cfg.init_from, cfg.optim.lr = str(tmp_path / "dense" / "last.pt"), 1e-12
+    up = train(cfg, ColourChoiceTask(image_size=16, history=2, seed=0), tmp_path / "up")
+    frames = images_to_float(src.sample(4)["frames"][:, :2])
+    args = (frames, torch.ones(4, 2, dtype=torch.bool), dense["instruction_inputs"][torch.tensor([0, 1, 2, 3])])
+    a, b = dense["model"].eval(), up["model"].eval()
+    # BatchNorm's running statistics moved in the fine-tune's one training pass: compare at the dense ones
+    b.load_state_dict({**b.state_dict(), **{k: v for k, v in a.state_dict().items() if "running" in k}})
+    with torch.no_grad():
+        assert torch.allclose(a(*args).logits, b(*args).logits, atol=1e-5)
+    assert up["parameters"]["active"] < up["parameters"]["total"]     # a real MoE, experts the dense width
+    rt1 = _cfg("rt1", steps=1)
+    rt1.init_from = str(tmp_path / "dense" / "last.pt")
+    with pytest.raises(ValueError, match="upcycle a germ-dense checkpoint"):
+        train(rt1, src, tmp_path / "rt1")
