@@ -448,7 +448,8 @@ import subprocess, sys
 from quadforge.tools import reproduce_quard as rq
 folder = sys.argv[1]
 def run(cfg, step, log):   # each step's process writes its pid, then sleeps like a long training
-    code = f"import os, time; open({folder!r} + '/{step.id}.pid', 'w').write(str(os.getpid())); time.sleep(120)"
+    code = (f"import os, time; from quadforge.tools.parent_watch import watch_parent; watch_parent(0.1); "
+            f"open({folder!r} + '/{step.id}.pid', 'w').write(str(os.getpid())); time.sleep(120)")
     return rq.run_child([sys.executable, "-c", code], subprocess.DEVNULL, None)
 rq.run_step = run
 steps = [rq.Step("b", "train", [], "b", ()), rq.Step("c", "train", [], "c", ())]
@@ -478,6 +479,44 @@ def test_sigterm_to_the_runner_stops_its_running_steps(tmp_path):
     for p in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(int(p.read_text()), 0)
+
+
+def test_steps_of_a_runner_killed_by_sigkill_end_with_it(tmp_path):
+    """SIGKILL cannot be caught, so the runner cannot stop its steps; each step watches its parent
+    (tools.parent_watch) and ends once the runner is gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time as _time
+    runner = subprocess.Popen([sys.executable, "-c", _RUNNER_WITH_SLEEPING_STEPS, str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids = [tmp_path / "b.pid", tmp_path / "c.pid"]
+    deadline = _time.monotonic() + 60
+    while not all(p.exists() and p.read_text() for p in pids):
+        assert runner.poll() is None and _time.monotonic() < deadline
+        _time.sleep(0.05)
+    runner.kill()
+    runner.wait()
+    alive = [int(p.read_text()) for p in pids]
+    deadline = _time.monotonic() + 30
+    while alive and _time.monotonic() < deadline:
+        _time.sleep(0.1)
+        alive = [pid for pid in alive if _running(pid)]
+    assert not alive, f"steps {alive} outlived their runner"
+
+
+def _running(pid: int) -> bool:
+    """Whether pid is a live process (a zombie awaiting its reaper counts as ended)."""
+    import os
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        os.kill(pid, 0)
+        return True
 
 
 def test_the_loop_on_a_gpu_puts_every_step_there():

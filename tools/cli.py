@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     from quadforge.errors import JobFailed
+    from quadforge.tools.parent_watch import watch_parent
+    watch_parent()   # a step of `quadforge reproduce`: end with the runner, even one killed by SIGKILL
     args = build_parser(with_subcommand=name).parse_args(argv)
     module = importlib.import_module(COMMANDS[name][0])
     try:

@@ -53,6 +53,7 @@ from typing import Any, Callable
 from quadforge.envs.backends import BACKENDS
 from quadforge.envs.quard.families import family_names
 from quadforge.output_paths import holds_run
+from quadforge.tools.parent_watch import PARENT_ENV
 from quadforge.tools.quard_report import MODEL_NAMES, TABLE3_ROWS, update_docs
 
 # the colour sets every evaluation covers (envs.quard.env.COLOUR_SETS): the seen colours and the held-out ones
@@ -697,6 +698,7 @@ _CHILDREN_LOCK = threading.Lock()
 
 def run_child(cmd: list[str], log_file, env: dict[str, str]) -> int:
     """Run one step's process to its end (output to ``log_file``), registered so ``stop_children`` reaches it."""
+    env = {**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())}   # ends with the runner
     with _CHILDREN_LOCK:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
         _CHILDREN.add(proc)
