@@ -70,6 +70,20 @@ def test_bench_scale_measures_each_backend_it_is_given():
     rows = table.records()
     assert [r["worlds"] for r in rows] == [2, 4]
     assert all(r["env steps/s"] > 0 and r["backend steps/s"] > 0 and r["build s"] > 0 for r in rows)
+    # where the step goes: every part took time, the backend most of it
+    assert all(r["ms/step: backend"] > 0 and r["task"] > 0 and r["obs"] > 0 and r["resets"] >= 0 for r in rows)
+
+
+def test_the_step_breakdown_restores_the_env_and_counts_resets():
+    from quadforge.envs.builder import make_env
+    from quadforge.tools.bench.scale import step_breakdown
+    env = make_env("go1", "flat", num_envs=2, num_threads=1, overrides={"episode_length_s": 0.04})
+    zeros = torch.zeros(2, 12)
+    parts = step_breakdown(env, zeros, 4, lambda: None)      # a 2-step episode: resets in the 4 steps
+    assert set(parts) == {"backend", "task", "resets", "obs", "rest"}
+    assert parts["backend"] > 0 and parts["resets"] > 0 and parts["obs"] > 0
+    assert "step" not in env.backend.__dict__ and "reset_envs" not in env.__dict__   # the class's own again
+    env.close()
 
 
 

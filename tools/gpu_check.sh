@@ -16,7 +16,8 @@
 #      ~40 s) beside the Warp tests (the stream fix, graphed resets, Warp-on-CUDA equivalence with
 #      mujoco_cpu flat and rough, the gait expert under both backends), whose first tests compile
 #      MuJoCo Warp's kernels cold: more than 260 s for flat + rough (~30 s once cached)
-#   2. quadforge bench scale --quick: env and backend-only steps/s, env/backend, buffers and memory per
+#   2. quadforge bench scale --quick: env and backend-only steps/s, env/backend, where a step goes
+#      (ms in backend, task, resets, obs, rest), buffers and memory per
 #      world at 4096 worlds (Go1, mixed terrain; build ~50 s)
 #   3. PPO: train-expert --preset legged_gym on flat ground, 4096 envs on Warp, networks on CUDA: the
 #      iteration time and the reward's first iterations (rsl_rl's log; ~2 s per iteration before the

@@ -8,7 +8,9 @@ second (median over rounds), and the build time of each backend (for ``mujoco_wa
 in this process, which loads MuJoCo Warp's kernels from Warp's kernel cache).
 
 Also reported: env/backend (the env layer's share: 1 - env/backend of a step goes to observations,
-rewards, terminations, resets, curriculum, randomisation and command resampling) and, for
+rewards, terminations, resets, curriculum, randomisation and command resampling), where a step's time
+goes (``step_breakdown``: milliseconds per step in the backend, the task's rewards and terminations, the
+resets, the observation build and the rest, each timed between device synchronisations) and, for
 ``mujoco_warp``, its buffers (contacts / constraint rows per world, measured from the scene) and device
 memory per world (``MujocoWarpBackend.memory_per_world``), and the worlds whose contacts or constraint
 rows overflowed their buffers (``on_overflow="terminate"``: they end their episodes and are counted, so
@@ -77,12 +79,58 @@ def cold_compile_seconds(device: str) -> tuple[float, float]:
     return built, first
 
 
+# where an env step's time goes: each part timed between device synchronisations (so on a GPU a part's
+# kernels are charged to it, not to whichever later call waits for them); "rest" is the step's time
+# outside the parts (action clamp and latency, terms for the task, pushes, episode bookkeeping)
+PARTS = (("backend", "backend", "step"), ("task", "task", "post_step"), ("resets", None, "reset_envs"),
+         ("obs", None, "_compute_obs"))
+
+
+def step_breakdown(env, actions: torch.Tensor, steps: int, sync) -> dict[str, float]:
+    """Milliseconds per env step in each of ``PARTS`` and the rest, over ``steps`` steps. The timers
+    synchronise the device around every part, which serialises what would overlap: the parts sum to a
+    little more than an unsynchronised step, and their shares are what this is for."""
+    spent = {name: 0.0 for name, _, _ in PARTS}
+    originals = []
+    for name, owner, method in PARTS:
+        obj = env if owner is None else getattr(env, owner)
+        fn = getattr(obj, method)
+
+        def timed(*args, _fn=fn, _name=name, **kwargs):
+            sync()
+            t0 = time.perf_counter()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                sync()
+                spent[_name] += time.perf_counter() - t0
+        originals.append((obj, method, obj.__dict__.get(method)))
+        setattr(obj, method, timed)
+    try:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            env.step(actions)
+        sync()
+        total = time.perf_counter() - t0
+    finally:
+        for obj, method, before in originals:   # back to the class's methods (or what was set before)
+            if before is None:
+                delattr(obj, method)
+            else:
+                setattr(obj, method, before)
+    ms = {name: 1e3 * t / steps for name, t in spent.items()}
+    ms["rest"] = 1e3 * total / steps - sum(ms.values())
+    return ms
+
+
 def measure(sweeps: dict[str, list[int]], steps: int, rounds: int) -> Table:
     """The table: for each backend and world count, build time, env and backend-only steps/s."""
     on_gpu = torch.cuda.is_available()
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     table = Table(f"env steps/s vs worlds, Go1 rough terrain (mixed grid), warp device {_warp_device()}",
                   ["backend", "device", "worlds", "build s", "env steps/s", "backend steps/s", "env/backend",
+                   "ms/step: backend", "task", "resets", "obs", "rest",
                    "buffers con/rows", "MB/world", "overflowed worlds"])
     for backend, counts in sweeps.items():
         for n in counts:
@@ -94,13 +142,14 @@ def measure(sweeps: dict[str, list[int]], steps: int, rounds: int) -> Table:
                 env.step(zeros)
             env_rate = rate_per_second(lambda: env.step(zeros), n, steps, rounds, sync)
             backend_rate = rate_per_second(lambda: b.step(targets), n, steps, rounds, sync)
+            parts = step_breakdown(env, zeros, steps, sync)
             dev = str(b.device) if backend == "mujoco_warp" else f"cpu x{b.num_threads} threads"
             buffers, mb, overflowed = "-", float("nan"), "-"
             if backend == "mujoco_warp":
                 buffers, mb = f"{b.nconmax}/{b.njmax}", b.memory_per_world()["total"] / 1e6
                 overflowed = b.num_overflow
             table.add(backend, dev, n, round(build_s, 2), env_rate, backend_rate, env_rate / backend_rate,
-                      buffers, mb, overflowed)
+                      *(parts[k] for k in ("backend", "task", "resets", "obs", "rest")), buffers, mb, overflowed)
             env.close()
             print(f"  {backend} {n} worlds: env {env_rate:.0f} steps/s, backend {backend_rate:.0f}", flush=True)
     return table
