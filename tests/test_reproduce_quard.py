@@ -692,3 +692,12 @@ def test_one_seed_cells_show_counts_and_a_wilson_interval():
     lo, hi = wilson_interval(60, 170)
     assert spread([{"seed": 0, "successes": 60, "episodes": 170}]) == f"35.3 (60/170; {100 * lo:.0f}–{100 * hi:.0f})"
     assert spread([]) == "-"
+
+
+def test_the_report_names_each_rows_starting_checkpoint_and_the_upcycled_ones():
+    from quadforge.tools.quard_report import _init_line
+    ckpts = Path(__file__).resolve().parents[1] / "experts" / "checkpoints"
+    line = _init_line([f"rt1={ckpts / 'vla_rt1.pt'}", f"germ={ckpts / 'vla_germ_dense.pt'}"])
+    assert "RT-1-style from" in line and "vla_rt1.pt`;" in line
+    assert "GeRM from" in line and "vla_germ_dense.pt` (upcycled)" in line and "dense FFN's width" in line
+    assert "upcycled" not in _init_line([f"rt1={ckpts / 'vla_rt1.pt'}"]).lower()

@@ -292,9 +292,33 @@ def _provenance(run: Mapping[str, Any], steps: list[dict[str, Any]]) -> list[str
     if cfg.get("pretrained"):
         lines += [f"Round 0's collector: the pre-trained VLA `{portable(cfg['pretrained'])}` (`--pretrained`), not trained by "
                   "this run.", ""]
+    if cfg.get("init"):
+        lines += [_init_line(cfg["init"]), ""]
     if scale.get("name") == "tiny":
         lines += ["**Toy scale.** This run checks the plumbing; its success rates say nothing about the models.", ""]
     return lines
+
+
+def _init_line(inits: list[str]) -> str:
+    """Which checkpoint each model's trainings started from (``--init``), and which of them were upcycled."""
+    from quadforge.training.grounding import upcycles
+    parts, upcycled = [], False
+    for item in inits:
+        model, _, path = item.partition("=")
+        try:
+            from quadforge.models.checkpoint import load_checkpoint
+            start = load_checkpoint(path).model_name
+        except (OSError, ValueError):   # the checkpoint is gone: say what was given
+            start = model
+        up = upcycles(start, model)
+        upcycled |= up
+        parts.append(f"{MODEL_NAMES.get(model, model)} from `{portable(path)}`" + (" (upcycled)" if up else ""))
+    line = "Starting weights (`--init`): every training of " + "; ".join(parts) + "."
+    if upcycled:
+        line += (" Upcycled: a GeRM w/o MoE checkpoint starts an MoE model with every expert a copy of its dense FFN "
+                 "(docs/vla.md), so those experts have the dense FFN's width: their parameter counts are the success "
+                 "table's, not the preset counts below.")
+    return line
 
 
 def eval_per_cell(steps: list[dict[str, Any]], scale: Mapping[str, Any]) -> Any:
