@@ -16,6 +16,7 @@ for a checkpoint on a store's windows: ``python -m quadforge.training.vla_probe 
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import numpy as np
@@ -23,7 +24,7 @@ import torch
 
 from quadforge.envs.quard.instructions import parse_instruction
 from quadforge.experts.vla import load_vla
-from quadforge.training.grounding import DECISION_FRAMES, GroundingProbe
+from quadforge.training.grounding import DECISION_FRAMES, UNSEEN_WORD, GroundingProbe
 from quadforge.models.vla import images_to_float
 from quadforge.training.vla import act_bins
 from quadforge.training.vla_data import ImageWindowSource, open_image_source
@@ -79,18 +80,46 @@ def steering_by_family(checkpoint: str, source: ImageWindowSource | str, windows
 
 
 def swap_by_family(checkpoint: str, store: str, windows: int = 256, seed: int = 0, split: str = "val",
-                   families: tuple[str, ...] = (), decision_frames: int = DECISION_FRAMES) -> dict[str, float]:
+                   families: tuple[str, ...] = (), decision_frames: int = DECISION_FRAMES,
+                   contrast: float = 0.0) -> dict[str, float]:
     """The instruction-swap metric (``training.grounding.swap_scores``: ``toward_named``, ``change``, per
     family) of a checkpoint on ``windows`` successful windows of ``store`` (``split`` "val": the trainer's
     seeded held-out episodes; "all": every episode; ``decision_frames``: windows ending in each episode's
-    first so many frames, 0: any)."""
+    first so many frames, 0: any). ``contrast`` w != 0 acts on ``contrasted_logits`` instead of the plain
+    greedy bins (RT-1-style only)."""
     policy = load_vla(checkpoint, 1)
     probe = GroundingProbe.from_store(store, policy.model.cfg.history, seed=seed,
                                       val_fraction=0.1 if split == "val" else 0.0, windows=windows,
                                       families=families, decision_frames=decision_frames)
     if probe is None:
         raise ValueError(f"{store}: no successful QUARD windows with two candidates (split {split!r})")
-    return {k[len("swap_"):]: v for k, v in probe.measure(policy.model, policy.binner).items()}
+    if not contrast:
+        return {k[len("swap_"):]: v for k, v in probe.measure(policy.model, policy.binner).items()}
+    if policy.model.name != "rt1":
+        raise ValueError(f"--contrast: RT-1-style checkpoints only ({checkpoint} holds {policy.model.name!r}, which "
+                         f"decodes its dimensions one after another)")
+    model, binner = policy.model.eval(), policy.binner
+
+    @torch.no_grad()
+    def act(frames: torch.Tensor, mask: torch.Tensor, texts: list[str]) -> torch.Tensor:
+        return binner.decode(contrasted_logits(model, images_to_float(frames), mask, texts, contrast).argmax(-1))
+    return probe.measure_act(act)
+
+
+def null_instruction(text: str) -> str:
+    """The instruction with every word unknown to the words encoder: the same length, no meaning."""
+    return re.sub(r"[a-z0-9]+", UNSEEN_WORD, text.lower())
+
+
+def contrasted_logits(model: torch.nn.Module, frames: torch.Tensor, mask: torch.Tensor, texts: list[str],
+                      w: float) -> torch.Tensor:
+    """Classifier-free-guidance-style contrast at acting time: ``l(instr) + w (l(instr) - l(null))`` with the
+    null instruction of ``null_instruction``. Measured in docs/vla.md ("Grounding"): on a model never
+    trained on null instructions it does not help, since its null output is not a language-free one."""
+    fe = model.frontend
+    on = model(frames, mask, fe.prepare_instructions(texts)).logits
+    off = model(frames, mask, fe.prepare_instructions([null_instruction(t) for t in texts])).logits
+    return on + w * (on - off)
 
 
 def format_steering(report: dict[str, dict[str, dict[str, float]]], dim: str = "wz") -> str:
@@ -114,12 +143,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:   # python -m quadfor
     p.add_argument("--families", default="", help="comma-separated QUARD families (default: all in the store)")
     p.add_argument("--decision-frames", type=int, default=DECISION_FRAMES,
                    help="swap windows end in an episode's first N image frames (0: anywhere)")
+    p.add_argument("--contrast", type=float, default=0.0, metavar="W", help="--swap, RT-1-style: act on "
+                   "l(instr) + W (l(instr) - l(null instruction)) (docs/vla.md, Grounding)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     if args.swap:
         families = tuple(f for f in args.families.split(",") if f)
         swap = swap_by_family(args.checkpoint, args.store, args.windows, split=args.split, families=families,
-                              decision_frames=args.decision_frames)
+                              decision_frames=args.decision_frames, contrast=args.contrast)
         print(" ".join(f"{k}={v:.3f}" for k, v in swap.items()))
         return swap
     report = steering_by_family(args.checkpoint, args.store, split=args.split)

@@ -531,3 +531,18 @@ def test_a_germ_dense_checkpoint_upcycles_into_the_moe_models(tmp_path, model):
     rt1.init_from = str(tmp_path / "dense" / "last.pt")
     with pytest.raises(ValueError, match="upcycle a germ-dense checkpoint"):
         train(rt1, src, tmp_path / "rt1")
+
+
+def test_the_acting_time_contrast_is_the_guidance_formula_on_a_null_instruction(tmp_path):
+    from quadforge.training.vla_probe import contrasted_logits, null_instruction
+    src = ColourChoiceTask(image_size=16, history=2, seed=0)
+    model = train(_cfg("rt1", steps=2), src, tmp_path)["model"].eval()
+    assert null_instruction("Go to the red ball.") == "unseen unseen unseen unseen unseen."
+    frames = images_to_float(src.sample(3)["frames"][:, :2])
+    mask, texts = torch.ones(3, 2, dtype=torch.bool), list(src.instructions[:3])
+    fe = model.frontend
+    with torch.no_grad():
+        on = model(frames, mask, fe.prepare_instructions(texts)).logits
+        off = model(frames, mask, fe.prepare_instructions([null_instruction(t) for t in texts])).logits
+        assert torch.allclose(contrasted_logits(model, frames, mask, texts, 0.0), on)
+        assert torch.allclose(contrasted_logits(model, frames, mask, texts, 2.0), 3 * on - 2 * off, atol=1e-5)
