@@ -235,6 +235,13 @@ def blank_colours(texts: Sequence[str]) -> list[str]:
     return [_COLOUR_WORD.sub(UNSEEN_WORD, str(t)) for t in texts]
 
 
+def null_instruction(text: str) -> str:
+    """The instruction with every word replaced by ``UNSEEN_WORD`` (``<unk>`` to the words encoder): the same
+    length, no meaning. Training rows see it with ``instruction_dropout``; acting-time contrast
+    (``training.vla_probe.contrasted_logits``) subtracts the model's output for it."""
+    return re.sub(r"[a-z0-9]+", UNSEEN_WORD, str(text).lower())
+
+
 # --- the language-blind baseline and fine-tuning vocabularies ------------------------------------------
 
 BLIND_VOCAB = ("<blank>",)   # no instruction word is ever "<blank>" (words are [a-z0-9]+): all map to <unk>

@@ -55,7 +55,7 @@ from quadforge.models.registry import build_vla_model, model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
 from quadforge.training.vla_data import SAMPLING_MODES, ImageWindowSource, check_batch, open_image_source
 from quadforge.training.grounding import (DECISION_FRAMES, TARGET_TERMS, blank_colours, GroundingProbe, TargetAuxLoss, append_row, load_init_weights,
-                                         upcycles, vocabulary_for)
+                                         null_instruction, upcycles, vocabulary_for)
 from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup, init_distributed, unwrap,
                                             wrap_model)
 from quadforge.training.loop import RunLog, TrainLoop, apply_trainer_args, check_amp, resume_from, save_run_checkpoint
@@ -132,6 +132,9 @@ class VLATrainConfig:
     # held-out colours are one <unk> to the words encoder, so without this the model never sees an instruction
     # whose colour it does not know; 0: off
     colour_dropout: float = 0.0
+    # the share of training rows whose whole instruction is the null one (``training.grounding.null_instruction``):
+    # the language-free branch an acting-time contrast subtracts (classifier-free guidance); 0: off
+    instruction_dropout: float = 0.0
     early_share: float = 0.0
     early_frames: int = DECISION_FRAMES
     gamma: float = 0.98
@@ -204,6 +207,8 @@ class VLATrainConfig:
                              f"(a list: families=['go_to','distinguish'])")
         if not 0.0 <= self.colour_dropout <= 1.0:
             raise ValueError(f"colour_dropout={self.colour_dropout}; must be in [0, 1] (a share of training rows)")
+        if not 0.0 <= self.instruction_dropout <= 1.0:
+            raise ValueError(f"instruction_dropout={self.instruction_dropout}; must be in [0, 1] (a share of training rows)")
         if not 0.0 <= self.early_share <= 1.0 or self.early_frames < 1:
             raise ValueError(f"early_share={self.early_share}, early_frames={self.early_frames}; need a share in "
                              f"[0, 1] and early_frames >= 1")
@@ -487,6 +492,8 @@ class VLARun:
         self.table = self.model.frontend.prepare_instructions(self.instructions).to(dev)   # (K, ...) prepared
         self.blanked = (self.model.frontend.prepare_instructions(blank_colours(self.instructions)).to(dev)
                         if cfg.colour_dropout > 0 else None)   # the same table without colour words
+        self.nulled = (self.model.frontend.prepare_instructions([null_instruction(t) for t in self.instructions]).to(dev)
+                       if cfg.instruction_dropout > 0 else None)   # every instruction as the null one
         self.ddp_model = wrap_model(self.model, info)   # DDP broadcasts rank 0's weights: copy the target after
         self.target = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.objective == "q" else None
         self.optimizer = build_optimizer(self.model, cfg.optim)
@@ -520,6 +527,9 @@ class VLARun:
         if augment and self.blanked is not None:
             drop = torch.rand(idx.shape[0], device=idx.device) < self.cfg.colour_dropout
             instruction = torch.where(drop.view(-1, *([1] * (instruction.dim() - 1))), self.blanked[idx], instruction)
+        if augment and self.nulled is not None:
+            drop = torch.rand(idx.shape[0], device=idx.device) < self.cfg.instruction_dropout
+            instruction = torch.where(drop.view(-1, *([1] * (instruction.dim() - 1))), self.nulled[idx], instruction)
         return batch, frames, instruction
 
     def loss_terms(self, step: int) -> dict[str, torch.Tensor]:

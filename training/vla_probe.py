@@ -16,7 +16,6 @@ for a checkpoint on a store's windows: ``python -m quadforge.training.vla_probe 
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Callable
 
 import numpy as np
@@ -24,7 +23,7 @@ import torch
 
 from quadforge.envs.quard.instructions import parse_instruction
 from quadforge.experts.vla import load_vla
-from quadforge.training.grounding import DECISION_FRAMES, UNSEEN_WORD, GroundingProbe
+from quadforge.training.grounding import DECISION_FRAMES, GroundingProbe, null_instruction
 from quadforge.models.vla import images_to_float
 from quadforge.training.vla import act_bins
 from quadforge.training.vla_data import ImageWindowSource, open_image_source
@@ -104,11 +103,6 @@ def swap_by_family(checkpoint: str, store: str, windows: int = 256, seed: int = 
     def act(frames: torch.Tensor, mask: torch.Tensor, texts: list[str]) -> torch.Tensor:
         return binner.decode(contrasted_logits(model, images_to_float(frames), mask, texts, contrast).argmax(-1))
     return probe.measure_act(act)
-
-
-def null_instruction(text: str) -> str:
-    """The instruction with every word unknown to the words encoder: the same length, no meaning."""
-    return re.sub(r"[a-z0-9]+", UNSEEN_WORD, text.lower())
 
 
 def contrasted_logits(model: torch.nn.Module, frames: torch.Tensor, mask: torch.Tensor, texts: list[str],

@@ -534,7 +534,8 @@ def test_a_germ_dense_checkpoint_upcycles_into_the_moe_models(tmp_path, model):
 
 
 def test_the_acting_time_contrast_is_the_guidance_formula_on_a_null_instruction(tmp_path):
-    from quadforge.training.vla_probe import contrasted_logits, null_instruction
+    from quadforge.training.grounding import null_instruction
+    from quadforge.training.vla_probe import contrasted_logits
     src = ColourChoiceTask(image_size=16, history=2, seed=0)
     model = train(_cfg("rt1", steps=2), src, tmp_path)["model"].eval()
     assert null_instruction("Go to the red ball.") == "unseen unseen unseen unseen unseen."
@@ -546,3 +547,25 @@ def test_the_acting_time_contrast_is_the_guidance_formula_on_a_null_instruction(
         off = model(frames, mask, fe.prepare_instructions([null_instruction(t) for t in texts])).logits
         assert torch.allclose(contrasted_logits(model, frames, mask, texts, 0.0), on)
         assert torch.allclose(contrasted_logits(model, frames, mask, texts, 2.0), 3 * on - 2 * off, atol=1e-5)
+
+
+def test_instruction_dropout_trains_rows_on_the_null_instruction(tmp_path, monkeypatch):
+    from quadforge.training import vla as vla_mod
+    from quadforge.training.grounding import null_instruction
+    seen = []
+    real = vla_mod.losses
+
+    def spy(model, target, batch, frames, instruction, *rest):
+        seen.append(instruction.clone())
+        return real(model, target, batch, frames, instruction, *rest)
+    monkeypatch.setattr(vla_mod, "losses", spy)
+    src = ColourChoiceTask(image_size=16, history=2, seed=0)
+    cfg = _cfg("rt1", steps=2)
+    cfg.instruction_dropout = 1.0
+    out = train(cfg, src, tmp_path)
+    null = out["model"].frontend.prepare_instructions([null_instruction(t) for t in src.instructions])
+    assert seen and all((row == null[0]).all() for batch in seen for row in batch)   # every row, every step
+    bad = _cfg("rt1")
+    bad.instruction_dropout = -0.1
+    with pytest.raises(ValueError, match="instruction_dropout=-0.1"):
+        bad.validate()
