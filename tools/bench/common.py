@@ -44,6 +44,30 @@ def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
     return statistics.median(samples)
 
 
+def timed_method(obj: Any, name: str, acc: dict[str, float], label: str,
+                 clock: Callable[[], float] = time.perf_counter) -> Callable[[], None]:
+    """Replace ``obj.name`` by a wrapper adding each call's duration by ``clock`` to ``acc[label]`` (a clock
+    that synchronises a device first charges the call its queued kernels); returns the undo, which gives the
+    object back the method it had (its class's, or what was set on the instance before)."""
+    before = obj.__dict__.get(name)
+    fn = getattr(obj, name)
+
+    def timed(*args, **kwargs):
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[label] += clock() - t0
+    setattr(obj, name, timed)
+
+    def undo() -> None:
+        if before is None:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, before)
+    return undo
+
+
 def rate_per_second(fn: Callable[[], Any], units: int, calls: int, rounds: int,
                     sync: Callable[[], Any] = lambda: None) -> float:
     """Median units per second over ``rounds`` of ``calls`` calls of ``fn``, each call doing ``units`` (env

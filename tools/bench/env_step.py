@@ -23,14 +23,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from typing import Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 # the env and the raw-rollout layer exactly as `bench sim` builds them (team backend's module)
 from quadforge.tools.bench.sim import _make_env, _Raw
-from quadforge.tools.bench.common import Table, report
+from quadforge.tools.bench.common import Table, report, timed_method
 
 
 class _CountTorchCalls(TorchFunctionMode):
@@ -43,18 +42,6 @@ class _CountTorchCalls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _wrap(obj, name: str, acc: dict[str, float], label: str, clock: Callable[[], float]) -> None:
-    fn = getattr(obj, name)
-
-    def timed(*args, **kwargs):
-        t0 = clock()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            acc[label] += clock() - t0
-    setattr(obj, name, timed)
-
-
 def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dict[str, float]:
     env = _make_env(n, threads, terrain)
     zeros = torch.zeros(n, env.num_actions)
@@ -62,11 +49,11 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dic
         env.step(zeros)
     raw = _Raw(env.backend, threads, steps)
     acc: dict[str, float] = defaultdict(float)
-    _wrap(env.backend, "step", acc, "backend", time.process_time)
-    _wrap(env.backend, "step", acc, "backend_thread", time.thread_time)  # the caller's share of it
-    _wrap(env.task, "post_step", acc, "task", time.thread_time)
-    _wrap(env, "_compute_obs", acc, "obs", time.thread_time)
-    _wrap(env, "_during_physics", acc, "during", time.thread_time)
+    timed_method(env.backend, "step", acc, "backend", time.process_time)
+    timed_method(env.backend, "step", acc, "backend_thread", time.thread_time)  # the caller's share of it
+    timed_method(env.task, "post_step", acc, "task", time.thread_time)
+    timed_method(env, "_compute_obs", acc, "obs", time.thread_time)
+    timed_method(env, "_during_physics", acc, "during", time.thread_time)
 
     def run_env() -> None:
         for _ in range(steps):

@@ -33,7 +33,7 @@ import time
 import torch
 
 from quadforge.envs.backends.base import WarpConfig
-from quadforge.tools.bench.common import Table, rate_per_second, report
+from quadforge.tools.bench.common import Table, rate_per_second, report, timed_method
 
 GPU_TARGET = 250_000      # env steps/s at 4096 worlds, Go1 rough terrain, one H100-class GPU (issue 23)
 ENV_SHARE_TARGET = 0.85   # env steps/s over backend-only steps/s at the same world count (issue 23)
@@ -91,34 +91,20 @@ def step_breakdown(env, actions: torch.Tensor, steps: int, sync) -> dict[str, fl
     synchronise the device around every part, which serialises what would overlap: the parts sum to a
     little more than an unsynchronised step, and their shares are what this is for."""
     spent = {name: 0.0 for name, _, _ in PARTS}
-    originals = []
-    for name, owner, method in PARTS:
-        obj = env if owner is None else getattr(env, owner)
-        fn = getattr(obj, method)
 
-        def timed(*args, _fn=fn, _name=name, **kwargs):
-            sync()
-            t0 = time.perf_counter()
-            try:
-                return _fn(*args, **kwargs)
-            finally:
-                sync()
-                spent[_name] += time.perf_counter() - t0
-        originals.append((obj, method, obj.__dict__.get(method)))
-        setattr(obj, method, timed)
-    try:
+    def synced_clock() -> float:
         sync()
-        t0 = time.perf_counter()
+        return time.perf_counter()
+    undos = [timed_method(env if owner is None else getattr(env, owner), method, spent, name, synced_clock)
+             for name, owner, method in PARTS]
+    try:
+        t0 = synced_clock()
         for _ in range(steps):
             env.step(actions)
-        sync()
-        total = time.perf_counter() - t0
+        total = synced_clock() - t0
     finally:
-        for obj, method, before in originals:   # back to the class's methods (or what was set before)
-            if before is None:
-                delattr(obj, method)
-            else:
-                setattr(obj, method, before)
+        for undo in reversed(undos):
+            undo()
     ms = {name: 1e3 * t / steps for name, t in spent.items()}
     ms["rest"] = 1e3 * total / steps - sum(ms.values())
     return ms
