@@ -301,12 +301,12 @@ def _provenance(run: Mapping[str, Any], steps: list[dict[str, Any]]) -> list[str
 
 def _init_line(inits: list[str]) -> str:
     """Which checkpoint each model's trainings started from (``--init``), and which of them were upcycled."""
+    from quadforge.models.checkpoint import load_checkpoint
     from quadforge.training.grounding import upcycles
     parts, upcycled = [], False
     for item in inits:
         model, _, path = item.partition("=")
         try:
-            from quadforge.models.checkpoint import load_checkpoint
             start = load_checkpoint(path).model_name
         except (OSError, ValueError):   # the checkpoint is gone: say what was given
             start = model

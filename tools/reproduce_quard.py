@@ -232,7 +232,7 @@ def pretrained_checkpoint(path: str, flag: str = "--pretrained", model: str | No
         raise FileNotFoundError(f"{flag} {path}: no checkpoint there (a .pt file or a training directory "
                                 f"with last.pt)")
     from quadforge.models.checkpoint import load_checkpoint
-    from quadforge.training.grounding import upcycles
+    from quadforge.training.grounding import upcycle_sources
     try:
         ckpt = load_checkpoint(str(p))
     except ValueError as err:
@@ -241,9 +241,10 @@ def pretrained_checkpoint(path: str, flag: str = "--pretrained", model: str | No
     if kind != "vla":
         raise ValueError(f"{flag} {path}: not a vision-language-action checkpoint (policy kind {kind!r}); "
                          f"give one `quadforge train --model germ-dense|germ|rt1|germ-il` wrote on an image store")
-    if model is not None and ckpt.model_name != model and not upcycles(ckpt.model_name, model):
+    sources = upcycle_sources(model) if model is not None else ()
+    if model is not None and ckpt.model_name != model and ckpt.model_name not in sources:
         raise ValueError(f"{flag} {path}: holds a {ckpt.model_name!r} model, not {model!r}"
-                         + (" (a germ-dense checkpoint can start germ and germ-il: upcycling)" if model.startswith("germ") else ""))
+                         + (f" (a {' / '.join(sources)} checkpoint can start it: upcycling)" if sources else ""))
     return p
 
 

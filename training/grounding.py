@@ -49,7 +49,7 @@ from quadforge.seeding import numpy_rng
 from quadforge.models.checkpoint import Checkpoint, load_state
 from quadforge.models.instruction import PAD, UNK, build_vocabulary
 from quadforge.models.moe import upcycled_state
-from quadforge.models.registry import model_spec
+from quadforge.models.registry import model_names, model_spec
 from quadforge.models.vla import images_to_float
 
 POSE_TERMS = ("task_base_pose", "task_target_pos", "task_distractor_pos")
@@ -278,6 +278,18 @@ def upcycles(init_model: str, model_name: str) -> bool:
     return have.dense and not want.dense and have.cls == want.cls
 
 
+def upcycle_sources(model_name: str) -> tuple[str, ...]:
+    """The models whose checkpoints start a ``model_name`` run by upcycling (from the model registry)."""
+    return tuple(name for name in model_names(inputs="vision") if upcycles(name, model_name))
+
+
+def upcycling_hint() -> str:
+    """Every upcycling the registry allows, for error messages: "a germ-dense checkpoint into germ / germ-il"."""
+    names = model_names(inputs="vision")
+    return "; ".join(f"a {src} checkpoint into {' / '.join(dst)}" for src in names
+                     if (dst := [n for n in names if upcycles(src, n)]))
+
+
 def load_init_weights(model: torch.nn.Module, init: Checkpoint, vla: Any, model_name: str, path: Any) -> None:
     """Start a fine-tune from ``init``'s weights. The config must equal the run's, except that a
     language-blind run (``BLIND_VOCAB``) starting from a reading model keeps only the word table's
@@ -294,7 +306,7 @@ def load_init_weights(model: torch.nn.Module, init: Checkpoint, vla: Any, model_
     if (init.model_name != model_name and not upcycle) or have != want:
         raise ValueError(f"init_from={path}: holds {init.model_name!r} with a different model config "
                          f"(history, sizes or vocabulary); fine-tune with the same model, preset and instructions "
-                         f"(or upcycle a germ-dense checkpoint into germ / germ-il)")
+                         f"(or upcycle {upcycling_hint()})")
     state = dict(init.state_dict)
     if upcycle:
         state = upcycled_state(state, model.state_dict())
