@@ -76,7 +76,9 @@ def test_a_new_task_is_one_registration(monkeypatch):
 _ENV_CLASSES = {"LeggedEnv", "QuardEnv"}
 _POLICY_LOADERS = {"load_expert", "load_learned", "load_germ", "load_vla", "QuardExpert", "make_quard_expert"}
 # (module, name called) -> why it calls a loader directly
-_DIRECT_LOADS = {("training/vla_probe.py", "load_vla"): "an offline probe of a VLA's outputs on stored windows: no env"}
+_DIRECT_LOADS = {("training/vla_probe.py", "load_vla"): "an offline probe of a VLA's outputs on stored windows: no env",
+                 ("training/binding_probe.py", "load_vla"): "a probe of a VLA's front-end and first command on rendered "
+                                                            "first frames: the model's parts, no rollout"}
 
 
 def _calls(folders, names):
