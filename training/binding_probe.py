@@ -35,6 +35,7 @@ from quadforge.experts.hierarchical import HL_COMMAND_NAMES
 from quadforge.experts.vla import load_vla
 from quadforge.models.checkpoint import latest_checkpoint, load_checkpoint
 from quadforge.models.registry import build_vla_model
+from quadforge.models.vla import images_to_float
 from quadforge.training.grounding import swapped_instruction
 
 ENVS = 16
@@ -75,7 +76,7 @@ def first_frames(family: str, scenes: int, seed: int, size: int = 64) -> AskedFr
 
 
 def _floats(images: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0
+    return images_to_float(torch.from_numpy(images))
 
 
 def _accuracy(logits_of, frames: AskedFrames, prepared: torch.Tensor, batch: int = 256) -> float:
