@@ -11,7 +11,8 @@ alone scores 0.5 and only reading the word scores above it (issue 24):
   embedding. Linear means FiLM has already marked the named candidate; MLP-only means the tokens hold
   both candidates' identities and places but the binding is still to be computed.
 - ``acted``: the checkpoint's first command on the same frames, both ways: the share whose yaw turns
-  toward the asked candidate (the closed loop's decision, without the walking).
+  toward the asked candidate: yaw rate + sideways velocity, as the closed-loop swap metric reads
+  it (training/grounding.py), so the closed loop's decision without the walking.
 
     python -m quadforge.training.binding_probe experts/checkpoints/vla_rt1.pt --family distinguish
 """
@@ -31,12 +32,11 @@ from torch import nn
 
 from quadforge.envs.quard.camera import CameraConfig
 from quadforge.envs.builder import make_env
-from quadforge.experts.hierarchical import HL_COMMAND_NAMES
 from quadforge.experts.vla import load_vla
 from quadforge.models.checkpoint import latest_checkpoint, load_checkpoint
 from quadforge.models.registry import build_vla_model
-from quadforge.models.vla import images_to_float
-from quadforge.training.grounding import swapped_instruction
+from quadforge.models.vla import VLAConfig, images_to_float
+from quadforge.training.grounding import lateral, swapped_instruction
 
 ENVS = 16
 
@@ -93,10 +93,12 @@ def legible(checkpoint: str, train: AskedFrames, test: AskedFrames, steps: int =
     """Train the front-end (the checkpoint's, or a fresh one of its config) and a head on the side; the
     held-out accuracy every ``every`` steps."""
     torch.manual_seed(seed)
-    model = load_vla(checkpoint, 1).model
-    if fresh:
+    if fresh:   # only the checkpoint's architecture: its config, not its weights
         path = latest_checkpoint(Path(checkpoint)) if Path(checkpoint).is_dir() else checkpoint
-        model = build_vla_model(load_checkpoint(path).model_name, model.cfg)
+        ckpt = load_checkpoint(path)
+        model = build_vla_model(ckpt.model_name, VLAConfig.from_dict(ckpt.model_config))
+    else:
+        model = load_vla(checkpoint, 1).model
     fe, cfg = model.frontend.train(), model.cfg
     head = nn.Sequential(nn.LayerNorm(cfg.d_model), nn.Flatten(), nn.Linear(cfg.tokens_per_frame * cfg.d_model, cfg.d_model),
                          nn.GELU(), nn.Linear(cfg.d_model, 1))
@@ -162,10 +164,11 @@ def acted(checkpoint: str, test: AskedFrames) -> dict[str, float]:
     policy = load_vla(checkpoint, len(test), instructions=test.instructions)
     policy.reset()
     command = policy.act({"images/front_rgb": torch.from_numpy(test.images), "instruction": torch.arange(len(test))})
-    wz = command[:, HL_COMMAND_NAMES.index("ang_vel_yaw")].cpu().numpy()
+    # leftward intent as the closed-loop swap metric reads it (yaw rate + sideways velocity)
+    left = lateral(command).cpu().numpy()
     half = len(test) // 2
-    return {"toward_asked": float((np.sign(wz) == np.where(test.left > 0, 1.0, -1.0)).mean()),
-            "same_turn_both_ways": float((np.sign(wz[:half]) == np.sign(wz[half:])).mean())}
+    return {"toward_asked": float((np.sign(left) == np.where(test.left > 0, 1.0, -1.0)).mean()),
+            "same_turn_both_ways": float((np.sign(left[:half]) == np.sign(left[half:])).mean())}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
