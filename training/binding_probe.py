@@ -187,9 +187,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = sorted(set(checks) - {"legible", "carried", "acted"})
     if unknown:
         p.error(f"--checks {unknown}: allowed legible, carried, acted")
+    if not Path(a.checkpoint).exists():
+        p.error(f"checkpoint {a.checkpoint} does not exist")
     torch.set_num_threads(1)
-    test = first_frames(a.family, a.test_scenes, a.seed + 1)
-    train = first_frames(a.family, a.scenes, a.seed) if {"legible", "carried"} & set(checks) else None
+    try:
+        test = first_frames(a.family, a.test_scenes, a.seed + 1)
+        train = first_frames(a.family, a.scenes, a.seed) if {"legible", "carried"} & set(checks) else None
+    except ValueError as e:   # an unknown family, or one without a second candidate: one line, not a traceback
+        p.error(f"--family {a.family}: {e}")
     out: dict[str, Any] = {"checkpoint": a.checkpoint, "family": a.family, "scenes": a.scenes,
                            "test_scenes": a.test_scenes, "seed": a.seed}
     if "acted" in checks:

@@ -36,3 +36,11 @@ def test_the_three_checks_score_shares_on_held_out_frames(asked, tmp_path):
     assert [r["step"] for r in rows] == [1, 2] and all(0 <= r["held_out"] <= 1 for r in rows)
     with pytest.raises(SystemExit):
         main([CKPT, "--checks", "legible,seen"])
+
+
+def test_bad_input_is_one_line_not_a_traceback(capsys):
+    for argv, said in (([CKPT, "--family", "nope", "--checks", "acted"], "unknown QUARD family 'nope'"),
+                       ([str(CKPT) + ".missing", "--checks", "acted"], "does not exist")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert said in capsys.readouterr().err
