@@ -6,7 +6,8 @@ list of strings), then ``forward(prepared[instruction_index]) -> (B, out_dim)`` 
 
 - ``words`` (default): a learned encoder over the task vocabulary. Words are lower-cased alphanumeric
   runs; ids 0 = padding, 1 = unknown word (a held-out colour the training table never named), 2.. the
-  vocabulary in sorted order (stored in the config, so a checkpoint rebuilds it alone):
+  vocabulary in sorted order (stored in the config, so a checkpoint rebuilds it alone).
+  ``unknown_words="nearest"`` backs an unknown word off to a known one instead of ``<unk>`` (below):
 
       h = TransformerEncoderLayer(WordEmbed(w) + Pos)      (B, L, E)    one pre-norm layer: word order
       e = LayerNorm(mean over the real words of h)          (B, E)       matters ("red cube ... blue ball")
@@ -18,6 +19,18 @@ list of strings), then ``forward(prepared[instruction_index]) -> (B, out_dim)`` 
   what adapts them. It is an average of token embeddings, so it ignores word order: two instructions
   that differ only by swapping two words get the same vector (``go_avoid``'s "X ... avoid Y" relies on
   the words themselves, which differ). The package is an optional extra: ``pip install quadforge[lang]``.
+
+Unknown-word backoff (``unknown_words="nearest"``, words encoder only). A learned vocabulary has no
+vector for a word it never trained on, so "go to the gold cube" reads as "go to the <unk> cube" and the
+colour, the one word that names the object, is lost. With the backoff, ``prepare`` replaces each unknown
+word by the known word that (1) fills the same slot - some instruction of the prepared table has the
+known word where the other has the unknown one, every other word equal - and (2) is the closest of those
+candidates by the frozen wordllama embedding's cosine. It is the language prior a pretrained text encoder
+brings, applied where the learned one has nothing: the model itself is unchanged and never sees the
+new word. The slot rule keeps a candidate a word of the same kind (a colour stands for a colour, not for
+"pacing", which wordllama puts nearest "pink"); it needs the table to hold the alternatives, as an env's
+full instruction table does (a one-instruction table keeps ``<unk>``). ``backoff(texts)`` says which word
+stands for which.
 """
 from __future__ import annotations
 
@@ -29,6 +42,7 @@ import torch
 from torch import nn
 
 INSTRUCTION_ENCODERS = ("words", "wordllama")
+UNKNOWN_WORD_RULES = ("unk", "nearest")
 PAD, UNK = 0, 1
 WORDLLAMA_DIM = 256
 _WORD = re.compile(r"[a-z0-9]+")
@@ -43,11 +57,23 @@ def build_vocabulary(texts: Sequence[str]) -> list[str]:
     return sorted({w for t in texts for w in words_of(t)})
 
 
+def slot_fillers(texts: Sequence[str], word: str) -> set[str]:
+    """Words that stand where ``word`` stands in some pair of ``texts`` equal in every other word."""
+    split = [words_of(t) for t in texts]
+    contexts = {(tuple(ws[:i]), tuple(ws[i + 1:])) for ws in split for i, w in enumerate(ws) if w == word}
+    return {w for ws in split for i, w in enumerate(ws)
+            if w != word and (tuple(ws[:i]), tuple(ws[i + 1:])) in contexts}
+
+
 class WordTokenEncoder(nn.Module):
-    def __init__(self, vocab: Sequence[str], dim: int = 128, max_words: int = 24, num_heads: int = 4):
+    def __init__(self, vocab: Sequence[str], dim: int = 128, max_words: int = 24, num_heads: int = 4,
+                 unknown_words: str = "unk"):
         super().__init__()
         if not vocab:
             raise ValueError("word instruction encoder needs a non-empty vocabulary (the task's instruction table)")
+        if unknown_words not in UNKNOWN_WORD_RULES:
+            raise ValueError(f"unknown_words={unknown_words!r}; allowed: {', '.join(UNKNOWN_WORD_RULES)}")
+        self.unknown_words = unknown_words
         if dim % num_heads:
             raise ValueError(f"word encoder dim={dim} must be divisible by num_heads={num_heads}")
         self.vocab = list(vocab)
@@ -60,11 +86,24 @@ class WordTokenEncoder(nn.Module):
                                                 batch_first=True, norm_first=True)
         self.norm = nn.LayerNorm(dim)
 
+    def backoff(self, texts: Sequence[str]) -> dict[str, str]:
+        """Unknown word -> the known word it reads as in ``texts`` (module doc); {} under ``unknown_words="unk"``."""
+        unknown = sorted({w for t in texts for w in words_of(t) if w not in self.index})
+        if self.unknown_words != "nearest" or not unknown:
+            return {}
+        candidates = {u: sorted(w for w in slot_fillers(texts, u) if w in self.index) for u in unknown}
+        wanted = sorted({u for u, c in candidates.items() if c} | {w for c in candidates.values() for w in c})
+        if not wanted:
+            return {}
+        vectors = dict(zip(wanted, torch.as_tensor(load_wordllama().embed(wanted, norm=True), dtype=torch.float32)))
+        return {u: max(c, key=lambda w: (float(vectors[u] @ vectors[w]), w)) for u, c in candidates.items() if c}
+
     def prepare(self, texts: Sequence[str]) -> torch.Tensor:
         """texts (K strings) -> word ids (K, max_words) long, 0-padded; too-long instructions are an error."""
         rows = []
+        stands_for = self.backoff(texts)
         for text in texts:
-            ids = [self.index.get(w, UNK) for w in words_of(text)]
+            ids = [self.index.get(stands_for.get(w, w), UNK) for w in words_of(text)]
             if not ids:
                 raise ValueError(f"instruction {text!r} has no words")
             if len(ids) > self.max_words:
@@ -119,9 +158,9 @@ class WordLlamaEncoder(nn.Module):
 
 
 def build_instruction_encoder(kind: str, vocab: Sequence[str] = (), dim: int = 128,
-                              max_words: int = 24) -> nn.Module:
+                              max_words: int = 24, unknown_words: str = "unk") -> nn.Module:
     if kind == "words":
-        return WordTokenEncoder(vocab, dim, max_words)
+        return WordTokenEncoder(vocab, dim, max_words, unknown_words=unknown_words)
     if kind == "wordllama":
         return WordLlamaEncoder()
     raise ValueError(f"instruction encoder {kind!r} unknown; allowed: {INSTRUCTION_ENCODERS}")

@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from quadforge.models.decoder import Decoder
-from quadforge.models.instruction import INSTRUCTION_ENCODERS, WORDLLAMA_DIM, build_instruction_encoder
+from quadforge.models.instruction import (INSTRUCTION_ENCODERS, UNKNOWN_WORD_RULES, WORDLLAMA_DIM,
+                                         build_instruction_encoder)
 from quadforge.models.moe import MoEConfig, matched_dense_hidden
 from quadforge.models.tokenlearner import TokenLearner
 from quadforge.models.vision import FiLMImageEncoder, ImageEncoderConfig
@@ -52,6 +53,7 @@ class VLAConfig:
     vocab: tuple[str, ...] = ()          # the word encoder's vocabulary (from the instruction table)
     word_dim: int = 128
     max_words: int = 24
+    unknown_words: str = "unk"           # "unk" | "nearest": an unseen word's backoff (models/instruction.py)
     # --- tokens ------------------------------------------------------------------------------------
     d_model: int = 128
     tokens_per_frame: int = 8            # TokenLearner S (RT-1: 8)
@@ -79,6 +81,11 @@ class VLAConfig:
     def validate(self) -> None:
         if self.instruction not in INSTRUCTION_ENCODERS:
             raise ValueError(f"VLA instruction encoder {self.instruction!r} unknown; allowed: {INSTRUCTION_ENCODERS}")
+        if self.unknown_words not in UNKNOWN_WORD_RULES:
+            raise ValueError(f"VLA config unknown_words={self.unknown_words!r}; allowed: {UNKNOWN_WORD_RULES}")
+        if self.unknown_words != "unk" and self.instruction != "words":
+            raise ValueError(f"VLA config unknown_words={self.unknown_words!r} backs off the words encoder's "
+                             f"vocabulary; instruction={self.instruction!r} has none (use unknown_words='unk')")
         if self.instruction == "words" and not self.vocab:
             raise ValueError("VLA config: instruction='words' needs vocab (build_vocabulary(instruction table))")
         for name in ("history", "d_model", "tokens_per_frame", "token_hidden", "num_layers", "num_heads",
@@ -148,7 +155,8 @@ class VisionLanguageFrontEnd(nn.Module):
     def __init__(self, cfg: VLAConfig):
         super().__init__()
         self.cfg = cfg
-        self.instruction = build_instruction_encoder(cfg.instruction, cfg.vocab, cfg.word_dim, cfg.max_words)
+        self.instruction = build_instruction_encoder(cfg.instruction, cfg.vocab, cfg.word_dim, cfg.max_words,
+                                                     cfg.unknown_words)
         self.image = FiLMImageEncoder(cfg.image)
         self.token_learner = TokenLearner(cfg.d_model, cfg.tokens_per_frame, cfg.token_hidden)
         self.map_pos = nn.Parameter(torch.zeros(cfg.d_model, *cfg.image.feature_size()))   # M

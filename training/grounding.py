@@ -303,6 +303,7 @@ def load_init_weights(model: torch.nn.Module, init: Checkpoint, vla: Any, model_
     have = dict(init.model_config, vocab=want.get("vocab")) if blind else dict(init.model_config)
     if upcycle:
         have["moe"] = True
+    have["unknown_words"] = want.get("unknown_words")   # the unknown-word backoff changes no weight
     if (init.model_name != model_name and not upcycle) or have != want:
         raise ValueError(f"init_from={path}: holds {init.model_name!r} with a different model config "
                          f"(history, sizes or vocabulary); fine-tune with the same model, preset and instructions "

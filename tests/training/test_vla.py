@@ -8,7 +8,7 @@ import torch
 
 from quadforge.experts.hierarchical import HL_COMMAND_NAMES, command_binner, controller_command_ranges
 from quadforge.models.germ_vla import GeRMVLA
-from quadforge.models.instruction import WordLlamaEncoder, WordTokenEncoder, build_vocabulary
+from quadforge.models.instruction import WordLlamaEncoder, WordTokenEncoder, build_vocabulary, slot_fillers
 from quadforge.models.rt1 import RT1
 from quadforge.models.tokenlearner import TokenLearner
 from quadforge.models.vision import FiLM, FiLMImageEncoder, ImageEncoderConfig, random_shift
@@ -154,6 +154,33 @@ def test_word_encoder_separates_targets_and_maps_unknown_words():
     with pytest.raises(ValueError, match="at most"):
         enc.prepare(["go " * 30])
 
+
+def test_slot_fillers_are_the_words_that_stand_in_the_same_place():
+    table = ["go to the red cube", "go to the gold cube", "go to the blue ball", "stop the pacing ball"]
+    assert slot_fillers(table, "gold") == {"red"}                   # "blue" stands beside "ball", not "cube"
+    assert slot_fillers(table + ["go to the blue cube"], "gold") == {"red", "blue"}
+    assert slot_fillers(table, "stop") == set()
+
+
+def test_unknown_word_backoff_reads_a_new_colour_as_a_known_colour(monkeypatch):
+    pytest.importorskip("wordllama")
+    vocab = build_vocabulary(["go to the red cube", "go to the blue cube", "go to the yellow cube", "pacing"])
+    table = [f"go to the {c} cube" for c in ("red", "blue", "yellow", "gold", "purple")] + ["go pink"]
+    plain = WordTokenEncoder(vocab, dim=16)
+    assert plain.backoff(table) == {}                               # default: unknown words stay <unk>
+    enc = WordTokenEncoder(vocab, dim=16, unknown_words="nearest")
+    # the frozen embedding's nearest colour among the words standing in the slot; "pink", alone in its
+    # slot, has no stand-in (wordllama's nearest vocabulary word to it is "pacing", not a colour)
+    assert enc.backoff(table) == {"gold": "yellow", "purple": "blue"}
+    ids = enc.prepare(table)
+    assert torch.equal(ids[3], ids[2]) and torch.equal(ids[4], ids[1])
+    assert enc.prepare(["go pink"])[0, 1] == 1                       # <unk>
+    with pytest.raises(ValueError, match="unknown_words"):
+        WordTokenEncoder(vocab, dim=16, unknown_words="closest")
+    with pytest.raises(ValueError, match="unknown_words"):
+        _cfg(instruction="wordllama", unknown_words="nearest")
+    cfg = _cfg(unknown_words="nearest")
+    assert VLAConfig.from_dict(cfg.to_dict()).unknown_words == "nearest"
 
 def test_wordllama_loads_offline_and_separates_targets(monkeypatch):
     pytest.importorskip("wordllama")
