@@ -31,7 +31,7 @@ from quadforge.experts.hierarchical import HL_COMMAND_DIM, HierarchicalPolicy
 from quadforge.experts.policy import checkpoint_policy_id
 from quadforge.experts.registry import LoadContext, register_policy_kind
 from quadforge.models.binning import ActionBinner
-from quadforge.models.checkpoint import latest_checkpoint, load_checkpoint, load_state
+from quadforge.models.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
 from quadforge.models.vla import VLAConfig, images_to_float
 from quadforge.models.registry import build_vla_model
 
@@ -151,12 +151,10 @@ def with_gait_controller(vla: VLAPolicy, robot, dt: float = 0.02) -> Hierarchica
     return HierarchicalPolicy(vla, GaitController(robot, vla.num_envs, dt=dt, device=vla.device))
 
 
-def load_vla(path: str | Path, num_envs: int, device: str | torch.device = "cpu", task: str | None = None,
-             camera: Mapping[str, Any] | None = None, instructions: Sequence[str] | None = None) -> VLAPolicy:
-    """A VLA checkpoint (file or run directory) as a ``command`` Policy for ``num_envs`` envs.
-
-    ``task`` / ``camera`` (the env's) are checked against the settings the checkpoint was trained with;
-    ``instructions`` is the env's instruction table when it differs from the training one."""
+def load_vla_model(path: str | Path, weights: bool = True) -> tuple[Path, Checkpoint, nn.Module]:
+    """A VLA checkpoint (file or run directory): its file, the checkpoint and its model, with the trained
+    weights or (``weights=False``) freshly initialised ones of the same config; a clear error for any other
+    checkpoint kind."""
     path = Path(path)
     if path.is_dir():
         path = latest_checkpoint(path)
@@ -164,7 +162,18 @@ def load_vla(path: str | Path, num_envs: int, device: str | torch.device = "cpu"
     if ckpt.extra.get("policy_kind") != POLICY_KIND:
         raise ValueError(f"{path}: not a VLA checkpoint (extra['policy_kind'] is {ckpt.extra.get('policy_kind')!r})")
     model = build_vla_model(ckpt.model_name, VLAConfig.from_dict(ckpt.model_config))
-    load_state(model, ckpt)
+    if weights:
+        load_state(model, ckpt)
+    return path, ckpt, model
+
+
+def load_vla(path: str | Path, num_envs: int, device: str | torch.device = "cpu", task: str | None = None,
+             camera: Mapping[str, Any] | None = None, instructions: Sequence[str] | None = None) -> VLAPolicy:
+    """A VLA checkpoint (file or run directory) as a ``command`` Policy for ``num_envs`` envs.
+
+    ``task`` / ``camera`` (the env's) are checked against the settings the checkpoint was trained with;
+    ``instructions`` is the env's instruction table when it differs from the training one."""
+    path, ckpt, model = load_vla_model(path)
     return VLAPolicy(model, ActionBinner.from_dict(ckpt.extra["binner"]), dict(ckpt.extra["settings"]),
                      list(ckpt.extra["instructions"]), num_envs, device=device,
                      instruction_inputs=ckpt.extra.get("instruction_inputs"), env_instructions=instructions,

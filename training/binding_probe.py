@@ -32,10 +32,8 @@ from torch import nn
 
 from quadforge.envs.quard.camera import CameraConfig
 from quadforge.envs.builder import make_env
-from quadforge.experts.vla import load_vla
-from quadforge.models.checkpoint import latest_checkpoint, load_checkpoint
-from quadforge.models.registry import build_vla_model
-from quadforge.models.vla import VLAConfig, images_to_float
+from quadforge.experts.vla import load_vla, load_vla_model
+from quadforge.models.vla import images_to_float
 from quadforge.training.grounding import lateral, swapped_instruction
 
 ENVS = 16
@@ -93,12 +91,7 @@ def legible(checkpoint: str, train: AskedFrames, test: AskedFrames, steps: int =
     """Train the front-end (the checkpoint's, or a fresh one of its config) and a head on the side; the
     held-out accuracy every ``every`` steps."""
     torch.manual_seed(seed)
-    if fresh:   # only the checkpoint's architecture: its config, not its weights
-        path = latest_checkpoint(Path(checkpoint)) if Path(checkpoint).is_dir() else checkpoint
-        ckpt = load_checkpoint(path)
-        model = build_vla_model(ckpt.model_name, VLAConfig.from_dict(ckpt.model_config))
-    else:
-        model = load_vla(checkpoint, 1).model
+    model = load_vla_model(checkpoint, weights=not fresh)[2]   # fresh: the checkpoint's config, not its weights
     fe, cfg = model.frontend.train(), model.cfg
     head = nn.Sequential(nn.LayerNorm(cfg.d_model), nn.Flatten(), nn.Linear(cfg.tokens_per_frame * cfg.d_model, cfg.d_model),
                          nn.GELU(), nn.Linear(cfg.d_model, 1))

@@ -33,6 +33,8 @@ def test_the_three_checks_score_shares_on_held_out_frames(asked, tmp_path):
     assert set(c) == {"linear", "mlp"} and all(0 <= v <= 1 for v in c.values())
     rows = legible(CKPT, asked, test, steps=2, every=1)
     assert len(legible(CKPT, asked, test, steps=1, fresh=True)) == 1
+    with pytest.raises(ValueError, match="not a (VLA|quadforge policy) checkpoint"):   # fresh or not
+        legible("experts/checkpoints/go1_flat_forward_ppo.pt", asked, test, steps=1, fresh=True)
     assert [r["step"] for r in rows] == [1, 2] and all(0 <= r["held_out"] <= 1 for r in rows)
     with pytest.raises(SystemExit):
         main([CKPT, "--checks", "legible,seen"])
