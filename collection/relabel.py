@@ -5,7 +5,9 @@ small errors compound (Ross et al. 2011, DAgger). The platform's expert is a pro
 (``experts.gait.GaitController``) that can act from any state, so a collection can let the learned
 policy drive and store what the expert would have done at each step instead: ``actions`` holds the
 label (the imitation target every trainer reads) and ``applied_actions`` what was applied
-(``collection.rollout`` records both when a policy exposes ``label_actions``).
+(``collection.rollout`` records both when a policy exposes ``label_actions``). A hierarchical labeller's
+high-level command is the label of ``hl_commands`` likewise (the 12-D command a VLA imitates), so a VLA
+can drive the QUARD tasks while the privileged expert labels its states.
 
 The expert runs alongside the driver on the same observations, so its own state (gait clock,
 integrators, lift-off points) follows the states the driver visits, as it would if it were taking
@@ -55,6 +57,12 @@ class RelabelledPolicy:
         if self.expert_drive_prob > 0:
             draw = torch.rand(len(ids), generator=self._gen, device=self.device)
             self.expert_drives[ids] = draw < self.expert_drive_prob
+
+    @property
+    def hl_commands(self) -> torch.Tensor | None:
+        """The labeller's high-level command of this step (hierarchical labellers, e.g. the QUARD expert):
+        what a vision-language policy imitates, so a relabelled store's ``hl_commands`` are labels too."""
+        return getattr(self.labeller, "hl_commands", None)
 
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         label = self.labeller.act(obs)

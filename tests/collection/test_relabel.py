@@ -60,3 +60,21 @@ def test_bad_relabel_settings_are_one_line_errors(tmp_path):
         CollectConfig(out=str(tmp_path / "s"), episodes=1, expert_drive_prob=1.5).validate()
     with pytest.raises(ValueError, match="expert_drive_prob"):
         RelabelledPolicy(EchoPolicy(), ScaledEcho(), 2, expert_drive_prob=-0.1)
+
+
+class Commanding(ScaledEcho):
+    """A hierarchical-style labeller: it also keeps the high-level command it acted with."""
+
+    def act(self, obs):
+        self.hl_commands = obs["dof_pos"][:, :12] * 2.0 + 1.0
+        return super().act(obs)
+
+
+def test_a_hierarchical_labellers_command_is_the_stored_hl_commands():
+    env = ScriptedEnv(num_envs=3, max_episode_length=5)
+    policy = RelabelledPolicy(EchoPolicy(), Commanding(), env.num_envs)
+    for ep in Rollout(env, policy, RolloutConfig()).episodes(max_episodes=6):
+        dof = ep.features["dof_pos"]
+        assert np.allclose(ep.features["hl_commands"], 2.0 * dof[:, :12] + 1.0)   # the labeller's command
+        assert np.array_equal(ep.features["applied_actions"], dof)                # the driver still drove
+    assert RelabelledPolicy(EchoPolicy(), ScaledEcho(), 3).hl_commands is None   # no command: none stored
