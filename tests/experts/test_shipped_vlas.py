@@ -40,3 +40,20 @@ def test_shipped_vla_drives_a_quard_env(name):
             assert lo - 1e-6 <= float(hl[:, i].min()) and float(hl[:, i].max()) <= hi + 1e-6
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_vla_reads_a_held_out_colour_as_a_training_colour(name):
+    pytest.importorskip("wordllama")
+    from quadforge.envs.quard.instructions import instruction_table
+    from quadforge.experts.vla import load_vla_model
+    _, ckpt, model = load_vla_model(CHECKPOINTS / name)
+    assert ckpt.model_config["unknown_words"] == "nearest"
+    table = instruction_table()                               # the env's: training and held-out colours
+    stands_for = model.frontend.instruction.backoff(table)
+    assert set(stands_for) == {"gold", "orange", "pink", "purple"}
+    assert set(stands_for.values()) <= {"blue", "green", "red", "yellow"}
+    prepared = model.frontend.prepare_instructions(table)
+    held = next(i for i, t in enumerate(table) if " gold " in f" {t} ")
+    same = table.index(" ".join(stands_for.get(w, w) for w in table[held].split()))
+    assert torch.equal(prepared[held], prepared[same])        # no <unk> left: the backed-off instruction
