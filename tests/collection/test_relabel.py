@@ -78,3 +78,17 @@ def test_a_hierarchical_labellers_command_is_the_stored_hl_commands():
         assert np.allclose(ep.features["hl_commands"], 2.0 * dof[:, :12] + 1.0)   # the labeller's command
         assert np.array_equal(ep.features["applied_actions"], dof)                # the driver still drove
     assert RelabelledPolicy(EchoPolicy(), ScaledEcho(), 3).hl_commands is None   # no command: none stored
+
+
+def test_the_expert_takes_over_after_k_steps_of_every_episode():
+    from quadforge.collection.takeover import TakeoverPolicy, main
+    env = ScriptedEnv(num_envs=3, max_episode_length=5)
+    policy = TakeoverPolicy(EchoPolicy(), ScaledEcho(), env.num_envs, after_steps=2)
+    for ep in Rollout(env, policy, RolloutConfig()).episodes(max_episodes=6):
+        dof, acts = ep.features["dof_pos"], ep.features["actions"]
+        assert np.array_equal(acts[:2], dof[:2])                    # the driver's first two steps
+        assert np.allclose(acts[2:], -3.0 * dof[2:])                # then the expert's, every episode anew
+    with pytest.raises(ValueError, match="after_steps"):
+        TakeoverPolicy(EchoPolicy(), ScaledEcho(), 3, after_steps=-1)
+    with pytest.raises(SystemExit):
+        main(["quard_expert", "--after", "two"])
