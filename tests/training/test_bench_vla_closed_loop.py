@@ -63,6 +63,8 @@ def test_bench_refuses_policy_flags_for_other_benchmarks_and_missing_checkpoints
     from quadforge.tools.cli import main
     assert main(["bench", "store", "--quick", "--policy", "x.pt"]) == 2
     assert "bench store takes no --policy" in capsys.readouterr().err
+    assert main(["bench", "store", "--quick", "--seed", "1"]) == 2
+    assert "bench store takes no --seed" in capsys.readouterr().err
     assert main(["bench", "vla_closed_loop", "--quick", "--policy", str(tmp_path / "none.pt")]) == 2
     assert "none.pt" in capsys.readouterr().err
 
@@ -72,11 +74,12 @@ def test_bench_tabulates_a_vla_beside_the_expert(tiny_vla, tmp_path, capsys):
     from quadforge.tools.cli import main
     path = tmp_path / "bench.json"
     assert main(["bench", "vla_closed_loop", "--quick", "--policy", str(tiny_vla), "--task", "quard:go_to",
-                 "--episodes", "1", "--num-envs", "1", "--json", str(path)]) == 0
+                 "--episodes", "1", "--num-envs", "1", "--seed", "3", "--json", str(path)]) == 0
     printed = capsys.readouterr().out
     print(printed)
     assert "| expert seen | expert held-out | expert follows | vla_rt1 seen |" in printed.replace("family | ", "")
     record = json.loads(path.read_text())
+    assert record["seed"] == 3
     tables = list(record["tables"].values())
     success, to_original, speed = tables
     assert [r["family"] for r in success] == ["go_to", "all"]

@@ -51,13 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default=None, help="vla_closed_loop: quard:all (default) or quard:<family>")
     parser.add_argument("--workers", type=int, default=None,
                         help="vla_closed_loop: evaluations run in this many processes (one per core; default 1)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="vla_closed_loop: root seed of every evaluation's scenes (default 0): another seed, "
+                             "other scenes")
 
 
 def run(args: argparse.Namespace) -> int:
     from quadforge.progress import progress_bar
     from quadforge.tools.bench import common
     module = importlib.import_module(BENCHMARKS[args.name])
-    options = {k: getattr(args, k) for k in ("policy", "episodes", "num_envs", "task", "workers") if getattr(args, k) is not None}
+    options = {k: getattr(args, k) for k in ("policy", "episodes", "num_envs", "task", "workers", "seed") if getattr(args, k) is not None}
     refused = sorted(set(options) - set(getattr(module, "OPTIONS", ())))
     if refused:
         flags = ", ".join("--" + k.replace("_", "-") for k in refused)

@@ -32,7 +32,7 @@ from quadforge.tools.bench.common import Table, report
 EXPERT = "quard_expert"
 # column name -> (colour set, instruction set) of TaskEvalConfig
 CONDITIONS = {"seen": ("train", "original"), "held_out": ("held_out", "original"), "swapped": ("train", "swapped")}
-OPTIONS = ("policy", "episodes", "num_envs", "task", "workers")   # the `quadforge bench` flags this benchmark takes
+OPTIONS = ("policy", "episodes", "num_envs", "task", "workers", "seed")   # the `quadforge bench` flags this benchmark takes
 
 
 def policy_label(spec: str) -> str:
@@ -54,19 +54,19 @@ def evaluate_condition(spec: str, condition: str, task: str, episodes: int, num_
     return evaluate_task(cfg, log=log)
 
 
-def evaluate_all(specs: Sequence[str], task: str, episodes: int, num_envs: int, workers: int = 1
+def evaluate_all(specs: Sequence[str], task: str, episodes: int, num_envs: int, workers: int = 1, seed: int = 0
                  ) -> dict[str, dict[str, Any]]:
     """Every (policy, condition) evaluation, in ``workers`` processes (one torch thread and one render
     thread each, so one per core); the learned policies' evaluations are queued first (they take longest).
     The results do not depend on ``workers``: every evaluation seeds itself from the same root seed."""
     jobs = [(s, c) for s in sorted(specs, key=lambda s: s == EXPERT) for c in CONDITIONS]
     if workers <= 1:
-        done = {job: evaluate_condition(*job, task, episodes, num_envs) for job in jobs}
+        done = {job: evaluate_condition(*job, task, episodes, num_envs, seed) for job in jobs}
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {job: pool.submit(evaluate_condition, *job, task, episodes, num_envs) for job in jobs}
+            futures = {job: pool.submit(evaluate_condition, *job, task, episodes, num_envs, seed) for job in jobs}
             done = {job: f.result() for job, f in futures.items()}
     return {s: {c: done[(s, c)] for c in CONDITIONS} for s in specs}
 
@@ -114,7 +114,7 @@ def tables(results: dict[str, dict[str, Any]], families: Sequence[str]) -> list[
 
 
 def main(quick: bool = False, json_path: str | None = None, policy: Sequence[str] = (), episodes: int | None = None,
-         num_envs: int | None = None, task: str | None = None, workers: int | None = None) -> int:
+         num_envs: int | None = None, task: str | None = None, workers: int | None = None, seed: int | None = None) -> int:
     from quadforge.envs.quard.instructions import task_families
     from quadforge.experts.registry import check_policy_spec
     torch.set_num_threads(1)
@@ -134,11 +134,13 @@ def main(quick: bool = False, json_path: str | None = None, policy: Sequence[str
     workers = int(workers or 1)
     if workers < 1:
         raise ValueError(f"bench vla_closed_loop: --workers {workers} must be >= 1")
-    results = evaluate_all(specs, task, episodes, num_envs, workers)
+    seed = int(seed or 0)
+    results = evaluate_all(specs, task, episodes, num_envs, workers, seed)
     policy_ids = {policy_label(s): r["seen"]["policy_id"] for s, r in results.items()}
     detail = {s: {c: {k: r[k] for k in ("policy_id", "overall", "instruction_following", "families", "swapped",
                                           "wall_s")} for c, r in by.items()} for s, by in results.items()}
     report("vla_closed_loop", tables(results, families), json_path,
            extra={"task": task, "episodes_per_cell": episodes, "num_envs": num_envs, "workers": workers, "quick": quick,
+                  "seed": seed,
                   "policy_ids": policy_ids, "evaluations": detail})
     return 0
