@@ -20,43 +20,34 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from quadforge.collection.relabel import RelabelledPolicy
 from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.envs.builder import make_env
-from quadforge.experts.policy import check_policy
 from quadforge.experts.registry import policy_for_env
 
 
-class TakeoverPolicy:
+class TakeoverPolicy(RelabelledPolicy):
     """Policy protocol: ``driver`` acts for the first ``after_steps`` steps of every episode, then
-    ``expert``; both act on every step (so each one's state follows the episode)."""
-
-    action_space = "joint"
+    ``expert``; a ``RelabelledPolicy`` (the expert labels and acts on every step, so each one's state
+    follows the episode) whose expert drives from step ``after_steps`` on."""
 
     def __init__(self, driver: Any, expert: Any, num_envs: int, after_steps: int):
-        driver, expert = check_policy(driver), check_policy(expert)
-        for role, p in (("driver", driver), ("expert", expert)):
-            if p.action_space != "joint" or int(p.action_dim) != int(expert.action_dim):
-                raise ValueError(f"TakeoverPolicy: the {role} {p.policy_id!r} emits {p.action_space!r} actions "
-                                 f"of width {p.action_dim}; both must emit the same 'joint' actions")
         if after_steps < 0:
             raise ValueError(f"after_steps={after_steps}; must be >= 0")
-        self.driver, self.expert, self.after_steps = driver, expert, int(after_steps)
-        self.action_dim = int(expert.action_dim)
-        self.obs_terms = tuple(dict.fromkeys(tuple(driver.obs_terms) + tuple(expert.obs_terms)))
-        self.policy_id = f"takeover(drive={driver.policy_id},then={expert.policy_id},after={after_steps})"
-        self.steps = torch.zeros(int(num_envs), dtype=torch.long)
+        super().__init__(driver, expert, num_envs)
+        self.after_steps = int(after_steps)
+        self.policy_id = f"takeover(drive={self.driver.policy_id},then={self.labeller.policy_id},after={after_steps})"
+        self.steps = torch.zeros(int(num_envs), dtype=torch.long, device=self.device)
 
     def reset(self, env_ids: torch.Tensor) -> None:
-        ids = torch.as_tensor(env_ids).long().flatten()
-        self.driver.reset(ids)
-        self.expert.reset(ids)
-        self.steps[ids.cpu()] = 0
+        super().reset(env_ids)
+        self.steps[torch.as_tensor(env_ids, device=self.device).long().flatten()] = 0
 
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        expert, driven = self.expert.act(obs), self.driver.act(obs)
+        driven = super().act(obs)
         took_over = (self.steps >= self.after_steps).to(driven.device)
         self.steps += 1
-        return torch.where(took_over[:, None], expert, driven)
+        return torch.where(took_over[:, None], self.label_actions, driven)
 
 
 def takeover_outcomes(spec: str, task: str, after: Sequence[int], episodes: int, expert: str = "quard_expert",

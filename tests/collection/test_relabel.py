@@ -85,7 +85,7 @@ def test_the_expert_takes_over_after_k_steps_of_every_episode():
     env = ScriptedEnv(num_envs=3, max_episode_length=5)
     policy = TakeoverPolicy(EchoPolicy(), ScaledEcho(), env.num_envs, after_steps=2)
     for ep in Rollout(env, policy, RolloutConfig()).episodes(max_episodes=6):
-        dof, acts = ep.features["dof_pos"], ep.features["actions"]
+        dof, acts = ep.features["dof_pos"], ep.features["applied_actions"]   # what drove the env
         assert np.array_equal(acts[:2], dof[:2])                    # the driver's first two steps
         assert np.allclose(acts[2:], -3.0 * dof[2:])                # then the expert's, every episode anew
     with pytest.raises(ValueError, match="after_steps"):
