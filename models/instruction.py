@@ -34,6 +34,7 @@ stands for which.
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -120,9 +121,10 @@ class WordTokenEncoder(nn.Module):
         return self.norm(h)
 
 
+@functools.cache
 def load_wordllama() -> Any:
-    """The wordllama 256-D model from the files inside its wheel (never a download); a clear error when
-    the package is missing."""
+    """The wordllama 256-D model from the files inside its wheel (never a download), loaded once per
+    process (every encoder and backoff shares it; it is frozen); a clear error when the package is missing."""
     try:
         import wordllama
         from wordllama import WordLlama
@@ -140,14 +142,8 @@ class WordLlamaEncoder(nn.Module):
 
     out_dim = WORDLLAMA_DIM
 
-    def __init__(self):
-        super().__init__()
-        self._model = None
-
     def prepare(self, texts: Sequence[str]) -> torch.Tensor:
-        if self._model is None:
-            self._model = load_wordllama()
-        vectors = self._model.embed([str(t) for t in texts], norm=True)
+        vectors = load_wordllama().embed([str(t) for t in texts], norm=True)
         return torch.as_tensor(vectors, dtype=torch.float32)                 # (K, 256)
 
     def forward(self, vectors: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ import torch
 
 from quadforge.experts.hierarchical import HL_COMMAND_NAMES, command_binner, controller_command_ranges
 from quadforge.models.germ_vla import GeRMVLA
-from quadforge.models.instruction import WordLlamaEncoder, WordTokenEncoder, build_vocabulary, slot_fillers
+from quadforge.models.instruction import (WordLlamaEncoder, WordTokenEncoder, build_vocabulary, load_wordllama,
+                                          slot_fillers)
 from quadforge.models.rt1 import RT1
 from quadforge.models.tokenlearner import TokenLearner
 from quadforge.models.vision import FiLM, FiLMImageEncoder, ImageEncoderConfig, random_shift
@@ -182,6 +183,7 @@ def test_unknown_word_backoff_reads_a_new_colour_as_a_known_colour(monkeypatch):
     cfg = _cfg(unknown_words="nearest")
     assert VLAConfig.from_dict(cfg.to_dict()).unknown_words == "nearest"
 
+
 def test_wordllama_loads_offline_and_separates_targets(monkeypatch):
     pytest.importorskip("wordllama")
 
@@ -189,6 +191,7 @@ def test_wordllama_loads_offline_and_separates_targets(monkeypatch):
         raise OSError("network disabled in this test")
     monkeypatch.setattr(socket, "create_connection", no_network)
     monkeypatch.setattr(socket.socket, "connect", no_network)
+    load_wordllama.cache_clear()                                    # load it here, with the network off
     enc = WordLlamaEncoder()
     v = enc(enc.prepare(INSTRUCTIONS))
     assert v.shape == (4, 256)
