@@ -483,7 +483,9 @@ class VLARun:
         self.probe = probe   # the instruction-swap metric's windows (training.grounding), measured at validation
         dev = info.device
         self.instructions = list(source.instructions)
-        init = load_checkpoint(str(cfg.init_from), map_location="cpu") if cfg.init_from and not resume else None
+        # a fine-tune's config comes partly from its init (vocabulary, an upcycled expert's width), resumed
+        # or not; only a fresh run loads the init's weights (_starting_weights prefers its own last.pt)
+        init = load_checkpoint(str(cfg.init_from), map_location="cpu") if cfg.init_from else None
         self.vla = model_config(cfg, tuple(source.image_size), self.instructions, init)
         if self.vla.history != int(source.history):
             raise ValueError(f"the source gives {source.history}-frame windows, the model's history is "

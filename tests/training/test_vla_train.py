@@ -527,6 +527,9 @@ def test_a_germ_dense_checkpoint_upcycles_into_the_moe_models(tmp_path, model):
     with torch.no_grad():
         assert torch.allclose(a(*args).logits, b(*args).logits, atol=1e-5)
     assert up["parameters"]["active"] < up["parameters"]["total"]     # a real MoE, experts the dense width
+    cfg.max_steps = 2                                                  # a fine-tune resumes at its init's widths
+    resumed = train(cfg, ColourChoiceTask(image_size=16, history=2, seed=0), tmp_path / "up", resume=True)
+    assert [r["step"] for r in resumed["history"]] == [2]
     rt1 = _cfg("rt1", steps=1)
     rt1.init_from = str(tmp_path / "dense" / "last.pt")
     with pytest.raises(ValueError, match="upcycle a germ-dense checkpoint"):
