@@ -103,3 +103,30 @@ def test_germ_models_are_dispatched_to_qlearning(monkeypatch, tmp_path):
                     layout=get_layout("proprio").to_dict())
     path = save_checkpoint(tmp_path / "germ.pt", ck)
     assert load_policy(path, num_envs=3) == ("germ-policy", 3)
+
+
+def test_num_threads_sets_torch_threads_and_rejects_zero(tmp_path, capsys):
+    import numpy as np
+    import torch
+
+    from quadforge.data.compaction import compact
+    from quadforge.data.synthetic import synthetic_episode, synthetic_info
+    from quadforge.data.writer import StagingWriter
+
+    store = tmp_path / "store"
+    rng = np.random.default_rng(0)
+    writer = StagingWriter(store, "c0")
+    for i in range(3):
+        writer.write_episode(synthetic_episode(rng, 20, success=True), synthetic_info(i, success=True))
+    compact(store)
+    base = ["train", "--model", "mlp", "--store", str(store), "--preset", "cpu", "--max-steps", "2",
+            "--batch-size", "8", "model.hidden=8", "tensorboard=False"]
+    before = torch.get_num_threads()
+    try:
+        assert main(base + ["--out", str(tmp_path / "run"), "--num-threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert main(base + ["--out", str(tmp_path / "run0"), "--num-threads", "0"]) == 2
+    assert "--num-threads 0: must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "run0" / "last.pt").exists()
