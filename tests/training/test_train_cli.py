@@ -39,20 +39,26 @@ def test_unknown_model_is_a_clean_cli_error(capsys):
     assert "--model 'resnet' unknown" in capsys.readouterr().err
 
 
-def test_train_command_on_a_real_store(tmp_path, capsys):
+def _synthetic_store(path, successes):
+    """A compacted store of 20-step synthetic episodes, one per entry of ``successes``."""
     import numpy as np
 
-    from quadforge.data.writer import StagingWriter
     from quadforge.data.compaction import compact
     from quadforge.data.synthetic import synthetic_episode, synthetic_info
+    from quadforge.data.writer import StagingWriter
+
+    rng = np.random.default_rng(0)
+    writer = StagingWriter(path, "c0")
+    for i, ok in enumerate(successes):
+        writer.write_episode(synthetic_episode(rng, 20, success=ok), synthetic_info(i, success=ok))
+    compact(path)
+    return path
+
+
+def test_train_command_on_a_real_store(tmp_path, capsys):
     from quadforge.models.checkpoint import load_checkpoint
 
-    store = tmp_path / "store"
-    rng = np.random.default_rng(0)
-    writer = StagingWriter(store, "c0")
-    for i in range(6):
-        writer.write_episode(synthetic_episode(rng, 20, success=i != 0), synthetic_info(i, success=i != 0))
-    compact(store)
+    store = _synthetic_store(tmp_path / "store", [i != 0 for i in range(6)])
     out = tmp_path / "run"
     argv = ["train", "--model", "mlp", "--store", str(store), "--out", str(out), "--preset", "cpu",
             "--max-steps", "4", "--batch-size", "8", "--val-every", "2", "--success-only",
@@ -106,19 +112,9 @@ def test_germ_models_are_dispatched_to_qlearning(monkeypatch, tmp_path):
 
 
 def test_num_threads_sets_torch_threads_and_rejects_zero(tmp_path, capsys):
-    import numpy as np
     import torch
 
-    from quadforge.data.compaction import compact
-    from quadforge.data.synthetic import synthetic_episode, synthetic_info
-    from quadforge.data.writer import StagingWriter
-
-    store = tmp_path / "store"
-    rng = np.random.default_rng(0)
-    writer = StagingWriter(store, "c0")
-    for i in range(3):
-        writer.write_episode(synthetic_episode(rng, 20, success=True), synthetic_info(i, success=True))
-    compact(store)
+    store = _synthetic_store(tmp_path / "store", [True] * 3)
     base = ["train", "--model", "mlp", "--store", str(store), "--preset", "cpu", "--max-steps", "2",
             "--batch-size", "8", "model.hidden=8", "tensorboard=False"]
     before = torch.get_num_threads()
