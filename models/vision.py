@@ -27,6 +27,12 @@ batch statistics; acting uses the running statistics (eval mode).
 Small-data from-scratch encoders over-fit without augmentation; ``random_shift`` is DrQ's fix: pad by
 ``pad`` pixels (edge replicate) and crop back at a random offset, one offset per window so all frames of
 a sample move together (the motion between frames stays the real one).
+
+``random_colour_jitter`` widens the colours the trunk sees: per window one hue rotation (about the grey
+axis of RGB), one saturation and one brightness factor and one tint toward white, the same for all its
+frames. QUARD's held-out
+colours are unseen hues and shades of the training ones (gold a dark yellow, pink a pale red, orange
+between red and yellow, purple a reddish blue); without it the trunk has met four object colours only.
 """
 from __future__ import annotations
 
@@ -175,4 +181,41 @@ def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator | No
     return x.reshape(b, t, c, h, w)
 
 
-__all__ = ["FiLM", "FiLMImageEncoder", "ImageEncoderConfig", "MBConv", "random_shift"]
+def hue_rotation(angle: torch.Tensor) -> torch.Tensor:
+    """(B,) angles in radians -> (B, 3, 3) rotations of RGB about the grey axis k = (1, 1, 1)/√3
+    (Rodrigues: R = cos θ I + sin θ [k]x + (1 - cos θ) k kᵀ); grey stays grey, a hue turns by θ."""
+    c, s = torch.cos(angle)[:, None, None], torch.sin(angle)[:, None, None]
+    k = torch.full((3,), 3 ** -0.5, dtype=angle.dtype, device=angle.device)
+    cross = torch.tensor([[0.0, -1.0, 1.0], [1.0, 0.0, -1.0], [-1.0, 1.0, 0.0]],
+                         dtype=angle.dtype, device=angle.device) * 3 ** -0.5     # [k]x
+    eye = torch.eye(3, dtype=angle.dtype, device=angle.device)
+    return c * eye + s * cross + (1 - c) * torch.outer(k, k)
+
+
+def random_colour_jitter(images: torch.Tensor, hue_deg: float, saturation: float, brightness: float,
+                         tint: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Images (B, T, 3, H, W) in [0, 1] -> the same shape, each sample's frames turned by one hue angle in
+    [-hue_deg, hue_deg] degrees, their saturation scaled by one factor in [1 - saturation, 1 + saturation]
+    (toward or away from the pixel's grey), their brightness by one in [1 - brightness, 1 + brightness],
+    and mixed toward white by one share in [0, tint] (a tint: red toward pink); clipped to [0, 1].
+    All 0: the images unchanged."""
+    if hue_deg <= 0 and saturation <= 0 and brightness <= 0 and tint <= 0:
+        return images
+    b = images.shape[0]
+
+    def factor(spread: float) -> torch.Tensor:   # one uniform draw per sample in [-spread, spread]
+        u = torch.rand(b, generator=generator, device="cpu").to(images.device, images.dtype)
+        return (2 * u - 1) * spread
+
+    rot = hue_rotation(factor(hue_deg) * (torch.pi / 180.0))                    # (B, 3, 3)
+    x = torch.einsum("bij,btjhw->btihw", rot, images)
+    grey = x.mean(dim=2, keepdim=True)
+    x = grey + (x - grey) * (1 + factor(saturation)).view(b, 1, 1, 1, 1)
+    x = x * (1 + factor(brightness)).view(b, 1, 1, 1, 1)
+    white = (factor(tint).abs()).view(b, 1, 1, 1, 1)   # |U(-t, t)| is U(0, t)
+    x = x + white * (1 - x)
+    return x.clamp(0.0, 1.0)
+
+
+__all__ = ["FiLM", "FiLMImageEncoder", "ImageEncoderConfig", "MBConv", "hue_rotation", "random_colour_jitter",
+           "random_shift"]

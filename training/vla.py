@@ -11,7 +11,8 @@
 - ``germ-dense``: the same with dense FFNs at the MoE's active parameter count (GeRM w/o MoE).
 - ``germ-il``: the MoE network trained by cross-entropy on the demonstrations (GeRM w/o RL).
 
-Frames are augmented by DrQ random shifts (``shift_pad`` pixels) during training only. Commands are
+Frames are augmented by DrQ random shifts (``shift_pad`` pixels) and, if asked, a per-window colour jitter
+(``hue_jitter``, ``saturation_jitter``, ``brightness_jitter``) during training only. Commands are
 binned per dimension: ``bins="controller"`` (default) uses the gait controller's executable ranges
 (``models.binning.controller_command_ranges``), ``bins="data"`` fits uniform edges to the source's
 commands. Checkpoints are self-contained (model config incl. vocabulary, bin edges, the instruction table
@@ -49,7 +50,7 @@ from quadforge.models.checkpoint import Checkpoint, latest_checkpoint, load_chec
 from quadforge.models.germ_vla import GeRMVLA
 from quadforge.models.losses import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, bin_imitation_terms,
                                      ema_update, q_learning_terms, with_mc_lower_bound)
-from quadforge.models.vision import random_shift
+from quadforge.models.vision import random_colour_jitter, random_shift
 from quadforge.models.vla import VLAConfig, images_to_float
 from quadforge.models.registry import build_vla_model, model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
@@ -108,6 +109,13 @@ class VLATrainConfig:
     batch_size: int = 32
     max_steps: int = 2000
     shift_pad: int = 4                   # DrQ random shift in pixels (0: off)
+    # colour augmentation per window (models.vision.random_colour_jitter): max hue turn in degrees and the
+    # saturation / brightness factors' spread; the trunk otherwise meets only the four training colours,
+    # and QUARD's held-out colours are other hues and shades of them. 0: off
+    hue_jitter: float = 0.0
+    saturation_jitter: float = 0.0
+    brightness_jitter: float = 0.0
+    tint_jitter: float = 0.0             # the largest share of white mixed in (a pale red reads as pink)
     bins: str = "controller"             # "controller" | "data"
     num_bins: int = 256
     # imitation only: cross-entropy against a Gaussian over neighbouring bins (std in bins; 0: the one data
@@ -219,6 +227,11 @@ class VLATrainConfig:
         check_amp(self.amp)
         if self.shift_pad < 0:
             raise ValueError(f"shift_pad={self.shift_pad}; must be >= 0")
+        if not 0.0 <= self.hue_jitter <= 180.0:
+            raise ValueError(f"hue_jitter={self.hue_jitter}; must be in [0, 180] (degrees; 0: off)")
+        for name in ("saturation_jitter", "brightness_jitter", "tint_jitter"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)}; must be in [0, 1) (a factor's spread around 1; 0: off)")
         if self.success_ratio is not None and not 0.0 <= self.success_ratio <= 1.0:
             raise ValueError(f"success_ratio={self.success_ratio}; must be in [0, 1] or None")
         self.optim.validate()
@@ -530,6 +543,9 @@ class VLARun:
         frames = images_to_float(batch["frames"])
         if augment and self.cfg.shift_pad:
             frames = random_shift(frames, self.cfg.shift_pad)
+        if augment:
+            frames = random_colour_jitter(frames, self.cfg.hue_jitter, self.cfg.saturation_jitter,
+                                          self.cfg.brightness_jitter, self.cfg.tint_jitter)
         idx = batch["instruction"]
         instruction = self.table[idx]
         if augment and self.blanked is not None:

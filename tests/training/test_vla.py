@@ -83,6 +83,40 @@ def test_random_shift_moves_whole_windows_and_keeps_pixels():
     assert float(shifted.sum()) == pytest.approx(24.0)   # a 2x2 patch x 3 frames x 2 samples, never cut
 
 
+def test_colour_jitter_turns_hues_keeps_grey_and_treats_a_window_as_one():
+    import colorsys
+    from quadforge.models.vision import hue_rotation, random_colour_jitter
+    red, yellow, grey = torch.tensor([0.9, 0.1, 0.1]), torch.tensor([0.95, 0.85, 0.1]), torch.full((3,), 0.5)
+    third = hue_rotation(torch.tensor([2 * torch.pi / 3]))[0]
+    assert torch.allclose(third @ red, torch.tensor([0.1, 0.9, 0.1]), atol=1e-5)     # 120°: red -> green
+    assert torch.allclose(third @ grey, grey, atol=1e-6)
+    turned = hue_rotation(torch.tensor([-torch.pi / 6]))[0] @ yellow                  # -30°: yellow -> orange
+    assert colorsys.rgb_to_hsv(*turned.clamp(0, 1).tolist())[0] * 360 == pytest.approx(28, abs=3)
+    # one draw per window: every frame of a sample gets the same transform (a constant window stays constant)
+    torch.manual_seed(0)
+    window = torch.rand(5, 1, 3, 8, 8).expand(5, 4, 3, 8, 8).contiguous()
+    out = random_colour_jitter(window, hue_deg=40, saturation=0.5, brightness=0.3)
+    assert out.shape == window.shape and out.min() >= 0 and out.max() <= 1
+    assert all(torch.equal(out[:, 0], out[:, t]) for t in range(1, 4))
+    assert not torch.allclose(out, window)
+    assert torch.equal(random_colour_jitter(window, 0, 0, 0), window)
+    # grey pixels only change brightness, never hue or saturation
+    flat = torch.full((3, 2, 3, 4, 4), 0.4)
+    g = random_colour_jitter(flat, hue_deg=90, saturation=0.5, brightness=0.0)
+    assert torch.allclose(g, flat, atol=1e-6)
+    # a tint mixes in white: black turns a uniform grey no lighter than the largest share
+    black = random_colour_jitter(torch.zeros(6, 2, 3, 4, 4), 0, 0, 0, tint=0.5)
+    assert float(black.max()) <= 0.5 and float(black.max()) > 0
+    assert all(torch.equal(black[i], torch.full_like(black[i], float(black[i, 0, 0, 0, 0]))) for i in range(6))
+    from quadforge.training.vla import default_config
+    for name, bad in (("hue_jitter", 200.0), ("saturation_jitter", 1.0), ("brightness_jitter", -0.1),
+                      ("tint_jitter", 1.5)):
+        cfg = default_config("rt1")
+        setattr(cfg, name, bad)
+        with pytest.raises(ValueError, match=f"{name}={bad}"):
+            cfg.validate()
+
+
 # --- front-end and models ------------------------------------------------------------------------
 @pytest.mark.parametrize("cls,moe", [(RT1, False), (GeRMVLA, True), (GeRMVLA, False)])
 def test_front_end_and_model_are_causal_over_frame_history(cls, moe):
