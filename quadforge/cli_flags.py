@@ -57,6 +57,20 @@ def add_num_threads(p: argparse.ArgumentParser, default: int | None = 1, what: s
     deprecated(p, "--threads", "--num-threads", "num_threads", type=int)
 
 
+# shared counts that must be at least 1: flag -> its dest (checked once for every command, in check_counts)
+COUNT_FLAGS = {"--num-threads": "num_threads", "--num-envs": "num_envs"}
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """The shared count flags a command was given are >= 1 (None: the command's default), one wording for
+    every command. Checked after parsing rather than by an argparse ``type``: argparse's own errors print
+    the whole usage block, and a bad flag here is a one-line error (docs/cli.md)."""
+    for flag, dest in COUNT_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None and int(value) < 1:
+            raise ValueError(f"{flag} {value}: must be at least 1")
+
+
 def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:
     p.add_argument("--json", default=None, metavar="PATH", help=f"also write {what} as JSON to PATH ('-': stdout)")
 

@@ -79,6 +79,27 @@ def test_deprecated_spellings_still_work(tmp_path, capsys):
     assert "positional arguments of dataset info are deprecated; use --store" in capsys.readouterr().err
 
 
+def test_a_count_below_one_is_the_same_one_line_error_for_every_command(tmp_path, capsys):
+    import pytest
+    argvs = [
+        ["collect", "--store", str(tmp_path / "s"), "--episodes", "2", "--num-threads", "0"],
+        ["collect", "--store", str(tmp_path / "s"), "--episodes", "2", "--num-envs", "0"],
+        ["eval", "--task", "quard:go_to", "--policy", "quard_expert", "--out", str(tmp_path / "e"),
+         "--num-threads", "0"],
+        ["rollout", "--num-threads", "0"],
+        ["train", "--model", "mlp", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "t"),
+         "--num-threads", "-1"],
+    ]
+    for argv in argvs:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        flag, value = argv[-2], argv[-1]
+        assert err == f"quadforge {argv[0]}: error: {flag} {value}: must be at least 1", err
+    assert not any(tmp_path.iterdir())   # refused before any work: nothing written
+    with pytest.raises(SystemExit):   # not a number at all: argparse's own error
+        main(["rollout", "--num-threads", "two"])
+
+
 def test_tracking_eval_is_a_subcommand(capsys):
     assert main(["eval-tracking", "--policy", "nope.pt"]) == 2
     assert "nope.pt" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 
+from quadforge.cli_flags import check_counts
 from quadforge.tools.bench.cli import BENCHMARKS
 
 # what a Unix tool killed by SIGPIPE exits with (128 + 13), e.g. `quadforge dataset info | head -1`
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(with_subcommand=name).parse_args(argv)
     module = importlib.import_module(COMMANDS[name][0])
     try:
+        check_counts(args)
         json_out = getattr(args, "json", None)
         if isinstance(json_out, str) and json_out != "-":   # --json PATH: checked before the work, not after
             from quadforge.output_paths import check_output_file

@@ -95,11 +95,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def set_cpu_threads(n: int | None) -> None:
-    """``--num-threads N``: torch's CPU threads for this process (None keeps torch's default, all cores)."""
+    """``--num-threads N``: torch's CPU threads for this process (None keeps torch's default, all cores;
+    N >= 1 is checked for every command by ``cli_flags.check_counts``)."""
     if n is None:
         return
-    if int(n) < 1:
-        raise ValueError(f"--num-threads {n}: must be at least 1")
     import torch   # lazy: --help stays fast
     torch.set_num_threads(int(n))
 
