@@ -22,6 +22,19 @@ BENCHMARKS = {
     "vla_closed_loop": "quadforge.tools.bench.vla_closed_loop",
 }
 
+# dest -> argparse keywords of the flags only some benchmarks take (default None: the benchmark's own)
+BENCHMARK_FLAGS: dict[str, dict] = {
+    "policy": dict(action="append", metavar="PATH",
+                   help="vla_closed_loop: a policy checkpoint to evaluate (repeatable)"),
+    "episodes": dict(type=int, help="vla_closed_loop: episodes per family and evaluation (default 100; --quick 2)"),
+    "num_envs": dict(type=int, metavar="N", help="vla_closed_loop: envs stepped as one batch (default 16; --quick 2); "
+                                                 "scale: mujoco_warp at this many worlds alone"),
+    "task": dict(help="vla_closed_loop: quard:all (default) or quard:<family>"),
+    "workers": dict(type=int, help="vla_closed_loop: evaluations run in this many processes (one per core; default 1)"),
+    "seed": dict(type=int, help="vla_closed_loop: root seed of every evaluation's scenes (default 0): another seed, "
+                                "other scenes"),
+}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(BENCHMARKS),
@@ -40,27 +53,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "privileged expert (seen / held-out colours, swapped instructions)")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
     add_json(parser, "the results")
-    # flags of the benchmarks that evaluate given policies (a module lists the ones it takes in OPTIONS)
-    parser.add_argument("--policy", action="append", default=None, metavar="PATH",
-                        help="vla_closed_loop: a policy checkpoint to evaluate (repeatable)")
-    parser.add_argument("--episodes", type=int, default=None,
-                        help="vla_closed_loop: episodes per family and evaluation (default 100; --quick 2)")
-    parser.add_argument("--num-envs", type=int, default=None,
-                        help="vla_closed_loop: envs stepped as one batch (default 16; --quick 2); "
-                             "scale: mujoco_warp at this many worlds alone")
-    parser.add_argument("--task", default=None, help="vla_closed_loop: quard:all (default) or quard:<family>")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="vla_closed_loop: evaluations run in this many processes (one per core; default 1)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="vla_closed_loop: root seed of every evaluation's scenes (default 0): another seed, "
-                             "other scenes")
+    # the flags some benchmarks take (each module lists the ones it takes in OPTIONS; the others refuse them)
+    for dest, kw in BENCHMARK_FLAGS.items():
+        parser.add_argument("--" + dest.replace("_", "-"), default=None, **kw)
 
 
 def run(args: argparse.Namespace) -> int:
     from quadforge.progress import progress_bar
     from quadforge.tools.bench import common
     module = importlib.import_module(BENCHMARKS[args.name])
-    options = {k: getattr(args, k) for k in ("policy", "episodes", "num_envs", "task", "workers", "seed") if getattr(args, k) is not None}
+    options = {k: getattr(args, k) for k in BENCHMARK_FLAGS if getattr(args, k) is not None}
     refused = sorted(set(options) - set(getattr(module, "OPTIONS", ())))
     if refused:
         flags = ", ".join("--" + k.replace("_", "-") for k in refused)
