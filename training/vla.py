@@ -12,7 +12,7 @@
 - ``germ-il``: the MoE network trained by cross-entropy on the demonstrations (GeRM w/o RL).
 
 Frames are augmented by DrQ random shifts (``shift_pad`` pixels) and, if asked, a per-window colour jitter
-(``hue_jitter``, ``saturation_jitter``, ``brightness_jitter``) during training only. Commands are
+(``hue_jitter``, ``saturation_jitter``, ``brightness_jitter``, ``tint_jitter``) during training only. Commands are
 binned per dimension: ``bins="controller"`` (default) uses the gait controller's executable ranges
 (``models.binning.controller_command_ranges``), ``bins="data"`` fits uniform edges to the source's
 commands. Checkpoints are self-contained (model config incl. vocabulary, bin edges, the instruction table
@@ -231,7 +231,8 @@ class VLATrainConfig:
             raise ValueError(f"hue_jitter={self.hue_jitter}; must be in [0, 180] (degrees; 0: off)")
         for name in ("saturation_jitter", "brightness_jitter", "tint_jitter"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name}={getattr(self, name)}; must be in [0, 1) (a factor's spread around 1; 0: off)")
+                raise ValueError(f"{name}={getattr(self, name)}; must be in [0, 1) (saturation, brightness: a factor's "
+                                 f"spread around 1; tint: the largest share of white; 0: off)")
         if self.success_ratio is not None and not 0.0 <= self.success_ratio <= 1.0:
             raise ValueError(f"success_ratio={self.success_ratio}; must be in [0, 1] or None")
         self.optim.validate()
