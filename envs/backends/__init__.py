@@ -102,10 +102,16 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mujoco_warp: contacts per world (default: measured from the scene)")
     parser.add_argument("--warp-njmax", type=int, default=None,
                         help="mujoco_warp: constraint rows per world (default: measured from the scene)")
+    parser.add_argument("--warp-solver-iterations", type=int, default=None,
+                        help="mujoco_warp: Newton iterations per physics step (default: the scene's, 100)")
+    parser.add_argument("--warp-ls-iterations", type=int, default=None,
+                        help="mujoco_warp: line-search iterations per Newton step (default: the scene's, 50)")
 
 
 def backend_from_args(args: argparse.Namespace) -> tuple[str, WarpConfig]:
     """(backend name, WarpConfig) from the arguments ``add_backend_arguments`` added."""
     return getattr(args, "backend", "mujoco_cpu"), WarpConfig(
         device=getattr(args, "warp_device", None), nconmax=getattr(args, "warp_nconmax", None),
-        njmax=getattr(args, "warp_njmax", None))
+        njmax=getattr(args, "warp_njmax", None),
+        solver_iterations=getattr(args, "warp_solver_iterations", None),
+        ls_iterations=getattr(args, "warp_ls_iterations", None))

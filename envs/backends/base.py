@@ -44,6 +44,12 @@ class WarpConfig:
     # step()'s mask (the env ends their episodes) and counts them in backend.num_overflow.
     on_overflow: str = "raise"
     cuda_graph: bool = True          # capture one policy step as a CUDA graph (GPU only)
+    # The constraint solver's budget: Newton iterations and line-search iterations per physics step.
+    # None keeps the scene's (MuJoCo's defaults, 100 and 50). On a GPU every world of a batch waits for
+    # the slowest to converge (one graph-conditional loop for all worlds), so a cap bounds the step's
+    # cost; mjlab's velocity tasks use 10 and 20.
+    solver_iterations: int | None = None
+    ls_iterations: int | None = None
 
 
 @dataclass

@@ -202,7 +202,7 @@ class MujocoWarpBackend(SceneBackend):
         wcfg: WarpConfig = cfg.warp if cfg.warp is not None else WarpConfig()
         if wcfg.on_overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"WarpConfig.on_overflow={wcfg.on_overflow!r}; allowed: {OVERFLOW_POLICIES}")
-        for name in ("nconmax", "njmax"):
+        for name in ("nconmax", "njmax", "solver_iterations", "ls_iterations"):
             v = getattr(wcfg, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"WarpConfig.{name}={v!r}; allowed: None or an integer >= 1")
@@ -221,6 +221,10 @@ class MujocoWarpBackend(SceneBackend):
         mjm = copy.deepcopy(self.scene.model)
         # MuJoCo Warp never auto-resets (and rejects the flag): divergence is detected below, as on the CPU
         mjm.opt.disableflags &= ~int(mujoco.mjtDisableBit.mjDSBL_AUTORESET)
+        if wcfg.solver_iterations is not None:
+            mjm.opt.iterations = wcfg.solver_iterations
+        if wcfg.ls_iterations is not None:
+            mjm.opt.ls_iterations = wcfg.ls_iterations
         self.mjm = mjm
         self.contact_load = None
         if wcfg.nconmax is None or wcfg.njmax is None:   # measured on the CPU, not guessed (buffers_for)
@@ -385,6 +389,11 @@ class MujocoWarpBackend(SceneBackend):
         from quadforge.envs.backends.warp_camera import WarpCamera
 
         return WarpCamera(self, cfg)
+
+    def solver_iterations_used(self) -> torch.Tensor:
+        """(N,) int: the Newton iterations each world's last physics substep took (``Data.solver_niter``);
+        on a GPU the step waits for the largest."""
+        return self._wp.to_torch(self.d.solver_niter)
 
     def memory_per_world(self) -> dict[str, float]:
         """Device bytes per world: ``data`` (every array of Warp's ``Data``, measured here), ``ccd`` (the

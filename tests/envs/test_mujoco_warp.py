@@ -59,9 +59,24 @@ def test_missing_mujoco_warp_is_a_one_line_error(monkeypatch, capsys, tmp_path):
 
 def test_warp_options_are_checked_before_anything_is_built():
     for bad, match in [(WarpConfig(on_overflow="ignore"), "on_overflow"), (WarpConfig(nconmax=0), "nconmax"),
-                       (WarpConfig(njmax=-5), "njmax")]:
+                       (WarpConfig(njmax=-5), "njmax"), (WarpConfig(solver_iterations=0), "solver_iterations"),
+                       (WarpConfig(ls_iterations=2.5), "ls_iterations")]:
         with pytest.raises(ValueError, match=match):
             make_backend("mujoco_warp", BackendConfig(num_envs=1, warp=bad))
+
+
+@needs_warp
+def test_solver_budget_reaches_the_device_model_and_bounds_the_iterations():
+    """WarpConfig's solver budget (mjlab's 10 / 20, here 2 / 4) is the device model's, and no world's
+    substep takes more Newton iterations than it allows."""
+    b = make_backend("mujoco_warp", BackendConfig(num_envs=2, seed=0, warp=WarpConfig(
+        device="cpu", solver_iterations=2, ls_iterations=4)))
+    assert (b.m.opt.iterations, b.m.opt.ls_iterations) == (2, 4)
+    for _ in range(3):
+        b.step(b.state.joint_pos.clone())
+    used = b.solver_iterations_used()
+    assert used.shape == (2,) and 1 <= int(used.min()) and int(used.max()) <= 2
+    b.close()
 
 
 def test_backend_arguments_parse_into_name_and_warp_config():
@@ -71,6 +86,8 @@ def test_backend_arguments_parse_into_name_and_warp_config():
     name, warp = backend_from_args(p.parse_args(["--backend", "mujoco_warp", "--warp-nconmax", "300",
                                                  "--warp-device", "cpu"]))
     assert name == "mujoco_warp" and warp == WarpConfig(device="cpu", nconmax=300)
+    _, capped = backend_from_args(p.parse_args(["--warp-solver-iterations", "10", "--warp-ls-iterations", "20"]))
+    assert (capped.solver_iterations, capped.ls_iterations) == (10, 20)
     assert backend_from_args(p.parse_args([]))[0] == "mujoco_cpu"
     with pytest.raises(SystemExit):
         p.parse_args(["--backend", "bullet"])

@@ -58,25 +58,60 @@ def _warp_device() -> str:
     return "cuda:0" if torch.cuda.is_available() else "cpu"
 
 
-def _env(backend: str, num_envs: int):
+def _env(backend: str, num_envs: int, **warp_options):
     """Go1 on legged_gym's mixed terrain grid, physics on every core, through the one builder; (env, build s)."""
     from quadforge.envs.builder import make_env
 
     t0 = time.perf_counter()
     # overflowing worlds end their episodes instead of stopping the sweep; the table counts them
     env = make_env("go1", "mixed", num_envs=num_envs, num_threads=os.cpu_count(), backend=backend,
-                   warp=WarpConfig(device=_warp_device(), on_overflow="terminate"))
+                   warp=WarpConfig(device=_warp_device(), on_overflow="terminate", **warp_options))
     return env, time.perf_counter() - t0
 
 
-def cold_compile_seconds(device: str) -> tuple[float, float]:
-    """(build, build + first step) seconds of the Warp backend in a fresh process with an empty kernel cache."""
-    with tempfile.TemporaryDirectory(prefix="quadforge-warp-cache-") as cache:
-        env = {**os.environ, "WARP_CACHE_PATH": cache}
-        out = subprocess.run([sys.executable, "-c", _COLD, device], env=env, capture_output=True, text=True,
-                             check=True)
-    built, first = (float(x) for x in out.stdout.strip().splitlines()[-1].split())
-    return built, first
+# the constraint solver's budgets compared (Newton, line search): the scene's (MuJoCo's 100 / 50) and
+# mjlab's velocity tasks' (10 / 20); on a GPU one graph-conditional loop runs until the slowest world
+# converges, so the budget can bind at thousands of worlds even where the average world needs 1-3
+SOLVER_BUDGETS = ((None, None), (10, 20))
+
+
+def backend_rate_of(b, targets: torch.Tensor, steps: int, rounds: int, sync) -> tuple[float, float, int]:
+    """(backend-only steps/s, mean and largest Newton iterations of the worlds' last substeps) for
+    ``mujoco_warp``; (steps/s, nan, -1) for a backend that does not report its iterations."""
+    used: list[torch.Tensor] = []
+    counts = getattr(b, "solver_iterations_used", None)
+
+    def step() -> None:
+        b.step(targets)
+        if counts is not None:
+            used.append(counts().clone())
+    rate = rate_per_second(step, targets.shape[0], steps, rounds, sync)
+    if not used:
+        return rate, float("nan"), -1
+    niter = torch.stack(used).float()
+    return rate, float(niter.mean()), int(niter.max())
+
+
+def solver_budget_table(num_envs: int, scene_row: tuple[str, float, float, int], steps: int, rounds: int,
+                        sync) -> Table:
+    """Backend-only steps/s of ``mujoco_warp`` at ``num_envs`` worlds under each of ``SOLVER_BUDGETS``
+    (the scene's own from the sweep, ``scene_row``), with the Newton iterations the worlds' last substeps
+    took: the mean, and the largest, which a GPU step waits for."""
+    table = Table(f"mujoco_warp solver budget, {num_envs} worlds, Go1 rough terrain, zero actions",
+                  ["newton / line-search", "backend steps/s", "iterations mean", "iterations max",
+                   "overflowed worlds"])
+    for newton, line_search in SOLVER_BUDGETS:
+        if newton is None:
+            table.add(*scene_row, "-")
+            continue
+        env, _ = _env("mujoco_warp", num_envs, solver_iterations=newton, ls_iterations=line_search)
+        b = env.backend
+        targets = env.default_joint_pos.expand(num_envs, -1).contiguous()
+        for _ in range(3):
+            b.step(targets)
+        table.add(f"{newton} / {line_search}", *backend_rate_of(b, targets, steps, rounds, sync), b.num_overflow)
+        env.close()
+    return table
 
 
 # where an env step's time goes: each part timed between device synchronisations (so on a GPU a part's
@@ -110,8 +145,11 @@ def step_breakdown(env, actions: torch.Tensor, steps: int, sync) -> dict[str, fl
     return ms
 
 
-def measure(sweeps: dict[str, list[int]], steps: int, rounds: int) -> Table:
-    """The table: for each backend and world count, build time, env and backend-only steps/s."""
+def measure(sweeps: dict[str, list[int]], steps: int, rounds: int,
+            solver_rows: dict | None = None) -> Table:
+    """The table: for each backend and world count, build time, env and backend-only steps/s. Fills
+    ``solver_rows[(backend, worlds)]`` with ``backend_rate_of``'s (steps/s, mean, largest iterations)."""
+    solver_rows = {} if solver_rows is None else solver_rows
     on_gpu = torch.cuda.is_available()
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     table = Table(f"env steps/s vs worlds, Go1 rough terrain (mixed grid), warp device {_warp_device()}",
@@ -127,7 +165,10 @@ def measure(sweeps: dict[str, list[int]], steps: int, rounds: int) -> Table:
             for _ in range(3):   # warm-up (and the CUDA-graph capture on a GPU)
                 env.step(zeros)
             env_rate = rate_per_second(lambda: env.step(zeros), n, steps, rounds, sync)
-            backend_rate = rate_per_second(lambda: b.step(targets), n, steps, rounds, sync)
+            backend_rate, niter_mean, niter_max = backend_rate_of(b, targets, steps, rounds, sync)
+            scene_budget = f"scene ({b.mjm.opt.iterations} / {b.mjm.opt.ls_iterations})" \
+                if backend == "mujoco_warp" else "-"
+            solver_rows[(backend, n)] = (scene_budget, backend_rate, niter_mean, niter_max)
             parts = step_breakdown(env, zeros, steps, sync)
             dev = str(b.device) if backend == "mujoco_warp" else f"cpu x{b.num_threads} threads"
             buffers, mb, overflowed = "-", float("nan"), "-"
@@ -158,9 +199,14 @@ def main(quick: bool = False, json_path: str | None = None, num_envs: int | None
     else:
         print("mujoco_warp: not installed (pip install 'quadforge[gpu]'); only mujoco_cpu is measured")
     steps, rounds = (5, 2) if quick else (10, 3)
-    table = measure(sweeps, steps, rounds)
+    solver_rows: dict = {}
+    table = measure(sweeps, steps, rounds, solver_rows)
 
     tables = [table]
+    if "mujoco_warp" in sweeps:
+        sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+        first = sweeps["mujoco_warp"][0]
+        tables.append(solver_budget_table(first, solver_rows[("mujoco_warp", first)], steps, rounds, sync))
     extra: dict = {"gpu": on_gpu, "gpu_name": torch.cuda.get_device_name(0) if on_gpu else None,
                    "gpu_target_env_steps_per_s": GPU_TARGET, "env_share_target": ENV_SHARE_TARGET}
     if "mujoco_warp" in sweeps and not quick and num_envs is None:
