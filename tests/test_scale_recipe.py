@@ -80,9 +80,12 @@ def test_the_step_breakdown_restores_the_env_and_counts_resets():
     env = make_env("go1", "flat", num_envs=2, num_threads=1, overrides={"episode_length_s": 0.04})
     zeros = torch.zeros(2, 12)
     parts = step_breakdown(env, zeros, 4, lambda: None)      # a 2-step episode: resets in the 4 steps
-    assert set(parts) == {"backend", "task", "resets", "obs", "rest"}
+    assert set(parts) == {"backend", "task", "resets", "resets: backend", "obs", "rest"}
     assert parts["backend"] > 0 and parts["resets"] > 0 and parts["obs"] > 0
-    assert "step" not in env.backend.__dict__ and "reset_envs" not in env.__dict__   # the class's own again
+    # the backend's reset is inside the env's resets: reported beside them, not subtracted twice
+    assert 0 < parts["resets: backend"] <= parts["resets"]
+    assert "step" not in env.backend.__dict__ and "reset" not in env.backend.__dict__ \
+        and "reset_envs" not in env.__dict__   # the class's own again
     env.close()
 
 

@@ -28,7 +28,10 @@
 #            GPU_CHECK_PPO_FLAGS adds flags (e.g. "--warp-solver-iterations 10 --warp-ls-iterations 20")
 #   quard    bench quard_gpu --quick: QUARD on Warp with the batch renderer, VLA training samples/s
 #   16384, 32768   bench scale --num-envs N: the large world counts
-# Only the GPU's measuring stages run one at a time; compiles overlap. At most 8 files come back from
+# Only the GPU's measuring stages run one at a time; compiles overlap. Times on an H100 (2026-11-27,
+# docs/scale.md): warm and tests 187 s together (cold), scale 25 s, ppo its limit, quard 28 s, 16384 27 s,
+# 32768 29 s: the default stages took 459 s, so a second call on the warm machine can run
+# GPU_CHECK_STAGES="ppo" with a longer GPU_CHECK_PPO_S (310 s gave a walking flat policy). At most 8 files come back from
 # $OUT per call: summary.txt, warm.txt, pytest_train.txt, pytest_warp.txt, scale_4096.txt, ppo.txt,
 # quard_gpu.txt and one JSON bundle (json.tar) holding every stage's JSON.
 set -uo pipefail

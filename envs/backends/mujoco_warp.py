@@ -506,8 +506,7 @@ class MujocoWarpBackend(SceneBackend):
         of kernel launches (and, for reset_data, the kernel definitions) Python would issue per call. Why
         resets too: at 4096 worlds some world ends its episode nearly every step, so every env step paid
         an uncaptured reset_data + forward. With only the step captured an H100 gave env 77k vs backend
-        175k steps/s (Go1 rough, 4096 worlds); on Warp's CPU device a one-world reset costs half a policy
-        step, nearly all of it launches. The gain of capturing them is unmeasured on a GPU so far."""
+        175k steps/s (Go1 rough, 4096 worlds); with resets captured too, 145k vs 204k (docs/scale.md)."""
         wp = self._wp
         with self._scope():
             if not self._use_graph:

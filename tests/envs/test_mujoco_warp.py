@@ -65,6 +65,7 @@ def test_warp_options_are_checked_before_anything_is_built():
             make_backend("mujoco_warp", BackendConfig(num_envs=1, warp=bad))
 
 
+@pytest.mark.slow
 @needs_warp
 def test_solver_budget_reaches_the_device_model_and_bounds_the_iterations():
     """WarpConfig's solver budget (mjlab's 10 / 20, here 2 / 4) is the device model's, and no world's
