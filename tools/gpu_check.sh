@@ -22,7 +22,7 @@
 #            (the stream fix, graphed resets against uncaptured ones, Warp-on-CUDA equivalence with
 #            mujoco_cpu flat and rough, the gait expert under both backends)
 #   scale    bench scale --num-envs 4096: env and backend-only steps/s, env/backend, where a step goes,
-#            buffers and memory per world, and the solver budget table (scene's 100/50 against 10/20)
+#            buffers and memory per world, and the options table (solver 10/20, resets: step1)
 #   ppo      train-expert --preset legged_gym on flat ground, 4096 envs on Warp, networks on CUDA, for
 #            GPU_CHECK_PPO_S (default 150) seconds: iteration time and the reward's climb (rsl_rl's log);
 #            GPU_CHECK_PPO_FLAGS adds flags (e.g. "--warp-solver-iterations 10 --warp-ls-iterations 20")

@@ -11,7 +11,7 @@ import argparse
 import importlib
 from dataclasses import dataclass, field
 
-from quadforge.envs.backends.base import BackendConfig, PhysicsBackend, WarpConfig
+from quadforge.envs.backends.base import RESET_RECOMPUTE, BackendConfig, PhysicsBackend, WarpConfig
 
 # What a backend may offer beyond the PhysicsBackend protocol, and what each means.
 CAPABILITIES = {
@@ -106,6 +106,10 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mujoco_warp: Newton iterations per physics step (default: the scene's, 100)")
     parser.add_argument("--warp-ls-iterations", type=int, default=None,
                         help="mujoco_warp: line-search iterations per Newton step (default: the scene's, 50)")
+    parser.add_argument("--warp-reset-recompute", default="forward", choices=list(RESET_RECOMPUTE),
+                        help="mujoco_warp: what a reset recomputes for the reset worlds: forward (every sensor, as "
+                             "mujoco_cpu) or step1 (poses and velocities; contact forces and torques read zero "
+                             "until the next step)")
 
 
 def backend_from_args(args: argparse.Namespace) -> tuple[str, WarpConfig]:
@@ -114,4 +118,5 @@ def backend_from_args(args: argparse.Namespace) -> tuple[str, WarpConfig]:
         device=getattr(args, "warp_device", None), nconmax=getattr(args, "warp_nconmax", None),
         njmax=getattr(args, "warp_njmax", None),
         solver_iterations=getattr(args, "warp_solver_iterations", None),
-        ls_iterations=getattr(args, "warp_ls_iterations", None))
+        ls_iterations=getattr(args, "warp_ls_iterations", None),
+        reset_recompute=getattr(args, "warp_reset_recompute", "forward"))

@@ -45,7 +45,7 @@ import mujoco
 import numpy as np
 import torch
 
-from quadforge.envs.backends.base import OVERFLOW_POLICIES, BackendConfig, RobotState, WarpConfig
+from quadforge.envs.backends.base import OVERFLOW_POLICIES, RESET_RECOMPUTE, BackendConfig, RobotState, WarpConfig
 from quadforge.envs.backends.common import FOOT_CONTACT_FORCE, MAX_ABS_STATE, SceneBackend
 from quadforge.layout import NUM_FEET, NUM_JOINTS
 from quadforge.envs.scene import TRACKED
@@ -202,6 +202,8 @@ class MujocoWarpBackend(SceneBackend):
         wcfg: WarpConfig = cfg.warp if cfg.warp is not None else WarpConfig()
         if wcfg.on_overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"WarpConfig.on_overflow={wcfg.on_overflow!r}; allowed: {OVERFLOW_POLICIES}")
+        if wcfg.reset_recompute not in RESET_RECOMPUTE:
+            raise ValueError(f"WarpConfig.reset_recompute={wcfg.reset_recompute!r}; allowed: {RESET_RECOMPUTE}")
         for name in ("nconmax", "njmax", "solver_iterations", "ls_iterations"):
             v = getattr(wcfg, name)
             if v is not None and (not isinstance(v, int) or v < 1):
@@ -216,6 +218,7 @@ class MujocoWarpBackend(SceneBackend):
         self._stream = step_stream(self.device)
         self._wp_stream = wp.stream_from_torch(self._stream) if self._stream is not None else None
         self.on_overflow = wcfg.on_overflow
+        self.reset_recompute = wcfg.reset_recompute
         self.num_overflow = 0
         n = self.num_envs
         mjm = copy.deepcopy(self.scene.model)
@@ -527,8 +530,10 @@ class MujocoWarpBackend(SceneBackend):
 
     def _forward_masked(self) -> None:
         """Recompute the derived quantities and readout of the masked worlds; the others keep theirs."""
-        self._graphed("forward", lambda: self._mjw.forward(self.m, self.d))
-        # forward recomputed every world; an unmasked world's pose/velocity sensors come out the same,
+        mjw, how = self._mjw, self.reset_recompute
+        # step1's acceleration-stage sensors come out zero (it clears sensordata first): WarpConfig says so
+        self._graphed(how, lambda: getattr(mjw, how)(self.m, self.d))
+        # every world was recomputed; an unmasked world's pose/velocity sensors come out the same,
         # its torque/contact sensors must stay those that acted during its last substep
         self._sens.copy_(torch.where(self._reset_mask[:, None], self._dsens, self._sens))
 

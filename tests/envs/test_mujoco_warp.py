@@ -225,17 +225,21 @@ def test_resets_run_reset_data_and_forward_through_their_graphs():
     b = mw.MujocoWarpBackend.__new__(mw.MujocoWarpBackend)
     calls = []
     b._mjw = type("FakeMjw", (), {"reset_data": staticmethod(lambda m, d, mask: calls.append("reset_data")),
-                                  "forward": staticmethod(lambda m, d: calls.append("forward"))})()
+                                  "forward": staticmethod(lambda m, d: calls.append("forward")),
+                                  "step1": staticmethod(lambda m, d: calls.append("step1"))})()
     b.m = b.d = b._reset_mask_wp = None
     b._graphed = lambda key, run: (calls.append(f"graph:{key}"), run())
     n = 3
     b._reset_mask = torch.tensor([False, True, False])
-    b._qpos, b._qvel, b._ctrl, b._sens, b._dsens = (torch.zeros(n, 2) for _ in range(5))
-    b._reset_qpos, b._reset_qvel, b._reset_ctrl = (torch.ones(n, 2) for _ in range(3))
     b._refresh = lambda: calls.append("refresh")
-    b._restore_masked()
-    assert calls == ["graph:reset", "reset_data", "graph:forward", "forward", "refresh"]
-    assert b._qpos[:, 0].tolist() == [0.0, 1.0, 0.0] and b._ctrl[:, 0].tolist() == [0.0, 1.0, 0.0]
+    for how in ("forward", "step1"):    # WarpConfig.reset_recompute picks the recompute, under its own graph
+        calls.clear()
+        b.reset_recompute = how
+        b._qpos, b._qvel, b._ctrl, b._sens, b._dsens = (torch.zeros(n, 2) for _ in range(5))
+        b._reset_qpos, b._reset_qvel, b._reset_ctrl = (torch.ones(n, 2) for _ in range(3))
+        b._restore_masked()
+        assert calls == ["graph:reset", "reset_data", f"graph:{how}", how, "refresh"]
+        assert b._qpos[:, 0].tolist() == [0.0, 1.0, 0.0] and b._ctrl[:, 0].tolist() == [0.0, 1.0, 0.0]
 
 
 @pytest.mark.gpu
@@ -262,9 +266,9 @@ def test_cuda_graph_resets_equal_uncaptured_resets():
     """Resets replayed as CUDA graphs (reset_data, forward) leave every world where the same resets
     launched kernel by kernel leave it: worlds reset between steps, some twice."""
     out = {}
-    for graph in (True, False):
-        b = make_backend("mujoco_warp", BackendConfig(num_envs=8, seed=0, warp=WarpConfig(device="cuda:0",
-                                                                                         cuda_graph=graph)))
+    for graph, how in ((True, "forward"), (False, "forward"), (True, "step1"), (False, "step1")):
+        b = make_backend("mujoco_warp", BackendConfig(num_envs=8, seed=0, warp=WarpConfig(
+            device="cuda:0", cuda_graph=graph, reset_recompute=how)))
         s = b.state
         start = [t.clone() for t in (s.root_pos_w, s.root_quat_w, s.root_lin_vel_w, s.root_ang_vel_w,
                                      s.joint_pos, s.joint_vel)]
@@ -275,14 +279,52 @@ def test_cuda_graph_resets_equal_uncaptured_resets():
             pos = start[0][ids] + torch.tensor([0.0, 0.0, 0.02 * k], device=b.device)
             b.reset(ids, pos, *(t[ids] for t in start[1:]))
         b.step(targets)
-        out[graph] = (b.state.root_pos_w.clone(), b.state.joint_pos.clone(), sorted(b._graphs))
+        out[graph, how] = (b.state.root_pos_w.clone(), b.state.joint_pos.clone(), sorted(b._graphs))
         b.close()
-    assert out[True][2] == ["forward", "reset", "step"] and out[False][2] == []
-    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=0)
-    torch.testing.assert_close(out[True][1], out[False][1], atol=1e-5, rtol=0)
+    for how in ("forward", "step1"):
+        assert out[True, how][2] == sorted([how, "reset", "step"]) and out[False, how][2] == []
+        torch.testing.assert_close(out[True, how][0], out[False, how][0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(out[True, how][1], out[False, how][1], atol=1e-5, rtol=0)
+    # either recompute leaves the next step's physics the same
+    torch.testing.assert_close(out[True, "step1"][0], out[True, "forward"][0], atol=1e-5, rtol=0)
 
 
 # --- slow: Warp's CPU device -----------------------------------------------------------------------------
+@needs_warp
+@pytest.mark.slow
+def test_step1_resets_read_poses_and_leave_the_next_steps_as_forward_resets_do():
+    """WarpConfig.reset_recompute="step1": right after a reset (here: a standing world put back where it
+    stands) the reset world reads the same pose and velocities as after a forward reset, zero contact
+    forces and torques (its acceleration stage is not recomputed), and the steps after it are those of a
+    forward reset."""
+    states = {}
+    for how in ("forward", "step1"):
+        b = make_backend("mujoco_warp", BackendConfig(num_envs=3, seed=0, warp=WarpConfig(
+            device="cpu", reset_recompute=how)))
+        s = b.state
+        targets = s.joint_pos.clone()
+        for _ in range(25):          # standing on its feet: a forward reset reads their contact forces
+            b.step(targets)
+        ids = torch.tensor([1])
+        now = [t[ids].clone() for t in (s.root_pos_w, s.root_quat_w, s.root_lin_vel_w, s.root_ang_vel_w,
+                                         s.joint_pos, s.joint_vel)]
+        b.reset(ids, *now)
+        after_reset = {k: getattr(b.state, k).clone() for k in ("root_pos_w", "root_quat_w", "joint_pos",
+                                                                 "joint_vel", "contact_forces", "joint_torque")}
+        for _ in range(3):
+            b.step(targets)
+        states[how] = after_reset, b.state.root_pos_w.clone(), b.state.joint_pos.clone()
+        b.close()
+    (fwd, fwd_pos, fwd_q), (s1, s1_pos, s1_q) = states["forward"], states["step1"]
+    for k in ("root_pos_w", "root_quat_w", "joint_pos", "joint_vel"):
+        torch.testing.assert_close(s1[k], fwd[k], atol=1e-6, rtol=0)
+    assert float(s1["contact_forces"][1].abs().max()) == 0.0 and float(s1["joint_torque"][1].abs().max()) == 0.0
+    assert float(fwd["contact_forces"][1].abs().max()) > 1.0          # forward's readout has the feet's
+    torch.testing.assert_close(s1["contact_forces"][[0, 2]], fwd["contact_forces"][[0, 2]])   # others keep theirs
+    torch.testing.assert_close(s1_pos, fwd_pos, atol=1e-6, rtol=0)
+    torch.testing.assert_close(s1_q, fwd_q, atol=1e-6, rtol=0)
+
+
 def _pair(terrain=None, num_envs=6, device="cpu", **warp):
     cfg = BackendConfig(num_envs=num_envs, num_threads=1, seed=3, randomization=RandomizationConfig(),
                         terrain=terrain, warp=WarpConfig(device=device, **warp))

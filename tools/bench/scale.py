@@ -14,7 +14,9 @@ resets, the observation build and the rest, each timed between device synchronis
 ``mujoco_warp``, its buffers (contacts / constraint rows per world, measured from the scene) and device
 memory per world (``MujocoWarpBackend.memory_per_world``), and the worlds whose contacts or constraint
 rows overflowed their buffers (``on_overflow="terminate"``: they end their episodes and are counted, so
-one rare world does not stop a sweep of 16384).
+one rare world does not stop a sweep of 16384). At the first Warp world count the options of ``VARIANTS``
+(the solver's budget, what a reset recomputes) are measured against the defaults, with the Newton
+iterations the worlds' substeps took.
 
 The full (non-quick) run also measures a cold compile: a fresh process with an empty Warp kernel cache
 (``WARP_CACHE_PATH`` in a temporary folder) builds the backend and steps it once. On a GPU the sweep is
@@ -69,10 +71,15 @@ def _env(backend: str, num_envs: int, **warp_options):
     return env, time.perf_counter() - t0
 
 
-# the constraint solver's budgets compared (Newton, line search): the scene's (MuJoCo's 100 / 50) and
-# mjlab's velocity tasks' (10 / 20); on a GPU one graph-conditional loop runs until the slowest world
-# converges, so the budget can bind at thousands of worlds even where the average world needs 1-3
-SOLVER_BUDGETS = ((None, None), (10, 20))
+# the Warp options measured against the defaults at the first world count (``variant_table``): the
+# constraint solver's budget (Newton, line search) at mjlab's velocity tasks' 10 / 20 instead of the
+# scene's (MuJoCo's 100 / 50): on a GPU one graph-conditional loop runs until the slowest world
+# converges; and resets recomputing the position and velocity stages only (``reset_recompute="step1"``):
+# resets were the largest part of a step above the physics on an H100
+VARIANTS = (("defaults", {}),
+            ("solver 10 / 20", {"solver_iterations": 10, "ls_iterations": 20}),
+            ("resets: step1", {"reset_recompute": "step1"}))
+BREAKDOWN = ("backend", "task", "resets", "resets: backend", "obs", "rest")
 
 
 def backend_rate_of(b, targets: torch.Tensor, steps: int, rounds: int, sync) -> tuple[float, float, int]:
@@ -92,25 +99,18 @@ def backend_rate_of(b, targets: torch.Tensor, steps: int, rounds: int, sync) -> 
     return rate, float(niter.mean()), int(niter.max())
 
 
-def solver_budget_table(num_envs: int, scene_row: tuple[str, float, float, int], steps: int, rounds: int,
-                        sync) -> Table:
-    """Backend-only steps/s of ``mujoco_warp`` at ``num_envs`` worlds under each of ``SOLVER_BUDGETS``
-    (the scene's own from the sweep, ``scene_row``), with the Newton iterations the worlds' last substeps
-    took: the mean, and the largest, which a GPU step waits for."""
-    table = Table(f"mujoco_warp solver budget, {num_envs} worlds, Go1 rough terrain, zero actions",
-                  ["newton / line-search", "backend steps/s", "iterations mean", "iterations max",
-                   "overflowed worlds"])
-    for newton, line_search in SOLVER_BUDGETS:
-        if newton is None:
-            table.add(*scene_row, "-")
-            continue
-        env, _ = _env("mujoco_warp", num_envs, solver_iterations=newton, ls_iterations=line_search)
-        b = env.backend
-        targets = env.default_joint_pos.expand(num_envs, -1).contiguous()
-        for _ in range(3):
-            b.step(targets)
-        table.add(f"{newton} / {line_search}", *backend_rate_of(b, targets, steps, rounds, sync), b.num_overflow)
-        env.close()
+def variant_table(num_envs: int, defaults: dict, steps: int, rounds: int, sync) -> Table:
+    """``mujoco_warp`` at ``num_envs`` worlds under each of ``VARIANTS`` (the defaults' row is ``defaults``,
+    measured by the sweep): env and backend-only steps/s, where a step goes, and the Newton iterations the
+    worlds' last substeps took (the mean, and the largest, which a GPU step waits for)."""
+    table = Table(f"mujoco_warp options, {num_envs} worlds, Go1 rough terrain, zero actions",
+                  ["variant", "env steps/s", "backend steps/s", "env/backend",
+                   *(f"ms/step: {k}" if k == "backend" else k for k in BREAKDOWN),
+                   "iterations mean", "iterations max", "overflowed worlds"])
+    for label, options in VARIANTS:
+        r = defaults if not options else measure_one("mujoco_warp", num_envs, steps, rounds, sync, **options)
+        table.add(label, r["env"], r["backend_rate"], r["env"] / r["backend_rate"], *(r[k] for k in BREAKDOWN),
+                  r["niter_mean"], r["niter_max"], r["overflowed"])
     return table
 
 
@@ -148,40 +148,44 @@ def step_breakdown(env, actions: torch.Tensor, steps: int, sync) -> dict[str, fl
     return ms
 
 
-def measure(sweeps: dict[str, list[int]], steps: int, rounds: int,
-            solver_rows: dict | None = None) -> Table:
-    """The table: for each backend and world count, build time, env and backend-only steps/s. Fills
-    ``solver_rows[(backend, worlds)]`` with ``backend_rate_of``'s (steps/s, mean, largest iterations)."""
-    solver_rows = {} if solver_rows is None else solver_rows
+def measure_one(backend: str, n: int, steps: int, rounds: int, sync, **warp_options) -> dict:
+    """One backend at ``n`` worlds: build time, env and backend-only steps/s, the step's breakdown, the
+    solver's iterations, buffers and memory per world and overflowed worlds, as a dict."""
+    env, build_s = _env(backend, n, **warp_options)
+    b = env.backend
+    zeros = torch.zeros(n, 12, device=env.device)
+    targets = env.default_joint_pos.expand(n, -1).contiguous()
+    for _ in range(3):   # warm-up (and the CUDA-graph capture on a GPU)
+        env.step(zeros)
+    env_rate = rate_per_second(lambda: env.step(zeros), n, steps, rounds, sync)
+    backend_rate, niter_mean, niter_max = backend_rate_of(b, targets, steps, rounds, sync)
+    r = {"build": build_s, "env": env_rate, "backend_rate": backend_rate, "niter_mean": niter_mean,
+         "niter_max": niter_max, **step_breakdown(env, zeros, steps, sync),
+         "device": str(b.device) if backend == "mujoco_warp" else f"cpu x{b.num_threads} threads",
+         "buffers": "-", "mb": float("nan"), "overflowed": "-"}
+    if backend == "mujoco_warp":
+        r.update(buffers=f"{b.nconmax}/{b.njmax}", mb=b.memory_per_world()["total"] / 1e6, overflowed=b.num_overflow)
+    env.close()
+    return r
+
+
+def measure(sweeps: dict[str, list[int]], steps: int, rounds: int, records: dict | None = None) -> Table:
+    """The table: for each backend and world count, build time, env and backend-only steps/s, where a step
+    goes. Fills ``records[(backend, worlds)]`` with ``measure_one``'s dicts."""
+    records = {} if records is None else records
     on_gpu = torch.cuda.is_available()
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     table = Table(f"env steps/s vs worlds, Go1 rough terrain (mixed grid), warp device {_warp_device()}",
                   ["backend", "device", "worlds", "build s", "env steps/s", "backend steps/s", "env/backend",
-                   "ms/step: backend", "task", "resets", "resets: backend", "obs", "rest",
+                   *(f"ms/step: {k}" if k == "backend" else k for k in BREAKDOWN),
                    "buffers con/rows", "MB/world", "overflowed worlds"])
     for backend, counts in sweeps.items():
         for n in counts:
-            env, build_s = _env(backend, n)
-            b = env.backend
-            zeros = torch.zeros(n, 12, device=env.device)
-            targets = env.default_joint_pos.expand(n, -1).contiguous()
-            for _ in range(3):   # warm-up (and the CUDA-graph capture on a GPU)
-                env.step(zeros)
-            env_rate = rate_per_second(lambda: env.step(zeros), n, steps, rounds, sync)
-            backend_rate, niter_mean, niter_max = backend_rate_of(b, targets, steps, rounds, sync)
-            scene_budget = f"scene ({b.mjm.opt.iterations} / {b.mjm.opt.ls_iterations})" \
-                if backend == "mujoco_warp" else "-"
-            solver_rows[(backend, n)] = (scene_budget, backend_rate, niter_mean, niter_max)
-            parts = step_breakdown(env, zeros, steps, sync)
-            dev = str(b.device) if backend == "mujoco_warp" else f"cpu x{b.num_threads} threads"
-            buffers, mb, overflowed = "-", float("nan"), "-"
-            if backend == "mujoco_warp":
-                buffers, mb = f"{b.nconmax}/{b.njmax}", b.memory_per_world()["total"] / 1e6
-                overflowed = b.num_overflow
-            table.add(backend, dev, n, round(build_s, 2), env_rate, backend_rate, env_rate / backend_rate,
-                      *(parts[k] for k in ("backend", "task", "resets", "resets: backend", "obs", "rest")), buffers, mb, overflowed)
-            env.close()
-            print(f"  {backend} {n} worlds: env {env_rate:.0f} steps/s, backend {backend_rate:.0f}", flush=True)
+            r = records[(backend, n)] = measure_one(backend, n, steps, rounds, sync)
+            table.add(backend, r["device"], n, round(r["build"], 2), r["env"], r["backend_rate"],
+                      r["env"] / r["backend_rate"], *(r[k] for k in BREAKDOWN), r["buffers"], r["mb"],
+                      r["overflowed"])
+            print(f"  {backend} {n} worlds: env {r['env']:.0f} steps/s, backend {r['backend_rate']:.0f}", flush=True)
     return table
 
 
@@ -202,14 +206,14 @@ def main(quick: bool = False, json_path: str | None = None, num_envs: int | None
     else:
         print("mujoco_warp: not installed (pip install 'quadforge[gpu]'); only mujoco_cpu is measured")
     steps, rounds = (5, 2) if quick else (10, 3)
-    solver_rows: dict = {}
-    table = measure(sweeps, steps, rounds, solver_rows)
+    records: dict = {}
+    table = measure(sweeps, steps, rounds, records)
 
     tables = [table]
     if "mujoco_warp" in sweeps:
         sync = torch.cuda.synchronize if on_gpu else (lambda: None)
         first = sweeps["mujoco_warp"][0]
-        tables.append(solver_budget_table(first, solver_rows[("mujoco_warp", first)], steps, rounds, sync))
+        tables.append(variant_table(first, records[("mujoco_warp", first)], steps, rounds, sync))
     extra: dict = {"gpu": on_gpu, "gpu_name": torch.cuda.get_device_name(0) if on_gpu else None,
                    "gpu_target_env_steps_per_s": GPU_TARGET, "env_share_target": ENV_SHARE_TARGET}
     if "mujoco_warp" in sweeps and not quick and num_envs is None:
