@@ -71,6 +71,16 @@ def _env(backend: str, num_envs: int, **warp_options):
     return env, time.perf_counter() - t0
 
 
+def cold_compile_seconds(device: str) -> tuple[float, float]:
+    """(build, build + first step) seconds of the Warp backend in a fresh process with an empty kernel cache."""
+    with tempfile.TemporaryDirectory(prefix="quadforge-warp-cache-") as cache:
+        env = {**os.environ, "WARP_CACHE_PATH": cache}
+        out = subprocess.run([sys.executable, "-c", _COLD, device], env=env, capture_output=True, text=True,
+                             check=True)
+    built, first = (float(x) for x in out.stdout.strip().splitlines()[-1].split())
+    return built, first
+
+
 # the Warp options measured against the defaults at the first world count (``variant_table``): the
 # constraint solver's budget (Newton, line search) at mjlab's velocity tasks' 10 / 20 instead of the
 # scene's (MuJoCo's 100 / 50): on a GPU one graph-conditional loop runs until the slowest world
