@@ -581,8 +581,9 @@ def test_batch_renderer_frames_every_world_and_sees_per_env_colours(monkeypatch)
 
 @needs_warp
 @pytest.mark.slow
-def test_quard_scene_on_warp_equals_mujoco_cpu():
-    """A QUARD task on Warp's CPU device against mujoco_cpu, same seed: the same scenes drawn, the objects
+@pytest.mark.parametrize("device", WARP_DEVICES)
+def test_quard_scene_on_warp_equals_mujoco_cpu(device):
+    """A QUARD task on Warp (its CPU device; a GPU in the gpu lane) against mujoco_cpu, same seed: the same scenes drawn, the objects
     at the same poses in every world, the obstacle's contact sensor reading the same force when a leg
     touches it, and the camera seeing the target on the same pixels (segmentation: rays on the CPU,
     MuJoCo Warp's ray tracer on Warp) in the env's colour."""
@@ -594,7 +595,7 @@ def test_quard_scene_on_warp_equals_mujoco_cpu():
         # images on Warp only: its batch renderer needs no OpenGL (the CPU camera's segmentation neither)
         q = QuardConfig.make("quard:go_to", num_envs=2, seed=4, images=backend == "mujoco_warp", backend=backend)
         q.env.backend.num_threads = 1
-        q.env.backend.warp = WarpConfig(device="cpu")
+        q.env.backend.warp = WarpConfig(device=device)
         envs[backend] = QuardEnv(q)
     cpu, warp = envs["mujoco_cpu"], envs["mujoco_warp"]
     assert [p["instruction"] for p in cpu.scenes.params] == [p["instruction"] for p in warp.scenes.params]
@@ -643,7 +644,8 @@ def test_quard_scene_on_warp_equals_mujoco_cpu():
 
 @needs_warp
 @pytest.mark.slow
-def test_warp_frames_look_like_the_cpu_cameras():
+@pytest.mark.parametrize("device", WARP_DEVICES)
+def test_warp_frames_look_like_the_cpu_cameras(device):
     """The same QUARD scenes framed by MuJoCo Warp's ray tracer and by the CPU camera (OpenGL) agree
     pixel for pixel within a few levels: the skybox and the ground's checker texture included. A VLA
     trained on CPU frames reads Warp's (before textures and skybox were on, Warp drew a black sky and a
@@ -654,7 +656,7 @@ def test_warp_frames_look_like_the_cpu_cameras():
     for backend in ("mujoco_cpu", "mujoco_warp"):
         q = QuardConfig.make("quard:distinguish", num_envs=2, seed=4, images=False, backend=backend)
         q.env.backend.num_threads = 1
-        q.env.backend.warp = WarpConfig(device="cpu")
+        q.env.backend.warp = WarpConfig(device=device)
         envs[backend] = QuardEnv(q)
     for _ in range(5):
         for e in envs.values():
