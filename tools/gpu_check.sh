@@ -20,7 +20,8 @@
 #            so the measuring stages after it find every kernel cached. Flat compiles inside the Warp tests.
 #   tests    the GPU test lane, pytest -m gpu: the trainers on CUDA (started with warm) and the Warp tests
 #            (the stream fix, graphed resets against uncaptured ones, Warp-on-CUDA equivalence with
-#            mujoco_cpu flat and rough, the gait expert under both backends)
+#            mujoco_cpu flat and rough, the gait expert under both backends, and since 2026-11-27 the
+#            QUARD scene on Warp equal to mujoco_cpu's: object poses, contact sensor, target pixels)
 #   scale    bench scale --num-envs 4096: env and backend-only steps/s, env/backend, where a step goes,
 #            buffers and memory per world, and the options table (solver 10/20, resets: step1)
 #   ppo      train-expert --preset legged_gym on flat ground, 4096 envs on Warp, networks on CUDA, for
