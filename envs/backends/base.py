@@ -56,7 +56,7 @@ class WarpConfig:
     # "step1": the position and velocity stages only (kinematics, collision, pose and velocity sensors);
     # the reset worlds' acceleration-stage readouts (contact forces, joint torques) read zero until their
     # next step. The next step's physics is the same either way (its step2 recomputes what forward would
-    # have); resets were 6.9 of 26.6 ms of a step at 4096 worlds on an H100, so this is for the GPU.
+    # have); resets were 6.9 of 26.5 ms of a step at 4096 worlds on an H100, so this is for the GPU.
     reset_recompute: str = "forward"
 
 
