@@ -68,6 +68,12 @@ def timed_method(obj: Any, name: str, acc: dict[str, float], label: str,
     return undo
 
 
+def device_sync() -> None:
+    """Wait for the GPU's queued work where there is a GPU (a no-op on the CPU): what ``sync`` arguments take."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def rate_per_second(fn: Callable[[], Any], units: int, calls: int, rounds: int,
                     sync: Callable[[], Any] = lambda: None) -> float:
     """Median units per second over ``rounds`` of ``calls`` calls of ``fn``, each call doing ``units`` (env

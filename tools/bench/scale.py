@@ -35,7 +35,7 @@ import time
 import torch
 
 from quadforge.envs.backends.base import WarpConfig
-from quadforge.tools.bench.common import Table, rate_per_second, report, timed_method
+from quadforge.tools.bench.common import Table, device_sync, rate_per_second, report, timed_method
 
 GPU_TARGET = 250_000      # env steps/s at 4096 worlds, Go1 rough terrain, one H100-class GPU (issue 23)
 ENV_SHARE_TARGET = 0.85   # env steps/s over backend-only steps/s at the same world count (issue 23)
@@ -183,15 +183,13 @@ def measure(sweeps: dict[str, list[int]], steps: int, rounds: int, records: dict
     """The table: for each backend and world count, build time, env and backend-only steps/s, where a step
     goes. Fills ``records[(backend, worlds)]`` with ``measure_one``'s dicts."""
     records = {} if records is None else records
-    on_gpu = torch.cuda.is_available()
-    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     table = Table(f"env steps/s vs worlds, Go1 rough terrain (mixed grid), warp device {_warp_device()}",
                   ["backend", "device", "worlds", "build s", "env steps/s", "backend steps/s", "env/backend",
                    *(f"ms/step: {k}" if k == "backend" else k for k in BREAKDOWN),
                    "buffers con/rows", "MB/world", "overflowed worlds"])
     for backend, counts in sweeps.items():
         for n in counts:
-            r = records[(backend, n)] = measure_one(backend, n, steps, rounds, sync)
+            r = records[(backend, n)] = measure_one(backend, n, steps, rounds, device_sync)
             table.add(backend, r["device"], n, round(r["build"], 2), r["env"], r["backend_rate"],
                       r["env"] / r["backend_rate"], *(r[k] for k in BREAKDOWN), r["buffers"], r["mb"],
                       r["overflowed"])
@@ -221,9 +219,8 @@ def main(quick: bool = False, json_path: str | None = None, num_envs: int | None
 
     tables = [table]
     if "mujoco_warp" in sweeps:
-        sync = torch.cuda.synchronize if on_gpu else (lambda: None)
         first = sweeps["mujoco_warp"][0]
-        tables.append(variant_table(first, records[("mujoco_warp", first)], steps, rounds, sync))
+        tables.append(variant_table(first, records[("mujoco_warp", first)], steps, rounds, device_sync))
     extra: dict = {"gpu": on_gpu, "gpu_name": torch.cuda.get_device_name(0) if on_gpu else None,
                    "gpu_target_env_steps_per_s": GPU_TARGET, "env_share_target": ENV_SHARE_TARGET}
     if "mujoco_warp" in sweeps and not quick and num_envs is None:
