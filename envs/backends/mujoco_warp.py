@@ -200,10 +200,9 @@ class MujocoWarpBackend(SceneBackend):
 
     def __init__(self, cfg: BackendConfig):
         wcfg: WarpConfig = cfg.warp if cfg.warp is not None else WarpConfig()
-        if wcfg.on_overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"WarpConfig.on_overflow={wcfg.on_overflow!r}; allowed: {OVERFLOW_POLICIES}")
-        if wcfg.reset_recompute not in RESET_RECOMPUTE:
-            raise ValueError(f"WarpConfig.reset_recompute={wcfg.reset_recompute!r}; allowed: {RESET_RECOMPUTE}")
+        for name, allowed in (("on_overflow", OVERFLOW_POLICIES), ("reset_recompute", RESET_RECOMPUTE)):
+            if getattr(wcfg, name) not in allowed:
+                raise ValueError(f"WarpConfig.{name}={getattr(wcfg, name)!r}; allowed: {allowed}")
         for name in ("nconmax", "njmax", "solver_iterations", "ls_iterations"):
             v = getattr(wcfg, name)
             if v is not None and (not isinstance(v, int) or v < 1):
