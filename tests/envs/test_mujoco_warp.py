@@ -52,15 +52,18 @@ def test_missing_mujoco_warp_is_a_one_line_error(monkeypatch, capsys, tmp_path):
     with pytest.raises(ImportError, match=r"quadforge\[gpu\]"):
         make_backend("mujoco_warp", BackendConfig(num_envs=1))
     from quadforge.tools.cli import main
-    code = main(["rollout", "--backend", "mujoco_warp", "--num-envs", "1", "--seconds", "0.1"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and "mujoco-warp" in err and "quadforge[gpu]" in err, err
+    for argv in (["rollout", "--backend", "mujoco_warp", "--num-envs", "1", "--seconds", "0.1"],
+                 ["bench", "quard_gpu", "--quick"]):      # the GPU benchmark says the same, not a traceback
+        code = main(argv)
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "mujoco-warp" in err and "quadforge[gpu]" in err, err
 
 
 def test_warp_options_are_checked_before_anything_is_built():
     for bad, match in [(WarpConfig(on_overflow="ignore"), "on_overflow"), (WarpConfig(nconmax=0), "nconmax"),
                        (WarpConfig(njmax=-5), "njmax"), (WarpConfig(solver_iterations=0), "solver_iterations"),
-                       (WarpConfig(ls_iterations=2.5), "ls_iterations")]:
+                       (WarpConfig(ls_iterations=2.5), "ls_iterations"),
+                       (WarpConfig(reset_recompute="fwd"), "reset_recompute")]:
         with pytest.raises(ValueError, match=match):
             make_backend("mujoco_warp", BackendConfig(num_envs=1, warp=bad))
 

@@ -22,12 +22,7 @@ import time
 import numpy as np
 import torch
 
-from quadforge.tools.bench.common import Table, median_time, rate_per_second, report
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+from quadforge.tools.bench.common import Table, device_sync, median_time, rate_per_second, report
 
 
 def _quard_env(num_envs: int, device: str):
@@ -48,7 +43,7 @@ def env_rows(table: Table, counts: list[int], device: str, steps: int, renders: 
             zeros = torch.zeros(n, 12, device=env.device)
             for _ in range(3):                    # warm-up: kernel loads, the CUDA graph's capture
                 env.step(zeros)
-            rate = rate_per_second(lambda: env.step(zeros), n, steps, rounds=2, sync=_sync)
+            rate = rate_per_second(lambda: env.step(zeros), n, steps, rounds=2, sync=device_sync)
             rgb = np.zeros((n, env.camera.height, env.camera.width, 3), np.uint8)
             ids = np.arange(n)
             # a render ends copying its frames to the host, which waits for the device: no sync needed
@@ -61,11 +56,10 @@ def env_rows(table: Table, counts: list[int], device: str, steps: int, renders: 
 
 
 def main(quick: bool = False, json_path: str | None = None) -> int:
-    from quadforge.envs.backends.mujoco_warp import available
+    from quadforge.envs.backends.mujoco_warp import import_warp
     from quadforge.tools.bench.vla import throughput_table
 
-    if not available():
-        raise RuntimeError("bench quard_gpu: mujoco_warp is not installed (pip install 'quadforge[gpu]')")
+    import_warp()   # without MuJoCo Warp: the one-line ImportError saying how to install it
     on_gpu = torch.cuda.is_available()
     device = "cuda:0" if on_gpu else "cpu"
     counts = ([1024] if quick else [1024, 4096]) if on_gpu else [4]
