@@ -7,7 +7,7 @@ list of strings), then ``forward(prepared[instruction_index]) -> (B, out_dim)`` 
 - ``words`` (default): a learned encoder over the task vocabulary. Words are lower-cased alphanumeric
   runs; ids 0 = padding, 1 = unknown word (a held-out colour the training table never named), 2.. the
   vocabulary in sorted order (stored in the config, so a checkpoint rebuilds it alone).
-  ``unknown_words="nearest"`` backs an unknown word off to a known one instead of ``<unk>`` (below):
+  ``unknown_words="nearest"`` or ``"blend"`` backs an unknown word off to known ones instead of ``<unk>`` (below):
 
       h = TransformerEncoderLayer(WordEmbed(w) + Pos)      (B, L, E)    one pre-norm layer: word order
       e = LayerNorm(mean over the real words of h)          (B, E)       matters ("red cube ... blue ball")
@@ -31,6 +31,16 @@ new word. The slot rule keeps a candidate a word of the same kind (a colour stan
 "pacing", which wordllama puts nearest "pink"); it needs the table to hold the alternatives, as an env's
 full instruction table does (a one-instruction table keeps ``<unk>``). ``backoff(texts)`` says which word
 stands for which.
+
+``unknown_words="blend"`` reads the unknown word as a mix of the same candidates instead of the closest
+one: its word vector is sum_c softmax(cos(u, c) / BLEND_TEMPERATURE) · WordEmbed(c). It matters where
+the frozen embedding cannot tell two candidates apart: "orange" is 0.146 from "red" and 0.150 from
+"yellow", so "nearest" reads it as "yellow", the word "gold" also reads as, and a scene with a gold and an
+orange object becomes a coin flip; blended, orange is half red, half yellow, while a clear winner keeps
+nearly all the weight (gold -> yellow 0.998, pink -> red 0.94, purple -> blue 0.999). A mix gets an id
+past the vocabulary (``len(vocab) + 2 + j``) whose row ``forward`` builds from the learned embeddings, so
+it follows training and the weights stay untouched; ``backoff(texts)`` names each mix's heaviest word and
+``backoff_weights(texts)`` the whole mix.
 """
 from __future__ import annotations
 
@@ -40,10 +50,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 INSTRUCTION_ENCODERS = ("words", "wordllama")
-UNKNOWN_WORD_RULES = ("unk", "nearest")
+UNKNOWN_WORD_RULES = ("unk", "nearest", "blend")
+# wordllama's cosines between colour words lie in 0.0-0.25: at 0.02 a candidate ahead by 0.05 takes ~0.9
+# of the weight, so only near-ties (orange: red 0.146, yellow 0.150) stay mixed (module doc)
+BLEND_TEMPERATURE = 0.02
 PAD, UNK = 0, 1
 WORDLLAMA_DIM = 256
 _WORD = re.compile(r"[a-z0-9]+")
@@ -86,25 +100,53 @@ class WordTokenEncoder(nn.Module):
         self.layer = nn.TransformerEncoderLayer(dim, num_heads, 2 * dim, dropout=0.0, activation="gelu",
                                                 batch_first=True, norm_first=True)
         self.norm = nn.LayerNorm(dim)
+        # "blend" mixes, made by prepare: not parameters (a checkpoint never holds them; prepare remakes them)
+        self._mix_rows: list[torch.Tensor] = []
+        self._mix_ids: dict[tuple, int] = {}
 
-    def backoff(self, texts: Sequence[str]) -> dict[str, str]:
-        """Unknown word -> the known word it reads as in ``texts`` (module doc); {} under ``unknown_words="unk"``."""
+    def backoff_weights(self, texts: Sequence[str]) -> dict[str, dict[str, float]]:
+        """Unknown word -> {known word: weight} it reads as in ``texts`` (module doc): one word at weight 1
+        under ``unknown_words="nearest"``, the softmax mix under ``"blend"``; {} under ``"unk"``."""
         unknown = sorted({w for t in texts for w in words_of(t) if w not in self.index})
-        if self.unknown_words != "nearest" or not unknown:
+        if self.unknown_words == "unk" or not unknown:
             return {}
         candidates = {u: sorted(w for w in slot_fillers(texts, u) if w in self.index) for u in unknown}
-        wanted = sorted({u for u, c in candidates.items() if c} | {w for c in candidates.values() for w in c})
-        if not wanted:
+        candidates = {u: c for u, c in candidates.items() if c}
+        if not candidates:
             return {}
+        wanted = sorted(set(candidates) | {w for c in candidates.values() for w in c})
         vectors = dict(zip(wanted, torch.as_tensor(load_wordllama().embed(wanted, norm=True), dtype=torch.float32)))
-        return {u: max(c, key=lambda w: (float(vectors[u] @ vectors[w]), w)) for u, c in candidates.items() if c}
+        out = {}
+        for u, c in candidates.items():
+            cos = torch.stack([vectors[u] @ vectors[w] for w in c])
+            if self.unknown_words == "nearest":
+                out[u] = {max(c, key=lambda w: (float(vectors[u] @ vectors[w]), w)): 1.0}
+            else:
+                out[u] = dict(zip(c, torch.softmax(cos / BLEND_TEMPERATURE, 0).tolist()))
+        return out
+
+    def backoff(self, texts: Sequence[str]) -> dict[str, str]:
+        """Unknown word -> the known word it reads as (the heaviest of a mix) in ``texts``; {} under "unk"."""
+        return {u: max(mix, key=lambda w: (mix[w], w)) for u, mix in self.backoff_weights(texts).items()}
+
+    def _mix_id(self, mix: dict[str, float]) -> int:
+        """The id past the vocabulary whose embedding is ``mix``'s weighted sum (one per distinct mix)."""
+        key = tuple(sorted(mix.items()))
+        if key not in self._mix_ids:
+            row = torch.zeros(len(self.vocab) + 2)
+            for w, weight in mix.items():
+                row[self.index[w]] = weight
+            self._mix_ids[key] = len(self.vocab) + 2 + len(self._mix_rows)
+            self._mix_rows.append(row)
+        return self._mix_ids[key]
 
     def prepare(self, texts: Sequence[str]) -> torch.Tensor:
         """texts (K strings) -> word ids (K, max_words) long, 0-padded; too-long instructions are an error."""
         rows = []
-        stands_for = self.backoff(texts)
+        reads_as = {u: (self.index[next(iter(mix))] if self.unknown_words == "nearest" else self._mix_id(mix))
+                    for u, mix in self.backoff_weights(texts).items()}
         for text in texts:
-            ids = [self.index.get(stands_for.get(w, w), UNK) for w in words_of(text)]
+            ids = [self.index.get(w, reads_as.get(w, UNK)) for w in words_of(text)]
             if not ids:
                 raise ValueError(f"instruction {text!r} has no words")
             if len(ids) > self.max_words:
@@ -113,10 +155,18 @@ class WordTokenEncoder(nn.Module):
             rows.append(ids + [PAD] * (self.max_words - len(ids)))
         return torch.tensor(rows, dtype=torch.long)
 
+    def word_vectors(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, L) -> (B, L, E): the learned embeddings, mixes (ids past the vocabulary) built from them."""
+        if not self._mix_rows:
+            return self.embed(ids)
+        table = self.embed.weight
+        table = torch.cat([table, torch.stack(self._mix_rows).to(table) @ table])
+        return F.embedding(ids, table, padding_idx=PAD)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, L) -> e (B, E)."""
         real = ids != PAD                                                    # (B, L)
-        h = self.layer(self.embed(ids) + self.pos[: ids.shape[1]], src_key_padding_mask=~real)  # (B, L, E)
+        h = self.layer(self.word_vectors(ids) + self.pos[: ids.shape[1]], src_key_padding_mask=~real)  # (B, L, E)
         h = (h * real[..., None]).sum(1) / real.sum(1, keepdim=True).clamp_min(1)            # (B, E)
         return self.norm(h)
 

@@ -53,7 +53,7 @@ class VLAConfig:
     vocab: tuple[str, ...] = ()          # the word encoder's vocabulary (from the instruction table)
     word_dim: int = 128
     max_words: int = 24
-    unknown_words: str = "unk"           # "unk" | "nearest": an unseen word's backoff (models/instruction.py)
+    unknown_words: str = "unk"           # "unk" | "nearest" | "blend": an unseen word's backoff (models/instruction.py)
     # --- tokens ------------------------------------------------------------------------------------
     d_model: int = 128
     tokens_per_frame: int = 8            # TokenLearner S (RT-1: 8)

@@ -218,6 +218,32 @@ def test_unknown_word_backoff_reads_a_new_colour_as_a_known_colour(monkeypatch):
     assert VLAConfig.from_dict(cfg.to_dict()).unknown_words == "nearest"
 
 
+def test_blend_backoff_mixes_near_ties_from_the_learned_word_vectors():
+    pytest.importorskip("wordllama")
+    vocab = build_vocabulary([f"go to the {c} cube" for c in ("red", "blue", "yellow", "green")])
+    table = [f"go to the {c} cube" for c in ("red", "blue", "yellow", "green", "gold", "orange")]
+    enc = WordTokenEncoder(vocab, dim=16, unknown_words="blend")
+    mix = enc.backoff_weights(table)
+    assert set(mix) == {"gold", "orange"} and set(mix["orange"]) == {"red", "blue", "yellow", "green"}
+    assert sum(mix["orange"].values()) == pytest.approx(1.0)
+    # wordllama puts orange as near red as yellow: the mix keeps both; gold is clearly yellow
+    assert 0.3 < mix["orange"]["red"] < 0.7 and 0.3 < mix["orange"]["yellow"] < 0.7
+    assert mix["gold"]["yellow"] > 0.95
+    assert enc.backoff(table) == {"gold": "yellow", "orange": max(mix["orange"], key=mix["orange"].get)}
+    ids = enc.prepare(table)
+    assert ids[4, 3] >= len(vocab) + 2 and ids[5, 3] >= len(vocab) + 2 and ids[4, 3] != ids[5, 3]
+    assert torch.equal(enc.prepare(table), ids)                       # the same mixes keep their ids
+    vectors = enc.word_vectors(ids)
+    expected = sum(w * enc.embed.weight[enc.index[c]] for c, w in mix["orange"].items())
+    assert torch.allclose(vectors[5, 3], expected, atol=1e-6)         # the weighted sum of learned vectors
+    assert torch.equal(vectors[:4], enc.embed(ids[:4]))               # known words read as before
+    (enc(ids[5:6]) * torch.arange(16.0)).sum().backward()             # the mix follows the learned vectors
+    assert float(enc.embed.weight.grad[enc.index["red"]].abs().sum()) > 0
+    nearest = WordTokenEncoder(vocab, dim=16, unknown_words="nearest")
+    assert nearest.backoff_weights(table)["gold"] == {"yellow": 1.0}
+    assert int(nearest.prepare(table).max()) < len(vocab) + 2         # nearest stays inside the vocabulary
+
+
 def test_wordllama_loads_offline_and_separates_targets(monkeypatch):
     pytest.importorskip("wordllama")
 
