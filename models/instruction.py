@@ -118,11 +118,11 @@ class WordTokenEncoder(nn.Module):
         vectors = dict(zip(wanted, torch.as_tensor(load_wordllama().embed(wanted, norm=True), dtype=torch.float32)))
         out = {}
         for u, c in candidates.items():
-            cos = torch.stack([vectors[u] @ vectors[w] for w in c])
+            cos = [float(vectors[u] @ vectors[w]) for w in c]
             if self.unknown_words == "nearest":
-                out[u] = {max(c, key=lambda w: (float(vectors[u] @ vectors[w]), w)): 1.0}
+                out[u] = {max(zip(cos, c))[1]: 1.0}               # a tie goes to the later word
             else:
-                out[u] = dict(zip(c, torch.softmax(cos / BLEND_TEMPERATURE, 0).tolist()))
+                out[u] = dict(zip(c, torch.softmax(torch.tensor(cos) / BLEND_TEMPERATURE, 0).tolist()))
         return out
 
     def backoff(self, texts: Sequence[str]) -> dict[str, str]:
