@@ -534,6 +534,31 @@ def test_gait_expert_walks_under_both_backends(device):
 
 @needs_warp
 @pytest.mark.slow
+@pytest.mark.parametrize("device", WARP_DEVICES)
+def test_gait_expert_collects_alike_under_both_backends(device, tmp_path):
+    """Issue 23: the expert's success and fall rates in collection under Warp equal mujoco_cpu's within
+    binomial noise (the same seeds and commands; trajectories part after a few dozen contact-rich steps,
+    so the runs are compared as samples, not step for step)."""
+    from quadforge.collection.collect import CollectConfig, collect_episodes
+    from quadforge.tools.results_report import two_proportion_z
+    n = 256
+    runs = {}
+    for backend in ("mujoco_cpu", "mujoco_warp"):
+        cfg = CollectConfig(out=str(tmp_path / backend), episodes=n, policy="gait", terrain="flat", num_envs=64,
+                            seed=0, backend=backend, warp=WarpConfig(device=device) if backend == "mujoco_warp" else None,
+                            progress=False).validate()
+        runs[backend] = collect_episodes(cfg, "main", n, compact=False)
+    cpu, warp = runs["mujoco_cpu"], runs["mujoco_warp"]
+    assert cpu["episodes"] == warp["episodes"] == n
+    assert cpu["successes"] > 0.7 * n and warp["successes"] > 0.7 * n, (cpu, warp)
+    falls = {b: r["reasons"].get("fall", 0) for b, r in runs.items()}
+    # p > 0.001: 3.3 standard errors apart would fail (1,024 episodes each measured p = 0.47 and 0.72)
+    assert two_proportion_z(cpu["successes"], n, warp["successes"], n)[1] > 1e-3, (cpu, warp)
+    assert two_proportion_z(falls["mujoco_cpu"], n, falls["mujoco_warp"], n)[1] > 1e-3, falls
+
+
+@needs_warp
+@pytest.mark.slow
 def test_rsl_rl_runner_trains_under_warp(tmp_path):
     from quadforge.experts.loaders import load_expert
     from quadforge.training.ppo import TrainExpertConfig, train
