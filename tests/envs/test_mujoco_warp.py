@@ -488,6 +488,17 @@ def test_buffer_overflow_is_reported_never_silent():
     t.close()
 
 
+def test_a_cube_face_is_handed_to_warp_as_mujoco_c_shows_it():
+    """The QUARD letters are stored turned for MuJoCo C's cube faces; the picture handed to MuJoCo Warp's
+    2D sampler is the upright glyph again (an asymmetric one, so any flip or quarter turn would show)."""
+    from quadforge.envs.backends.warp_camera import cube_face_as_shown
+    from quadforge.envs.quard.objects import letter_image
+    glyph = letter_image("f", 64)
+    stored = np.rot90(np.fliplr(np.flipud(glyph)), 1)          # how envs/quard/objects.py stores it
+    np.testing.assert_array_equal(cube_face_as_shown(stored), glyph)
+    assert not np.array_equal(glyph, np.fliplr(glyph)) and not np.array_equal(glyph, np.flipud(glyph))
+
+
 def _walk(backend: str, commands: list[list[float]], steps: int, device: str = "cpu"):
     from quadforge.envs.config import EnvConfig
     from quadforge.envs.vec_env import LeggedEnv
@@ -680,7 +691,7 @@ def test_warp_frames_look_like_the_cpu_cameras(device):
     white ground, 151 levels off on average, and the shipped VLA timed out where it succeeded on the CPU)."""
     from quadforge.envs.quard.camera import CameraConfig
     from quadforge.envs.quard.env import QuardConfig, QuardEnv
-    envs, frames = {}, {}
+    envs, frames, segs = {}, {}, {}
     for backend in ("mujoco_cpu", "mujoco_warp"):
         q = QuardConfig.make("quard:distinguish", num_envs=2, seed=4, images=False, backend=backend)
         q.env.backend.num_threads = 1
@@ -699,9 +710,15 @@ def test_warp_frames_look_like_the_cpu_cameras(device):
         cam.set_colour_geoms(e.scenes.colour_geoms, e.scenes.rgba)
         frames[k] = np.zeros((2, 64, 64, 3), np.uint8)
         cam.render(np.arange(2), frames[k])
+        segs[k] = np.stack([cam.segment(i) for i in range(2)])
         cam.close()
     diff = np.abs(frames["mujoco_cpu"].astype(float) - frames["mujoco_warp"].astype(float))
     assert diff.mean() < 6.0, diff.mean((0, 1, 2))            # measured 1.4 on Warp's CPU device
     assert np.percentile(diff.max(-1), 95) < 30, np.percentile(diff.max(-1), 95)   # edges may differ
+    # the letters themselves (cube textures): measured 14 levels off on the letter boxes' pixels; with
+    # the six stacked faces squeezed onto every box face (stripes, unreadable) it was 56
+    letters = np.concatenate([i.geom_ids for i in envs["mujoco_cpu"].library.instances if i.kind == "letter"])
+    on = np.isin(segs["mujoco_cpu"], letters) & np.isin(segs["mujoco_warp"], letters)
+    assert on.sum() >= 50 and diff[on].mean() < 20, (on.sum(), diff[on].mean())
     for e in envs.values():
         e.close()
