@@ -684,6 +684,10 @@ def test_train_overrides_reach_every_training_step_and_a_typo_fails_first(tmp_pa
     assert cli_main(["reproduce", "--stages", "quard", "--scale", "tiny", "--train-override", "batch_size=big",
                      "--out", str(tmp_path / "r")]) == 2
     assert "--train-override" in capsys.readouterr().err
+    # a model value is checked on the model config it builds, before any step runs
+    with pytest.raises(ValueError, match="--train-override.*unknown_words='closest'"):
+        QuardConfig(scale="tiny", train_overrides=("model.unknown_words=closest",)).validate()
+    QuardConfig(scale="tiny", train_overrides=("model.history=3", "model.unknown_words=nearest")).validate()
 
 
 def test_one_seed_cells_show_counts_and_a_wilson_interval():

@@ -211,13 +211,15 @@ class QuardConfig:
 
 def check_train_overrides(items: tuple[str, ...]) -> None:
     """Every ``--train-override`` is a ``key=value`` every Table III model's training config takes (checked on
-    each model's default config, so a typo fails before any step runs)."""
+    each model's default config, and ``model.*`` values on the model config they build, so a typo or a bad
+    value fails before any step runs, not after the demonstrations are collected)."""
     from quadforge.overrides import apply_overrides, parse_overrides
-    from quadforge.training.vla import default_config
+    from quadforge.training.vla import default_config, model_config
     try:
         parsed = parse_overrides(list(items))
         for model in MODEL_NAMES:
-            apply_overrides(default_config(model, "cpu"), dict(parsed))
+            cfg = apply_overrides(default_config(model, "cpu"), dict(parsed))
+            model_config(cfg, (64, 64), ["go to the red cube"])
     except ValueError as err:
         raise ValueError(f"--train-override: {err}") from err
 
