@@ -82,31 +82,31 @@ class WarpCamera:
         """Hand the renderer each one-image cube texture as its face, as MuJoCo C shows it (module doc)."""
         import mujoco
 
-        wp, registry, changed = self._wp, list(self.rc.textures_registry), False
-        for tex_id in np.flatnonzero(mjm.tex_type == mujoco.mjtTexture.mjTEXTURE_CUBE):
-            pixels = self._mjw_render_util().texture_pixels(mjm, int(tex_id))     # (6 w, w, channels)
-            w = pixels.shape[1]
-            faces = pixels.reshape(6, w, w, -1)
+        wp = self._wp
+        cubes = np.flatnonzero(mjm.tex_type == mujoco.mjtTexture.mjTEXTURE_CUBE)
+        if not len(cubes):
+            return
+        if not hasattr(self.rc, "textures_registry"):   # a MuJoCo Warp whose render context is laid out otherwise
+            warnings.warn("mujoco_warp camera: this MuJoCo Warp's render context has no textures_registry; "
+                          "cube textures are drawn as it samples them (six faces squeezed onto each face)")
+            return
+        registry = list(self.rc.textures_registry)
+        for tex_id in cubes:
+            adr, h, w, c = (int(a[tex_id]) for a in (mjm.tex_adr, mjm.tex_height, mjm.tex_width, mjm.tex_nchannel))
             name = mujoco.mj_id2name(mjm, mujoco.mjtObj.mjOBJ_TEXTURE, int(tex_id))
-            if not (faces == faces[:1]).all():
-                warnings.warn(f"mujoco_warp camera: cube texture {name!r} has six different faces; MuJoCo "
-                              f"Warp's renderer shows one 2D image per texture, so it draws them squeezed")
+            faces = mjm.tex_data[adr: adr + h * w * c].reshape(h // w, w, w, c) if adr >= 0 and h == 6 * w else None
+            if faces is None or not (faces == faces[:1]).all():
+                warnings.warn(f"mujoco_warp camera: cube texture {name!r} is not six copies of one face; MuJoCo "
+                              f"Warp's renderer shows one 2D image per texture, so it draws it squeezed")
                 continue
             face = cube_face_as_shown(faces[0]).astype(np.float32)
             k = w // FACE_TEXELS if w % FACE_TEXELS == 0 else 1
-            face = face.reshape(w // k, k, w // k, k, -1).mean((1, 3)) * FACE_BRIGHTNESS
+            face = face.reshape(w // k, k, w // k, k, c).mean((1, 3)) * FACE_BRIGHTNESS
             rgba = np.ones((w // k, w // k, 4), dtype=np.float32)
-            rgba[..., : face.shape[-1]] = face / 255.0
+            rgba[..., :c] = face[..., :4] / 255.0
             registry[tex_id] = wp.Texture2D(wp.array(rgba, dtype=float), filter_mode=wp.TextureFilterMode.LINEAR)
-            changed = True
-        if changed:
-            self.rc.textures_registry = registry
-            self.rc.textures = wp.array(registry, dtype=wp.Texture2D)
-
-    def _mjw_render_util(self):
-        from mujoco_warp._src import render_util
-
-        return render_util
+        self.rc.textures_registry = registry
+        self.rc.textures = wp.array(registry, dtype=wp.Texture2D)
 
     def set_colour_geoms(self, geom_ids: np.ndarray, env_rgba: np.ndarray) -> None:
         """Geoms whose colour is per env and the (N, G, 4) rgba every env gives them, kept by reference
