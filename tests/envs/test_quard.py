@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -460,3 +461,20 @@ def test_objects_stand_on_the_terrain_under_them_and_the_ball_rolls_over_it():
         check()
     finally:
         env.close()
+
+
+def test_a_glfw_mujoco_without_a_display_is_a_clear_error_not_an_abort():
+    """mujoco imported before quadforge with MUJOCO_GL unset chooses GLFW, whose renderer aborts the whole
+    process on a machine without a display; the camera says so first."""
+    import subprocess
+    import sys
+    code = ("import mujoco\n"
+            "from quadforge.envs.quard.camera import make_renderer\n"
+            "try:\n"
+            "    make_renderer(mujoco.MjModel.from_xml_string('<mujoco/>'), 8, 8)\n"
+            "except RuntimeError as err:\n"
+            "    print('ERROR', err)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ERROR QUARD camera" in out.stdout and "GLFW" in out.stdout and "MUJOCO_GL=egl" in out.stdout, out.stdout
