@@ -32,8 +32,9 @@ import torch
 
 CAMERA_NAME = "front"
 # How a one-image cube face is handed to MuJoCo Warp (module doc), chosen to match the CPU camera's frames:
-# MuJoCo C minifies a texture through OpenGL mipmaps where Warp samples it bilinearly, and Warp lights a
-# white face brighter (its pixels saturate). On distinguish scenes (4 worlds, Warp's CPU device) the
+# MuJoCo C minifies a texture through OpenGL mipmaps where Warp samples it bilinearly, and Warp draws a
+# textured face brighter (its pixels saturate; untextured objects agree within 1.2 levels on go_to,
+# go_through and go_avoid scenes, so only the texture path differs). On distinguish scenes (4 worlds, Warp's CPU device) the
 # letter pixels' mean difference from the CPU camera was 56 levels with the stacked faces, 33 with the
 # face alone, 12.7 with the face box-filtered to 16 texels and at 0.8 brightness (the best of 64 / 32 /
 # 16 texels x 0.75 / 0.8 / 0.85 / 1.0); the shipped VLA then reads distinguish's letters in 55 of 60
