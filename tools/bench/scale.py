@@ -90,6 +90,7 @@ VARIANTS = (("defaults", {}),
             ("solver 10 / 20", {"solver_iterations": 10, "ls_iterations": 20}),
             ("resets: step1", {"reset_recompute": "step1"}))
 BREAKDOWN = ("backend", "task", "resets", "resets: backend", "obs", "rest")
+BREAKDOWN_COLUMNS = tuple(f"ms/step: {k}" if k == "backend" else k for k in BREAKDOWN)
 
 
 def backend_rate_of(b, targets: torch.Tensor, steps: int, rounds: int, sync) -> tuple[float, float, int]:
@@ -115,7 +116,7 @@ def variant_table(num_envs: int, defaults: dict, steps: int, rounds: int, sync) 
     worlds' last substeps took (the mean, and the largest, which a GPU step waits for)."""
     table = Table(f"mujoco_warp options, {num_envs} worlds, Go1 rough terrain, zero actions",
                   ["variant", "env steps/s", "backend steps/s", "env/backend",
-                   *(f"ms/step: {k}" if k == "backend" else k for k in BREAKDOWN),
+                   *BREAKDOWN_COLUMNS,
                    "iterations mean", "iterations max", "overflowed worlds"])
     for label, options in VARIANTS:
         r = defaults if not options else measure_one("mujoco_warp", num_envs, steps, rounds, sync, **options)
@@ -185,7 +186,7 @@ def measure(sweeps: dict[str, list[int]], steps: int, rounds: int, records: dict
     records = {} if records is None else records
     table = Table(f"env steps/s vs worlds, Go1 rough terrain (mixed grid), warp device {_warp_device()}",
                   ["backend", "device", "worlds", "build s", "env steps/s", "backend steps/s", "env/backend",
-                   *(f"ms/step: {k}" if k == "backend" else k for k in BREAKDOWN),
+                   *BREAKDOWN_COLUMNS,
                    "buffers con/rows", "MB/world", "overflowed worlds"])
     for backend, counts in sweeps.items():
         for n in counts:
