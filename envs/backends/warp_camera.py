@@ -34,8 +34,8 @@ CAMERA_NAME = "front"
 # How a one-image cube face is handed to MuJoCo Warp (module doc), chosen to match the CPU camera's frames:
 # MuJoCo C minifies a texture through OpenGL mipmaps where Warp samples it bilinearly, and Warp draws a
 # textured face brighter (its pixels saturate; untextured objects agree within 1.2 levels on go_to,
-# go_through and go_avoid scenes, so only the texture path differs). On distinguish scenes (4 worlds, Warp's CPU device) the
-# letter pixels' mean difference from the CPU camera was 56 levels with the stacked faces, 33 with the
+# go_through and go_avoid scenes, so only the texture path differs). On distinguish scenes (4 worlds,
+# Warp's CPU device) the letter pixels' mean difference from the CPU camera was 56 levels with the stacked faces, 33 with the
 # face alone, 12.7 with the face box-filtered to 16 texels and at 0.8 brightness (the best of 64 / 32 /
 # 16 texels x 0.75 / 0.8 / 0.85 / 1.0); the shipped VLA then reads distinguish's letters in 55 of 60
 # episodes on Warp against 59 of 60 on the CPU (38 of 60 with the face alone).
@@ -95,7 +95,8 @@ class WarpCamera:
         for tex_id in cubes:
             adr, h, w, c = (int(a[tex_id]) for a in (mjm.tex_adr, mjm.tex_height, mjm.tex_width, mjm.tex_nchannel))
             name = mujoco.mj_id2name(mjm, mujoco.mjtObj.mjOBJ_TEXTURE, int(tex_id))
-            faces = mjm.tex_data[adr: adr + h * w * c].reshape(h // w, w, w, c) if adr >= 0 and h == 6 * w else None
+            stacked = adr >= 0 and h == 6 * w           # six square faces, stored one under another
+            faces = mjm.tex_data[adr: adr + h * w * c].reshape(6, w, w, c) if stacked else None
             if faces is None or not (faces == faces[:1]).all():
                 warnings.warn(f"mujoco_warp camera: cube texture {name!r} is not six copies of one face; MuJoCo "
                               f"Warp's renderer shows one 2D image per texture, so it draws it squeezed")
@@ -104,7 +105,7 @@ class WarpCamera:
             k = w // FACE_TEXELS if w % FACE_TEXELS == 0 else 1
             face = face.reshape(w // k, k, w // k, k, c).mean((1, 3)) * FACE_BRIGHTNESS
             rgba = np.ones((w // k, w // k, 4), dtype=np.float32)
-            rgba[..., :c] = face[..., :4] / 255.0
+            rgba[..., :c] = face / 255.0
             registry[tex_id] = wp.Texture2D(wp.array(rgba, dtype=float), filter_mode=wp.TextureFilterMode.LINEAR)
         self.rc.textures_registry = registry
         self.rc.textures = wp.array(registry, dtype=wp.Texture2D)

@@ -555,9 +555,9 @@ def test_gait_expert_collects_alike_under_both_backends(device, tmp_path):
     n = 256
     runs = {}
     for backend in ("mujoco_cpu", "mujoco_warp"):
+        warp = WarpConfig(device=device) if backend == "mujoco_warp" else None
         cfg = CollectConfig(out=str(tmp_path / backend), episodes=n, policy="gait", terrain="flat", num_envs=64,
-                            seed=0, backend=backend, warp=WarpConfig(device=device) if backend == "mujoco_warp" else None,
-                            progress=False).validate()
+                            seed=0, backend=backend, warp=warp, progress=False).validate()
         runs[backend] = collect_episodes(cfg, "main", n, compact=False)
     cpu, warp = runs["mujoco_cpu"], runs["mujoco_warp"]
     assert cpu["episodes"] == warp["episodes"] == n

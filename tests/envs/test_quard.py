@@ -474,7 +474,8 @@ def test_a_glfw_mujoco_without_a_display_is_a_clear_error_not_an_abort():
             "    make_renderer(mujoco.MjModel.from_xml_string('<mujoco/>'), 8, 8)\n"
             "except RuntimeError as err:\n"
             "    print('ERROR', err)\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")}
+    unset = ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ERROR QUARD camera" in out.stdout and "GLFW" in out.stdout and "MUJOCO_GL=egl" in out.stdout, out.stdout
