@@ -27,8 +27,8 @@ Buffers: contacts (``nconmax`` per world) and constraint rows (``njmax`` per wor
 construction. Warp flags a world whose contacts or rows did not fit (``Data.overflow``); this backend
 checks the flags after every step and never goes on silently: it raises ``WarpBufferOverflow`` naming
 the buffer to enlarge, or (``on_overflow="terminate"``) restores and flags those worlds like diverged
-ones. Host synchronisation: one scalar pair per step (the divergence/overflow flags) and two per reset
-(the id range, the input check); no state is copied to the host.
+ones. Host synchronisation: one scalar pair per step (the divergence/overflow flags) and one per reset
+(the id range and the inputs, checked together); no state is copied to the host.
 
 ``mujoco-warp`` is an optional dependency (``pip install quadforge[gpu]``); without it building this
 backend is a one-line ``ImportError`` that says so.
@@ -281,7 +281,7 @@ class MujocoWarpBackend(SceneBackend):
     def reset(self, env_ids: torch.Tensor, root_pos_w: torch.Tensor, root_quat_w: torch.Tensor,
               root_lin_vel_w: torch.Tensor, root_ang_vel_w: torch.Tensor,
               joint_pos: torch.Tensor, joint_vel: torch.Tensor) -> None:
-        ids = self._ids(env_ids)
+        ids = torch.as_tensor(env_ids).detach().to(self.device, torch.long).reshape(-1)
         k = ids.numel()
         parts = {"root_pos_w": (root_pos_w, 3), "root_quat_w": (root_quat_w, 4),
                  "root_lin_vel_w": (root_lin_vel_w, 3), "root_ang_vel_w": (root_ang_vel_w, 3),
@@ -294,14 +294,14 @@ class MujocoWarpBackend(SceneBackend):
             arr[name] = a
         quat = arr["root_quat_w"]
         norm = quat.norm(dim=1, keepdim=True)
-        # one host sync validates every input at once
-        finite = [torch.isfinite(a).all() for a in arr.values()]
-        ok = torch.stack(finite + [(norm >= 1e-9).all()]).tolist()
-        for good, name in zip(ok, list(parts) + ["norm"]):
-            if not good:
-                if name == "norm":
-                    raise ValueError("reset: root_quat_w rows must be non-zero (w, x, y, z) quaternions")
-                raise ValueError(f"reset: {name} holds non-finite values")
+        # One host sync checks the ids and every input (on a GPU each check's own sync would drain the
+        # queue): the ids' range, each input finite (a row-wise check over all of them at once), the
+        # quaternions non-zero. Only a failed check spends more, to say which.
+        rows = torch.cat(list(arr.values()), dim=1)
+        checks = torch.stack([((ids >= 0) & (ids < self.num_envs)).all(), torch.isfinite(rows).all(),
+                              (norm >= 1e-9).all()]).tolist() if k else [True, True, True]
+        if not all(checks):
+            self._reject_reset(ids, arr, checks)
         quat = quat / norm
         qpos = torch.cat([arr["root_pos_w"], quat, arr["joint_pos"][:, self._qpos_order]], dim=1)
         # a free joint's angular velocity lives in the body frame
@@ -485,6 +485,16 @@ class MujocoWarpBackend(SceneBackend):
             if m.sensor_needstage[i] == mujoco.mjtStage.mjSTAGE_ACC:
                 cols[m.sensor_adr[i]:m.sensor_adr[i] + m.sensor_dim[i]] = True
         return cols
+
+    def _reject_reset(self, ids: torch.Tensor, arr: dict[str, torch.Tensor], checks: list[bool]) -> None:
+        """The ValueError of a reset whose fused check failed (``reset``), naming the first bad input."""
+        ids_ok, finite_ok, _ = checks
+        if not ids_ok:
+            self._ids(ids)     # raises, naming the range
+        if not finite_ok:
+            bad = next(name for name, a in arr.items() if not bool(torch.isfinite(a).all()))
+            raise ValueError(f"reset: {bad} holds non-finite values")
+        raise ValueError("reset: root_quat_w rows must be non-zero (w, x, y, z) quaternions")
 
     def _ids(self, env_ids: torch.Tensor) -> torch.Tensor:
         ids = torch.as_tensor(env_ids).detach().to(self.device, torch.long).reshape(-1)

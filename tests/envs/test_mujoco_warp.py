@@ -453,6 +453,38 @@ def test_masked_reset_push_and_divergence_touch_only_their_worlds():
 
 @needs_warp
 @pytest.mark.slow
+def test_a_reset_checks_everything_in_one_sync_and_a_bad_one_names_its_input_and_changes_nothing(monkeypatch):
+    """On a GPU every host read drains the device's queue, so a reset reads back once: the ids' range, the
+    inputs' finiteness and the quaternions together. A failed check still names what is wrong."""
+    b = make_backend("mujoco_warp", BackendConfig(num_envs=3, warp=WarpConfig(device="cpu")))
+    st = b.state
+    ids = torch.tensor([0, 2])
+    good = dict(root_pos_w=torch.tensor([[0.0, 0.0, 0.4], [1.0, 0.0, 0.4]]), root_quat_w=torch.tensor([[1.0, 0, 0, 0]] * 2),
+                root_lin_vel_w=torch.zeros(2, 3), root_ang_vel_w=torch.zeros(2, 3),
+                joint_pos=torch.tensor(b.robot.default_joint_pos, dtype=torch.float32).repeat(2, 1),
+                joint_vel=torch.zeros(2, 12))
+    reads = []
+    for name in ("tolist", "item", "__bool__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name: (reads.append(_n), _o(self, *a))[1])
+    b.reset(ids, **good)
+    assert reads == ["tolist"]
+    monkeypatch.undo()
+    torch.testing.assert_close(st.root_pos_w[ids], good["root_pos_w"])
+    before = _snapshot(st)
+    bad_inputs = [(torch.tensor([0, 3]), {}, "env_ids must lie in [0, 3), got min 0 max 3"),
+                  (ids, {"joint_vel": torch.tensor([[float("nan")] + [0.0] * 11] * 2)}, "joint_vel holds non-finite"),
+                  (ids, {"root_quat_w": torch.zeros(2, 4)}, "root_quat_w rows must be non-zero")]
+    for bad_ids, change, message in bad_inputs:
+        with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+            b.reset(bad_ids, **{**good, **change})
+    for name, t in _snapshot(st).items():
+        torch.testing.assert_close(t, before[name], msg=name)
+    b.close()
+
+
+@needs_warp
+@pytest.mark.slow
 @needs_warp
 def test_measured_buffers_fit_32k_rough_worlds_in_a_fraction_of_80_gb():
     """Device memory per world (Warp's Data arrays, measured, plus the convex-collision workspace each
