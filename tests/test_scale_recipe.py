@@ -89,6 +89,45 @@ def test_the_step_breakdown_restores_the_env_and_counts_resets():
     env.close()
 
 
+@pytest.mark.parametrize("variant", ["defaults", "no self-collision", "no hip rotors", "flat ground"])
+def test_the_warp_profile_scene_stands_and_its_variants_change_only_what_collides(variant):
+    """bench warp_profile hands MuJoCo Warp's testspeed a standing robot: zero controls hold the
+    default pose (MuJoCo C here), only the feet touch the ground, and the variants touch no dynamics."""
+    import mujoco
+    import numpy as np
+    from quadforge.envs.robots import get_robot
+    from quadforge.tools.bench.warp_profile import standing_scene
+    m, ref = standing_scene(variant), standing_scene("flat ground" if variant == "flat ground" else "defaults")
+    assert np.array_equal(m.actuator_biasprm, ref.actuator_biasprm) and np.array_equal(m.body_mass, ref.body_mass)
+    robot_geoms = m.geom_bodyid > 0
+    if variant == "no self-collision":   # every robot geom still meets the ground, never another robot geom
+        ct, ca = m.geom_contype[robot_geoms], m.geom_conaffinity[robot_geoms]
+        assert ((ct[:, None] & ca[None, :]) == 0).all() and ((ct & 1) | (ca & 1)).all()
+    if variant == "no hip rotors":
+        cyl = m.geom_type == mujoco.mjtGeom.mjGEOM_CYLINDER
+        assert cyl.sum() == 4 and (m.geom_contype[cyl] == 0).all() and (m.geom_contype[~cyl & robot_geoms] > 0).all()
+    d = mujoco.MjData(m)
+    mujoco.mj_resetData(m, d)
+    for _ in range(400):                 # 2 s: the drop, the fold into the default pose, standing
+        mujoco.mj_step(m, d)
+    robot = get_robot("go1")
+    q0, ground_z = np.asarray(robot.default_joint_pos), m.qpos0[2] - (robot.thigh_length + robot.calf_length
+                                                                       + robot.foot_radius + 0.05)
+    assert d.xmat[1][8] > 0.98 and d.qpos[2] - ground_z > 0.2 and np.abs(d.qvel).max() < 0.05
+    # the default pose, the calves sagging under the weight (PD targets, no feed-forward: 0.2-0.4 rad)
+    assert np.abs(d.qpos[7:] - q0).max() < 0.5
+    feet = {mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, f"{leg}_foot") for leg in ("FR", "FL", "RR", "RL")}
+    touching = {int(g) for g in d.contact.geom[: d.ncon].ravel()} - {0}
+    assert d.ncon >= 4 and touching <= feet
+
+
+def test_bench_warp_profile_says_it_needs_a_gpu(capsys):
+    from quadforge.tools.bench import warp_profile
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the benchmark would measure")
+    assert warp_profile.main(quick=True) == 0
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+
 
 def test_ray_actors_ask_for_a_gpu_only_when_their_physics_runs_on_cuda():
     from quadforge.collection.collect import CollectConfig

@@ -13,7 +13,7 @@
 # (later calls on the same warm machine, within its 30 s idle window: carry [".gpu/unpack.sh"], command
 #  `QF_REINSTALL=1 bash .gpu/unpack.sh && GPU_CHECK_STAGES="..." bash tools/gpu_check.sh`).
 #
-# Stages (GPU_CHECK_STAGES, default "warm tests scale ppo quard 16384 32768"), in this order:
+# Stages (GPU_CHECK_STAGES, default "warm tests scale profile vla_eval quard ppo 16384 32768"), in this order:
 #   warm     MuJoCo Warp's kernels compile cold in ~4-5 min when one process builds flat, rough and the
 #            QUARD scene in turn (H100, 2026-11-26). Here three processes compile them side by side
 #            (16 cores; Warp's kernel cache is shared), beside the trainers' GPU tests (torch only, ~40 s),
@@ -24,19 +24,26 @@
 #            QUARD scene on Warp equal to mujoco_cpu's: object poses, contact sensor, target pixels)
 #   scale    bench scale --num-envs 4096: env and backend-only steps/s, env/backend, where a step goes,
 #            buffers and memory per world, and the options table (solver 10/20, resets: step1)
+#   profile  bench warp_profile: GPU time per MuJoCo Warp function of one physics step at 4096 worlds
+#            (MuJoCo Warp's testspeed, event trace), the scene as is and with collision variants
+#   vla_eval the shipped VLA (experts/checkpoints/vla_rt1.pt) evaluated on Warp on CUDA, quard:all, 20
+#            episodes per family, seed 7: the same command gave 95 of 100 on mujoco_cpu and 88 on Warp's
+#            CPU device (docs/scale.md)
 #   ppo      train-expert --preset legged_gym on flat ground, 4096 envs on Warp, networks on CUDA, for
 #            GPU_CHECK_PPO_S (default 150) seconds: iteration time and the reward's climb (rsl_rl's log);
-#            GPU_CHECK_PPO_FLAGS adds flags (e.g. "--warp-solver-iterations 10 --warp-ls-iterations 20")
+#            GPU_CHECK_PPO_FLAGS adds flags (e.g. "--warp-solver-iterations 10 --warp-ls-iterations 20"; "auto":
+#            the reset recompute that measured faster in this machine's scale stage)
 #   ppo_rough  (not default) the same on legged_gym's mixed terrain with its curriculum, for
 #            GPU_CHECK_PPO_ROUGH_S (default 420) seconds: Curriculum/level/mean against time
 #   quard    bench quard_gpu --quick: QUARD on Warp with the batch renderer, VLA training samples/s
 #   16384, 32768   bench scale --num-envs N: the large world counts
-# Only the GPU's measuring stages run one at a time; compiles overlap. Times on an H100 (2026-11-27,
+# Only the GPU's measuring stages run one at a time; compiles overlap.
+# At most 8 files come back per call: summary.txt, pytest_train.txt, pytest_warp.txt, scale_4096.txt,
+# profile.txt, vla_eval.txt, quard_gpu.txt (or ppo.txt / ppo_rough.txt in a call that runs them) and one
+# JSON bundle (json.tar) holding every stage's JSON and the warmers' log. Times on an H100 (2026-11-27,
 # docs/scale.md): warm and tests 187 s together (cold), scale 25 s, ppo its limit, quard 28 s, 16384 27 s,
-# 32768 29 s: the default stages took 459 s, so a second call on the warm machine can run
-# GPU_CHECK_STAGES="ppo" with a longer GPU_CHECK_PPO_S (310 s gave a walking flat policy). At most 8 files come back from
-# $OUT per call: summary.txt, warm.txt, pytest_train.txt, pytest_warp.txt, scale_4096.txt, ppo.txt,
-# quard_gpu.txt and one JSON bundle (json.tar) holding every stage's JSON.
+# 32768 29 s: those stages took 459 s, so a second call on the warm machine can run
+# GPU_CHECK_STAGES="ppo" with a longer GPU_CHECK_PPO_S (310 s gave a walking flat policy).
 set -uo pipefail
 proj=$(pwd)
 out=${OUT:-/tmp/gpu_check_out}
@@ -63,7 +70,7 @@ python3 -c "import pytest" 2>/dev/null || log "pytest is not installed here: add
 pytest_gpu() {   # pytest -m gpu over the given test modules, the project's ini, no cache
   python3 -m pytest "$@" -m gpu -v -rs -p no:cacheprovider --rootdir="$proj" -c "$proj/pyproject.toml"
 }
-stages=" ${GPU_CHECK_STAGES:-warm tests scale ppo quard 16384 32768} "
+stages=" ${GPU_CHECK_STAGES:-warm tests scale profile vla_eval quard ppo 16384 32768} "
 want() { [[ "$stages" == *" $1 "* ]]; }
 
 # builds one scene on cuda:0 and steps it through captures and resets, so its kernels land in the cache
@@ -97,7 +104,7 @@ warmers=()
 if want warm; then
   for scene in mixed quard; do
     log "warm: compiling $scene's kernels (background)"
-    timeout "$(limit 330)" python3 -c "$warm_py" "$scene" >> "$out/warm.txt" 2>&1 &
+    timeout "$(limit 330)" python3 -c "$warm_py" "$scene" >> /tmp/gpu_check_json/warm.txt 2>&1 &
     warmers+=($!)
   done
 fi
@@ -120,7 +127,19 @@ if want scale; then
   scale 4096 150
   cp /tmp/gpu_check_json/scale_4096.txt "$out/"
 fi
+# GPU_CHECK_PPO_FLAGS=auto: the reset recompute (forward or step1) whose env steps/s was higher in this
+# machine's scale stage (its options table), so PPO runs with what measured faster here
+pick_reset() {
+  python3 - <<'PY' 2>/dev/null || true
+import json
+t = json.load(open("/tmp/gpu_check_json/scale_4096.json"))["tables"]
+rows = {r["variant"]: r["env steps/s"] for title, rs in t.items() if title.startswith("mujoco_warp options") for r in rs}
+if rows.get("resets: step1", 0) > rows.get("defaults", float("inf")):
+    print("--warp-reset-recompute step1")
+PY
+}
 ppo() {   # PPO, legged_gym preset, 4096 envs on Warp, terrain $1, for at most $2 seconds, rsl_rl's log to $3
+  [ "${GPU_CHECK_PPO_FLAGS:-}" = auto ] && GPU_CHECK_PPO_FLAGS=$(pick_reset)
   log "ppo: legged_gym preset, $1 terrain, 4096 envs on Warp ${GPU_CHECK_PPO_FLAGS:-} (limit $(limit "$2") s)"
   # shellcheck disable=SC2086
   timeout "$(limit "$2")" python3 -m quadforge.tools.cli train-expert --preset legged_gym \
@@ -128,6 +147,19 @@ ppo() {   # PPO, legged_gym preset, 4096 envs on Warp, terrain $1, for at most $
     --num-threads "$(nproc)" --out "/tmp/gpu_check_ppo_$1" --overwrite ${GPU_CHECK_PPO_FLAGS:-} > "$3" 2>&1
   log "ppo $1 exit $? ($(grep -c 'Learning iteration' "$3") iterations logged)"
 }
+if want profile; then
+  log "profile: bench warp_profile (limit $(limit 240) s)"
+  timeout "$(limit 240)" python3 -m quadforge.tools.cli bench warp_profile \
+    --json /tmp/gpu_check_json/warp_profile.json > "$out/profile.txt" 2>&1
+  log "profile exit $? ($(grep -m1 '| defaults' "$out/profile.txt" || tail -1 "$out/profile.txt"))"
+fi
+if want vla_eval; then
+  log "vla_eval: the shipped VLA on Warp on CUDA, quard:all 20 per family, seed 7 (limit $(limit 180) s)"
+  timeout "$(limit 180)" python3 -m quadforge.tools.cli eval --task quard:all \
+    --policy "$proj/experts/checkpoints/vla_rt1.pt" --colours train --episodes-per-cell 20 --num-envs 20 \
+    --seed 7 --backend mujoco_warp --warp-device cuda:0 --out /tmp/gpu_check_json/vla_eval > "$out/vla_eval.txt" 2>&1
+  log "vla_eval exit $? ($(tail -1 "$out/vla_eval.txt"))"
+fi
 want ppo && ppo flat "${GPU_CHECK_PPO_S:-150}" "$out/ppo.txt"
 # the rough curriculum (Curriculum/level/mean in rsl_rl's log); not a default stage: its kernels are
 # rough's (warm), and issue 23's 20 minutes do not fit a session's 15, so it shows progress per minute

@@ -20,6 +20,7 @@ BENCHMARKS = {
     "quard_gpu": "quadforge.tools.bench.quard_gpu",
     "vla": "quadforge.tools.bench.vla",
     "vla_closed_loop": "quadforge.tools.bench.vla_closed_loop",
+    "warp_profile": "quadforge.tools.bench.warp_profile",
 }
 
 # dest -> argparse keywords of the flags only some benchmarks take (default None: the benchmark's own)
@@ -28,7 +29,7 @@ BENCHMARK_FLAGS: dict[str, dict] = {
                    help="vla_closed_loop: a policy checkpoint to evaluate (repeatable)"),
     "episodes": dict(type=int, help="vla_closed_loop: episodes per family and evaluation (default 100; --quick 2)"),
     "num_envs": dict(type=int, metavar="N", help="vla_closed_loop: envs stepped as one batch (default 16; --quick 2); "
-                                                 "scale: mujoco_warp at this many worlds alone"),
+                                                 "scale: mujoco_warp at this many worlds alone; warp_profile: worlds (default 4096)"),
     "task": dict(help="vla_closed_loop: quard:all (default) or quard:<family>"),
     "workers": dict(type=int, help="vla_closed_loop: evaluations run in this many processes (one per core; default 1)"),
     "seed": dict(type=int, help="vla_closed_loop: root seed of every evaluation's scenes (default 0): another seed, "
@@ -50,7 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "training samples/s on the GPU (Warp's CPU device without one); "
                              "vla: vision-language-action acting latency, training throughput and image-window sampling (uniform vs stream); "
                              "vla_closed_loop: QUARD success per family of --policy checkpoints beside the "
-                             "privileged expert (seen / held-out colours, swapped instructions)")
+                             "privileged expert (seen / held-out colours, swapped instructions); "
+                             "warp_profile: GPU time per MuJoCo Warp function of one physics step of the Go1 rough "
+                             "scene, with collision variants (CUDA only)")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (about a minute)")
     add_json(parser, "the results")
     # the flags some benchmarks take (each module lists the ones it takes in OPTIONS; the others refuse them)
