@@ -65,7 +65,11 @@ def make_renderer(model: mujoco.MjModel, height: int, width: int):
     """``mujoco.Renderer`` with the project's fast settings; a clear error naming MUJOCO_GL on failure."""
     # MUJOCO_GL is read when mujoco is first imported; quadforge/__init__.py defaults it to "egl"
     display = os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
-    if mujoco.GLContext.__module__ == "mujoco.glfw" and not display:
+    context = getattr(mujoco, "GLContext", None)
+    if context is None:
+        # MUJOCO_GL=disable (e.g. a GPU machine rendering through MuJoCo Warp only): mujoco has no GL context
+        raise gl_error(RuntimeError("mujoco was imported without OpenGL (no mujoco.GLContext)"))
+    if context.__module__ == "mujoco.glfw" and not display:
         # GLFW without a display aborts the whole process (no exception to catch): say why first
         raise gl_error(RuntimeError("mujoco chose GLFW, which needs a display: it was imported before "
                                     "quadforge with MUJOCO_GL unset"))

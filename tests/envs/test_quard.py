@@ -479,3 +479,20 @@ def test_a_glfw_mujoco_without_a_display_is_a_clear_error_not_an_abort():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ERROR QUARD camera" in out.stdout and "GLFW" in out.stdout and "MUJOCO_GL=egl" in out.stdout, out.stdout
+
+
+def test_a_mujoco_without_opengl_is_a_clear_error():
+    """MUJOCO_GL=disable (how the GPU machine runs: frames come from MuJoCo Warp's renderer) leaves mujoco
+    without a GL context; the CPU camera says so by name (an H100 run met an AttributeError here)."""
+    import subprocess
+    import sys
+    code = ("import mujoco\n"
+            "from quadforge.envs.quard.camera import make_renderer\n"
+            "try:\n"
+            "    make_renderer(mujoco.MjModel.from_xml_string('<mujoco/>'), 8, 8)\n"
+            "except RuntimeError as err:\n"
+            "    print('ERROR', err)\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MUJOCO_GL": "disable"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ERROR QUARD camera" in out.stdout and "MUJOCO_GL='disable'" in out.stdout, out.stdout
