@@ -134,8 +134,8 @@ pick_reset() {
 import json
 t = json.load(open("/tmp/gpu_check_json/scale_4096.json"))["tables"]
 rows = {r["variant"]: r["env steps/s"] for title, rs in t.items() if title.startswith("mujoco_warp options") for r in rs}
-if rows.get("resets: step1", 0) > rows.get("defaults", float("inf")):
-    print("--warp-reset-recompute step1")
+if "resets: step1" in rows and "resets: forward" in rows:
+    print("--warp-reset-recompute", "step1" if rows["resets: step1"] >= rows["resets: forward"] else "forward")
 PY
 }
 ppo() {   # PPO, legged_gym preset, 4096 envs on Warp, terrain $1, for at most $2 seconds, rsl_rl's log to $3

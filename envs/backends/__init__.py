@@ -106,10 +106,10 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mujoco_warp: Newton iterations per physics step (default: the scene's, 100)")
     parser.add_argument("--warp-ls-iterations", type=int, default=None,
                         help="mujoco_warp: line-search iterations per Newton step (default: the scene's, 50)")
-    parser.add_argument("--warp-reset-recompute", default="forward", choices=list(RESET_RECOMPUTE),
+    parser.add_argument("--warp-reset-recompute", default=None, choices=list(RESET_RECOMPUTE),
                         help="mujoco_warp: what a reset recomputes for the reset worlds: forward (every sensor, as "
                              "mujoco_cpu) or step1 (poses and velocities; contact forces and torques read zero "
-                             "until the next step)")
+                             "until the next step); default: step1 on a GPU, forward on Warp's CPU device")
 
 
 def backend_from_args(args: argparse.Namespace) -> tuple[str, WarpConfig]:
@@ -119,4 +119,4 @@ def backend_from_args(args: argparse.Namespace) -> tuple[str, WarpConfig]:
         njmax=getattr(args, "warp_njmax", None),
         solver_iterations=getattr(args, "warp_solver_iterations", None),
         ls_iterations=getattr(args, "warp_ls_iterations", None),
-        reset_recompute=getattr(args, "warp_reset_recompute", "forward"))
+        reset_recompute=getattr(args, "warp_reset_recompute", None))

@@ -56,8 +56,11 @@ class WarpConfig:
     # "step1": the position and velocity stages only (kinematics, collision, pose and velocity sensors);
     # the reset worlds' acceleration-stage readouts (contact forces, joint torques) read zero until their
     # next step. The next step's physics is the same either way (its step2 recomputes what forward would
-    # have); resets were 6.9 of 26.5 ms of a step at 4096 worlds on an H100, so this is for the GPU.
-    reset_recompute: str = "forward"
+    # have). None picks by device: "step1" on a GPU, where an H100 measured the reset's forward of every
+    # world at 4.0 ms of a 28 ms env step at 4096 worlds against 2.3 ms for step1 (env 144k -> 162k
+    # steps/s, PPO's iteration 0.76 -> 0.60 s; docs/scale.md); "forward" on Warp's CPU device, whose
+    # readout then equals mujoco_cpu's mj_forward at a reset (tests, development).
+    reset_recompute: str | None = None
 
 
 @dataclass

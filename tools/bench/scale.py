@@ -7,8 +7,10 @@ zero actions, and the backend's own step alone. Reported: env steps/s = policy s
 second (median over rounds), and the build time of each backend (for ``mujoco_warp`` the first build
 in this process, which loads MuJoCo Warp's kernels from Warp's kernel cache).
 
-Also reported: env/backend (the env layer's share: 1 - env/backend of a step goes to observations,
-rewards, terminations, resets, curriculum, randomisation and command resampling), where a step's time
+Also reported: env/backend (env steps/s over the backend stepped alone: 1 - env/backend of a step goes
+to observations, rewards, terminations, resets, curriculum, randomisation and command resampling), the
+backend's share of an env step measured in one loop (``step_breakdown``; the backend-alone loop runs
+without resets, so its robots' state, and rate, drift from the env's: read both), where a step's time
 goes (``step_breakdown``: milliseconds per step in the backend, the task's rewards and terminations, the
 resets, the observation build and the rest, each timed between device synchronisations) and, for
 ``mujoco_warp``, its buffers (contacts / constraint rows per world, measured from the scene) and device
@@ -84,10 +86,12 @@ def cold_compile_seconds(device: str) -> tuple[float, float]:
 # the Warp options measured against the defaults at the first world count (``variant_table``): the
 # constraint solver's budget (Newton, line search) at mjlab's velocity tasks' 10 / 20 instead of the
 # scene's (MuJoCo's 100 / 50): on a GPU one graph-conditional loop runs until the slowest world
-# converges; and resets recomputing the position and velocity stages only (``reset_recompute="step1"``):
-# resets were the largest part of a step above the physics on an H100
+# converges; and what a reset recomputes, MuJoCo's whole forward or the position and velocity stages
+# only (``reset_recompute``; the default is step1 on a GPU, forward on Warp's CPU device, so one of the
+# two rows repeats the defaults): resets were the largest part of a step above the physics on an H100
 VARIANTS = (("defaults", {}),
             ("solver 10 / 20", {"solver_iterations": 10, "ls_iterations": 20}),
+            ("resets: forward", {"reset_recompute": "forward"}),
             ("resets: step1", {"reset_recompute": "step1"}))
 BREAKDOWN = ("backend", "task", "resets", "resets: backend", "obs", "rest")
 BREAKDOWN_COLUMNS = tuple(f"ms/step: {k}" if k == "backend" else k for k in BREAKDOWN)
@@ -115,12 +119,13 @@ def variant_table(num_envs: int, defaults: dict, steps: int, rounds: int, sync) 
     measured by the sweep): env and backend-only steps/s, where a step goes, and the Newton iterations the
     worlds' last substeps took (the mean, and the largest, which a GPU step waits for)."""
     table = Table(f"mujoco_warp options, {num_envs} worlds, Go1 rough terrain, zero actions",
-                  ["variant", "env steps/s", "backend steps/s", "env/backend",
+                  ["variant", "env steps/s", "backend steps/s", "env/backend", "backend share",
                    *BREAKDOWN_COLUMNS,
                    "iterations mean", "iterations max", "overflowed worlds"])
     for label, options in VARIANTS:
         r = defaults if not options else measure_one("mujoco_warp", num_envs, steps, rounds, sync, **options)
-        table.add(label, r["env"], r["backend_rate"], r["env"] / r["backend_rate"], *(r[k] for k in BREAKDOWN),
+        table.add(label, r["env"], r["backend_rate"], r["env"] / r["backend_rate"], r["share"],
+                  *(r[k] for k in BREAKDOWN),
                   r["niter_mean"], r["niter_max"], r["overflowed"])
     return table
 
@@ -174,6 +179,11 @@ def measure_one(backend: str, n: int, steps: int, rounds: int, sync, **warp_opti
          "niter_max": niter_max, **step_breakdown(env, zeros, steps, sync),
          "device": str(b.device) if backend == "mujoco_warp" else f"cpu x{b.num_threads} threads",
          "buffers": "-", "mb": float("nan"), "overflowed": "-"}
+    # the backend's share of one env step, both from the same loop (step_breakdown). env/backend divides by
+    # the backend stepped alone afterwards, where nobody resets: fallen robots lie on the ground with more
+    # contacts, so on an H100 that rate moved with the world's state (a capped solver's row read 0.94
+    # while its backend took the same 14.1 ms per step as the defaults' 0.72)
+    r["share"] = r["backend"] / sum(r[k] for k in ("backend", "task", "resets", "obs", "rest"))
     if backend == "mujoco_warp":
         r.update(buffers=f"{b.nconmax}/{b.njmax}", mb=b.memory_per_world()["total"] / 1e6, overflowed=b.num_overflow)
     env.close()
@@ -186,13 +196,14 @@ def measure(sweeps: dict[str, list[int]], steps: int, rounds: int, records: dict
     records = {} if records is None else records
     table = Table(f"env steps/s vs worlds, Go1 rough terrain (mixed grid), warp device {_warp_device()}",
                   ["backend", "device", "worlds", "build s", "env steps/s", "backend steps/s", "env/backend",
+                   "backend share",
                    *BREAKDOWN_COLUMNS,
                    "buffers con/rows", "MB/world", "overflowed worlds"])
     for backend, counts in sweeps.items():
         for n in counts:
             r = records[(backend, n)] = measure_one(backend, n, steps, rounds, device_sync)
             table.add(backend, r["device"], n, round(r["build"], 2), r["env"], r["backend_rate"],
-                      r["env"] / r["backend_rate"], *(r[k] for k in BREAKDOWN), r["buffers"], r["mb"],
+                      r["env"] / r["backend_rate"], r["share"], *(r[k] for k in BREAKDOWN), r["buffers"], r["mb"],
                       r["overflowed"])
             print(f"  {backend} {n} worlds: env {r['env']:.0f} steps/s, backend {r['backend_rate']:.0f}", flush=True)
     return table
