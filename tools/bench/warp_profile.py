@@ -100,7 +100,7 @@ def scene_buffers(terrain: str) -> tuple[int, int]:
 def run_testspeed(model_path: str, nworld: int, nstep: int, buffers: tuple[int, int],
                   timeout_s: float = 300) -> dict:
     """MuJoCo Warp's testspeed on ``model_path`` with the backend's buffers: its JSON metrics and
-    flattened event trace (microseconds per world and step)."""
+    flattened event trace (nanoseconds per world and step: testspeed scales CUDA events' milliseconds by 1e6 / (steps x worlds))."""
     cmd = [sys.executable, "-m", "mujoco_warp.testspeed", model_path, f"--nworld={nworld}", f"--nstep={nstep}",
            f"--nconmax={buffers[0]}", f"--njmax={buffers[1]}",
            "--event_trace=true", "--format=json", "--overflow_behavior=continue"]
@@ -111,12 +111,12 @@ def run_testspeed(model_path: str, nworld: int, nstep: int, buffers: tuple[int, 
 
 
 def function_table(records: dict[str, dict], nworld: int) -> Table:
-    """µs per world and physics step of each traced function (nested at most ``TRACE_DEPTH`` deep), one
+    """ns per world and physics step of each traced function (nested at most ``TRACE_DEPTH`` deep), one
     column per variant, in the trace's order."""
     keys: list[str] = []
     for r in records.values():
         keys += [k for k in r if k not in METRICS and k.count(".") <= TRACE_DEPTH and k not in keys]
-    table = Table(f"MuJoCo Warp event trace, {nworld} worlds: µs per world and physics step",
+    table = Table(f"MuJoCo Warp event trace, {nworld} worlds: ns per world and physics step",
                   ["function", *records])
     for k in keys:
         table.add(k, *(r.get(k, float("nan")) for r in records.values()))
@@ -130,7 +130,7 @@ def main(quick: bool = False, json_path: str | None = None, num_envs: int | None
     nworld = num_envs or 4096
     nstep = 100 if quick else 400
     table = Table(f"MuJoCo Warp physics step, Go1 rough scene standing, {nworld} worlds, {nstep} steps "
-                  f"(µs per world and physics step; event trace)",
+                  f"(ns per world and physics step; event trace)",
                   ["variant", "buffers con/rows", "physics steps/s", "policy steps/s (4 substeps)", "contacts/world",
                    "rows (largest world)", "Newton its"])
     records = {}
