@@ -12,7 +12,9 @@ A policy step is split so that the state the caller reads is current without an 
 
 which is the same arithmetic as ``decimation`` calls of ``mj_step``. After it, poses and velocities
 (``sensordata``'s position/velocity sensors) describe the state after the step; joint torques and
-contact forces (acceleration-stage sensors) are those that acted during the last substep.
+contact forces (acceleration-stage sensors) are those that acted during the last substep. The calls
+before the last ``mj_step`` skip the sensors (a sensor-less copy of the env's model,
+``common.without_sensors``): nothing reads them, and the state is bit for bit the same.
 
 The readout is one ``sensordata`` row per env copied into a preallocated (N, S) float64 array; every
 ``RobotState`` field is a float32 tensor sharing memory with a preallocated numpy array, refreshed in
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 
 from quadforge.envs.backends.base import BackendConfig, RobotState
-from quadforge.envs.backends.common import FOOT_CONTACT_FORCE, MAX_ABS_STATE, SceneBackend
+from quadforge.envs.backends.common import FOOT_CONTACT_FORCE, MAX_ABS_STATE, SceneBackend, without_sensors
 from quadforge.envs.backends.env_pool import EnvPool
 from quadforge.layout import NUM_FEET, NUM_JOINTS
 from quadforge.envs.scene import TRACKED
@@ -61,6 +63,11 @@ class MujocoCpuBackend(SceneBackend):
         self._setup_scene(cfg, torch.device("cpu"))
         self.num_threads = min(threads, self.num_envs)
         self.models = [self.variants.models[v] for v in self.variants.env_variant]
+        # the substeps whose sensors nobody reads step with a sensor-less copy of their variant
+        # (common.without_sensors says why); ``sensors_every_substep`` turns that off (benchmarks, tests)
+        quiet = [without_sensors(m) for m in self.variants.models]
+        self._quiet_models = [quiet[v] for v in self.variants.env_variant]
+        self.sensors_every_substep = False
         self.datas = [mujoco.MjData(m) for m in self.models]
         # cached numpy views of each env's MjData (a fresh attribute lookup per step costs more)
         self._ctrl_views = [d.ctrl for d in self.datas]
@@ -209,15 +216,21 @@ class MujocoCpuBackend(SceneBackend):
     def _step_envs(self, envs: Iterator[int]) -> None:
         """Step every env drawn from ``envs`` (shared with the other threads) and copy out its readout."""
         models, datas, ctrl, sens, targets = self.models, self.datas, self._ctrl_views, self._sens_views, self._targets
+        quiet_models = self.models if self.sensors_every_substep else self._quiet_models
         extra = self.decimation - 1
         step1, step2, step = mujoco.mj_step1, mujoco.mj_step2, mujoco.mj_step
         out = self._sens
         for i in envs:
             m, d = models[i], datas[i]
             ctrl[i][:] = targets[i]
-            step2(m, d)
-            if extra:
-                step(m, d, extra)
+            if extra:   # only the last full step and step1 compute sensors (common.without_sensors)
+                quiet = quiet_models[i]
+                step2(quiet, d)
+                if extra > 1:
+                    step(quiet, d, extra - 1)
+                step(m, d)
+            else:
+                step2(m, d)
             step1(m, d)
             out[i] = sens[i]
 

@@ -11,6 +11,9 @@ A policy step mirrors ``mujoco_cpu``'s split, so the two backends compute the sa
     step x (decimation - 1)
     step1 (position/velocity stages + their sensors at the new state)
 
+and, as there, the calls before the last ``step`` skip the sensors nobody reads (the same model arrays
+under options with MuJoCo's sensor flag off; ``common.without_sensors``).
+
 On a CUDA device that sequence is captured once as a CUDA graph and replayed (one launch per policy
 step instead of hundreds of kernel launches); on Warp's CPU device (development, tests) it runs as is.
 Every Warp call and the torch work between them run on the backend's own ``torch.cuda.Stream``
@@ -198,6 +201,8 @@ def _rotate_inverse(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 class MujocoWarpBackend(SceneBackend):
     """``envs.backends.base.PhysicsBackend`` on MuJoCo Warp (see the module docstring)."""
 
+    sensors_every_substep = False   # True: every substep computes the sensors (benchmarks, tests)
+
     def __init__(self, cfg: BackendConfig):
         wcfg: WarpConfig = cfg.warp if cfg.warp is not None else WarpConfig()
         for name, allowed in (("on_overflow", OVERFLOW_POLICIES), ("reset_recompute", RESET_RECOMPUTE + (None,))):
@@ -242,6 +247,11 @@ class MujocoWarpBackend(SceneBackend):
             # report overflows ourselves, once, instead of a printf from every device thread
             self.m.opt.warn_overflow = 0
             self._fill_variants(batched)
+            # the substeps whose sensors nobody reads (common.without_sensors) run with the same model
+            # arrays under options that skip the sensors: MuJoCo Warp reads the flags on the host
+            self._m_quiet = copy.copy(self.m)
+            self._m_quiet.opt = copy.copy(self.m.opt)
+            self._m_quiet.opt.disableflags = int(self.m.opt.disableflags) | int(mjw.DisableBit.SENSOR)
             # a fresh MjData (no contacts yet: put_data refuses buffers smaller than the host's contacts);
             # the first reset below runs forward on the device
             mjd = mujoco.MjData(mjm)
@@ -506,12 +516,17 @@ class MujocoWarpBackend(SceneBackend):
         return ids
 
     def _run_physics(self) -> None:
-        mjw = self._mjw
-        mjw.step2(self.m, self.d)
-        for _ in range(self.decimation - 1):
-            mjw.step(self.m, self.d)
+        mjw, full = self._mjw, self.m
+        quiet = full if self.sensors_every_substep else self._m_quiet
+        if self.decimation > 1:   # only the last full step and step1 compute sensors (common.without_sensors)
+            mjw.step2(quiet, self.d)
+            for _ in range(self.decimation - 2):
+                mjw.step(quiet, self.d)
+            mjw.step(full, self.d)
+        else:
+            mjw.step2(full, self.d)
         self._wp.copy(self._acc_saved_wp, self.d.sensordata)
-        mjw.step1(self.m, self.d)
+        mjw.step1(full, self.d)
 
     def _graphed(self, key: str, run: Callable[[], None]) -> None:
         """``run`` (Warp launches only, on arrays that keep their addresses) on the backend's stream. On a
@@ -536,7 +551,7 @@ class MujocoWarpBackend(SceneBackend):
             wp.capture_launch(graph)
 
     def _physics(self) -> None:
-        self._graphed("step", self._run_physics)
+        self._graphed("step_all_sensors" if self.sensors_every_substep else "step", self._run_physics)
 
     def _forward_masked(self) -> None:
         """Recompute the derived quantities and readout of the masked worlds; the others keep theirs."""

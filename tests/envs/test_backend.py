@@ -314,8 +314,35 @@ def test_sim_benchmark_measures_raw_and_backend():
     from quadforge.tools.bench.sim import _measure
 
     r = _measure("flat", 4, 2, steps=2, rounds=1, with_env=False)
-    assert set(r["rate"]) == {"raw", "backend"} and all(v > 0 for v in r["rate"].values())
+    assert set(r["rate"]) == {"raw", "backend", "backend, all sensors"} and all(v > 0 for v in r["rate"].values())
     assert r["ratio"]["raw"] == 1.0 and r["ratio"]["backend"] > 0 and r["ratio_cpu"]["backend"] > 0
+
+
+@pytest.mark.parametrize("decimation", [1, 2, 4])
+def test_substeps_without_sensors_change_no_state_and_no_readout(decimation):
+    """Only the last full substep's acceleration-stage sensors and step1's pose/velocity sensors are
+    read, so the other substeps skip MuJoCo's sensors: every state field must stay bit for bit what a
+    backend computing them in every substep gives (rough ground, randomised physics, moving joints)."""
+    from quadforge.envs.backends.base import RandomizationConfig
+    from quadforge.envs.terrain import TerrainConfig
+    cfg = BackendConfig(num_envs=3, seed=3, decimation=decimation, terrain=TerrainConfig.mixed(),
+                        randomization=RandomizationConfig(), num_threads=2)
+    quiet, every = MujocoCpuBackend(cfg), MujocoCpuBackend(cfg)
+    every.sensors_every_substep = True
+    assert quiet._quiet_models[0].opt.disableflags & mujoco.mjtDisableBit.mjDSBL_SENSOR
+    assert not quiet.models[0].opt.disableflags & mujoco.mjtDisableBit.mjDSBL_SENSOR
+    g = torch.Generator().manual_seed(0)
+    base = torch.tensor(quiet.robot.default_joint_pos, dtype=torch.float32).repeat(3, 1)
+    for _ in range(25):
+        targets = base + 0.3 * torch.randn(base.shape, generator=g)
+        quiet.step(targets)
+        every.step(targets)
+        for name in ("root_pos_w", "root_lin_vel_b", "joint_pos", "joint_vel", "joint_torque", "contact_forces",
+                     "foot_pos_w", "foot_contact"):
+            assert torch.equal(getattr(quiet.state, name), getattr(every.state, name)), name
+    assert float(quiet.state.contact_forces.abs().max()) > 1.0     # the compared readout held real forces
+    quiet.close()
+    every.close()
 
 
 class ToyBackend(MujocoCpuBackend):

@@ -5,7 +5,10 @@ interleaved (raw, backend, env, raw, ...) so that load from other users of the m
 
 - raw: ``mujoco.rollout`` (C thread pool, no Python per env) from the envs' states, nstep = steps x
   decimation, the standing targets as constant control;
-- backend: ``MujocoCpuBackend.step`` with the standing targets (physics + batched readout);
+- backend: ``MujocoCpuBackend.step`` with the standing targets (physics + batched readout); its first
+  substeps skip MuJoCo's sensors, whose values nobody reads (``envs.backends.common.without_sensors``);
+- backend, all sensors: the same with every substep computing them (``sensors_every_substep``), as raw
+  does: the gain of skipping them, measured in the same rounds;
 - env: ``envs.vec_env.LeggedEnv.step`` with zero actions (= the standing targets), domain
   randomization off, robots spawned standing (the full task: observations, rewards, terminations,
   resets). With the env, the backend row steps the env's own backend and raw starts from its robots.
@@ -98,10 +101,13 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int, with_e
     raw = _Raw(backend, threads, steps)
     layers: dict[str, Callable[[], None]] = {"raw": raw}
 
-    def run_backend() -> None:
+    def run_backend(every_substep: bool = False) -> None:
+        backend.sensors_every_substep = every_substep
         for _ in range(steps):
             backend.step(targets)
+        backend.sensors_every_substep = False
     layers["backend"] = run_backend
+    layers["backend, all sensors"] = lambda: run_backend(every_substep=True)
     if env is not None:
         zeros = torch.zeros(n, env.num_actions)
 
@@ -136,7 +142,7 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
     rounds = 5 if quick else 7
     table = Table("sim: policy steps/s (N envs x env steps per second), decimation 4",
                   ["terrain", "envs", "threads", "raw mujoco", "backend", "env", "backend/raw", "env/raw",
-                   "backend/raw cpu", "env/raw cpu"])
+                   "backend/raw cpu", "env/raw cpu", "backend all sensors/raw"])
     notes: list[str] = []
     for terrain in ("flat", "mixed"):
         for n in sizes:
@@ -152,7 +158,8 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
                     notes.append(r["note"])
                 ratio, ratio_cpu, nan = r["ratio"], r["ratio_cpu"], float("nan")
                 table.add(terrain, n, threads, rate["raw"], rate["backend"], rate.get("env", nan),
-                          ratio["backend"], ratio.get("env", nan), ratio_cpu["backend"], ratio_cpu.get("env", nan))
+                          ratio["backend"], ratio.get("env", nan), ratio_cpu["backend"], ratio_cpu.get("env", nan),
+                          ratio["backend, all sensors"])
             else:
                 continue
             break
