@@ -9,6 +9,14 @@
 #                  --python-version 3.12 -d .gpu/small pytest pluggy iniconfig packaging pygments
 #   run 1: carry [".gpu/small", ".gpu/w1", ".gpu/unpack.sh"]  command: bash .gpu/unpack.sh
 #   run 2: carry [".gpu/w2", ".gpu/w3", ".gpu/unpack.sh"]     command: bash .gpu/unpack.sh
+#   (vla_eval also needs the instruction encoder's package, wordllama, with its dependencies, ~32 MB
+#    without numpy, tqdm and packaging, which that machine has; once here:
+#      python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+#        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#        --platform manylinux1_x86_64 -d .gpu/lang wordllama && rm .gpu/lang/{numpy,tqdm,packaging}-*
+#    and one more call before run 3, carry [".gpu/lang"], command:
+#      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/qf/lang .gpu/lang/*.whl
+#    the H100 run of 2026-11-27 had no wordllama there, so its vla_eval stage stopped at the encoder)
 #   run 3: carry [".gpu/w4", ".gpu/unpack.sh"]                command: bash .gpu/unpack.sh && bash tools/gpu_check.sh
 # (later calls on the same warm machine, within its 30 s idle window: carry [".gpu/unpack.sh"], command
 #  `QF_REINSTALL=1 bash .gpu/unpack.sh && GPU_CHECK_STAGES="..." bash tools/gpu_check.sh`).
@@ -40,16 +48,18 @@
 # Only the GPU's measuring stages run one at a time; compiles overlap.
 # At most 8 files come back per call: summary.txt, pytest_train.txt, pytest_warp.txt, scale_4096.txt,
 # profile.txt, vla_eval.txt, quard_gpu.txt (or ppo.txt / ppo_rough.txt in a call that runs them) and one
-# JSON bundle (json.tar) holding every stage's JSON and the warmers' log. Times on an H100 (2026-11-27,
-# docs/scale.md): warm and tests 187 s together (cold), scale 25 s, ppo its limit, quard 28 s, 16384 27 s,
-# 32768 29 s: those stages took 459 s, so a second call on the warm machine can run
-# GPU_CHECK_STAGES="ppo" with a longer GPU_CHECK_PPO_S (310 s gave a walking flat policy).
+# JSON bundle (json.tar) holding every stage's JSON and the warmers' log. Times on an H100 (docs/scale.md):
+# 2026-11-27 afternoon: warm and tests 187 s together (cold), scale 25 s, quard 28 s, 16384 27 s, 32768
+# 29 s; evening: warm and tests 182 s, scale 23 s, profile 183 s (143 s of it compiling testspeed's own
+# kernels), quard 23 s. The default stages do not fit one call's 600 s with ppo: run "warm tests scale
+# profile vla_eval quard" first, then GPU_CHECK_STAGES="ppo" (GPU_CHECK_PPO_S=200 walked a flat Go1)
+# in a second call on the warm machine (within its 30 s idle window: have the command ready).
 set -uo pipefail
 proj=$(pwd)
 out=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$out" /tmp/gpu_check_json
 export MUJOCO_GL=disable PYTHONUNBUFFERED=1
-export PYTHONPATH=/tmp/qf/proj-site:/tmp/qf/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=/tmp/qf/proj-site:/tmp/qf/site:/tmp/qf/lang${PYTHONPATH:+:$PYTHONPATH}
 start=$(date +%s)
 budget=${GPU_CHECK_BUDGET_S:-540}
 log() { echo "[gpu_check $(date -u +%H:%M:%S) +$(( $(date +%s) - start ))s] $*" | tee -a "$out/summary.txt"; }
@@ -153,7 +163,9 @@ if want profile; then
     --json /tmp/gpu_check_json/warp_profile.json > "$out/profile.txt" 2>&1
   log "profile exit $? ($(grep -m1 '| defaults' "$out/profile.txt" || tail -1 "$out/profile.txt"))"
 fi
-if want vla_eval; then
+if want vla_eval && ! python3 -c "import wordllama" 2>/dev/null; then
+  log "vla_eval: skipped, no wordllama here (the header says how to carry it)"
+elif want vla_eval; then
   log "vla_eval: the shipped VLA on Warp on CUDA, quard:all 20 per family, seed 7 (limit $(limit 180) s)"
   timeout "$(limit 180)" python3 -m quadforge.tools.cli eval --task quard:all \
     --policy "$proj/experts/checkpoints/vla_rt1.pt" --colours train --episodes-per-cell 20 --num-envs 20 \
