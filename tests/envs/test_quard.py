@@ -463,9 +463,8 @@ def test_objects_stand_on_the_terrain_under_them_and_the_ball_rolls_over_it():
         env.close()
 
 
-def test_a_glfw_mujoco_without_a_display_is_a_clear_error_not_an_abort():
-    """mujoco imported before quadforge with MUJOCO_GL unset chooses GLFW, whose renderer aborts the whole
-    process on a machine without a display; the camera says so first."""
+def _camera_error_in_a_fresh_python(env: dict[str, str]) -> str:
+    """What ``make_renderer`` says in a fresh interpreter with this environment (mujoco imported first)."""
     import subprocess
     import sys
     code = ("import mujoco\n"
@@ -474,25 +473,21 @@ def test_a_glfw_mujoco_without_a_display_is_a_clear_error_not_an_abort():
             "    make_renderer(mujoco.MjModel.from_xml_string('<mujoco/>'), 8, 8)\n"
             "except RuntimeError as err:\n"
             "    print('ERROR', err)\n")
-    unset = ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")
-    env = {k: v for k, v in os.environ.items() if k not in unset}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "ERROR QUARD camera" in out.stdout and "GLFW" in out.stdout and "MUJOCO_GL=egl" in out.stdout, out.stdout
+    return out.stdout
+
+
+def test_a_glfw_mujoco_without_a_display_is_a_clear_error_not_an_abort():
+    """mujoco imported before quadforge with MUJOCO_GL unset chooses GLFW, whose renderer aborts the whole
+    process on a machine without a display; the camera says so first."""
+    unset = ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")
+    out = _camera_error_in_a_fresh_python({k: v for k, v in os.environ.items() if k not in unset})
+    assert "ERROR QUARD camera" in out and "GLFW" in out and "MUJOCO_GL=egl" in out, out
 
 
 def test_a_mujoco_without_opengl_is_a_clear_error():
     """MUJOCO_GL=disable (how the GPU machine runs: frames come from MuJoCo Warp's renderer) leaves mujoco
     without a GL context; the CPU camera says so by name (an H100 run met an AttributeError here)."""
-    import subprocess
-    import sys
-    code = ("import mujoco\n"
-            "from quadforge.envs.quard.camera import make_renderer\n"
-            "try:\n"
-            "    make_renderer(mujoco.MjModel.from_xml_string('<mujoco/>'), 8, 8)\n"
-            "except RuntimeError as err:\n"
-            "    print('ERROR', err)\n")
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MUJOCO_GL": "disable"},
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "ERROR QUARD camera" in out.stdout and "MUJOCO_GL='disable'" in out.stdout, out.stdout
+    out = _camera_error_in_a_fresh_python({**os.environ, "MUJOCO_GL": "disable"})
+    assert "ERROR QUARD camera" in out and "MUJOCO_GL='disable'" in out, out
