@@ -19,6 +19,14 @@ The variants change what collides, so they are measurements of where the time go
 env. The robots drop straight-legged onto one tile's platform and stand (zero controls hold the default
 pose: the position actuators' bias is shifted by it); every world starts alike.
 GPU only: ``mujoco_warp.testspeed`` refuses Warp's CPU device; without CUDA this says so and exits 0.
+
+Then the same on the env's own worlds (``decompose``): an H100 ran the standing scene at 523k policy
+steps/s in testspeed while the backend gave 200k in the env (docs/scale.md), so this builds the env
+(``mujoco_warp``, the same world count, zero actions, 50 steps: spawns, resets, some robots down) and
+times, per policy step, the env's step, the backend's step (physics graph, readout, the flags' host
+read), the backend's physics graph alone, and one MuJoCo Warp physics step of its Data (per-world
+randomised model, these worlds' states) under the event trace, times the decimation. Each layer's
+difference to the next is where the rest goes. On Warp's CPU device the timings run without the trace.
 """
 from __future__ import annotations
 
@@ -28,7 +36,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
+import time
 
 import mujoco
 import numpy as np
@@ -123,6 +131,74 @@ def function_table(records: dict[str, dict], nworld: int) -> Table:
     return table
 
 
+def _traced_physics_step(backend, nstep: int) -> tuple[float, dict[str, float]]:
+    """(ms per physics step, ns per world and physics step of each traced function) of MuJoCo Warp's
+    ``step`` on the backend's own Model and Data, one CUDA graph per step as testspeed does, replayed
+    ``nstep`` times; the worlds move on from the env's state under their last controls."""
+    import warp as wp
+    from mujoco_warp._src import warp_util
+
+    mjw, n = backend._mjw, backend.num_envs
+    totals: dict[str, float] = {}
+
+    def add(trace: dict, prefix: str = "") -> None:     # keys as testspeed flattens them: a.b[i]
+        for name, (times, sub_trace) in trace.items():
+            for i, t in enumerate(times):
+                key = f"{prefix}{name}" + (f"[{i}]" if len(times) > 1 else "")
+                totals[key] = totals.get(key, 0.0) + t
+            add(sub_trace, f"{prefix}{name}.")
+    with backend._scope(), warp_util.EventTracer(enabled=True) as tracer:
+        with wp.ScopedCapture(device=backend.wp_device) as capture:
+            mjw.step(backend.m, backend.d)
+        elapsed = 0.0
+        for _ in range(nstep):
+            t0 = time.perf_counter()
+            wp.capture_launch(capture.graph)
+            wp.synchronize_device(backend.wp_device)
+            elapsed += time.perf_counter() - t0
+            add(tracer.trace())
+    return 1e3 * elapsed / nstep, {k: 1e6 * v / (nstep * n) for k, v in totals.items()}
+
+
+def decompose(nworld: int, steps: int, trace: bool) -> tuple[Table, dict[str, float]]:
+    """Milliseconds per policy step of each layer on the env's own worlds (module doc), and the traced
+    physics step's functions (empty without ``trace``)."""
+    from quadforge.envs.backends.base import WarpConfig
+    from quadforge.envs.builder import make_env
+    from quadforge.tools.bench.common import device_sync
+
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    env = make_env("go1", "mixed", num_envs=nworld, num_threads=1, backend="mujoco_warp",
+                   warp=WarpConfig(device=device, on_overflow="terminate"))
+    b = env.backend
+    zeros = torch.zeros(nworld, 12, device=env.device)
+    for _ in range(50):
+        env.step(zeros)
+    targets = env.joint_targets.clone()
+
+    def per_step(fn) -> float:
+        fn()                          # the first call may capture a graph
+        device_sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        device_sync()
+        return 1e3 * (time.perf_counter() - t0) / steps
+    rows = {"env step": per_step(lambda: env.step(zeros)),
+            "backend step (graph, readout, flags)": per_step(lambda: b.step(targets)),
+            "physics graph alone": per_step(b._physics)}
+    functions: dict[str, float] = {}
+    if trace:
+        ms, functions = _traced_physics_step(b, steps * b.decimation)
+        rows[f"{b.decimation} x one traced physics step"] = b.decimation * ms
+    env.close()
+    table = Table(f"mujoco_warp on the env's own worlds, {nworld} worlds, Go1 rough, zero actions after 50 "
+                  f"steps: ms per policy step", ["layer", "ms per policy step", "policy steps/s"])
+    for name, ms in rows.items():
+        table.add(name, ms, 1e3 * nworld / ms)
+    return table, functions
+
+
 def main(quick: bool = False, json_path: str | None = None, num_envs: int | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench warp_profile: needs a CUDA GPU (mujoco_warp.testspeed refuses Warp's CPU device); nothing measured")
@@ -150,7 +226,9 @@ def main(quick: bool = False, json_path: str | None = None, num_envs: int | None
             table.add(variant, f"{b[0]}/{b[1]}", rate, rate / 4, r["ncon_mean"], r["nefc_mean"],
                       r["solver_niter_mean"])
             print(f"  {variant}: {rate:,.0f} physics steps/s", flush=True)
-    report("warp_profile", [table, function_table(records, nworld)], json_path,
+    layers, env_functions = decompose(nworld, 20 if quick else 50, trace=True)
+    records["env's worlds"] = env_functions
+    report("warp_profile", [table, layers, function_table(records, nworld)], json_path,
            {"gpu_name": torch.cuda.get_device_name(0), "records": records, "nworld": nworld, "nstep": nstep})
     return 0
 
