@@ -31,7 +31,7 @@
 #            mujoco_cpu flat and rough, the gait expert under both backends, and since 2026-11-27 the
 #            QUARD scene on Warp equal to mujoco_cpu's: object poses, contact sensor, target pixels)
 #   scale    bench scale --num-envs 4096: env and backend-only steps/s, env/backend, where a step goes,
-#            buffers and memory per world, and the options table (solver 10/20, resets: step1)
+#            buffers and memory per world, and the options table (solver 10/20, resets: forward, resets: step1)
 #   profile  bench warp_profile: GPU time per MuJoCo Warp function of one physics step at 4096 worlds
 #            (MuJoCo Warp's testspeed, event trace), the scene as is and with collision variants
 #   vla_eval the shipped VLA (experts/checkpoints/vla_rt1.pt) evaluated on Warp on CUDA, quard:all, 20
