@@ -56,6 +56,8 @@ def rotation_matrices(q: np.ndarray) -> np.ndarray:
 class MujocoCpuBackend(SceneBackend):
     """``envs.backends.base.PhysicsBackend`` on native MuJoCo (see the module docstring)."""
 
+    sensors_every_substep = False   # True: every substep computes the sensors (benchmarks, tests)
+
     def __init__(self, cfg: BackendConfig):
         threads = (os.cpu_count() or 1) if cfg.num_threads is None else int(cfg.num_threads)
         if threads < 1:
@@ -67,7 +69,6 @@ class MujocoCpuBackend(SceneBackend):
         # (common.without_sensors says why); ``sensors_every_substep`` turns that off (benchmarks, tests)
         quiet = [without_sensors(m) for m in self.variants.models]
         self._quiet_models = [quiet[v] for v in self.variants.env_variant]
-        self.sensors_every_substep = False
         self.datas = [mujoco.MjData(m) for m in self.models]
         # cached numpy views of each env's MjData (a fresh attribute lookup per step costs more)
         self._ctrl_views = [d.ctrl for d in self.datas]

@@ -292,7 +292,7 @@ class MujocoWarpBackend(SceneBackend):
     def reset(self, env_ids: torch.Tensor, root_pos_w: torch.Tensor, root_quat_w: torch.Tensor,
               root_lin_vel_w: torch.Tensor, root_ang_vel_w: torch.Tensor,
               joint_pos: torch.Tensor, joint_vel: torch.Tensor) -> None:
-        ids = torch.as_tensor(env_ids).detach().to(self.device, torch.long).reshape(-1)
+        ids = self._ids(env_ids, check=False)    # checked below, with the inputs, in the one host read
         k = ids.numel()
         parts = {"root_pos_w": (root_pos_w, 3), "root_quat_w": (root_quat_w, 4),
                  "root_lin_vel_w": (root_lin_vel_w, 3), "root_ang_vel_w": (root_ang_vel_w, 3),
@@ -507,9 +507,10 @@ class MujocoWarpBackend(SceneBackend):
             raise ValueError(f"reset: {bad} holds non-finite values")
         raise ValueError("reset: root_quat_w rows must be non-zero (w, x, y, z) quaternions")
 
-    def _ids(self, env_ids: torch.Tensor) -> torch.Tensor:
+    def _ids(self, env_ids: torch.Tensor, check: bool = True) -> torch.Tensor:
+        """env_ids as a flat long tensor on the device; ``check`` reads their range back (a host sync)."""
         ids = torch.as_tensor(env_ids).detach().to(self.device, torch.long).reshape(-1)
-        if ids.numel():
+        if check and ids.numel():
             lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
             if lo < 0 or hi >= self.num_envs:
                 raise ValueError(f"env_ids must lie in [0, {self.num_envs}), got min {lo} max {hi}")

@@ -165,7 +165,7 @@ def decompose(nworld: int, steps: int, trace: bool) -> tuple[Table, dict[str, fl
     physics step's functions (empty without ``trace``)."""
     from quadforge.envs.backends.base import WarpConfig
     from quadforge.envs.builder import make_env
-    from quadforge.tools.bench.common import device_sync
+    from quadforge.tools.bench.common import device_sync, rate_per_second
 
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     env = make_env("go1", "mixed", num_envs=nworld, num_threads=1, backend="mujoco_warp",
@@ -178,12 +178,7 @@ def decompose(nworld: int, steps: int, trace: bool) -> tuple[Table, dict[str, fl
 
     def per_step(fn) -> float:
         fn()                          # the first call may capture a graph
-        device_sync()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        device_sync()
-        return 1e3 * (time.perf_counter() - t0) / steps
+        return 1e3 * nworld / rate_per_second(fn, nworld, steps, 1, device_sync)
     rows = {"env step": per_step(lambda: env.step(zeros)),
             "backend step (graph, readout, flags)": per_step(lambda: b.step(targets)),
             "physics graph alone": per_step(b._physics)}
