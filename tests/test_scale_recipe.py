@@ -127,6 +127,8 @@ def test_bench_warp_profile_says_it_needs_a_gpu(capsys):
         pytest.skip("a GPU is here: the benchmark would measure")
     assert warp_profile.main(quick=True) == 0
     assert "needs a CUDA GPU" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--num-envs 0: the number of worlds"):
+        warp_profile.main(quick=True, num_envs=0)
 
 
 def test_ray_actors_ask_for_a_gpu_only_when_their_physics_runs_on_cuda():

@@ -195,6 +195,8 @@ def decompose(nworld: int, steps: int, trace: bool) -> tuple[Table, dict[str, fl
 
 
 def main(quick: bool = False, json_path: str | None = None, num_envs: int | None = None) -> int:
+    if num_envs is not None and num_envs < 1:
+        raise ValueError(f"bench warp_profile --num-envs {num_envs}: the number of worlds, >= 1 (default 4096)")
     if not torch.cuda.is_available():
         print("bench warp_profile: needs a CUDA GPU (mujoco_warp.testspeed refuses Warp's CPU device); nothing measured")
         return 0
