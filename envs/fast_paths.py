@@ -15,21 +15,42 @@ reference. The references, and the tests that compare the two bit for bit
     scan_points_w's numpy branch     the same function's torch branch (envs/observations.py)
 
 (The fused reward block, ``envs/rewards_fused.py``, is the other speed-only env module.)
+
+``torch_references()`` turns every fast path off for a block: the env then dispatches the torch calls a
+GPU does (``bench env_step`` counts them) with the same results (tested over whole env rollouts).
 """
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
+_enabled = True
+
+
+@contextlib.contextmanager
+def torch_references() -> Iterator[None]:
+    """Inside: every fast path declines, so the env runs its torch references on the CPU too - the
+    calls a GPU dispatches (``bench env_step`` counts them; the results are the same bits)."""
+    global _enabled
+    before, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = before
+
 
 def cpu_arrays(*tensors: torch.Tensor | None) -> tuple | None:
     """numpy views of these tensors (None stays None) when every one is a CPU tensor outside autograd
-    in a dtype numpy has; otherwise None (a GPU tensor, a tensor that needs grad, bfloat16).
+    in a dtype numpy has; otherwise None (a GPU tensor, a tensor that needs grad, bfloat16; any tensor
+    inside ``torch_references``).
 
     ``Tensor.numpy`` itself refuses exactly those cases, so it is the check: asking each tensor for
     its device, grad flag and dtype first would cost three property calls a tensor on the hot path."""
+    if not _enabled:
+        return None
     try:
         return tuple(None if t is None else t.numpy() for t in tensors)
     except (TypeError, RuntimeError):

@@ -19,7 +19,7 @@ from quadforge.envs.backends.base import PhysicsBackend
 from quadforge.envs.rotations import yaw_from_quat
 from quadforge.envs.config import EnvConfig
 from quadforge.envs.kinematics import LegKinematics
-from quadforge.layout import NUM_JOINTS, get_layout
+from quadforge.layout import NUM_FEET, NUM_JOINTS, get_layout
 from quadforge.envs.observations import CompiledLayout, TermCache, ground_terms, make_term_fns, scan_points_b
 from quadforge.envs.randomization import ActionLatency, Pushes
 from quadforge.envs.robots import get_robot
@@ -235,24 +235,29 @@ class LeggedEnv(VecEnv):
         pos = self.terrain.origins_of(env_ids).clone()
         if self.terrain.terrain is not None:  # legged_gym: anywhere on the tile's central platform
             pos[:, :2] += (2 * u(k, 2) - 1) * ic.spawn_xy
-        if not self.terrain.flat:
-            # over the highest ground under the feet, not under the base point: on rough terrain a bump
-            # under a foot would otherwise spawn it inside the heightfield, pinched for the whole episode
-            pts = pos[:, None, :2] + self._spawn_footprint                       # (k, P, 2)
-            pos[:, 2] = self.backend.terrain_height(pts).amax(dim=-1)
-        pos[:, 2] += self.robot.nominal_base_height + ic.spawn_height
         quat = torch.zeros(k, 4, device=dev)
         quat[:, 0] = 1.0
         lin_vel = (2 * u(k, 3) - 1) * ic.root_vel
         ang_vel = (2 * u(k, 3) - 1) * ic.root_vel
         lo, hi = ic.joint_pos_scale
         q = self.default_joint_pos * (lo + (hi - lo) * u(k, NUM_JOINTS))
+        feet = self._leg_kin.forward(q)             # (k, 4, 3) base frame = world offsets (level, yaw 0)
+        # One terrain lookup (on a GPU each is ~30 kernel launches) for the ground under the spawn
+        # footprint and under the drawn pose's feet: both need only the spawn's x, y.
+        if self.terrain.flat:
+            ground = self.backend.terrain_height(pos[:, None, :2] + feet[..., :2])            # (k, 4)
+        else:
+            pts = torch.cat([self._spawn_footprint.expand(k, -1, -1), feet[..., :2]], dim=1)
+            heights = self.backend.terrain_height(pos[:, None, :2] + pts)                    # (k, P + 4)
+            ground = heights[:, -NUM_FEET:]
+            # over the highest ground under the feet, not under the base point: on rough terrain a bump
+            # under a foot would otherwise spawn it inside the heightfield, pinched for the whole episode
+            pos[:, 2] = heights[:, :-NUM_FEET].amax(dim=-1)
+        pos[:, 2] += self.robot.nominal_base_height + ic.spawn_height
         # The drawn pose reaches up to ~10 cm deeper than the nominal one: its feet would start inside
         # the ground (pinched between heightfield prisms on terrain, kicked out of a plane). Lift such an
         # env until its lowest foot sphere clears the ground under it by the nominal pose's margin; an env
         # whose pose reaches no deeper keeps the nominal height exactly (max, not a recomputation).
-        feet = self._leg_kin.forward(q)             # (k, 4, 3) base frame = world offsets (level, yaw 0)
-        ground = self.backend.terrain_height(pos[:, None, :2] + feet[..., :2])  # (k, 4)
         needed = (ground - feet[..., 2]).amax(dim=-1) + (self.robot.foot_radius + self._spawn_clearance)
         pos[:, 2] = torch.maximum(pos[:, 2], needed)
         self.backend.reset(env_ids, pos, quat, lin_vel, ang_vel, q, torch.zeros(k, NUM_JOINTS, device=dev))

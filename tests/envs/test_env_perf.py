@@ -1,5 +1,7 @@
 """The env layer's speed-ups keep its arithmetic: the flat-index terrain lookup, the reused yaw of the
 height scan, the air-time buffers, and the torch thread setting."""
+import contextlib
+
 import pytest
 import torch
 
@@ -266,3 +268,27 @@ def test_air_time_numpy_path_equals_the_torch_path():
             air_t[:10], last_t[:10] = 0.0, False
             fast.reset(torch.arange(10))
             ref.reset(torch.arange(10))
+
+
+def test_fast_paths_give_the_bits_of_the_torch_references_over_a_rollout_with_resets():
+    """The whole env, its numpy fast paths on (the CPU) and off (``torch_references``: what a GPU runs),
+    from the same seed: the same observations, rewards and dones bit for bit, resets and rough ground
+    included, and the fast paths on again after the block."""
+    from quadforge.envs import fast_paths
+    from quadforge.envs.builder import make_env
+    runs = []
+    for references in (False, True):
+        env = make_env("go1", "mixed", num_envs=16, seed=3, overrides={"episode_length_s": 0.5})
+        g = torch.Generator().manual_seed(0)
+        out, ends = [], 0
+        with fast_paths.torch_references() if references else contextlib.nullcontext():
+            assert (fast_paths.cpu_arrays(torch.zeros(1)) is None) == references
+            for _ in range(40):
+                obs, rew, done, _ = env.step(0.5 * torch.randn(16, 12, generator=g))
+                out.append(torch.cat([obs["policy"].flatten(), obs["critic"].flatten(), rew, done.float()]))
+                ends += int(done.sum())
+        env.close()
+        runs.append(torch.stack(out))
+        assert ends >= 16                      # every env ended an episode at least once
+    assert fast_paths.cpu_arrays(torch.zeros(1)) is not None
+    assert torch.equal(runs[0], runs[1])

@@ -17,6 +17,12 @@ that thread's CPU time, which time spent descheduled by other users of the machi
 Also reported: raw and env wall time per step and their ratio (the env/raw of `bench sim`), and
 torch calls per step (every torch function, operator and tensor method the env calls from Python:
 the dispatch count that sets the per-step cost at small N).
+
+A second table counts the torch calls a GPU dispatches (``envs.fast_paths.torch_references``: the numpy
+fast paths off), in steps where no episode ends and in steps where some do (episodes of 1 s, their ends
+staggered so that about N/50 envs reset each step). On a GPU every call is a kernel launch and its
+Python, and at thousands of worlds some world resets in every step, so the second count, not the math,
+sets what the layer above the physics costs there (docs/scale.md).
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 # the env and the raw-rollout layer exactly as `bench sim` builds them (team backend's module)
+from quadforge.envs.fast_paths import torch_references
 from quadforge.tools.bench.sim import _make_env, _Raw
 from quadforge.tools.bench.common import Table, report, timed_method
 
@@ -87,6 +94,31 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dic
     return ms
 
 
+def gpu_calls(terrain: str, n: int, steps: int = 100) -> dict[str, float]:
+    """Torch calls per env step on the torch references (as on a GPU): steps without episode ends and
+    steps with some (1 s episodes, ends staggered over the envs), and the envs reset per such step."""
+    env = _make_env(n, 1, terrain, episode_length_s=1.0)
+    zeros = torch.zeros(n, env.num_actions)
+    calls: dict[bool, list[int]] = {False: [], True: []}
+    resets: list[int] = []
+    with torch_references():
+        # the first second: every episode just began, none ends (robots standing); then the ends staggered
+        for t in range(env.max_episode_length // 2 + steps):
+            if t == env.max_episode_length // 2:
+                env.episode_length_buf.copy_(torch.arange(n) * env.max_episode_length // n)
+            counter = _CountTorchCalls()
+            with counter:
+                _, _, dones, _ = env.step(zeros)
+            k = int(dones.sum())
+            calls[k > 0].append(counter.calls)
+            if k:
+                resets.append(k)
+    env.close()
+    med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+    return {"without": med(calls[False]), "with": med(calls[True]), "resets": med(resets),
+            "steps_with": len(calls[True]), "steps": len(calls[False]) + len(calls[True])}
+
+
 def main(quick: bool = False, json_path: str | None = None) -> int:
     torch.set_num_threads(1)
     work = 512 if quick else 2048
@@ -100,5 +132,13 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
             r = _measure(terrain, n, 2, max(4, work // n), rounds)
             table.add(terrain, n, 2, r["raw"], r["env"], r["backend"], r["during"], r["task"], r["obs"], r["rest"],
                       r["task"] + r["obs"] + r["rest"], r["calls"], r["env/raw"])
-    report("env_step", [table], json_path, extra={"quick": quick})
+    calls = Table("env_step: torch calls per env step as a GPU dispatches them (numpy fast paths off), "
+                  "median over steps without and with episode ends",
+                  ["terrain", "envs", "steps without ends", "steps with ends", "envs reset per such step",
+                   "steps with ends / all"])
+    for terrain in ("flat", "mixed"):
+        for n in ((64,) if quick else (64, 256)):
+            c = gpu_calls(terrain, n)
+            calls.add(terrain, n, c["without"], c["with"], c["resets"], f"{c['steps_with']}/{c['steps']}")
+    report("env_step", [table, calls], json_path, extra={"quick": quick})
     return 0

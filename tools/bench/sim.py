@@ -44,11 +44,11 @@ def _terrain_config(name: str):
     return terrain_config(name)
 
 
-def _make_env(num_envs: int, threads: int, terrain: str):
+def _make_env(num_envs: int, threads: int, terrain: str, **overrides):
     # robots spawn standing still in the default pose, as the backend-only rows do
     return make_env("go1", terrain, num_envs=num_envs, num_threads=threads,
                     overrides={"randomization": RandomizationConfig.off(),
-                               "init": InitConfig(joint_pos_scale=(1.0, 1.0), root_vel=0.0)})
+                               "init": InitConfig(joint_pos_scale=(1.0, 1.0), root_vel=0.0), **overrides})
 
 
 class _Raw:
