@@ -129,3 +129,34 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
             os.close(write_end)
         assert r.returncode == 141, (argv, r.stderr)
         assert r.stderr == "", (argv, r.stderr)
+
+
+def test_info_reports_versions_devices_and_every_registry(tmp_path, capsys):
+    """`quadforge info`: the installed versions, torch's devices, and the backends, robots, tasks and models
+    exactly as their registries hold them, with whether the GPU backend is installed here."""
+    import json
+
+    import mujoco
+    import torch
+
+    from quadforge.envs.backends import BACKENDS, PLANNED
+    from quadforge.envs.backends.mujoco_warp import available
+    from quadforge.envs.builder import get_task, task_names
+    from quadforge.envs.robots import ROBOTS
+    from quadforge.models.registry import model_names
+    out = tmp_path / "info.json"
+    assert main(["info", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["required"]["torch"] == torch.__version__ and r["required"]["mujoco"] == mujoco.__version__
+    assert all(r["required"].values())                          # every required package is installed here
+    assert r["torch"]["cuda"] == torch.cuda.is_available() and len(r["torch"]["gpus"]) == torch.cuda.device_count()
+    assert list(r["backends"]) == list(BACKENDS) and r["planned_backends"] == PLANNED
+    assert r["backends"]["mujoco_warp"]["installed"] == available() and r["backends"]["mujoco_cpu"]["installed"]
+    get_task("quard:all")                                       # the prefixed tasks register on import
+    assert r["robots"] == list(ROBOTS) and r["tasks"] == list(task_names())
+    assert list(r["models"]) == list(model_names())
+    for name in (*BACKENDS, *ROBOTS, *model_names()):
+        assert name in printed
+    assert main(["info", "--json", "-"]) == 0                   # stdout: the JSON alone
+    assert json.loads(capsys.readouterr().out)["quadforge"] == r["quadforge"]

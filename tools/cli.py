@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval-tracking": ("quadforge.evaluation.tracking_eval", "velocity tracking and fall rate of an expert per terrain type"),
     "reproduce": ("quadforge.tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency; --stages quard: QUARD-Auto and Table III)"),
     "bench": ("quadforge.tools.bench.cli", "benchmarks: " + " | ".join(BENCHMARKS)),
+    "info": ("quadforge.tools.info_cmd", "what this machine can run: versions, devices, optional parts, registries"),
 }
 
 

@@ -72,6 +72,8 @@ limit() {   # the smaller of a stage's own limit ($1) and what is left of the bu
 print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0)); \
 print('warp', warp.__version__, 'mujoco_warp', getattr(mujoco_warp, '__version__', '?'))"; \
   git -C "$proj" log --oneline -1 2>/dev/null || true; } >> "$out/summary.txt" 2>&1
+# what the machine can run (what was carried: Warp, wordllama, OpenGL), in the summary and as JSON
+(cd /tmp && timeout 60 python3 -m quadforge.tools.cli info --warp --json "$out/info.json") >> "$out/summary.txt" 2>&1 || true
 log "budget ${budget}s"
 
 # cd away from the project root: its quadforge/ folder would shadow the installed package
