@@ -68,15 +68,13 @@ def _rendering() -> dict[str, Any]:
 
 def _registries() -> dict[str, Any]:
     from quadforge.envs.backends import BACKENDS, PLANNED
-    from quadforge.envs.backends.mujoco_warp import available as warp_available
     from quadforge.envs.builder import TASK_MODULES, task_names
     from quadforge.envs.robots import ROBOTS
     from quadforge.models.registry import MODEL_SPECS
     for module in TASK_MODULES.values():      # prefixed tasks (quard:...) register on import
         importlib.import_module(module)
-    runs_here = {"mujoco_cpu": True, "mujoco_warp": warp_available()}
     backends = {name: {"help": spec.help, "devices": list(spec.devices), "capabilities": sorted(spec.capabilities),
-                       "installed": runs_here.get(name, True)} for name, spec in BACKENDS.items()}
+                       "installed": spec.installed()} for name, spec in BACKENDS.items()}
     models: dict[str, list[str]] = {}
     for name, inputs in MODEL_SPECS:
         models.setdefault(name, []).append(inputs)

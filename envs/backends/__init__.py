@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 from dataclasses import dataclass, field
 
 from quadforge.envs.backends.base import RESET_RECOMPUTE, BackendConfig, PhysicsBackend, WarpConfig
@@ -29,6 +30,14 @@ class BackendSpec:
     help: str
     capabilities: frozenset[str] = field(default_factory=frozenset)
     devices: tuple[str, ...] = ("cpu",)   # device kinds it runs on ("cpu", "cuda")
+    requires: tuple[str, ...] = ()        # optional modules it imports (beyond the project's requirements)
+
+    def installed(self) -> bool:
+        """Whether every module in ``requires`` is importable here; imports nothing."""
+        try:
+            return all(importlib.util.find_spec(m) is not None for m in self.requires)
+        except (ImportError, ValueError):   # a module set to None in sys.modules
+            return False
 
     def build(self, cfg: BackendConfig) -> PhysicsBackend:
         module, _, cls = self.target.partition(":")
@@ -57,7 +66,8 @@ register_backend(BackendSpec(
 # needs the optional extra quadforge[gpu] (mujoco-warp); without it building it is a one-line ImportError
 register_backend(BackendSpec(
     "mujoco_warp", "quadforge.envs.backends.mujoco_warp:MujocoWarpBackend",
-    "MuJoCo Warp on a GPU, or Warp's CPU device; needs quadforge[gpu]", frozenset(CAPABILITIES), ("cpu", "cuda")))
+    "MuJoCo Warp on a GPU, or Warp's CPU device; needs quadforge[gpu]", frozenset(CAPABILITIES), ("cpu", "cuda"),
+    requires=("mujoco_warp", "warp")))
 
 
 def backend_spec(name: str) -> BackendSpec:

@@ -86,12 +86,9 @@ def import_warp():
 
 def available() -> bool:
     """Whether mujoco-warp is installed here (tests skip the Warp path when not); imports nothing."""
-    import importlib.util
+    from quadforge.envs.backends import backend_spec
 
-    try:
-        return all(importlib.util.find_spec(m) is not None for m in ("mujoco_warp", "warp"))
-    except (ImportError, ValueError):   # a module set to None in sys.modules
-        return False
+    return backend_spec("mujoco_warp").installed()
 
 
 # Buffer sizing (see measure_contact_load): the settled load measured on the CPU times these margins,

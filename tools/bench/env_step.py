@@ -102,7 +102,7 @@ def gpu_calls(terrain: str, n: int, steps: int = 100) -> dict[str, float]:
     calls: dict[bool, list[int]] = {False: [], True: []}
     resets: list[int] = []
     with torch_references():
-        # the first second: every episode just began, none ends (robots standing); then the ends staggered
+        # the first half episode: every episode just began, none ends (robots standing); then the ends staggered
         for t in range(env.max_episode_length // 2 + steps):
             if t == env.max_episode_length // 2:
                 env.episode_length_buf.copy_(torch.arange(n) * env.max_episode_length // n)
