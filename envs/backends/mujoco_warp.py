@@ -270,7 +270,7 @@ class MujocoWarpBackend(SceneBackend):
 
         s = mjm.nsensordata                                      # the robot's sensors, then a scene addon's
         dev = self.device
-        self._sens = torch.zeros(n, s, device=dev)             # our readout: state is refreshed from it
+        self._sens = torch.zeros(n, s, device=dev)             # our readout: the state views it (_allocate_state)
         self._reset_qpos = torch.zeros(n, mjm.nq, device=dev)   # each env's last reset state, to restore
         self._reset_qvel = torch.zeros(n, mjm.nv, device=dev)
         self._reset_ctrl = torch.zeros(n, mjm.nu, device=dev)
@@ -584,21 +584,22 @@ class MujocoWarpBackend(SceneBackend):
         self.reset(ids, *(torch.as_tensor(a, dtype=torch.float32) for a in self._default_pose(ids.numel())))
 
     def _allocate_state(self) -> RobotState:
-        n, dev = self.num_envs, self.device
+        """The fields that are plain sensordata columns (poses, velocities, joints, feet) are views of the
+        readout ``_sens``, not copies of it: every write to the readout updates them, and a refresh
+        launches ten fewer kernels on a GPU (counted in docs/benchmarks.md). They are strided (a row
+        steps over the whole readout); the derived fields are tensors of their own."""
+        n, dev, s, L = self.num_envs, self.device, self._sens, self.scene.sensors
         z = lambda *shape: torch.zeros(*shape, device=dev)  # noqa: E731
+        views = {name: s[:, cols] for name, cols in L.fields().items()}
         return RobotState(
-            root_pos_w=z(n, 3), root_quat_w=z(n, 4), root_lin_vel_w=z(n, 3), root_ang_vel_w=z(n, 3),
-            root_lin_vel_b=z(n, 3), root_ang_vel_b=z(n, 3), projected_gravity_b=z(n, 3),
-            joint_pos=z(n, NUM_JOINTS), joint_vel=z(n, NUM_JOINTS), joint_torque=z(n, NUM_JOINTS),
-            foot_pos_w=z(n, NUM_FEET, 3), foot_contact=torch.zeros(n, NUM_FEET, dtype=torch.bool, device=dev),
+            **views, foot_pos_w=s[:, L.foot_pos].view(n, NUM_FEET, 3), projected_gravity_b=z(n, 3),
+            foot_contact=torch.zeros(n, NUM_FEET, dtype=torch.bool, device=dev),
             contact_forces=z(n, len(TRACKED), 3), body_names=TRACKED)
 
     def _refresh(self) -> None:
-        """Fill every RobotState field in place from the (N, S) readout (same rules as mujoco_cpu)."""
+        """Compute the derived RobotState fields from the (N, S) readout (same rules as mujoco_cpu); the
+        others are views of it (``_allocate_state``)."""
         s, L, st = self._sens, self.scene.sensors, self._state
-        for name, cols in L.fields().items():
-            getattr(st, name).copy_(s[:, cols])
-        st.foot_pos_w.copy_(s[:, L.foot_pos].reshape(-1, NUM_FEET, 3))
         torch.neg(s[:, L.up_b], out=st.projected_gravity_b)
         cf = st.contact_forces
         torch.neg(s[:, L.contacts].reshape(-1, len(TRACKED), 3), out=cf)

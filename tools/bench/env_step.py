@@ -34,6 +34,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 # the env and the raw-rollout layer exactly as `bench sim` builds them (team backend's module)
+from quadforge.envs.backends import BACKENDS
 from quadforge.envs.fast_paths import torch_references
 from quadforge.tools.bench.sim import _make_env, _Raw
 from quadforge.tools.bench.common import Table, report, timed_method
@@ -94,10 +95,11 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dic
     return ms
 
 
-def gpu_calls(terrain: str, n: int, steps: int = 100) -> dict[str, float]:
+def gpu_calls(terrain: str, n: int, steps: int = 100, backend: str = "mujoco_cpu") -> dict[str, float]:
     """Torch calls per env step on the torch references (as on a GPU): steps without episode ends and
-    steps with some (1 s episodes, ends staggered over the envs), and the envs reset per such step."""
-    env = _make_env(n, 1, terrain, episode_length_s=1.0)
+    steps with some (1 s episodes, ends staggered over the envs), and the envs reset per such step.
+    ``backend`` ``mujoco_warp`` runs on Warp's CPU device here: its own calls are those it makes on a GPU."""
+    env = _make_env(n, 1, terrain, episode_length_s=1.0, backend_name=backend)
     zeros = torch.zeros(n, env.num_actions)
     calls: dict[bool, list[int]] = {False: [], True: []}
     resets: list[int] = []
@@ -133,12 +135,14 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
             table.add(terrain, n, 2, r["raw"], r["env"], r["backend"], r["during"], r["task"], r["obs"], r["rest"],
                       r["task"] + r["obs"] + r["rest"], r["calls"], r["env/raw"])
     calls = Table("env_step: torch calls per env step as a GPU dispatches them (numpy fast paths off), "
-                  "median over steps without and with episode ends",
-                  ["terrain", "envs", "steps without ends", "steps with ends", "envs reset per such step",
-                   "steps with ends / all"])
-    for terrain in ("flat", "mixed"):
-        for n in ((64,) if quick else (64, 256)):
-            c = gpu_calls(terrain, n)
-            calls.add(terrain, n, c["without"], c["with"], c["resets"], f"{c['steps_with']}/{c['steps']}")
+                  "median over steps without and with episode ends; every installed backend (mujoco_warp "
+                  "on Warp's CPU device, 64 envs: the count does not depend on N)",
+                  ["backend", "terrain", "envs", "steps without ends", "steps with ends",
+                   "envs reset per such step", "steps with ends / all"])
+    for backend in (b.name for b in BACKENDS.values() if b.installed()):
+        for terrain in ("flat", "mixed"):
+            for n in ((64,) if quick or backend != "mujoco_cpu" else (64, 256)):
+                c = gpu_calls(terrain, n, backend=backend)
+                calls.add(backend, terrain, n, c["without"], c["with"], c["resets"], f"{c['steps_with']}/{c['steps']}")
     report("env_step", [table, calls], json_path, extra={"quick": quick})
     return 0
