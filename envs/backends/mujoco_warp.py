@@ -330,7 +330,7 @@ class MujocoWarpBackend(SceneBackend):
         self._ctrl.copy_(joint_targets.detach())
         self._physics()
         # the caller's work overlaps the device's (a GPU runs the step asynchronously); state still
-        # describes the state before the step until _refresh below
+        # describes the state before the step until the readout below (the state views it)
         if during is not None:
             during()
         self._sens.copy_(torch.where(self._acc_cols, self._acc_saved, self._dsens))

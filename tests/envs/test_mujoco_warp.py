@@ -454,6 +454,29 @@ def test_masked_reset_push_and_divergence_touch_only_their_worlds():
 
 @needs_warp
 @pytest.mark.slow
+def test_during_sees_the_state_before_the_step_and_the_state_is_updated_in_place():
+    """The state's plain fields are views of the backend's readout, not copies of it: while ``during``
+    runs they still hold the state before the step, and every step updates the same tensors in place."""
+    b = make_backend("mujoco_warp", BackendConfig(num_envs=3, seed=0, warp=WarpConfig(device="cpu")))
+    st = b.state
+    tensors = {f.name: getattr(st, f.name) for f in dataclasses.fields(st) if f.name != "body_names"}
+    g = torch.Generator().manual_seed(0)
+    base = torch.tensor(b.robot.default_joint_pos, dtype=torch.float32).repeat(3, 1)
+    seen = []
+    for _ in range(3):
+        before = _snapshot(b.state)
+        b.step(base + 0.2 * torch.randn(base.shape, generator=g), during=lambda: seen.append(_snapshot(b.state)))
+        for name, t in before.items():
+            assert torch.equal(seen[-1][name], t), name
+        after = _snapshot(b.state)
+        assert not torch.equal(after["joint_pos"], before["joint_pos"])
+        assert not torch.equal(after["root_pos_w"], before["root_pos_w"])
+    assert b.state is st and all(getattr(st, name) is t for name, t in tensors.items())
+    b.close()
+
+
+@needs_warp
+@pytest.mark.slow
 def test_a_reset_checks_everything_in_one_sync_and_a_bad_one_names_its_input_and_changes_nothing(monkeypatch):
     """On a GPU every host read drains the device's queue, so a reset reads back once: the ids' range, the
     inputs' finiteness and the quaternions together. A failed check still names what is wrong."""
