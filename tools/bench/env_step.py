@@ -98,7 +98,8 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dic
 def gpu_calls(terrain: str, n: int, steps: int = 100, backend: str = "mujoco_cpu") -> dict[str, float]:
     """Torch calls per env step on the torch references (as on a GPU): steps without episode ends and
     steps with some (1 s episodes, ends staggered over the envs), and the envs reset per such step.
-    ``backend`` ``mujoco_warp`` runs on Warp's CPU device here: its own calls are those it makes on a GPU."""
+    ``backend`` ``mujoco_warp`` runs on its default device (Warp's CPU device without a GPU): its calls
+    are the same on either."""
     env = _make_env(n, 1, terrain, episode_length_s=1.0, backend_name=backend)
     zeros = torch.zeros(n, env.num_actions)
     calls: dict[bool, list[int]] = {False: [], True: []}
@@ -136,7 +137,8 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
                       r["task"] + r["obs"] + r["rest"], r["calls"], r["env/raw"])
     calls = Table("env_step: torch calls per env step as a GPU dispatches them (numpy fast paths off), "
                   "median over steps without and with episode ends; every installed backend (mujoco_warp "
-                  "on Warp's CPU device, 64 envs: the count does not depend on N)",
+                  "on its default device, a CUDA GPU else Warp's CPU device; 64 envs: the count does not "
+                  "depend on N)",
                   ["backend", "terrain", "envs", "steps without ends", "steps with ends",
                    "envs reset per such step", "steps with ends / all"])
     for backend in (b.name for b in BACKENDS.values() if b.installed()):
