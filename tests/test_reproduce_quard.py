@@ -10,8 +10,8 @@ import pytest
 from quadforge.tools.cli import main as cli_main
 from quadforge.envs.quard.families import family_names
 from quadforge.tools.quard_report import BEGIN, END, TABLE3_ROWS, load_run, table3_section
-from quadforge.tools.reproduce_quard import (SCALES, QuardConfig, Step, build_plan, eval_results, is_complete,
-                                             missing_capabilities,
+from quadforge.tools.reproduce_quard import (EVAL_STAGES, SCALES, TRAIN_STAGES, QuardConfig, Step, build_plan,
+                                             eval_results, is_complete, missing_capabilities, steps_to_run,
                                              clear_dead_attempt, plan_markdown, resume_argv, run_quard, run_step,
                                              step_record_path)
 from quadforge.tools.results_report import two_proportion_z, write_report
@@ -705,3 +705,86 @@ def test_the_report_names_each_rows_starting_checkpoint_and_the_upcycled_ones():
     assert "RT-1-style from" in line and "vla_rt1.pt`;" in line
     assert "GeRM from" in line and "vla_germ_dense.pt` (upcycled)" in line and "dense FFN's width" in line
     assert "upcycled" not in _init_line([f"rt1={ckpts / 'vla_rt1.pt'}"]).lower()
+
+
+def _finish_trainings_and_evals(cfg: QuardConfig) -> list[Step]:
+    """Every training and evaluation of ``cfg``'s plan marked finished as a run leaves them (a last.pt or an
+    eval.json, and the step's record holding the command it ran)."""
+    steps = build_plan(cfg)
+    for step in steps:
+        if step.stage in TRAIN_STAGES + EVAL_STAGES:
+            Path(step.output).mkdir(parents=True, exist_ok=True)
+            (Path(step.output) / ("last.pt" if step.stage in TRAIN_STAGES else "eval.json")).write_text("{}")
+            step_record_path(cfg.out, step).parent.mkdir(parents=True, exist_ok=True)
+            step_record_path(cfg.out, step).write_text(json.dumps({"argv": step.argv}))
+    return steps
+
+
+def test_a_longer_train_steps_continues_every_training_and_scores_it_again(tmp_path, monkeypatch):
+    """--train-steps over a finished run: each training resumes from its last.pt to the new length, and its
+    evaluation runs again (the old scores were another model's); a shorter budget or a flywheel round
+    collected by the old model is a clear error before anything runs."""
+    import quadforge.tools.reproduce_quard as rq
+    monkeypatch.setattr(rq, "_store_episodes", lambda *a, **k: 10 ** 6)    # every collection complete
+    out = str(tmp_path / "run")
+    _finish_trainings_and_evals(QuardConfig(out=out, scale="tiny", seeds=(0,)))
+    assert steps_to_run(QuardConfig(out=out, scale="tiny", seeds=(0,)), build_plan(
+        QuardConfig(out=out, scale="tiny", seeds=(0,)))) == []
+    longer = QuardConfig(out=out, scale="tiny", seeds=(0,), train_steps=8).validate()
+    todo = steps_to_run(longer, build_plan(longer))
+    assert {s.stage for s in todo} == {"train", "eval"}        # round 0's collector keeps its length
+    assert len(todo) == len([s for s in build_plan(longer) if s.stage in ("train", "eval")])
+    for step in (s for s in todo if s.stage in TRAIN_STAGES):
+        argv = resume_argv(step)
+        assert argv[argv.index("--max-steps") + 1] == "8" and argv[-1] == "--resume", step.id
+    with pytest.raises(ValueError, match="trained 4 steps and this run asks 2.*use a new --out"):
+        steps_to_run(QuardConfig(out=out, scale="tiny", seeds=(0,), train_steps=2), build_plan(
+            QuardConfig(out=out, scale="tiny", seeds=(0,), train_steps=2)))
+    flywheel = str(tmp_path / "flywheel")
+    _finish_trainings_and_evals(QuardConfig(out=flywheel, scale="tiny", seeds=(0,), rounds=2))
+    cfg = QuardConfig(out=flywheel, scale="tiny", seeds=(0,), rounds=2, train_steps=8)
+    with pytest.raises(ValueError, match="r1-auto is complete but read .*train-germ_Y_r0_s0"):
+        steps_to_run(cfg, build_plan(cfg))
+
+
+def test_train_steps_sets_every_rows_length_and_keeps_checkpoints_few():
+    """--train-steps replaces the scale's length in every Table III training; a long budget validates and keeps
+    checkpoints at most ~40 and ~4 times (each GeRM checkpoint is ~90 MB), a short one as the scale does."""
+    plan = build_plan(QuardConfig(scale="power", seeds=(0,), train_steps=24000))
+    trains = [s for s in plan if s.stage == "train"]
+    assert trains and all(s.argv[s.argv.index("--max-steps") + 1] == "24000" for s in trains)
+    assert all("val_every=600" in s.argv and "keep_every=6000" in s.argv for s in trains)
+    pre = next(s for s in plan if s.stage == "pretrain")                 # round 0's collector keeps its length
+    assert pre.argv[pre.argv.index("--max-steps") + 1] == "2000" and "val_every=200" in pre.argv
+    with pytest.raises(ValueError, match="--train-steps 0"):
+        QuardConfig(train_steps=0).validate()
+
+
+def test_imitation_flags_with_the_quard_stage_are_a_clear_error(tmp_path, capsys):
+    """Flags the quard stage would silently ignore are refused, naming them, before anything runs."""
+    out = str(tmp_path / "r")
+    assert cli_main(["reproduce", "--stages", "quard", "--quick", "--germ-steps", "9", "--out", out]) == 2
+    assert "--quick, --germ-steps belong to the imitation/germ stages" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_a_finished_toy_run_continued_to_a_longer_budget(tmp_path):
+    """The toy loop, then the same command with a longer --train-steps: every row's training resumes from
+    its checkpoint to the new length (its checkpoint says so), its evaluation runs again, and nothing else
+    does (the demonstrations, the collector and round 0's collection stay)."""
+    from quadforge.models.checkpoint import load_checkpoint
+    cfg = QuardConfig(out=str(tmp_path / "run"), docs=str(tmp_path / "results.md"), scale="tiny", seeds=(0,))
+    if missing_capabilities(build_plan(cfg)):
+        pytest.skip("the QUARD loop needs commands this build lacks")
+    run_quard(cfg, log=lambda s: None)
+    records = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run" / "steps").glob("*.json")}
+    longer = QuardConfig(out=cfg.out, docs=cfg.docs, scale="tiny", seeds=(0,), train_steps=6)
+    run_quard(longer, log=lambda s: None)
+    again = {p.name for p in (tmp_path / "run" / "steps").glob("*.json")
+             if p.stat().st_mtime_ns != records[p.name]}
+    assert again == {f"{s.id}.json" for s in build_plan(longer) if s.stage in ("train", "eval")}
+    for step in (s for s in build_plan(longer) if s.stage == "train"):
+        assert load_checkpoint(str(Path(step.output) / "last.pt")).step == 6, step.id
+        assert "--resume" in json.loads(step_record_path(cfg.out, step).read_text())["argv"]
+    assert "6 training steps" in Path(cfg.docs).read_text()

@@ -340,7 +340,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default=None, help="imitation dataset sizes in env steps, e.g. 50000,250000,1000000")
     p.add_argument("--seeds", default=None, help="training seeds, e.g. 0,1,2")
     p.add_argument("--models", default=None, help=f"imitation models (default {','.join(DEFAULT_MODELS)})")
-    p.add_argument("--train-steps", type=int, default=None, help="optimizer steps per imitation run")
+    p.add_argument("--train-steps", type=int, default=None, help="optimizer steps per imitation run; with --stages "
+                   "quard, per Table III and flywheel training instead of the scale's (over a finished run, a "
+                   "longer budget continues each training from its last.pt and evaluates it again)")
     p.add_argument("--germ-steps", type=int, default=None, help="optimizer steps per GeRM run")
     p.add_argument("--germ-episodes", type=int, default=None, help="GeRM data: clean episodes (and as many perturbed)")
     p.add_argument("--eval-terrain", default=None, help="evaluation terrain types (comma list)")
@@ -364,6 +366,14 @@ def run(args: argparse.Namespace) -> int:
     if "quard" in stages:
         if stages != ("quard",):
             raise ValueError(f"--stages={args.stages!r}: quard runs alone (its own --out and report section)")
+        imitation_only = [flag for flag, value in (("--quick", args.quick), ("--sizes", args.sizes),
+                          ("--models", args.models), ("--germ-steps", args.germ_steps),
+                          ("--germ-episodes", args.germ_episodes), ("--eval-terrain", args.eval_terrain),
+                          ("--eval-levels", args.eval_levels), ("--eval-episodes", args.eval_episodes),
+                          ("--report-section", args.report_section)) if value]
+        if imitation_only:   # silently ignored, they would leave a run that is not the one asked for
+            raise ValueError(f"{', '.join(imitation_only)} belong to the imitation/germ stages; --stages quard "
+                             f"takes its sizes from --scale (and --train-steps, --seeds, --rounds)")
         return run_quard_from_args(args, _ints(args.seeds) if args.seeds else None)
     if args.scale or args.rounds is not None or args.demos or args.pretrained or args.jobs is not None \
             or args.fig6 or args.train_override or args.init or args.device or args.backend or args.warp_device:

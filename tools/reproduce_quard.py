@@ -1,6 +1,6 @@
 """`quadforge reproduce --stages quard`: the QUARD-Auto loop and seed 003's Table III on our tasks.
 
-    quadforge reproduce --stages quard [--scale tiny|cpu|paper|power] [--rounds K] [--seeds 0,1,2]
+    quadforge reproduce --stages quard [--scale tiny|cpu|paper|power] [--train-steps N] [--rounds K] [--seeds 0,1,2]
                         [--demos STORE] [--pretrained CKPT] [--fig6 FAMILY] [--jobs N]
                         [--out runs/reproduce_quard] [--docs docs/results.md] [--report-only]
 
@@ -26,8 +26,9 @@ Every step names the steps whose outputs it reads (``Step.after``); ``--jobs N``
 each as soon as those are done.
 
 A step is complete when its output is (a store holding its target episode count; a training directory with
-``last.pt`` and the step's record; an ``eval.json``), and is then skipped: an interrupted run resumes where
-it stopped. Every finished step writes ``OUT/steps/<id>.json`` (command, wall time) and every evaluation
+``last.pt`` and the step's record of the same ``--max-steps``; an ``eval.json``), and is then skipped: an
+interrupted run resumes where it stopped, and a longer ``--train-steps`` continues finished trainings and
+scores them again (``steps_to_run``). Every finished step writes ``OUT/steps/<id>.json`` (command, wall time) and every evaluation
 ``OUT/results/<run>.json`` (successes, episodes, parameters); the report (``tools/quard_report.py``) is
 built from those files alone. A step whose command does not exist in this build fails before running with
 a message naming the missing capability: nothing is faked.
@@ -46,7 +47,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -99,6 +100,11 @@ class QuardScale:
         return math.ceil(self.row_episodes() / cells)
 
 
+def _at_most(every: int | None, steps: int, count: int) -> int | None:
+    """An every-N-steps interval widened so that ``steps`` steps hold at most about ``count`` of them."""
+    return None if every is None else max(every, math.ceil(steps / count))
+
+
 SCALE_PRESETS: dict[str, QuardScale] = {
     # a smoke test of the plumbing: minutes, numbers meaningless
     "tiny": QuardScale("tiny", demo_episodes=8, auto_episodes=8, train_steps=4, batch_size=4, preset="cpu",
@@ -148,10 +154,21 @@ class QuardConfig:
     device: str = "cpu"
     backend: str = "mujoco_cpu"
     warp_device: str | None = None
+    # optimizer steps of every Table III and flywheel training instead of the scale's (--train-steps; the
+    # pre-trained collector and Fig. 6 keep the scale's); over a finished run, a longer budget continues
+    # each training from its last.pt (is_complete) and scores it again
+    train_steps: int | None = None
 
     @property
     def sizes(self) -> QuardScale:
-        return SCALE_PRESETS[self.scale]
+        scale = SCALE_PRESETS[self.scale]
+        if self.train_steps is None:
+            return scale
+        n = int(self.train_steps)
+        # at most ~40 validation points and ~4 kept checkpoints however long: a 24,000-step GeRM run that
+        # kept step_N.pt every 500 steps would hold 48 checkpoints of ~90 MB each
+        return replace(scale, train_steps=n, val_every=_at_most(scale.val_every, n, 40),
+                       keep_every=_at_most(scale.keep_every, n, 4))
 
     def validate(self) -> "QuardConfig":
         if self.scale not in SCALE_PRESETS:
@@ -160,6 +177,8 @@ class QuardConfig:
             raise ValueError("--seeds is empty; give e.g. 0,1,2 (Table III wants >= 3)")
         if not 1 <= int(self.rounds) <= 10:
             raise ValueError(f"--rounds={self.rounds}; give 1..10 collection rounds")
+        if self.train_steps is not None and int(self.train_steps) < 1:
+            raise ValueError(f"--train-steps {self.train_steps}: give the optimizer steps of every training, >= 1")
         if self.pretrain_model not in MODEL_NAMES:
             raise ValueError(f"--pretrain-model={self.pretrain_model!r}; allowed: {', '.join(MODEL_NAMES)}")
         if self.demos is not None:
@@ -273,8 +292,9 @@ def run_name(model: str, failures: bool, rnd: int, seed: int) -> str:
     return f"{model}_{'Y' if failures else 'N'}_r{rnd}_s{seed}"
 
 
-def _train_argv(cfg: QuardConfig, model: str, failures: bool, store: str, out: str, seed: int) -> list[str]:
-    s = cfg.sizes
+def _train_argv(cfg: QuardConfig, model: str, failures: bool, store: str, out: str, seed: int,
+                sizes: QuardScale | None = None) -> list[str]:
+    s = sizes or cfg.sizes
     argv = ["train", "--model", model, "--store", store, "--out", out, "--seed", str(seed), "--preset", s.preset]
     if s.train_steps is not None:
         argv += ["--max-steps", str(s.train_steps)]
@@ -334,8 +354,10 @@ def build_plan(cfg: QuardConfig) -> list[Step]:
         demos, n_demos = cfg.demos.rstrip("/"), _store_episodes(cfg.demos)
     if cfg.pretrained is None:
         pre = f"{out}/train/pretrain_{cfg.pretrain_model}"
-        steps.append(Step("pretrain", "pretrain", _train_argv(cfg, cfg.pretrain_model, False, demos, pre, cfg.seed),
-                          pre, ("vla_train",), {"model": cfg.pretrain_model}, after=first))
+        # the scale's own length: --train-steps lengthens the rows, not round 0's collector (its data)
+        argv = _train_argv(cfg, cfg.pretrain_model, False, demos, pre, cfg.seed, SCALE_PRESETS[cfg.scale])
+        steps.append(Step("pretrain", "pretrain", argv, pre, ("vla_train",), {"model": cfg.pretrain_model},
+                          after=first))
         collector, collector_step = f"{pre}/last.pt", ("pretrain",)
     else:   # --pretrained: a shipped VLA checkpoint collects round 0
         collector, collector_step = cfg.pretrained, ()
@@ -493,11 +515,42 @@ def is_complete(cfg: QuardConfig, step: Step) -> bool:
     if step.stage in ("demos", "auto"):
         return _store_episodes(step.output) >= int(step.meta["episodes"])
     if step.stage in TRAIN_STAGES:
-        return (Path(step.output) / "last.pt").exists() and step_record_path(cfg.out, step).exists()
+        record = step_record_path(cfg.out, step)
+        if not ((Path(step.output) / "last.pt").exists() and record.exists()):
+            return False
+        trained, asked = max_steps(json.loads(record.read_text()).get("argv", [])), max_steps(step.argv)
+        if trained is not None and asked is not None and trained > asked:
+            raise ValueError(f"{step.id}: {step.output} trained {trained} steps and this run asks {asked} "
+                             f"(--train-steps or --scale); a finished training is not shortened: use a new --out")
+        return trained is None or asked is None or trained == asked   # fewer: continued to the new length
     return (Path(step.output) / "eval.json").exists() and step_record_path(cfg.out, step).exists()
 
 
+def max_steps(argv: list[str]) -> int | None:
+    """A training command's ``--max-steps`` (None when it leaves the length to the preset)."""
+    return int(argv[argv.index("--max-steps") + 1]) if "--max-steps" in argv else None
+
+
+def steps_to_run(cfg: QuardConfig, steps: list[Step]) -> list[Step]:
+    """The steps that are not complete, and every evaluation of a training that runs again: a training
+    continued to a longer budget is a new model, so its old scores go. A complete collection that read
+    such a training (a later flywheel round's) would keep data from the old model: a clear error instead."""
+    todo: set[str] = set()
+    trainings = {s.id for s in steps if s.stage in TRAIN_STAGES}
+    for step in steps:   # in plan order: a step comes after every step it reads
+        rerun = todo.intersection(step.after, trainings)
+        if not is_complete(cfg, step):
+            todo.add(step.id)
+        elif rerun and step.stage in EVAL_STAGES:
+            todo.add(step.id)
+        elif rerun:
+            raise ValueError(f"{step.id} is complete but read {', '.join(sorted(rerun))}, which runs again (a longer "
+                             f"--train-steps?): its output would stay the old model's; use a new --out")
+    return [s for s in steps if s.id in todo]
+
+
 TRAIN_STAGES = ("pretrain", "train", "fig6_train")   # steps whose output is a training directory
+EVAL_STAGES = ("eval", "fig6_eval")                   # steps that score a training's checkpoint
 
 
 class StepFailed(RuntimeError):
@@ -800,6 +853,7 @@ def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str
     cfg.validate()
     out = Path(cfg.out)
     steps = build_plan(cfg)
+    todo = steps_to_run(cfg, steps)   # before anything is written: a budget it cannot meet is an error
     meta_path = out / "run.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     meta.update({"config": asdict(cfg), "scale": asdict(cfg.sizes),
@@ -809,7 +863,6 @@ def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str
     if "preset_parameters" not in meta:
         meta["preset_parameters"] = preset_parameters()
     _write_json(meta_path, meta)
-    todo = [s for s in steps if not is_complete(cfg, s)]
     missing = missing_capabilities(todo)
     if missing:
         first = next(s for s in todo if set(s.needs) & set(missing))
@@ -900,6 +953,8 @@ def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> in
     for name in ("device", "backend", "warp_device"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
+    if getattr(args, "train_steps", None) is not None:
+        kw["train_steps"] = args.train_steps
     if seeds:
         kw["seeds"] = seeds
     command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
