@@ -737,9 +737,14 @@ def test_a_longer_train_steps_continues_every_training_and_scores_it_again(tmp_p
     for step in (s for s in todo if s.stage in TRAIN_STAGES):
         argv = resume_argv(step)
         assert argv[argv.index("--max-steps") + 1] == "8" and argv[-1] == "--resume", step.id
-    with pytest.raises(ValueError, match="trained 4 steps and this run asks 2.*use a new --out"):
+    with pytest.raises(ValueError, match="trained 4 steps and this run asks 2 .*use a new --out"):
         steps_to_run(QuardConfig(out=out, scale="tiny", seeds=(0,), train_steps=2), build_plan(
             QuardConfig(out=out, scale="tiny", seeds=(0,), train_steps=2)))
+    paper = str(tmp_path / "paper")   # the paper scale trains the preset's length: no --max-steps to compare
+    _finish_trainings_and_evals(QuardConfig(out=paper, scale="paper", seeds=(0,)))
+    with pytest.raises(ValueError, match="trained the preset length of steps and this run asks 30000 "):
+        cfg = QuardConfig(out=paper, scale="paper", seeds=(0,), train_steps=30000)
+        steps_to_run(cfg, build_plan(cfg))
     flywheel = str(tmp_path / "flywheel")
     _finish_trainings_and_evals(QuardConfig(out=flywheel, scale="tiny", seeds=(0,), rounds=2))
     cfg = QuardConfig(out=flywheel, scale="tiny", seeds=(0,), rounds=2, train_steps=8)

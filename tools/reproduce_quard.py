@@ -518,11 +518,15 @@ def is_complete(cfg: QuardConfig, step: Step) -> bool:
         record = step_record_path(cfg.out, step)
         if not ((Path(step.output) / "last.pt").exists() and record.exists()):
             return False
-        trained, asked = max_steps(json.loads(record.read_text()).get("argv", [])), max_steps(step.argv)
-        if trained is not None and asked is not None and trained > asked:
-            raise ValueError(f"{step.id}: {step.output} trained {trained} steps and this run asks {asked} "
-                             f"(--train-steps or --scale); a finished training is not shortened: use a new --out")
-        return trained is None or asked is None or trained == asked   # fewer: continued to the new length
+        ran = json.loads(record.read_text()).get("argv")
+        trained, asked = (max_steps(ran) if ran is not None else None), max_steps(step.argv)
+        if ran is None or trained == asked:
+            return True
+        if trained is not None and asked is not None and trained < asked:
+            return False   # continued to the new length (resume_argv: --resume)
+        raise ValueError(f"{step.id}: {step.output} trained {trained or 'the preset length of'} steps and this run "
+                         f"asks {asked or 'the preset length'} (--train-steps, --scale); a finished training is only "
+                         f"ever continued to a longer budget: use a new --out")
     return (Path(step.output) / "eval.json").exists() and step_record_path(cfg.out, step).exists()
 
 
