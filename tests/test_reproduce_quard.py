@@ -11,7 +11,8 @@ from quadforge.tools.cli import main as cli_main
 from quadforge.envs.quard.families import family_names
 from quadforge.tools.quard_report import BEGIN, END, TABLE3_ROWS, load_run, table3_section
 from quadforge.tools.reproduce_quard import (EVAL_STAGES, SCALES, TRAIN_STAGES, QuardConfig, Step, build_plan,
-                                             eval_results, is_complete, missing_capabilities, steps_to_run,
+                                             eval_results, is_complete, max_steps, missing_capabilities,
+                                             steps_to_run,
                                              clear_dead_attempt, plan_markdown, resume_argv, run_quard, run_step,
                                              step_record_path)
 from quadforge.tools.results_report import two_proportion_z, write_report
@@ -791,5 +792,9 @@ def test_a_finished_toy_run_continued_to_a_longer_budget(tmp_path):
     assert again == {f"{s.id}.json" for s in build_plan(longer) if s.stage in ("train", "eval")}
     for step in (s for s in build_plan(longer) if s.stage == "train"):
         assert load_checkpoint(str(Path(step.output) / "last.pt")).step == 6, step.id
-        assert "--resume" in json.loads(step_record_path(cfg.out, step).read_text())["argv"]
+        record = json.loads(step_record_path(cfg.out, step).read_text())
+        assert "--resume" in record["argv"]
+        # the record's wall time is the whole training's: the 4-step run's and the continuation's
+        assert [max_steps(seg["argv"]) for seg in record["segments"]] == [4, 6]
+        assert record["wall_s"] == pytest.approx(sum(seg["wall_s"] for seg in record["segments"]))
     assert "6 training steps" in Path(cfg.docs).read_text()

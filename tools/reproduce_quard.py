@@ -609,6 +609,9 @@ def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[s
         return record
     collector = step.meta.get("collector", "expert")
     before = _store_episodes(step.output, collector) if step.stage in ("demos", "auto") else 0
+    # a finished training continued to a longer --train-steps: its record keeps the earlier runs' time
+    prior = step_record_path(cfg.out, step)
+    earlier = json.loads(prior.read_text()) if step.stage in TRAIN_STAGES and prior.exists() else None
     with open(logfile, "a") as fh:   # a resumed step adds to its killed attempt's log, which stays readable
         fh.write(f"# {started} UTC: quadforge {shlex.join(argv)}\n")
         fh.flush()
@@ -621,6 +624,10 @@ def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[s
                            f"{step.command}; log {logfile})")
     record = {"id": step.id, "stage": step.stage, "command": step.command, "argv": argv, "meta": step.meta,
               "started_utc": started, "wall_s": wall}
+    if earlier is not None and "wall_s" in earlier:   # wall_s: the training's whole time, over its segments
+        first = [{k: earlier.get(k) for k in ("argv", "started_utc", "wall_s")}]
+        record["segments"] = earlier.get("segments", first) + [{"argv": argv, "started_utc": started, "wall_s": wall}]
+        record["wall_s"] = wall + float(earlier["wall_s"])
     if step.stage in ("demos", "auto"):
         # a resumed collection's wall time covers only the episodes this invocation added
         record["collection"] = collection_stats(step.output, collector)
