@@ -609,9 +609,10 @@ def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[s
         return record
     collector = step.meta.get("collector", "expert")
     before = _store_episodes(step.output, collector) if step.stage in ("demos", "auto") else 0
-    # a finished training continued to a longer --train-steps: its record keeps the earlier runs' time
+    # a finished training continued to a longer --train-steps (resumed over its record): the record keeps
+    # the earlier runs' time; one started afresh (--overwrite) over a stale record does not inherit it
     prior = step_record_path(cfg.out, step)
-    earlier = json.loads(prior.read_text()) if step.stage in TRAIN_STAGES and prior.exists() else None
+    earlier = json.loads(prior.read_text()) if "--resume" in argv and prior.exists() else None
     with open(logfile, "a") as fh:   # a resumed step adds to its killed attempt's log, which stays readable
         fh.write(f"# {started} UTC: quadforge {shlex.join(argv)}\n")
         fh.flush()
