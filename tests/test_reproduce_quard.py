@@ -660,7 +660,7 @@ def test_a_fig6_point_counts_its_familys_episodes_at_the_checkpoints_epoch(tmp_p
 def test_a_resumed_collections_rate_counts_only_the_episodes_it_added(tmp_path, monkeypatch):
     from quadforge.tools import reproduce_quard as rq
     counts = iter([30, 40])    # the collector's episodes before and after the invocation
-    monkeypatch.setattr(rq, "_store_episodes", lambda path, collector=None: next(counts))
+    monkeypatch.setattr(rq, "store_episodes", lambda path, collector=None: next(counts))
     monkeypatch.setattr(rq, "collection_stats", lambda store, collector: {"episodes": 40, "per_family": {}})
     monkeypatch.setattr(rq, "run_child", lambda cmd, log_file, env: 0)
     cfg = QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,))
@@ -726,7 +726,7 @@ def test_a_longer_train_steps_continues_every_training_and_scores_it_again(tmp_p
     evaluation runs again (the old scores were another model's); a shorter budget or a flywheel round
     collected by the old model is a clear error before anything runs."""
     import quadforge.tools.reproduce_quard as rq
-    monkeypatch.setattr(rq, "_store_episodes", lambda *a, **k: 10 ** 6)    # every collection complete
+    monkeypatch.setattr(rq, "store_episodes", lambda *a, **k: 10 ** 6)    # every collection complete
     out = str(tmp_path / "run")
     _finish_trainings_and_evals(QuardConfig(out=out, scale="tiny", seeds=(0,)))
     assert steps_to_run(QuardConfig(out=out, scale="tiny", seeds=(0,)), build_plan(

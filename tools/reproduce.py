@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from quadforge.tools.reproduce_quard import add_arguments as quard_arguments
 from quadforge.tools.reproduce_quard import run_from_args as run_quard_from_args
+from quadforge.tools.quard_status import run_from_args as quard_status_from_args
 from quadforge.tools.run_info import git_state, machine
 from quadforge.tools.results_report import SECTIONS
 from quadforge.models.registry import model_names
@@ -374,11 +375,14 @@ def run(args: argparse.Namespace) -> int:
         if imitation_only:   # silently ignored, they would leave a run that is not the one asked for
             raise ValueError(f"{', '.join(imitation_only)} belong to the imitation/germ stages; --stages quard "
                              f"takes its sizes from --scale (and --train-steps, --seeds, --rounds)")
-        return run_quard_from_args(args, _ints(args.seeds) if args.seeds else None)
+        seeds = _ints(args.seeds) if args.seeds else None
+        return (quard_status_from_args if args.status else run_quard_from_args)(args, seeds)
     if args.scale or args.rounds is not None or args.demos or args.pretrained or args.jobs is not None \
-            or args.fig6 or args.train_override or args.init or args.device or args.backend or args.warp_device:
+            or args.fig6 or args.train_override or args.init or args.device or args.backend or args.warp_device \
+            or args.status:
         raise ValueError("--scale, --rounds, --demos, --pretrained, --jobs, --fig6, --train-override, --init, "
-                         "--device, --backend and --warp-device belong to --stages quard; the imitation/germ stages "
+                         "--device, --backend, --warp-device and --status belong to --stages quard; the imitation/germ "
+                         "stages "
                          "use --quick")
     if args.report_only:
         path = Path(args.out) / "results.json"

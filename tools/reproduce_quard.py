@@ -2,7 +2,7 @@
 
     quadforge reproduce --stages quard [--scale tiny|cpu|paper|power] [--train-steps N] [--rounds K] [--seeds 0,1,2]
                         [--demos STORE] [--pretrained CKPT] [--fig6 FAMILY] [--jobs N]
-                        [--out runs/reproduce_quard] [--docs docs/results.md] [--report-only]
+                        [--out runs/reproduce_quard] [--docs docs/results.md] [--report-only | --status]
 
 The loop is a fixed sequence of ordinary ``quadforge`` commands (the plan, ``build_plan``), each run as its
 own process so the report can quote the exact command line:
@@ -182,7 +182,7 @@ class QuardConfig:
         if self.pretrain_model not in MODEL_NAMES:
             raise ValueError(f"--pretrain-model={self.pretrain_model!r}; allowed: {', '.join(MODEL_NAMES)}")
         if self.demos is not None:
-            n = _store_episodes(self.demos)
+            n = store_episodes(self.demos)
             if n == 0:
                 raise ValueError(f"--demos {self.demos}: no trajectory store with episodes there; give the store a "
                                  f"`quadforge collect --task quard:all --policy quard_expert` run wrote")
@@ -351,7 +351,7 @@ def build_plan(cfg: QuardConfig) -> list[Step]:
                           demos, ("quard_collect", "quard_expert"), {"episodes": n_demos}))
         first = ("demos",)
     else:   # --demos: a store someone already collected (read now: the round stores start from all of it)
-        demos, n_demos = cfg.demos.rstrip("/"), _store_episodes(cfg.demos)
+        demos, n_demos = cfg.demos.rstrip("/"), store_episodes(cfg.demos)
     if cfg.pretrained is None:
         pre = f"{out}/train/pretrain_{cfg.pretrain_model}"
         # the scale's own length: --train-steps lengthens the rows, not round 0's collector (its data)
@@ -499,7 +499,7 @@ def missing_capabilities(steps: list[Step]) -> dict[str, str]:
 
 
 # --- completeness -----------------------------------------------------------------------------------------
-def _store_episodes(path: str, collector: str | None = None) -> int:
+def store_episodes(path: str, collector: str | None = None) -> int:
     if not Path(path).is_dir():
         return 0
     from quadforge.data.store import TrajectoryStore
@@ -513,7 +513,7 @@ def step_record_path(out: str, step: Step) -> Path:
 
 def is_complete(cfg: QuardConfig, step: Step) -> bool:
     if step.stage in ("demos", "auto"):
-        return _store_episodes(step.output) >= int(step.meta["episodes"])
+        return store_episodes(step.output) >= int(step.meta["episodes"])
     if step.stage in TRAIN_STAGES:
         record = step_record_path(cfg.out, step)
         if not ((Path(step.output) / "last.pt").exists() and record.exists()):
@@ -608,7 +608,7 @@ def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[s
         log(f"[quard] {step.id}: done in {wall:.0f} s")
         return record
     collector = step.meta.get("collector", "expert")
-    before = _store_episodes(step.output, collector) if step.stage in ("demos", "auto") else 0
+    before = store_episodes(step.output, collector) if step.stage in ("demos", "auto") else 0
     # a finished training continued to a longer --train-steps (resumed over its record): the record keeps
     # the earlier runs' time; one started afresh (--overwrite) over a stale record does not inherit it
     prior = step_record_path(cfg.out, step)
@@ -644,9 +644,9 @@ def copy_store(source: str, dest: str) -> None:
     """``dest`` becomes a copy of the store at ``source`` (through a temporary directory renamed at the end,
     so an interrupted copy leaves no half store behind). A ``dest`` that already holds a store is kept."""
     src, dst = Path(source), Path(dest)
-    if _store_episodes(str(dst)) > 0:
+    if store_episodes(str(dst)) > 0:
         return
-    if _store_episodes(str(src)) == 0:
+    if store_episodes(str(src)) == 0:
         raise ValueError(f"{source}: no store with episodes to copy")
     tmp = dst.with_name(dst.name + ".copying")
     if tmp.exists():
@@ -936,10 +936,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "evaluations' physics backend (mujoco_warp: MuJoCo Warp, on a GPU with --warp-device cuda:0); "
                    "default mujoco_cpu")
     p.add_argument("--warp-device", default=None, help="quard stage, --backend mujoco_warp: Warp device (cuda:0, cpu)")
+    p.add_argument("--status", action="store_true", help="quard stage: where the run in --out stands (steps done, a "
+                   "training's step and time left from its log), its last command's plan with the flags given now; "
+                   "runs nothing")
+
+
+def quard_out(args: argparse.Namespace) -> str:
+    """--out, where the imitation stages' default (runs/reproduce) gives way to the loop's own."""
+    return args.out if args.out != "runs/reproduce" else "runs/reproduce_quard"
 
 
 def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> int:
-    out = args.out if args.out != "runs/reproduce" else "runs/reproduce_quard"
+    out = quard_out(args)
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: give the number of steps to run at once, >= 1 (one core each)")
     if args.report_only:
@@ -947,17 +955,26 @@ def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> in
             raise FileNotFoundError(f"--report-only: no {out}/run.json; run `quadforge reproduce --stages quard` first")
         print(f"wrote {update_docs(Path(out), Path(args.docs))}")
         return 0
-    kw: dict[str, Any] = {"out": out, "docs": args.docs}
-    if args.scale:
-        kw["scale"] = args.scale
+    kw = given_fields(args, seeds)
+    command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
+    try:
+        cfg = QuardConfig(out=out, docs=args.docs, **kw)
+        print(f"wrote {run_quard(cfg, command=command, jobs=args.jobs or 1)}")
+    except StepFailed as err:   # one line naming the step, its command and its log; rerun to resume
+        print(f"quadforge reproduce: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def given_fields(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> dict[str, Any]:
+    """The QuardConfig fields the command line sets (the others keep their defaults, or with --status the
+    run's own)."""
+    kw: dict[str, Any] = {}
+    for name in ("scale", "demos", "pretrained", "fig6"):
+        if getattr(args, name):
+            kw[name] = getattr(args, name)
     if args.rounds is not None:
         kw["rounds"] = args.rounds
-    if args.demos:
-        kw["demos"] = args.demos
-    if args.pretrained:
-        kw["pretrained"] = args.pretrained
-    if args.fig6:
-        kw["fig6"] = args.fig6
     if args.train_override:
         kw["train_overrides"] = tuple(args.train_override)
     if args.init:
@@ -969,10 +986,4 @@ def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> in
         kw["train_steps"] = args.train_steps
     if seeds:
         kw["seeds"] = seeds
-    command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
-    try:
-        print(f"wrote {run_quard(QuardConfig(**kw), command=command, jobs=args.jobs or 1)}")
-    except StepFailed as err:   # one line naming the step, its command and its log; rerun to resume
-        print(f"quadforge reproduce: error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return kw
