@@ -12,8 +12,9 @@ import pytest
 import quadforge.tools.quard_status as qs
 import quadforge.tools.reproduce_quard as rq
 from quadforge.tools.cli import main as cli_main
-from quadforge.tools.quard_status import config_of_run, run_status, status_text, training_progress
+from quadforge.tools.quard_status import config_of_run, run_status, status_text
 from quadforge.tools.reproduce_quard import EVAL_STAGES, TRAIN_STAGES, QuardConfig, build_plan, step_record_path
+from quadforge.tools.train_progress import training_progress
 
 
 def _finished(cfg: QuardConfig, monkeypatch) -> None:

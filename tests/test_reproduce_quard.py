@@ -444,6 +444,31 @@ def test_a_failed_step_stops_new_steps_and_keeps_the_finished(monkeypatch):
     assert sorted(done) == ["a", "b"]    # d, which reads c, never started
 
 
+def test_the_runner_reports_its_running_steps_every_few_minutes(tmp_path, monkeypatch):
+    """Between a step's start and end (an hour for a long training) the runner writes a line on what runs:
+    a training's step and time left from its log, another step's time so far."""
+    import time as _time
+
+    from quadforge.tools import reproduce_quard as rq
+    out = tmp_path / "run"
+
+    def fake_run(cfg, step, log):
+        if step.stage == "train":
+            (out / "logs").mkdir(parents=True, exist_ok=True)
+            (out / "logs" / f"{step.id}.log").write_text("[rt1] step 2/4 loss=1 samples_per_s=4\n")
+        _time.sleep(0.5)
+        return {"id": step.id}
+    monkeypatch.setattr(rq, "run_step", fake_run)
+    monkeypatch.setattr(rq, "HEARTBEAT_S", 0.1)
+    steps = [Step("t", "train", ["train", "--max-steps", "4", "--batch-size", "2"], "t", ()),
+             Step("e", "eval", ["eval"], "e", ())]
+    lines = []
+    rq.run_steps(QuardConfig(out=str(out)), steps, 2, lines.append, lambda *a: None)
+    beats = [line for line in lines if " UTC: " in line]
+    assert beats, lines
+    assert "t at step 2 of 4, ~0 min left at 2.0 steps/s" in beats[-1] and "e running for 0 min" in beats[-1]
+
+
 _RUNNER_WITH_SLEEPING_STEPS = """
 import subprocess, sys
 from quadforge.tools import reproduce_quard as rq

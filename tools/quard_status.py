@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -20,17 +19,9 @@ from typing import Any
 
 from quadforge.tools.reproduce_quard import (TRAIN_STAGES, QuardConfig, Step, build_plan, given_fields, is_complete,
                                              max_steps, quard_out, steps_to_run, store_episodes)
+from quadforge.tools.train_progress import batch_size_of, training_progress
 
-# the trainer's progress line (training/loop.py): "[germ] step 2550/24000 loss=... samples_per_s=54.49"
-_PROGRESS = re.compile(r"\] step (\d+)/(\d+) .*?samples_per_s=([0-9.eE+-]+)")
 ACTIVE_S = 300.0   # a log written this recently belongs to a step that is running (a GeRM step logs every ~15 s)
-
-
-@dataclass
-class TrainingProgress:
-    step: int            # the last step the log reports
-    of: int              # the length that run was asked for
-    steps_per_s: float   # its rate then (samples/s over the batch), one core
 
 
 @dataclass
@@ -39,25 +30,6 @@ class StepStatus:
     complete: bool
     detail: str
     left_s: float | None = None   # a training's seconds left at its log's rate (one core); None: unknown
-
-
-def training_progress(log: Path, batch_size: int) -> TrainingProgress | None:
-    """The last progress line of a training's log (a continued training's log holds every run's lines)."""
-    if not log.exists():
-        return None
-    last = None
-    with open(log, errors="replace") as fh:
-        for line in fh:
-            m = _PROGRESS.search(line)
-            if m:
-                last = m
-    if last is None:
-        return None
-    return TrainingProgress(int(last[1]), int(last[2]), float(last[3]) / max(1, batch_size))
-
-
-def _batch_size(argv: list[str]) -> int:
-    return int(argv[argv.index("--batch-size") + 1]) if "--batch-size" in argv else 1
 
 
 def _age(path: Path, now: float) -> str:
@@ -69,14 +41,11 @@ def _age(path: Path, now: float) -> str:
 def _training_status(cfg: QuardConfig, step: Step, now: float) -> StepStatus:
     asked = max_steps(step.argv)
     log = Path(cfg.out) / "logs" / f"{step.id}.log"
-    p = training_progress(log, _batch_size(step.argv))
+    p = training_progress(log, batch_size_of(step.argv))
     if p is None:
         return StepStatus(step, False, "not started" if asked is None else f"not started, {asked:,} steps")
     target = asked if asked is not None else p.of
-    done = p.step if p.of == target else min(p.step, target)   # an earlier, shorter run's last step
-    left = max(0, target - done) / p.steps_per_s if p.steps_per_s > 0 else None
-    eta = f", ~{left / 60:.0f} min left at {p.steps_per_s:.1f} steps/s" if left is not None else ""
-    return StepStatus(step, False, f"at step {done:,} of {target:,}{eta}; {_age(log, now)}", left)
+    return StepStatus(step, False, f"{p.describe(target)}; {_age(log, now)}", p.left_s(target))
 
 
 def run_status(cfg: QuardConfig, now: float | None = None) -> list[StepStatus]:

@@ -56,6 +56,7 @@ from quadforge.envs.quard.families import family_names
 from quadforge.output_paths import holds_run
 from quadforge.tools.parent_watch import PARENT_ENV
 from quadforge.tools.quard_report import MODEL_NAMES, TABLE3_ROWS, update_docs
+from quadforge.tools.train_progress import batch_size_of, training_progress
 
 # the colour sets every evaluation covers (envs.quard.env.COLOUR_SETS): the seen colours and the held-out ones
 EVAL_COLOURS = ("train", "held_out")
@@ -809,6 +810,25 @@ class _StopOnSigterm:
             signal.signal(signal.SIGTERM, self._previous)
 
 
+# while steps run, the runner writes a line this often: a run followed in a log file (nohup, a scheduler)
+# otherwise says nothing between a training's start and its end, an hour or more at --train-steps 24000
+HEARTBEAT_S = 600.0
+
+
+def heartbeat(cfg: QuardConfig, running: list[Step], started: dict[str, float]) -> str:
+    """One line on the running steps: a training's step and time left from its log, the others' time so far."""
+    now, parts = time.time(), []
+    for step in running:
+        p = (training_progress(Path(cfg.out) / "logs" / f"{step.id}.log", batch_size_of(step.argv))
+             if step.stage in TRAIN_STAGES else None)
+        target = max_steps(step.argv) or (p.of if p else None)
+        if p is not None and p.of == target:   # this run's lines (a continued log also holds the earlier run's)
+            parts.append(f"{step.id} {p.describe(target)}")
+        else:
+            parts.append(f"{step.id} running for {(now - started.get(step.id, now)) / 60:.0f} min")
+    return f"[quard] {time.strftime('%H:%M', time.gmtime(now))} UTC: " + "; ".join(parts)
+
+
 def run_steps(cfg: QuardConfig, todo: list[Step], jobs: int, log: Callable[[str], None],
               finished: Callable[[Step, dict[str, Any], bool], None]) -> None:
     """Run ``todo`` in plan order, up to ``jobs`` at once, each only after the steps it reads (``after``)
@@ -834,6 +854,7 @@ def _schedule(cfg: QuardConfig, todo: list[Step], jobs: int, pool, log: Callable
     pending = list(todo)
     waiting_on = {s.id for s in todo}
     running: dict[Any, Step] = {}
+    started: dict[str, float] = {}
     failure: StepFailed | None = None
     while pending or running:
         if failure is None:
@@ -841,9 +862,12 @@ def _schedule(cfg: QuardConfig, todo: list[Step], jobs: int, pool, log: Callable
                 pending.remove(step)
                 log(f"[quard] {step.id}: {step.command}")
                 running[pool.submit(run_step, cfg, step, log)] = step
+                started[step.id] = time.time()
         if not running:
             break
-        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        done, _ = wait(running, timeout=HEARTBEAT_S, return_when=FIRST_COMPLETED)
+        if not done:
+            log(heartbeat(cfg, list(running.values()), started))
         for fut in done:
             step = running.pop(fut)
             try:
