@@ -88,7 +88,10 @@ def test_a_log_written_just_now_marks_its_step_running(tmp_path, monkeypatch):
     rows = {r.step.id: r.detail for r in run_status(cfg, now=old + 3600)}
     assert rows["train-rt1_N_r0_s0"].endswith("log written 60 min ago")
     assert rows["train-rt1_N_r0_s0"] != rows["train-germ_Y_r0_s0"]
-    assert rows["train-germ_Y_r0_s0"].endswith("(running)")
+    assert rows["train-germ_Y_r0_s0"].endswith("log written 0 s ago")   # new, but its last line is the 4-step run's
+    log.write_text("[rt1] step 6/8 loss=1 samples_per_s=16\n")           # the continuation's own line
+    rows = {r.step.id: r.detail for r in run_status(cfg)}
+    assert rows["train-rt1_N_r0_s0"].startswith("at step 6 of 8") and rows["train-rt1_N_r0_s0"].endswith("(running)")
 
 
 def test_status_from_the_command_line_prints_and_writes_nothing(tmp_path, monkeypatch, capsys):

@@ -32,10 +32,12 @@ class StepStatus:
     left_s: float | None = None   # a training's seconds left at its log's rate (one core); None: unknown
 
 
-def _age(path: Path, now: float) -> str:
-    s = now - path.stat().st_mtime
+def _age(path: Path, now: float, this_run: bool) -> str:
+    """How long ago the log was written; "running" only when its last line is this run's (a copied or
+    just-resumed log is new, but its last line is the earlier, shorter run's)."""
+    s = max(0.0, now - path.stat().st_mtime)
     when = f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
-    return f"log written {when} ago" + (" (running)" if s < ACTIVE_S else "")
+    return f"log written {when} ago" + (" (running)" if s < ACTIVE_S and this_run else "")
 
 
 def _training_status(cfg: QuardConfig, step: Step, now: float) -> StepStatus:
@@ -45,7 +47,7 @@ def _training_status(cfg: QuardConfig, step: Step, now: float) -> StepStatus:
     if p is None:
         return StepStatus(step, False, "not started" if asked is None else f"not started, {asked:,} steps")
     target = asked if asked is not None else p.of
-    return StepStatus(step, False, f"{p.describe(target)}; {_age(log, now)}", p.left_s(target))
+    return StepStatus(step, False, f"{p.describe(target)}; {_age(log, now, p.of == target)}", p.left_s(target))
 
 
 def run_status(cfg: QuardConfig, now: float | None = None) -> list[StepStatus]:
