@@ -43,6 +43,9 @@ def test_progress_is_the_logs_last_step_line(tmp_path):
                    "[germ] step 100/24000 loss=1 lr=3e-4 samples_per_s=64.0\nTraceback ...\n")
     p = training_progress(log, 16)
     assert (p.step, p.of, p.steps_per_s) == (100, 24000, 4.0)
+    assert p.describe(24000) == "at step 100 of 24,000, ~100 min left at 4.0 steps/s"
+    unknown = training_progress(log, None)   # the preset's batch (--scale paper): a step, no time left
+    assert unknown.describe(24000) == "at step 100 of 24,000" and unknown.left_s(24000) is None
 
 
 def test_a_fresh_plan_is_all_to_run_and_waits_in_order(tmp_path):

@@ -382,8 +382,7 @@ def run(args: argparse.Namespace) -> int:
             or args.status:
         raise ValueError("--scale, --rounds, --demos, --pretrained, --jobs, --fig6, --train-override, --init, "
                          "--device, --backend, --warp-device and --status belong to --stages quard; the imitation/germ "
-                         "stages "
-                         "use --quick")
+                         "stages use --quick")
     if args.report_only:
         path = Path(args.out) / "results.json"
         if not path.exists():

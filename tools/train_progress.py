@@ -19,11 +19,11 @@ _PROGRESS = re.compile(r"\] step (\d+)/(\d+) .*?samples_per_s=([0-9.eE+-]+)")
 class TrainingProgress:
     step: int            # the last step the log reports
     of: int              # the length that run was asked for
-    steps_per_s: float   # its rate then (samples/s over the batch)
+    steps_per_s: float | None   # its rate then (samples/s over the batch); None: the batch is not known
 
     def left_s(self, target: int) -> float | None:
         """Seconds to ``target`` steps at this rate; None without one."""
-        return max(0, target - self.step) / self.steps_per_s if self.steps_per_s > 0 else None
+        return max(0, target - self.step) / self.steps_per_s if self.steps_per_s else None
 
     def describe(self, target: int) -> str:
         done = min(self.step, target)
@@ -32,7 +32,7 @@ class TrainingProgress:
         return f"at step {done:,} of {target:,}{eta}"
 
 
-def training_progress(log: Path, batch_size: int) -> TrainingProgress | None:
+def training_progress(log: Path, batch_size: int | None) -> TrainingProgress | None:
     """The last progress line of a training's log (a continued training's log holds every run's lines)."""
     if not log.exists():
         return None
@@ -44,9 +44,10 @@ def training_progress(log: Path, batch_size: int) -> TrainingProgress | None:
                 last = m
     if last is None:
         return None
-    return TrainingProgress(int(last[1]), int(last[2]), float(last[3]) / max(1, batch_size))
+    return TrainingProgress(int(last[1]), int(last[2]), float(last[3]) / batch_size if batch_size else None)
 
 
-def batch_size_of(argv: list[str]) -> int:
-    """A ``quadforge train`` command's ``--batch-size`` (1 when the preset sets it: the rate is then samples/s)."""
-    return int(argv[argv.index("--batch-size") + 1]) if "--batch-size" in argv else 1
+def batch_size_of(argv: list[str]) -> int | None:
+    """A ``quadforge train`` command's ``--batch-size``; None where its preset sets it (no time left is
+    then given: the log's rate is in samples)."""
+    return int(argv[argv.index("--batch-size") + 1]) if "--batch-size" in argv else None
