@@ -57,7 +57,7 @@ def test_a_fresh_plan_is_all_to_run_and_waits_in_order(tmp_path):
     assert by_id["train-rt1_N_r0_s0"].detail == "not started, 4 steps"
     assert by_id["eval-rt1_N_r0_s0"].detail == "after train-rt1_N_r0_s0"
     text = status_text(cfg, rows)
-    assert text.startswith(f"{cfg.out}: 0 of {len(rows)} steps complete")
+    assert text.startswith(f"{cfg.out}: 0 of {len(rows)} steps complete (no run there yet")
     assert not (tmp_path / "run").exists()   # nothing written
 
 

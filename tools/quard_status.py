@@ -75,7 +75,9 @@ def run_status(cfg: QuardConfig, now: float | None = None) -> list[StepStatus]:
 
 def status_text(cfg: QuardConfig, rows: list[StepStatus]) -> str:
     width = max(len(r.step.id) for r in rows)
-    lines = [f"{cfg.out}: {sum(r.complete for r in rows)} of {len(rows)} steps complete"]
+    started = (Path(cfg.out) / "run.json").exists()
+    lines = [f"{cfg.out}: {sum(r.complete for r in rows)} of {len(rows)} steps complete"
+             + ("" if started else " (no run there yet: the plan of the flags given)")]
     lines += [f"  {r.step.id:<{width}}  {'done' if r.complete else 'to run':<6}  {r.detail}" for r in rows]
     trainings = [r for r in rows if not r.complete and r.step.stage in TRAIN_STAGES]
     known = [r.left_s for r in trainings if r.left_s is not None]
