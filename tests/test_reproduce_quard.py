@@ -791,6 +791,25 @@ def test_train_steps_sets_every_rows_length_and_keeps_checkpoints_few():
         QuardConfig(train_steps=0).validate()
 
 
+def test_the_command_lines_flags_reach_the_runs_config(tmp_path, monkeypatch):
+    """Every quard flag given lands in the config the runner gets; the others keep QuardConfig's defaults."""
+    import quadforge.tools.reproduce_quard as rq
+    got = {}
+    monkeypatch.setattr(rq, "run_quard", lambda cfg, command=None, jobs=1: got.update(cfg=cfg, jobs=jobs) or "x")
+    ckpt = Path(__file__).resolve().parents[1] / "experts" / "checkpoints" / "vla_rt1.pt"
+    out, docs = str(tmp_path / "r"), str(tmp_path / "results.md")
+    assert cli_main(["reproduce", "--stages", "quard", "--scale", "power", "--seeds", "1,2", "--rounds", "2",
+                     "--jobs", "2", "--train-steps", "500", "--init", f"rt1={ckpt}", "--train-override",
+                     "model.history=3", "--out", out, "--docs", docs]) == 0
+    cfg = got["cfg"]
+    assert (cfg.out, cfg.docs, cfg.scale, cfg.seeds, cfg.rounds, cfg.train_steps, got["jobs"]) == \
+        (out, docs, "power", (1, 2), 2, 500, 2)
+    assert cfg.init == (f"rt1={ckpt}",) and cfg.train_overrides == ("model.history=3",)
+    default = QuardConfig()
+    assert (cfg.demos, cfg.pretrained, cfg.fig6, cfg.device, cfg.backend) == \
+        (default.demos, default.pretrained, default.fig6, default.device, default.backend)
+
+
 def test_imitation_flags_with_the_quard_stage_are_a_clear_error(tmp_path, capsys):
     """Flags the quard stage would silently ignore are refused, naming them, before anything runs."""
     out = str(tmp_path / "r")
