@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from quadforge.tools.reproduce_quard import (TRAIN_STAGES, QuardConfig, Step, build_plan, given_fields, is_complete,
-                                             max_steps, quard_out, steps_to_run, store_episodes)
+                                             max_steps, quard_out, step_log_path, steps_to_run,
+                                             store_episodes)
 from quadforge.tools.train_progress import batch_size_of, training_progress
 
 ACTIVE_S = 300.0   # a log written this recently belongs to a step that is running (a GeRM step logs every ~15 s)
@@ -42,7 +43,7 @@ def _age(path: Path, now: float, this_run: bool) -> str:
 
 def _training_status(cfg: QuardConfig, step: Step, now: float) -> StepStatus:
     asked = max_steps(step.argv)
-    log = Path(cfg.out) / "logs" / f"{step.id}.log"
+    log = step_log_path(cfg.out, step)
     p = training_progress(log, batch_size_of(step.argv))
     if p is None:
         return StepStatus(step, False, "not started" if asked is None else f"not started, {asked:,} steps")

@@ -512,6 +512,11 @@ def step_record_path(out: str, step: Step) -> Path:
     return Path(out) / "steps" / f"{step.id}.json"
 
 
+def step_log_path(out: str, step: Step) -> Path:
+    """The step's process output (a resumed step appends to it; --status and the heartbeat read it)."""
+    return Path(out) / "logs" / f"{step.id}.log"
+
+
 def is_complete(cfg: QuardConfig, step: Step) -> bool:
     if step.stage in ("demos", "auto"):
         return store_episodes(step.output) >= int(step.meta["episodes"])
@@ -595,7 +600,7 @@ def run_step(cfg: QuardConfig, step: Step, log: Callable[[str], None]) -> dict[s
     if clear_dead_attempt(step):
         log(f"[quard] {step.id}: cleared {step.output} (an interrupted attempt left no checkpoint)")
     argv = resume_argv(step)
-    logfile = Path(cfg.out) / "logs" / f"{step.id}.log"
+    logfile = step_log_path(cfg.out, step)
     logfile.parent.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     t0 = time.perf_counter()
@@ -819,7 +824,7 @@ def heartbeat(cfg: QuardConfig, running: list[Step], started: dict[str, float]) 
     """One line on the running steps: a training's step and time left from its log, the others' time so far."""
     now, parts = time.time(), []
     for step in running:
-        p = (training_progress(Path(cfg.out) / "logs" / f"{step.id}.log", batch_size_of(step.argv))
+        p = (training_progress(step_log_path(cfg.out, step), batch_size_of(step.argv))
              if step.stage in TRAIN_STAGES else None)
         target = max_steps(step.argv) or (p.of if p else None)
         if p is not None and p.of == target:   # this run's lines (a continued log also holds the earlier run's)
