@@ -110,6 +110,6 @@ def test_status_from_the_command_line_prints_and_writes_nothing(tmp_path, monkey
 
 def test_status_flag_errors(tmp_path, capsys):
     assert cli_main(["reproduce", "--status", "--out", str(tmp_path)]) == 2
-    assert "--status belong to --stages quard" in capsys.readouterr().err
+    assert "--status: belongs to --stages quard" in capsys.readouterr().err
     assert cli_main(["reproduce", "--stages", "quard", "--status", "--report-only", "--out", str(tmp_path)]) == 2
     assert "--report-only and --status" in capsys.readouterr().err

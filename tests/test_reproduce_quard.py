@@ -194,13 +194,13 @@ COUNTS = {("rt1", False): (2, 3, 4), ("germ-il", False): (3, 3, 3), ("germ-dense
           ("germ-dense", True): (5, 5, 5), ("germ", False): (6, 6, 7), ("germ", True): (8, 9, 7)}
 
 
-def _write_run(out: Path) -> None:
+def _write_run(out: Path, seeds: tuple[int, ...] = (0, 1, 2), train_steps: int = 4) -> None:
     def put(path: Path, obj) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(obj))
-    put(out / "run.json", {"config": {"out": str(out), "seeds": [0, 1, 2], "rounds": 2},
+    put(out / "run.json", {"config": {"out": str(out), "seeds": list(seeds), "rounds": 2},
                            "scale": {"name": "tiny", "note": "plumbing only", "demo_episodes": 8, "auto_episodes": 8,
-                                     "train_steps": 4, "batch_size": 4, "preset": "cpu", "eval_episodes": 10},
+                                     "train_steps": train_steps, "batch_size": 4, "preset": "cpu", "eval_episodes": 10},
                            "commands": ["quadforge reproduce --stages quard --scale tiny --rounds 2"],
                            "started_utc": "2026-11-24 01:00:00", "finished_utc": "2026-11-24 02:00:00",
                            "preset_parameters": {
@@ -219,14 +219,16 @@ def _write_run(out: Path) -> None:
                                                     "command": "quadforge train --model germ", "wall_s": 30.0,
                                                     "started_utc": "2026-11-24 01:00:02"})
     for (model, failures), per_seed in COUNTS.items():
-        for seed, k in enumerate(per_seed):
+        for seed in seeds:
+            k = per_seed[seed]
             for fam in family_names():
                 put(out / "results" / f"{model}_{failures}_{seed}_{fam}.json",
                     {"model": model, "failures": failures, "round": 0, "seed": seed, "family": fam,
                      "run": "x", "successes": k, "episodes": 10,
                      "parameters": {"total": 2000, "active": 1000} if model.startswith("germ") else
                      {"total": 900, "active": 900}})
-    for seed, k in enumerate((10, 10, 10)):   # round 1: GeRM (Y) succeeds every time
+    for seed in seeds:   # round 1: GeRM (Y) succeeds every time
+        k = 10
         for fam in family_names():
             put(out / "results" / f"germ_r1_{seed}_{fam}.json",
                 {"model": "germ", "failures": True, "round": 1, "seed": seed, "family": fam, "run": "y",
@@ -269,6 +271,52 @@ def test_report_is_rebuilt_from_stored_results_alone(tmp_path):
     rewritten = docs.read_text()
     assert rewritten.startswith("# Results: first reproduction") and "the other sections stay" not in rewritten
     assert BEGIN + text.split(BEGIN)[1].split(END)[0] + END in rewritten
+
+
+def _tables(text: str) -> list[str]:
+    """The success and GeRM-vs-baseline rows of a report: what pooling must not change."""
+    return [line for line in text.splitlines() if line.startswith("| ") and ("/" in line or "±" in line)
+            and not line.startswith("| r0-auto")]
+
+
+def test_runs_of_different_seeds_pool_into_the_table_one_run_of_all_seeds_gives(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # the page names the runs as given, relative to where it was made
+    _write_run(Path("all"))
+    _write_run(Path("s01"), seeds=(0, 1))
+    _write_run(Path("s2"), seeds=(2,))
+    assert cli_main(["reproduce", "--stages", "quard", "--report-only", "--out", "all", "--docs", "one.md"]) == 0
+    assert cli_main(["reproduce", "--stages", "quard", "--report-only", "--out", "s01", "--pool", "s2",
+                     "--docs", "pooled.md"]) == 0
+    text = Path("pooled.md").read_text()
+    assert _tables(text) == _tables(Path("one.md").read_text()) and len(_tables(text)) > 12
+    # it says what it pooled and how to rebuild it; each run's collections and wall time are its own
+    assert "Pooled from 2 runs of one experiment on different seeds ([0, 1, 2])" in text
+    assert "--report-only --out s01 --pool s2`" in text
+    assert "| r0-auto (s01) |" in text and "| r0-auto (s2) |" in text
+    assert "#### `s01`" in text and "#### `s2`" in text
+
+
+def test_pooling_refuses_runs_that_are_not_one_experiment_on_different_seeds(tmp_path, capsys):
+    _write_run(tmp_path / "a", seeds=(0, 1))
+    _write_run(tmp_path / "b", seeds=(1, 2))
+    _write_run(tmp_path / "long", seeds=(2,), train_steps=24000)
+    docs = tmp_path / "page.md"
+    docs.write_text("# kept\n")
+
+    def pool(*runs: str, extra: tuple[str, ...] = ("--report-only",)) -> str:
+        argv = ["reproduce", "--stages", "quard", *extra, "--out", str(tmp_path / "a"), "--docs", str(docs)]
+        for r in runs:
+            argv += ["--pool", str(tmp_path / r)]
+        assert cli_main(argv) == 2
+        return capsys.readouterr().err
+    assert "both hold seed 1 of" in pool("b")
+    assert "train_steps (24000) is not" in pool("long")
+    assert "no " in pool("missing") and "run.json" in pool("missing")
+    assert "only with --report-only" in pool("long", extra=())
+    assert "--pool belongs to --report-only" in pool("long", extra=("--status",))
+    assert docs.read_text() == "# kept\n"   # nothing written by a refused report
+    assert cli_main(["reproduce", "--stages", "germ", "--pool", str(tmp_path / "b")]) == 2
+    assert "--pool: belongs to --stages quard" in capsys.readouterr().err
 
 
 def test_report_without_results_says_not_run(tmp_path):
@@ -571,7 +619,7 @@ def test_device_and_backend_are_checked_before_any_step(tmp_path, capsys):
     assert cli_main(["reproduce", "--stages", "quard", "--warp-device", "cpu", "--out", out]) == 2
     assert "only with --backend mujoco_warp" in capsys.readouterr().err
     assert cli_main(["reproduce", "--stages", "imitation", "--backend", "mujoco_warp", "--out", out]) == 2
-    assert "belong to --stages quard" in capsys.readouterr().err
+    assert "--backend: belongs to --stages quard" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 

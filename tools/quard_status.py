@@ -105,6 +105,8 @@ def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> in
     """``quadforge reproduce --stages quard --status``: print where ``--out`` stands; run and write nothing."""
     if args.report_only:
         raise ValueError("--report-only and --status: give one (--status runs nothing, --report-only rebuilds the report)")
+    if args.pool:
+        raise ValueError("--pool and --status: --pool belongs to --report-only; --status reads one run (--out)")
     cfg = config_of_run(quard_out(args), given_fields(args, seeds))
     print(status_text(cfg, run_status(cfg)))
     return 0

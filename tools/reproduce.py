@@ -334,6 +334,11 @@ def _ints(text: str) -> tuple[int, ...]:
         raise ValueError(f"{text!r} is not a comma list of integers") from None
 
 
+# the options of --stages quard alone (tools/reproduce_quard.py), refused with the imitation/germ stages
+QUARD_ONLY = ("scale", "rounds", "demos", "pretrained", "jobs", "fig6", "train_override", "init", "device", "backend",
+              "warp_device", "status", "pool")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="scaled-down sizes that finish on a shared 2-core machine")
     p.add_argument("--out", default="runs/reproduce", help="run directory (data, checkpoints, results.json)")
@@ -377,12 +382,10 @@ def run(args: argparse.Namespace) -> int:
                              f"takes its sizes from --scale (and --train-steps, --seeds, --rounds)")
         seeds = _ints(args.seeds) if args.seeds else None
         return (quard_status_from_args if args.status else run_quard_from_args)(args, seeds)
-    if args.scale or args.rounds is not None or args.demos or args.pretrained or args.jobs is not None \
-            or args.fig6 or args.train_override or args.init or args.device or args.backend or args.warp_device \
-            or args.status:
-        raise ValueError("--scale, --rounds, --demos, --pretrained, --jobs, --fig6, --train-override, --init, "
-                         "--device, --backend, --warp-device and --status belong to --stages quard; the imitation/germ "
-                         "stages use --quick")
+    quard_only = [f"--{name.replace('_', '-')}" for name in QUARD_ONLY if getattr(args, name) not in (None, False)]
+    if quard_only:
+        raise ValueError(f"{', '.join(quard_only)}: {'belongs' if len(quard_only) == 1 else 'belong'} to --stages "
+                         f"quard; the imitation/germ stages use --quick")
     if args.report_only:
         path = Path(args.out) / "results.json"
         if not path.exists():

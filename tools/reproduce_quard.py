@@ -968,6 +968,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--status", action="store_true", help="quard stage: where the run in --out stands (steps done, a "
                    "training's step and time left from its log), its last command's plan with the flags given now; "
                    "runs nothing")
+    p.add_argument("--pool", action="append", default=None, metavar="OUT", help="quard stage, with --report-only: "
+                   "pool the results of another run of the same experiment on other seeds (e.g. one cluster job per "
+                   "seed) into --out's table; repeatable")
 
 
 def quard_out(args: argparse.Namespace) -> str:
@@ -982,8 +985,11 @@ def run_from_args(args: argparse.Namespace, seeds: tuple[int, ...] | None) -> in
     if args.report_only:
         if not (Path(out) / "run.json").exists():
             raise FileNotFoundError(f"--report-only: no {out}/run.json; run `quadforge reproduce --stages quard` first")
-        print(f"wrote {update_docs(Path(out), Path(args.docs))}")
+        print(f"wrote {update_docs(Path(out), Path(args.docs), [Path(p) for p in args.pool or ()])}")
         return 0
+    if args.pool:
+        raise ValueError("--pool: only with --report-only (it rebuilds one table from finished runs; each run "
+                         "runs by itself)")
     kw = given_fields(args, seeds)
     command = "quadforge " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
     try:
