@@ -18,9 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from quadforge.tools.reproduce_quard import (TRAIN_STAGES, QuardConfig, Step, build_plan, given_fields, is_complete,
-                                             max_steps, quard_out, step_log_path, steps_to_run,
-                                             store_episodes)
-from quadforge.tools.train_progress import batch_size_of, training_progress
+                                             quard_out, step_log_path, step_training, steps_to_run, store_episodes)
 
 ACTIVE_S = 300.0   # a log written this recently belongs to a step that is running (a GeRM step logs every ~15 s)
 
@@ -42,13 +40,11 @@ def _age(path: Path, now: float, this_run: bool) -> str:
 
 
 def _training_status(cfg: QuardConfig, step: Step, now: float) -> StepStatus:
-    asked = max_steps(step.argv)
-    log = step_log_path(cfg.out, step)
-    p = training_progress(log, batch_size_of(step.argv))
+    p, target, this_run = step_training(cfg.out, step)
     if p is None:
-        return StepStatus(step, False, "not started" if asked is None else f"not started, {asked:,} steps")
-    target = asked if asked is not None else p.of
-    return StepStatus(step, False, f"{p.describe(target)}; {_age(log, now, p.of == target)}", p.left_s(target))
+        return StepStatus(step, False, "not started" if target is None else f"not started, {target:,} steps")
+    log = step_log_path(cfg.out, step)
+    return StepStatus(step, False, f"{p.describe(target)}; {_age(log, now, this_run)}", p.left_s(target))
 
 
 def run_status(cfg: QuardConfig, now: float | None = None) -> list[StepStatus]:

@@ -56,7 +56,7 @@ from quadforge.envs.quard.families import family_names
 from quadforge.output_paths import holds_run
 from quadforge.tools.parent_watch import PARENT_ENV
 from quadforge.tools.quard_report import MODEL_NAMES, TABLE3_ROWS, update_docs
-from quadforge.tools.train_progress import batch_size_of, training_progress
+from quadforge.tools.train_progress import TrainingProgress, batch_size_of, training_progress
 
 # the colour sets every evaluation covers (envs.quard.env.COLOUR_SETS): the seen colours and the held-out ones
 EVAL_COLOURS = ("train", "held_out")
@@ -820,14 +820,21 @@ class _StopOnSigterm:
 HEARTBEAT_S = 600.0
 
 
+def step_training(out: str, step: Step) -> tuple[TrainingProgress | None, int | None, bool]:
+    """A training step's last logged progress, the steps it runs to (its ``--max-steps``, else what the
+    logged run was asked for), and whether that line is this run's: a continued training's log also holds
+    the earlier, shorter run's lines, and a copied or just-resumed log ends with them."""
+    p = training_progress(step_log_path(out, step), batch_size_of(step.argv))
+    target = max_steps(step.argv) or (p.of if p else None)
+    return p, target, p is not None and p.of == target
+
+
 def heartbeat(cfg: QuardConfig, running: list[Step], started: dict[str, float]) -> str:
     """One line on the running steps: a training's step and time left from its log, the others' time so far."""
     now, parts = time.time(), []
     for step in running:
-        p = (training_progress(step_log_path(cfg.out, step), batch_size_of(step.argv))
-             if step.stage in TRAIN_STAGES else None)
-        target = max_steps(step.argv) or (p.of if p else None)
-        if p is not None and p.of == target:   # this run's lines (a continued log also holds the earlier run's)
+        p, target, this_run = step_training(cfg.out, step) if step.stage in TRAIN_STAGES else (None, None, False)
+        if this_run:
             parts.append(f"{step.id} {p.describe(target)}")
         else:
             parts.append(f"{step.id} running for {(now - started.get(step.id, now)) / 60:.0f} min")
