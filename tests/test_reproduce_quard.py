@@ -683,6 +683,25 @@ def test_report_shows_each_runs_validation_curve(tmp_path):
     assert germ.endswith("| yes (+0.0 %) |")
 
 
+def test_a_long_runs_curve_shows_a_dozen_steps_and_is_judged_on_all(tmp_path):
+    from quadforge.tools.quard_report import CURVE_COLUMNS, shown_steps
+    from quadforge.training.curves import append_val_row, restart_val_curve
+    steps = list(range(600, 24001, 600))   # a 24,000-step run's 40 validations
+    shown = shown_steps(steps)
+    assert len(shown) == CURVE_COLUMNS and shown[0] == 600 and shown[-1] == 24000 and shown == sorted(shown)
+    assert shown_steps(steps[:10]) == steps[:10]
+    out = tmp_path / "run"
+    _write_run(out)
+    path = restart_val_curve(out / "train" / "germ_Y_r0_s0", 0)
+    for s in steps:   # falls until 23,400, then one last drop at 24,000, a step the table may not show
+        append_val_row(path, s, {"loss": 1.0 if s < 24000 else 0.5, "greedy_agreement": 0.8})
+    text = "\n".join(table3_section(load_run(out)))
+    header = next(line for line in text.splitlines() if line.startswith("| run |"))
+    assert header.count("|") == CURVE_COLUMNS + 3 and "Columns: 12 of the 40 validation steps" in text
+    germ = next(line for line in text.splitlines() if line.startswith("| germ_Y_r0_s0 |") and "(" in line)
+    assert germ.endswith("| no (-50.0 %) |")
+
+
 def test_fig6_plan_trains_on_one_familys_demonstrations_and_evaluates_each_kept_checkpoint():
     cfg = QuardConfig(scale="tiny", seeds=(0, 1), fig6="go_to").validate()
     steps = [s for s in build_plan(cfg) if s.stage.startswith("fig6")]

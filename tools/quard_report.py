@@ -267,17 +267,32 @@ def fig6_section(points: Sequence[Mapping[str, Any]]) -> list[str]:
             "", markdown_table(("model", *head, "best %", "converged"), table), ""]
 
 
+# a 24,000-step run validates ~40 times: the curve tables show this many of the validation steps, evenly spaced
+CURVE_COLUMNS = 12
+
+
+def shown_steps(steps: Sequence[int], most: int = CURVE_COLUMNS) -> list[int]:
+    """At most ``most`` of the sorted ``steps``, evenly spaced, the first and the last among them."""
+    if len(steps) <= most:
+        return list(steps)
+    return [steps[i] for i in sorted({round(k * (len(steps) - 1) / (most - 1)) for k in range(most)})]
+
+
 def curves_section(curves: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
-    """Every training run's validation loss and greedy agreement at each validation step, and whether the
-    loss has flattened (``flattening``). Losses compare within a row only: the Q rows' loss is TD + CQL,
-    the others' cross-entropy; greedy agreement (the greedy bins equal the data's) compares across rows."""
+    """Every training run's validation loss and greedy agreement at (up to ``CURVE_COLUMNS`` of) its
+    validation steps, and whether the loss has flattened (``flattening``, over every validation). Losses
+    compare within a row only: the Q rows' loss is TD + CQL, the others' cross-entropy; greedy agreement
+    (the greedy bins equal the data's) compares across rows."""
     if not curves:
         return []
-    steps = sorted({int(r["step"]) for rows in curves.values() for r in rows})
+    every = sorted({int(r["step"]) for rows in curves.values() for r in rows})
+    steps = shown_steps(every)
+    shown = "" if steps == every else (f" Columns: {len(steps)} of the {len(every)} validation steps, evenly "
+                                       "spaced; the flattening test reads every one.")
     lines = ["### Validation curves", "",
              f"Flattened: the last {FLAT_TAIL:.0%} of the steps lowered the best validation loss by less than "
              f"{FLAT_TOLERANCE:.0%}. Losses compare within a row (Q rows: TD + CQL; the others: cross-entropy); "
-             "greedy agreement (the greedy bins equal the data's, all 12 dimensions) compares across rows.", ""]
+             "greedy agreement (the greedy bins equal the data's, all 12 dimensions) compares across rows." + shown, ""]
     for key, title in (("loss", "validation loss"), ("greedy_agreement", "greedy agreement")):
         table = []
         for run, rows in curves.items():
