@@ -228,7 +228,7 @@ def table3_section(data: Mapping[str, Any]) -> list[str]:
     return (lines + head + _data_section(steps) + _success_section(r0, families)
             + parameters_section(run.get("preset_parameters")) + _germ_vs_baselines(r0, families)
             + _flywheel_section(results, steps, families) + curves_section(data.get("curves", {}))
-            + fig6_section(data.get("fig6", [])) + _wall_time_section(steps, pooled=bool(data.get("pooled"))))
+            + fig6_section(data.get("fig6", [])) + _wall_time_section(steps))
 
 
 # a model has "converged" at the first checkpoint within this many points of its best success
@@ -376,8 +376,8 @@ def _pooled_provenance(pooled: Sequence[tuple[str, Mapping[str, Any], list[dict[
     the options they share."""
     outs = [o for o, _, _ in pooled]
     seeds = sorted({int(s) for _, run, _ in pooled for s in run.get("config", {}).get("seeds", [])})
-    rebuild = (f"quadforge reproduce --stages quard --report-only --out {outs[0]} "
-               + " ".join(f"--pool {o}" for o in outs[1:]))
+    rebuild = portable(f"quadforge reproduce --stages quard --report-only --out {outs[0]} "
+                       + " ".join(f"--pool {o}" for o in outs[1:]))
     lines = [f"Pooled from {len(pooled)} runs of one experiment on different seeds ({seeds}): every table below "
              f"counts the results of all of them (rebuild with `{rebuild}`); the data table lists each run's "
              "collections, and the flywheel's collector successes are the first run's. Each run:", ""]
@@ -513,14 +513,14 @@ def _elapsed_h(steps: list[dict[str, Any]]) -> float | None:
     return (last - first).total_seconds() / 3600
 
 
-def _wall_time_section(steps: list[dict[str, Any]], pooled: bool = False) -> list[str]:
+def _wall_time_section(steps: list[dict[str, Any]]) -> list[str]:
     """Wall time per stage, and every command in the order it ran (folded); pooled runs each by itself."""
-    if pooled:
-        runs = list(dict.fromkeys(s["pooled_from"] for s in steps))
-        lines = _wall_time_section([s for s in steps if s["pooled_from"] == runs[0]])
-        for out in runs[1:]:
-            lines += [f"#### `{portable(out)}`", ""] + _wall_time_section([s for s in steps if s["pooled_from"] == out])[2:]
-        return lines[:2] + [f"#### `{portable(runs[0])}`", ""] + lines[2:]
+    if steps and "pooled_from" in steps[0]:
+        lines = ["### Wall time", ""]
+        for out in dict.fromkeys(s["pooled_from"] for s in steps):
+            mine = [{k: v for k, v in s.items() if k != "pooled_from"} for s in steps if s["pooled_from"] == out]
+            lines += [f"#### `{portable(out)}`", ""] + _wall_time_section(mine)[2:]
+        return lines
     wall: dict[str, float] = {}
     for s in steps:
         wall[s["stage"]] = wall.get(s["stage"], 0.0) + float(s["wall_s"])
