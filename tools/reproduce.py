@@ -334,9 +334,12 @@ def _ints(text: str) -> tuple[int, ...]:
         raise ValueError(f"{text!r} is not a comma list of integers") from None
 
 
-# the options of --stages quard alone (tools/reproduce_quard.py), refused with the imitation/germ stages
-QUARD_ONLY = ("scale", "rounds", "demos", "pretrained", "jobs", "fig6", "train_override", "init", "device", "backend",
-              "warp_device", "status", "pool")
+def quard_only_defaults() -> dict[str, Any]:
+    """The options tools/reproduce_quard.py adds (refused with the imitation/germ stages) and their defaults,
+    read from its own ``add_arguments``, so a new quard option is refused there without being listed here."""
+    own = argparse.ArgumentParser(add_help=False)
+    quard_arguments(own)
+    return vars(own.parse_args([]))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -382,7 +385,8 @@ def run(args: argparse.Namespace) -> int:
                              f"takes its sizes from --scale (and --train-steps, --seeds, --rounds)")
         seeds = _ints(args.seeds) if args.seeds else None
         return (quard_status_from_args if args.status else run_quard_from_args)(args, seeds)
-    quard_only = [f"--{name.replace('_', '-')}" for name in QUARD_ONLY if getattr(args, name) not in (None, False)]
+    quard_only = [f"--{name.replace('_', '-')}" for name, default in quard_only_defaults().items()
+                  if getattr(args, name) != default]
     if quard_only:
         raise ValueError(f"{', '.join(quard_only)}: {'belongs' if len(quard_only) == 1 else 'belong'} to --stages "
                          f"quard; the imitation/germ stages use --quick")
