@@ -168,7 +168,7 @@ class LeggedEnv(VecEnv):
             info["terrain_type"] = self.terrain.type_idx[done_ids].clone()
             info["terrain_level"] = self.terrain.levels[done_ids].clone()
             for k, v in info.items():
-                episode[k][done_ids] = v.to(episode[k].dtype)
+                episode[k][done_ids] = v.to(episode[k].device, episode[k].dtype)
             log.update(self._episode_log(done_ids, info))
             if self.cfg.curriculum:
                 self.terrain.update_curriculum(done_ids, info["distance"], info["commanded_distance"])

@@ -81,8 +81,8 @@ class HierarchicalPolicy:
         ids = torch.as_tensor(env_ids, dtype=torch.long).flatten()
         self.high.reset(ids)
         self.low.reset(ids)
-        self.hl_commands[ids] = 0.0
-        self.terminate[ids] = False
+        self.hl_commands[ids.to(self.hl_commands.device)] = 0.0
+        self.terminate[ids.to(self.terminate.device)] = False
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -93,9 +93,11 @@ class HierarchicalPolicy:
             raise ValueError(f"high-level policy returned shape {tuple(hl.shape)}; "
                              f"expected ({self.num_envs}, {HL_COMMAND_DIM})")
         cmd, terminate = gait_command(hl, obs["commands"])
-        self.hl_commands = hl.detach().to("cpu", torch.float32).clone()
-        self.terminate = terminate.to("cpu").clone()
-        self.low_commands = cmd.detach().to("cpu").clone()
+        # kept on the policy's device: the rollout records hl_commands beside the env's tensors, and a
+        # copy to the host here would wait for the GPU every control step
+        self.hl_commands = hl.detach().to(torch.float32).clone()
+        self.terminate = terminate.clone()
+        self.low_commands = cmd.detach().clone()
         low_obs = dict(obs)
         low_obs["commands"] = cmd
         return self.low.act(low_obs)

@@ -339,10 +339,12 @@ class QuardTask(LocomotionTask):
         info = super().episode_info(env_ids, reason, root_pos_w)
         ids = env_ids.detach().cpu().numpy()
         sc = self.scenes
-        info.update(quard_outcome=torch.as_tensor(self.outcome[ids]), quard_family=torch.as_tensor(sc.family[ids]),
-                    obstacle_contacts=torch.as_tensor(sc.obstacle_contacts[ids]),
-                    time_to_success=torch.as_tensor(self.success_time[ids], dtype=torch.float32),
-                    path_length=torch.as_tensor(sc.path_length[ids], dtype=torch.float32))
+        dev = self.device   # the env's episode columns these fill live there (a GPU's, on Warp)
+        info.update(quard_outcome=torch.as_tensor(self.outcome[ids], device=dev),
+                    quard_family=torch.as_tensor(sc.family[ids], device=dev),
+                    obstacle_contacts=torch.as_tensor(sc.obstacle_contacts[ids], device=dev),
+                    time_to_success=torch.as_tensor(self.success_time[ids], dtype=torch.float32, device=dev),
+                    path_length=torch.as_tensor(sc.path_length[ids], dtype=torch.float32, device=dev))
         return info
 
 

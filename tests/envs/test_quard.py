@@ -289,6 +289,19 @@ def test_env_ends_an_episode_on_success_and_reports_it(go_to_env):
     assert ok and reason == "success"
 
 
+def test_episode_info_follows_the_envs_device(go_to_env, monkeypatch):
+    """The task's per-episode columns land on the env's device (issue 23: on Warp on a GPU the env wrote
+    host tensors into its CUDA episode columns at the first episode end). On torch's ``meta`` device a
+    host tensor stays visibly on the CPU, as it would beside a GPU's."""
+    meta = torch.device("meta")
+    monkeypatch.setattr(go_to_env.task, "device", meta)
+    ids = torch.tensor([0, 2])
+    info = go_to_env.task.episode_info(ids, torch.zeros(go_to_env.num_envs, dtype=torch.long),
+                                       go_to_env.backend.state.root_pos_w)
+    for key in ("quard_outcome", "quard_family", "obstacle_contacts", "time_to_success", "path_length"):
+        assert info[key].device == meta, key
+
+
 def test_gl_failure_names_mujoco_gl(monkeypatch):
     import mujoco
     from quadforge.envs.quard import camera

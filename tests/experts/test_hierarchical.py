@@ -83,6 +83,30 @@ def test_exposes_hl_commands_and_resets_both_levels():
     assert high.resets == [[1]] and low.clock[1] == 0 and not pol.terminate[1]
 
 
+class MetaLow:
+    """A joint-level policy that answers on its input's device (torch's ``meta`` stands in for a GPU)."""
+
+    policy_id, obs_terms, action_space, action_dim, num_envs = "meta_low", ("commands",), "joint", 12, 2
+
+    def reset(self, env_ids):
+        pass
+
+    def act(self, obs):
+        return torch.zeros(self.num_envs, 12, device=obs["commands"].device)
+
+
+def test_commands_stay_on_the_policys_device():
+    """What the rollout records (hl_commands) and the flags stay where the policy computed them: a copy
+    to the host crashed the recording of a CUDA rollout beside its CUDA observations and waited for the
+    GPU every control step (issue 23). On ``meta`` a copy to the host raises."""
+    meta = torch.device("meta")
+    pol = HierarchicalPolicy(ScriptedHigh(torch.zeros(2, 12, device=meta)), MetaLow())
+    a = pol.act({"commands": torch.zeros(2, 15, device=meta)})
+    assert a.device == meta
+    assert pol.hl_commands.device == pol.terminate.device == pol.low_commands.device == meta
+    pol.reset(torch.tensor([1]))   # ids from the host index the device-held flags
+
+
 def test_scripted_high_level_walks_the_robot_on_leggedenv():
     from quadforge.envs.config import EnvConfig
     from quadforge.envs.vec_env import LeggedEnv
