@@ -305,7 +305,13 @@ class Rollout:
             self._after.write(self._step_count, after)
         self._step_count += 1
         self.env_steps += self.num_envs
-        return dones.nonzero(as_tuple=False).flatten().tolist(), extras
+        done_ids = dones.nonzero(as_tuple=False).flatten().tolist()
+        if done_ids and "episode_end" in extras:
+            # one copy to the host per column and step, not one read back per column and episode (on a
+            # GPU each read back waits for its queue)
+            host = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in extras["episode_end"].items()}
+            extras = {**extras, "episode_end": host}
+        return done_ids, extras
 
     def _finish(self, i: int, extras: dict) -> Episode:
         length = int(self._step_count[i])

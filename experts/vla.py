@@ -118,19 +118,19 @@ class VLAPolicy:
         if ins.shape[0] != self.num_envs:
             raise ValueError(f"{INSTRUCTION_TERM} must be ({self.num_envs},), got {tuple(obs[INSTRUCTION_TERM].shape)}")
         k = len(self.instruction_table)
-        if ins.numel() and (int(ins.min()) < 0 or int(ins.max()) >= k):
+        lo, hi = torch.stack(torch.aminmax(ins)).tolist() if ins.numel() else (0, 0)   # one read back
+        if lo < 0 or hi >= k:
             raise ValueError(f"{INSTRUCTION_TERM} indices must be in [0, {k}) (the instruction table), "
-                             f"got [{int(ins.min())}, {int(ins.max())}]")
+                             f"got [{lo}, {hi}]")
         return img, ins
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         img, ins = self._check(obs)
-        due = (self.steps % self.image_every) == 0
-        if bool(due.any()):
-            rows = due.nonzero(as_tuple=True)[0]
+        rows = ((self.steps % self.image_every) == 0).nonzero(as_tuple=True)[0]       # the envs due a frame
+        if rows.numel():
             fe = self.model.frontend
-            frames = images_to_float(img.to(self.device)[rows])                       # (n, 3, H, W)
+            frames = images_to_float(img[rows.to(img.device)].to(self.device))       # (n, 3, H, W): only theirs cross
             e = self.embeddings[ins.to(self.device)[rows]]                            # (n, E)
             new = fe.frame_tokens(frames, e)                                          # (n, S, D)
             toks = torch.cat([self.frame_tokens[rows, 1:], new[:, None]], dim=1)        # (n, T, S, D)

@@ -69,8 +69,9 @@ class ActionBinner:
     def decode(self, bins: torch.Tensor) -> torch.Tensor:
         """(..., d) long bin indices -> (..., d) bin centres."""
         self._check(bins)
-        if bins.numel() and (int(bins.min()) < 0 or int(bins.max()) >= self.num_bins):
-            raise ValueError(f"bin indices must be in [0, {self.num_bins}), got [{int(bins.min())}, {int(bins.max())}]")
+        lo, hi = torch.stack(torch.aminmax(bins)).tolist() if bins.numel() else (0, 0)   # one read back
+        if lo < 0 or hi >= self.num_bins:
+            raise ValueError(f"bin indices must be in [0, {self.num_bins}), got [{lo}, {hi}]")
         centers = self.centers.to(bins.device)                      # (d, bins)
         flat = bins.reshape(-1, self.action_dim).T                  # (d, M)
         return centers.gather(1, flat).T.reshape(bins.shape)

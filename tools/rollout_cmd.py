@@ -97,24 +97,26 @@ def rollout(env, policy, seconds: float, command=None) -> dict:
         env.set_commands(all_ids, pinned)
     policy.reset(all_ids)
     steps = max(1, int(round(seconds / env.dt)))
-    reasons = torch.zeros(len(TERMINATION_REASONS), dtype=torch.long)
-    vel_sum = torch.zeros(3)
-    cmd_sum = torch.zeros(3)
+    # the sums stay on the env's device (a copy to the host each step would wait for a GPU's queue)
+    reasons = torch.zeros(len(TERMINATION_REASONS), dtype=torch.long, device=dev)
+    vel_sum = torch.zeros(3, device=dev)
+    cmd_sum = torch.zeros(3, device=dev)
     t0 = time.perf_counter()
     for _ in range(steps):
         terms = env.terms if policy.obs_terms else {}   # the zero policy reads nothing: skip building terms
         actions = policy.act(terms)
-        cmd_sum += env.commands[:, :3].sum(0).cpu()
+        cmd_sum += env.commands[:, :3].sum(0)
         _, _, dones, extras = env.step(actions)
         st = env.backend.state
-        vel_sum += torch.cat([st.root_lin_vel_b[:, :2], st.root_ang_vel_b[:, 2:3]], 1).sum(0).cpu()
+        vel_sum += torch.cat([st.root_lin_vel_b[:, :2], st.root_ang_vel_b[:, 2:3]], 1).sum(0)
         done_ids = dones.nonzero(as_tuple=False).flatten()
         if done_ids.numel():
-            reasons += torch.bincount(extras["episode_end"]["termination_reason"][done_ids].cpu(),
+            reasons += torch.bincount(extras["episode_end"]["termination_reason"][done_ids],
                                       minlength=len(TERMINATION_REASONS))
             policy.reset(done_ids)
             if pinned is not None:
                 env.set_commands(done_ids, pinned[done_ids])
+    reasons, vel_sum, cmd_sum = reasons.cpu(), vel_sum.cpu(), cmd_sum.cpu()   # the run ends: its one read back
     wall = time.perf_counter() - t0
     samples = steps * n
     levels = env.terrain.log() if env.terrain.terrain is not None else {}

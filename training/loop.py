@@ -223,13 +223,15 @@ class TrainLoop:
             if done % self.log_every == 0 or validate:
                 row: dict[str, Any] = {"step": done}
                 row.update({k: all_reduce_mean(v.detach() if torch.is_tensor(v) else v, info) for k, v in terms.items()})
-                row.update(lr=self.optimizer.param_groups[0]["lr"], grad_norm=grad_norm)
+                row.update(lr=self.optimizer.param_groups[0]["lr"], grad_norm=float(grad_norm))
                 row[self.rate_name] = seen / max(time.perf_counter() - t0, 1e-9)
                 if validate and self.validate is not None:
                     row.update(self.validate(done) or {})
                 self.history.append(row)
                 if info.is_main:
                     self.report(row)
+                if not bar.disable:   # the loss as logged: reading it every step would sync a GPU each step
+                    bar.set_postfix(loss=f"{float(row['loss']):.4g}", refresh=False)
                 t0, seen = time.perf_counter(), 0
             if validate:
                 self.save(done)   # a collective: every rank reaches it at the same steps
@@ -241,8 +243,6 @@ class TrainLoop:
                 self.save(done, collective=False)
                 last_saved = time.monotonic()
             bar.update(1)
-            if not bar.disable:   # (reading the loss syncs a GPU: only when the bar is shown)
-                bar.set_postfix(loss=f"{float(terms['loss']):.4g}", refresh=False)
         bar.close()
         return self.history
 

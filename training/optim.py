@@ -116,11 +116,12 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
         optimizer, lambda s: warmup_cosine(s, total_steps, warmup, cfg.min_lr_ratio))
 
 
-def clip_gradients(model: nn.Module, max_norm: float | None) -> float:
-    """Clip the global grad norm (when ``max_norm``) and return the norm before clipping."""
+def clip_gradients(model: nn.Module, max_norm: float | None) -> torch.Tensor:
+    """Clip the global grad norm (when ``max_norm``) and return the norm before clipping, a 0-dim tensor on
+    the gradients' device: reading it (``float``) waits for a GPU, so the caller does that only when it logs."""
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
-        return 0.0
+        return torch.zeros(())
     if max_norm is None:
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)

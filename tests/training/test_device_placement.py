@@ -123,3 +123,13 @@ def test_deployed_policies_hold_their_state_on_the_requested_device(tmp_path):
         assert t.device.type == "meta"
     obs = {n: torch.zeros(2, TERM_DIMS[n]) for n in PROPRIO.term_names}   # the env's terms, on the CPU
     assert policy.act(obs).device.type == "meta"
+
+
+def test_the_grad_norm_stays_on_the_device_until_logged():
+    """The training loop clips every step but reads the norm only in its log rows: on a GPU a read back
+    each step would stall the next batch's launch (meta raises on any read back)."""
+    from quadforge.training.optim import clip_gradients
+    model = nn.Linear(3, 2, device="meta")
+    model(torch.zeros(4, 3, device="meta")).sum().backward()
+    for max_norm in (1.0, None):
+        assert clip_gradients(model, max_norm).device.type == "meta"

@@ -299,7 +299,7 @@ def _reference_losses(cfg, source, steps):
         scheduler.step()
         if target is not None:
             ema_update(target, model, cfg.tau)
-        rows.append({**{k: float(v.detach()) for k, v in terms.items()}, "grad_norm": grad_norm})
+        rows.append({**{k: float(v.detach()) for k, v in terms.items()}, "grad_norm": float(grad_norm)})
     return rows
 
 
