@@ -824,3 +824,34 @@ def test_warp_frames_look_like_the_cpu_cameras(device):
     assert on.sum() >= 50 and diff[on].mean() < 20, (on.sum(), diff[on].mean())
     for e in envs.values():
         e.close()
+
+
+@needs_warp
+@pytest.mark.slow
+@pytest.mark.parametrize("device", WARP_DEVICES)
+def test_quard_collection_and_vla_eval_run_on_warp(device, tmp_path, capsys):
+    """The vision-language half end to end on Warp (its CPU device; a GPU in the gpu lane): the privileged
+    expert collects episodes with frames through their ends, recording its high-level commands, and the
+    shipped VLA is evaluated. On a GPU both once met host tensors beside the env's CUDA ones at the first
+    recorded step and the first episode end (the unit checks on ``meta``: tests/envs/test_quard.py,
+    tests/experts/test_hierarchical.py)."""
+    import json
+
+    from quadforge.data.store import TrajectoryStore
+    from quadforge.tools.cli import main
+    warp = ["--backend", "mujoco_warp", "--warp-device", device]
+    store = tmp_path / "quard"
+    assert main(["collect", "--task", "quard:go_to", "--policy", "quard_expert", "--episodes", "4", "--num-envs",
+                 "2", "--store", str(store), "--no-progress", "--seed", "3", *warp]) == 0
+    s = TrajectoryStore.open(store)
+    assert s.num_episodes == 4
+    commands = s.array("hl_commands")[:]
+    assert commands.shape[1] == 12 and np.isfinite(commands).all() and np.abs(commands).max() > 0
+    assert s.array("images/front_rgb")[:].max() > 0
+    pytest.importorskip("wordllama")   # the shipped VLA's instruction encoder
+    capsys.readouterr()
+    out = tmp_path / "eval"
+    assert main(["eval", "--task", "quard:go_to", "--policy", "experts/checkpoints/vla_rt1.pt", "--colours", "train",
+                 "--episodes-per-cell", "2", "--num-envs", "2", "--seed", "7", "--out", str(out), *warp]) == 0
+    row = json.loads((out / "eval.json").read_text())["families"]["train"]["go_to"]
+    assert row["episodes"] == 2 and sum(row["outcomes"].values()) == 2
