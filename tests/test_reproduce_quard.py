@@ -78,6 +78,24 @@ def test_config_errors():
     assert cli_main(["reproduce", "--stages", "germ", "--scale", "tiny"]) == 2
 
 
+def test_out_must_be_a_new_folder_or_this_loops_own(tmp_path, capsys):
+    """A file, or a folder of someone else's, is refused before anything is written into it; a folder
+    holding the loop's own run.json is a rerun, which resumes."""
+    afile, theirs = tmp_path / "afile.txt", tmp_path / "theirs"
+    afile.write_text("keep me")
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    for out, said in ((afile, "is a file"), (theirs, "not a QUARD reproduction run")):
+        assert cli_main(["reproduce", "--stages", "quard", "--scale", "tiny", "--seeds", "0", "--out", str(out),
+                         "--docs", str(tmp_path / "r.md")]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out}: " in err and said in err
+    assert afile.read_text() == "keep me" and sorted(p.name for p in theirs.iterdir()) == ["notes.txt"]
+    (theirs / "notes.txt").unlink()
+    (theirs / "run.json").write_text("{}")
+    QuardConfig(out=str(theirs), docs=str(tmp_path / "r.md"), scale="tiny", seeds=(0,)).validate()
+
+
 def test_missing_commands_fail_before_running_anything(tmp_path, capsys):
     cfg = QuardConfig(out=str(tmp_path / "run"), docs=str(tmp_path / "results.md"), scale="tiny", seeds=(0,))
     missing = missing_capabilities(build_plan(cfg))
