@@ -125,14 +125,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_json(p, "the results")
     add_backend_arguments(p)
     p.add_argument("overrides", nargs="*", metavar="env.KEY=VALUE",
-                   help="env settings (default: those the checkpoint was trained with)")
+                   help="env settings, over those the checkpoint was trained with")
 
 
 def run(args: argparse.Namespace) -> int:
     check_policy_spec(args.policy)   # a bad spec fails before any env is built
+    if args.envs_per_type < 1:
+        raise ValueError(f"--envs-per-type {args.envs_per_type}: give the scored episodes per terrain type, >= 1")
+    if not args.episode_s > 0:
+        raise ValueError(f"--episode-s {args.episode_s}: give the episode length in seconds, > 0")
+    given = parse_overrides(args.overrides)
+    stray = sorted(k for k in given if not k.startswith("env."))
+    if stray:   # only env settings reach the env: anything else would be dropped without a word
+        raise ValueError(f"override {', '.join(stray)}: eval-tracking takes env settings only, as env.KEY=VALUE "
+                         f"(e.g. env.episode_length_s=5)")
     torch.set_num_threads(1)
     t0 = time.time()
-    overrides = parse_overrides(args.overrides) if args.overrides else training_overrides(args.policy)
+    # the checkpoint's own task (its command ranges, ...) stays; what is given replaces its keys only
+    overrides = {**training_overrides(args.policy), **given}
     print(f"env overrides: {overrides}")
     res = evaluate(args.policy, args.robot, args.level, args.envs_per_type, args.seed, args.episode_s,
                    num_threads=args.num_threads, overrides=overrides, backend=backend_from_args(args))

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from quadforge.tools.cli import COMMANDS, main
 
 
@@ -103,6 +105,14 @@ def test_a_count_below_one_is_the_same_one_line_error_for_every_command(tmp_path
 def test_tracking_eval_is_a_subcommand(capsys):
     assert main(["eval-tracking", "--policy", "nope.pt"]) == 2
     assert "nope.pt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,said", [(["nosuch=1"], "override nosuch: eval-tracking takes env settings only"),
+                                        (["--envs-per-type", "0"], "--envs-per-type 0: "),
+                                        (["--episode-s", "0"], "--episode-s 0.0: ")])
+def test_tracking_eval_refuses_what_it_would_ignore_or_misname(argv, said, capsys):
+    assert main(["eval-tracking", "--policy", "gait", *argv]) == 2
+    assert said in capsys.readouterr().err
 
 
 def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):

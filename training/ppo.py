@@ -308,6 +308,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if isinstance(args.resume, str) and "=" in args.resume and not Path(args.resume).exists():
+        # `--resume lr=3e-4`: the optional PATH of the old spelling took the first override; give it back
+        args.overrides, args.resume = [args.resume, *args.overrides], True
+    if (args.resume or args.resume_from) and args.overwrite:
+        raise ValueError("--resume/--resume-from and --overwrite contradict each other; pass one")
     overrides = parse_overrides(args.overrides)
     if args.save_interval is not None:
         overrides["save_interval"] = args.save_interval

@@ -107,6 +107,10 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "no such checkpoint file" in capsys.readouterr().err
     assert main(["train-expert", "--out", str(tmp_path), "--terrain", "lava"]) == 2
     assert "unknown terrain types ['lava']" in capsys.readouterr().err
+    # `--resume KEY=VALUE`: the override stays an override (not the old spelling's checkpoint PATH)
+    assert main(["train-expert", "--out", str(tmp_path), "--resume", "num_steps_per_env=4", "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume/--resume-from and --overwrite contradict" in err and "deprecated" not in err
 
 
 def test_tracking_eval_scores_one_first_episode_per_env_on_every_terrain(tmp_path):

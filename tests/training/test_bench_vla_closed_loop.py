@@ -67,6 +67,9 @@ def test_bench_refuses_policy_flags_for_other_benchmarks_and_missing_checkpoints
     assert "bench store takes no --seed" in capsys.readouterr().err
     assert main(["bench", "vla_closed_loop", "--quick", "--policy", str(tmp_path / "none.pt")]) == 2
     assert "none.pt" in capsys.readouterr().err
+    for flag in ("--episodes", "--workers", "--num-envs"):   # a given 0 is refused, not read as "the default"
+        assert main(["bench", "vla_closed_loop", "--quick", flag, "0"]) == 2
+        assert f"{flag} 0: must be" in capsys.readouterr().err
     # a benchmark takes only flags the bench command defines (one list, tools/bench/cli.py)
     import importlib
     from quadforge.tools.bench.cli import BENCHMARK_FLAGS, BENCHMARKS

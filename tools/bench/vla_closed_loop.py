@@ -120,10 +120,13 @@ def main(quick: bool = False, json_path: str | None = None, policy: Sequence[str
     torch.set_num_threads(1)
     task = task or "quard:all"
     families = task_families(task)
-    episodes = int(episodes or (2 if quick else 100))
-    num_envs = int(num_envs or (2 if quick else 16))
-    if episodes < 1 or num_envs < 1:
-        raise ValueError(f"bench vla_closed_loop: --episodes {episodes} and --num-envs {num_envs} must be >= 1")
+    # None is "not given"; a given 0 is an error, not the default (``x or default`` read it as unset)
+    episodes = int((2 if quick else 100) if episodes is None else episodes)
+    num_envs = int((2 if quick else 16) if num_envs is None else num_envs)
+    workers = 1 if workers is None else int(workers)
+    for flag, value in (("--episodes", episodes), ("--num-envs", num_envs), ("--workers", workers)):
+        if value < 1:
+            raise ValueError(f"bench vla_closed_loop: {flag} {value}: must be >= 1")
     specs = [EXPERT] + [str(p) for p in policy if str(p) != EXPERT]
     for spec in specs:
         check_policy_spec(spec)
@@ -131,10 +134,7 @@ def main(quick: bool = False, json_path: str | None = None, policy: Sequence[str
             raise FileNotFoundError(f"bench vla_closed_loop: --policy {spec}: no such checkpoint file or directory")
     if len(specs) == 1:
         print("bench vla_closed_loop: no --policy given; measuring the privileged expert alone")
-    workers = int(workers or 1)
-    if workers < 1:
-        raise ValueError(f"bench vla_closed_loop: --workers {workers} must be >= 1")
-    seed = int(seed or 0)
+    seed = 0 if seed is None else int(seed)
     results = evaluate_all(specs, task, episodes, num_envs, workers, seed)
     policy_ids = {policy_label(s): r["seen"]["policy_id"] for s, r in results.items()}
     detail = {s: {c: {k: r[k] for k in ("policy_id", "overall", "instruction_following", "families", "swapped",
