@@ -16,7 +16,8 @@ from quadforge.experts.registry import spec_help
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = EvalConfig()
-    p.add_argument("--policy", default=d.policy, help=spec_help())
+    p.add_argument("--policy", default=None, help=spec_help() + f" (default: {d.policy}; on --task quard:... "
+                   "the task's own, quard_expert)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory: eval.json, report.md, PNG plots")
     add_robot(p, d.robot)
     p.add_argument("--terrain", default=d.terrain, help="'mixed' (every type) or a comma list of terrain types, "
@@ -48,10 +49,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_backend_arguments(p)
 
 
+# flags of the terrain sweep that a QUARD task has no use for (its scenes, arena and time limits are its own)
+LOCOMOTION_ONLY = ("terrain", "levels", "num_levels", "commands", "max_episode_s", "video")
+
+
+def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """Which of these flags were set to something other than their default (an unused flag is refused, not
+    dropped without a word)."""
+    d = EvalConfig()
+    return ["--" + n.replace("_", "-") for n in names if getattr(args, n, None) not in (None, False, getattr(d, n, None))]
+
+
 def run_task(args: argparse.Namespace) -> int:
     """``--task quard:...``: the QUARD evaluation (evaluation.evaluate_task)."""
     from quadforge.evaluation.evaluate_task import TaskEvalConfig, evaluate_task, write_task_outputs
-    policy = get_task(args.task).default_policy if args.policy == EvalConfig().policy else args.policy
+    unused = _given(args, LOCOMOTION_ONLY)
+    if unused:
+        raise ValueError(f"{', '.join(unused)}: the terrain sweep's flags; --task {args.task} draws its own scenes "
+                         f"and time limits (leave them out)")
+    policy = args.policy or get_task(args.task).default_policy
     cfg = TaskEvalConfig(task=args.task, policy=policy, out=args.out, robot=args.robot,
                          colours=tuple(c.strip() for c in args.colours.split(",") if c.strip()),
                          instructions=tuple(c.strip() for c in args.instructions.split(",") if c.strip()),
@@ -64,7 +80,7 @@ def run_task(args: argparse.Namespace) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
-    return EvalConfig(policy=args.policy, out=args.out, robot=args.robot, terrain=args.terrain, levels=args.levels,
+    return EvalConfig(policy=getattr(args, "policy", None) or EvalConfig().policy, out=args.out, robot=args.robot, terrain=args.terrain, levels=args.levels,
                       num_levels=args.num_levels, episodes=args.episodes, commands=args.commands or ["walking"],
                       num_envs=args.num_envs, seed=args.seed, max_episode_s=args.max_episode_s,
                       num_threads=args.num_threads, video=args.video,
@@ -77,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         return run_task(args)
     if getattr(args, "instructions", "original") != "original":
         raise ValueError(f"--instructions {args.instructions}: instruction sets apply to --task quard:... only")
+    if getattr(args, "colours", "train,held_out") != "train,held_out":
+        raise ValueError(f"--colours {args.colours}: colour sets apply to --task quard:... only")
     cfg = config_from_args(args).validate()
     result = evaluate(cfg)
     paths = write_outputs(result, cfg.out)

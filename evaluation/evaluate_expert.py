@@ -70,6 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # eval's flags that this report has no use for are refused, not dropped without a word
+    if args.policy is not None:
+        raise ValueError(f"--policy {args.policy}: eval-expert takes its policies as --experts SPEC,SPEC,...")
+    if args.task != "locomotion" or args.colours != "train,held_out" or args.instructions != "original":
+        raise ValueError("--task/--colours/--instructions: eval-expert sweeps the locomotion terrains; evaluate "
+                         "a QUARD task with `quadforge eval --task quard:...`")
     cfg = evaluate_cmd.config_from_args(args)
     experts = [e.strip() for e in str(args.experts).split(",") if e.strip()]
     for e in experts:  # every bad expert path fails before any evaluation runs

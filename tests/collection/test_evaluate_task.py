@@ -51,6 +51,33 @@ def test_eval_refuses_bad_instruction_sets(tmp_path, capsys):
     assert "quard" in capsys.readouterr().err
 
 
+def test_flags_of_the_other_evaluation_are_refused_not_dropped(tmp_path, capsys):
+    """A flag that the chosen evaluation would ignore is a one-line error before anything runs (a locomotion
+    policy asked for on a QUARD task was once swapped for the task's expert without a word)."""
+    quard = ["eval", "--task", "quard:go_to", "--out", str(tmp_path / "e")]
+    for extra, said in ((["--terrain", "stairs_up"], "--terrain: the terrain sweep's flags"),
+                        (["--levels", "0-3", "--video"], "--levels, --video: the terrain sweep's flags")):
+        assert main(quard + extra) == 2
+        assert said in capsys.readouterr().err
+    assert main(["eval", "--colours", "held_out", "--out", str(tmp_path / "f")]) == 2
+    assert "--colours held_out: colour sets apply to --task quard:... only" in capsys.readouterr().err
+    assert main(["eval-expert", "--task", "quard:go_to", "--out", str(tmp_path / "g")]) == 2
+    assert "eval-expert sweeps the locomotion terrains" in capsys.readouterr().err
+    assert main(["eval-expert", "--policy", "gait", "--out", str(tmp_path / "h")]) == 2
+    assert "--experts" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_policy_given_for_a_quard_task_is_the_one_evaluated(monkeypatch, tmp_path):
+    import quadforge.evaluation.evaluate_task as et
+    seen = []
+    monkeypatch.setattr(et, "evaluate_task", lambda cfg: seen.append(cfg.policy) or {})
+    monkeypatch.setattr(et, "write_task_outputs", lambda result, out: {"report": "r", "json": "j"})
+    for given, used in ((["--policy", "gait"], "gait"), ([], "quard_expert")):
+        assert main(["eval", "--task", "quard:go_to", *given, "--out", str(tmp_path / "e")]) == 0
+        assert seen.pop() == used
+
+
 @pytest.mark.slow
 def test_privileged_expert_follows_swapped_instructions_in_every_family(tmp_path):
     from quadforge.evaluation.evaluate_task import TaskEvalConfig, evaluate_task
