@@ -53,6 +53,10 @@ from quadforge.output_paths import check_output_dir, is_eval_dir
 from quadforge.progress import progress_bar
 
 
+# the command-line flag of a config field whose name differs from it (errors name what the user typed)
+FLAGS = {"episodes": "--episodes-per-cell"}
+
+
 @dataclass
 class EvalConfig:
     policy: str = "gait"
@@ -77,7 +81,8 @@ class EvalConfig:
 
     def validate(self) -> "EvalConfig":
         def bad(name: str, allowed: str) -> ValueError:
-            return ValueError(f"--{name.replace('_', '-')}={getattr(self, name)!r} is invalid; allowed: {allowed}")
+            flag = FLAGS.get(name, "--" + name.replace("_", "-"))
+            return ValueError(f"{flag}={getattr(self, name)!r} is invalid; allowed: {allowed}")
         for name in ("episodes", "num_envs", "num_levels", "num_threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise bad(name, "an integer >= 1")

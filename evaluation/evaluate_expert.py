@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = evaluate_cmd.config_from_args(args)
     experts = [e.strip() for e in str(args.experts).split(",") if e.strip()]
     for e in experts:  # every bad expert path fails before any evaluation runs
-        check_policy_spec(e)
+        check_policy_spec(e, flag="--experts")
         replace(cfg, policy=e).validate()
     report = expert_report(cfg, experts)
     print(cells_table(report["results"], report["labels"]))

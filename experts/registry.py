@@ -151,11 +151,12 @@ register_policy_kind("wtw", _expert("wtw"), "walk-these-ways body + adaptation m
 
 
 # --- the entry points --------------------------------------------------------------------------------
-def parse_policy_spec(spec: str) -> tuple[str, str]:
-    """(kind, argument); an existing path is detected as its kind. Errors name the allowed specs."""
+def parse_policy_spec(spec: str, flag: str = "--policy") -> tuple[str, str]:
+    """(kind, argument); an existing path is detected as its kind. Errors name ``flag`` (the option the
+    spec came from) and the allowed specs."""
     spec = str(spec).strip()
     if not spec:
-        raise ValueError(f"--policy is empty; give {spec_help()}")
+        raise ValueError(f"{flag} is empty; give {spec_help()}")
     path = Path(spec)
     if path.exists():
         kind = detect_kind(path)
@@ -164,18 +165,18 @@ def parse_policy_spec(spec: str) -> tuple[str, str]:
     if kind in POLICY_KINDS or kind in POLICY_KIND_MODULES:
         entry = _registered_kind(kind)
         if entry.needs_path and not Path(arg).exists():
-            raise FileNotFoundError(f"--policy {spec!r}: no such checkpoint {arg!r}")
+            raise FileNotFoundError(f"{flag} {spec!r}: no such checkpoint {arg!r}")
         return kind, arg
     if "/" in spec or spec.endswith((".pt", ".jit")):
-        raise FileNotFoundError(f"--policy {spec!r}: no such checkpoint file; use {spec_help()}")
-    raise ValueError(f"--policy {spec!r} is unknown; use {spec_help()}")
+        raise FileNotFoundError(f"{flag} {spec!r}: no such checkpoint file; use {spec_help()}")
+    raise ValueError(f"{flag} {spec!r} is unknown; use {spec_help()}")
 
 
-def check_policy_spec(spec: str) -> None:
+def check_policy_spec(spec: str, flag: str = "--policy") -> None:
     """Validate a spec without loading anything heavy (config validation: fail before any env is built)."""
-    kind, arg = parse_policy_spec(spec)
+    kind, arg = parse_policy_spec(spec, flag)
     if kind == "gait" and arg and arg not in GAITS:
-        raise ValueError(f"--policy {spec!r}: unknown gait {arg!r}; allowed: {', '.join(GAITS)}")
+        raise ValueError(f"{flag} {spec!r}: unknown gait {arg!r}; allowed: {', '.join(GAITS)}")
 
 
 def load_policy(spec: str | Path, num_envs: int, device: str | torch.device = "cpu", robot: str | None = None,

@@ -65,6 +65,10 @@ def test_flags_of_the_other_evaluation_are_refused_not_dropped(tmp_path, capsys)
     assert "eval-expert sweeps the locomotion terrains" in capsys.readouterr().err
     assert main(["eval-expert", "--policy", "gait", "--out", str(tmp_path / "h")]) == 2
     assert "--experts" in capsys.readouterr().err
+    assert main(["eval-expert", "--experts", "nosuch", "--out", str(tmp_path / "i")]) == 2
+    assert "--experts 'nosuch' is unknown" in capsys.readouterr().err
+    assert main(["eval", "--episodes-per-cell", "0", "--out", str(tmp_path / "j")]) == 2
+    assert "--episodes-per-cell=0 is invalid" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 
 
