@@ -18,6 +18,7 @@ already has.
 from __future__ import annotations
 
 import math
+import socket
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -61,6 +62,22 @@ def collect_tasks() -> tuple[str, ...]:
     """The tasks ``collect --task`` takes: locomotion, and a QUARD task per registered family
     (``envs.quard.families``) plus ``quard:all`` (the families mixed per episode)."""
     return ("locomotion",) + quard_tasks()
+
+
+def check_ray_address(address: str) -> None:
+    """A Ray cluster answers at ``address`` (HOST:PORT or ray://HOST:PORT; ``auto`` is Ray's own lookup):
+    ``ray.init`` would otherwise retry an address nobody serves for minutes, printing only warnings."""
+    if address == "auto":
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"--address {address!r}: give HOST:PORT (the head's port, 6379 unless changed), "
+                         f"ray://HOST:PORT or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        raise ValueError(f"--address {address}: no Ray cluster answers there ({err.strerror or err}); start one "
+                         f"with `ray start --head` there, or leave --address out for a Ray on this machine") from None
 
 
 @dataclass
@@ -134,15 +151,17 @@ class CollectConfig:
         self.policy = self.policy or default_policy(self.task)
         check_policy_spec(self.policy)
         if self.relabel:
-            try:
-                check_policy_spec(self.relabel)
-            except (ValueError, FileNotFoundError) as err:   # the registry's message names --policy
-                raise type(err)(f"--relabel {self.relabel!r}: {err}") from None
+            check_policy_spec(self.relabel, flag="--relabel")
             if self.relabel == self.policy:
                 raise ValueError(f"--relabel {self.relabel!r} is --policy itself: it would relabel its own actions; "
                                  "give the driving checkpoint as --policy and the expert as --relabel")
         if not 0.0 <= self.expert_drive_prob <= 1.0:
             raise bad("expert_drive_prob", "a number in [0, 1]")
+        if self.expert_drive_prob and not self.relabel:
+            raise ValueError(f"--expert-drive-prob {self.expert_drive_prob}: the share of episodes the --relabel expert "
+                             "drives itself; it needs --relabel")
+        if self.workers and self.address:
+            check_ray_address(self.address)
         check_ratio(self.counterfactual, self.task, self.workers)
         check_store_accepts(self.out, robot=self.robot, what=f"--robot {self.robot}")
         return self

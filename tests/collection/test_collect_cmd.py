@@ -66,6 +66,10 @@ def test_collects_to_a_target_and_resumes_without_replaying(tmp_path, capsys):
     (["--workers", "-1"], "--workers"),
     (["--task", "quard:dance"], "quard:go_to"),
     (["--frame-stride", "0"], "--frame-stride"),
+    (["--expert-drive-prob", "0.5"], "it needs --relabel"),                  # was ignored without it
+    (["--workers", "1", "--address", "127.0.0.1:1"], "no Ray cluster answers there"),   # ray.init retried minutes
+    (["--workers", "1", "--address", "headnode"], "give HOST:PORT"),
+    (["--policy", "gait", "--relabel", "nosuch"], "--relabel 'nosuch' is unknown"),
 ])
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys, args, match):
     argv = ["collect", "--store", str(tmp_path / "s"), "--episodes", "2", *args]
