@@ -5,6 +5,8 @@
 #   tools/dev.sh demo [args]   the end-to-end demo (collect -> train -> evaluate)
 #   tools/dev.sh test [args]   the test suite (fast tests; `-m slow` for the long ones)
 #   tools/dev.sh <quadforge subcommand> [args]
+# Everything runs from the repository root (the shipped checkpoints and docs are named relative to it), so
+# relative paths in [args] are the repository's; from elsewhere give absolute ones, or run .venv/bin/quadforge.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
