@@ -102,6 +102,12 @@ def test_a_count_below_one_is_the_same_one_line_error_for_every_command(tmp_path
         main(["rollout", "--num-threads", "two"])
 
 
+def test_an_unknown_flag_is_the_subcommands_error(capsys):
+    assert main(["rollout", "--bogus", "1"]) == 2
+    assert capsys.readouterr().err.strip() == ("quadforge rollout: error: unrecognized arguments: --bogus 1 "
+                                               "(see quadforge rollout --help)")
+
+
 def test_tracking_eval_is_a_subcommand(capsys):
     assert main(["eval-tracking", "--policy", "nope.pt"]) == 2
     assert "nope.pt" in capsys.readouterr().err

@@ -66,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     from quadforge.errors import JobFailed
     from quadforge.tools.parent_watch import watch_parent
     watch_parent()   # a step of `quadforge reproduce`: end with the runner, even one killed by SIGKILL
-    args = build_parser(with_subcommand=name).parse_args(argv)
+    args, unknown = build_parser(with_subcommand=name).parse_known_args(argv)
+    if unknown:   # argparse would blame the top-level parser; the flag belongs to the subcommand's
+        print(f"quadforge {name}: error: unrecognized arguments: {' '.join(unknown)} (see quadforge {name} --help)",
+              file=sys.stderr)
+        return 2
     module = importlib.import_module(COMMANDS[name][0])
     try:
         check_counts(args)
