@@ -149,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
     if args.task != "locomotion":
         get_task(args.task)            # a one-line error naming the tasks for a bad name
         return run_quard(args)
+    if args.images or args.colours != "train":   # the QUARD camera's flags: refused, not dropped without a word
+        raise ValueError("--images/--colours: the QUARD tasks' camera and objects; the locomotion task has neither "
+                         "(give --task quard:...)")
     spec = _policy_spec(args)
     check_policy_spec(spec)
     command = _command(args.command)

@@ -259,6 +259,8 @@ def test_rollout_command_summary_and_errors(capsys):
     assert main(["rollout", "--terrain", "lava"]) == 2
     assert "lava" in capsys.readouterr().err
     assert main(["rollout", "--command", "1,2"]) == 2
+    assert main(["rollout", "--images"]) == 2       # the QUARD camera's flag, refused on locomotion
+    assert "the locomotion task has neither" in capsys.readouterr().err
 
 
 def test_non_finite_physics_terminates_with_reason():
