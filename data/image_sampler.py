@@ -196,7 +196,8 @@ class ImageWindowSampler(SeededSampler):
                                    ("failed", self._pools[1], 1.0 - success_ratio)):
                 if share > 0 and p.size == 0:
                     raise ValueError(f"{who}: success_ratio={success_ratio} needs {name} episodes; the selection "
-                                     f"({len(self.episodes)} episodes, filters={dict(filters or {})}) has none")
+                                     f"({len(self.episodes)} episodes, filters={dict(filters or {})}) has none (train "
+                                     f"with the override success_ratio=None to sample its steps as they come)")
         n_frames = {c: int(source.manifest["lengths"][c]) for c in cameras}
         checksums = source.manifest.get("checksums") or {}
         self.caches = {c: ChunkCache(source.array(c), n_frames[c], cache_chunks, checksums.get(c)) for c in cameras}

@@ -333,7 +333,8 @@ class TransitionSampler(SeededSampler):
                                    ("failed", self._pools[1], 1.0 - success_ratio)):
                 if share > 0 and p.size == 0:
                     raise ValueError(f"{who}: success_ratio={success_ratio} needs {name} episodes; "
-                                     f"the selection has none")
+                                     f"the selection has none (train with the override success_ratio=None to sample "
+                                     f"its steps as they come)")
         self._rng = numpy_rng(self.seed, f"transition_sampler/rank{self.rank}")
 
     def _table_steps(self, data: EpisodeArrays, steps: _SelectedSteps, reward: str) -> None:

@@ -108,7 +108,10 @@ class VLAPolicy:
     def _check(self, obs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         for name in self.obs_terms:
             if name not in obs:
-                raise ValueError(f"policy {self.policy_id} needs observation term {name!r}; got {sorted(obs)}")
+                # a VLA reads a QUARD task's camera and instruction: the usual cause is a locomotion env
+                raise ValueError(f"policy {self.policy_id} needs observation term {name!r}, which only the QUARD "
+                                 f"tasks give (run it with --task quard:<family> or quard:all); this env gives "
+                                 f"{len(obs)} terms without it")
         img, ins = obs[IMAGE_TERM], obs[INSTRUCTION_TERM]
         h, w = self.image_size
         if tuple(img.shape) != (self.num_envs, h, w, 3):

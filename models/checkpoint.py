@@ -61,7 +61,7 @@ class Checkpoint:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str = "<dict>") -> "Checkpoint":
         if not isinstance(d, Mapping) or d.get("kind") != CHECKPOINT_KIND:
-            what = ("an rsl_rl PPO checkpoint (load it with quadforge train-expert --resume, eval --policy or "
+            what = ("an rsl_rl PPO checkpoint (load it with quadforge train-expert --resume-from, eval --policy or "
                     "rollout)" if isinstance(d, Mapping) and ("actor_state_dict" in d or "model_state_dict" in d)
                     else f"missing kind={CHECKPOINT_KIND!r}")
             raise ValueError(f"{source} is not a quadforge policy checkpoint ({what})")

@@ -89,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         from quadforge.output_paths import check_run_dir
         check_run_dir(args.out, resume=bool(args.resume), overwrite=bool(getattr(args, "overwrite", False)))
     if spec.trainer == "imitation" and args.preset is None:
+        from quadforge.training.distributed import resolve_device
+        resolve_device(args.device)   # a bad --device is the error, before a preset is chosen for it
         args.preset = default_preset(args.device)
         print(f"train {spec.name}: preset {args.preset!r} (the default on {args.device}; pass --preset to choose)")
     return int(importlib.import_module(TRAINER_MODULES[spec.trainer]).run_from_args(args) or 0)
