@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-episode-s", type=float, default=d.max_episode_s, help="episode time limit, s")
     p.add_argument("--task", default=d.task, help=" | ".join(collect_tasks()))
     p.add_argument("--frame-stride", type=int, default=d.frame_stride,
-                   help="control steps per recorded camera frame (10: 5 Hz at 50 Hz control)")
+                   help="control steps per recorded camera frame (10: 5 Hz at 50 Hz control); a multiple of the "
+                        "task camera's own stride (10 on the QUARD tasks)")
     p.add_argument("--no-images", action="store_true",
                    help="camera tasks (quard:*): no camera - proprioception, commands, instructions and task terms only")
     p.add_argument("--counterfactual", type=float, default=d.counterfactual, metavar="R",
