@@ -163,7 +163,9 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     apply_old_positionals(args)
-    require(args, "store", "--store")
+    if Path(require(args, "store", "--store")).is_file():   # not "no such store": say what the path is
+        raise ValueError(f"dataset {args.action} --store {args.store}: is a file, not a trajectory store folder; "
+                         f"give the store's folder")
     if args.action == "info":
         s = summary(args.store)
         if args.json:
@@ -200,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
               f"to {args.output} (LeRobot {info['codebase_version']}, action = {info['quadforge']['action_feature']})")
         return 0
     if args.action == "import-hdf5":
-        require(args, "input", "--input")
+        if Path(require(args, "input", "--input")).is_dir():   # not "no such HDF5 file": say what the path is
+            raise ValueError(f"dataset import-hdf5 --input {args.input}: is a folder, not an HDF5 file; give the "
+                             f".h5 file `quadforge dataset export-hdf5` wrote")
         from quadforge.data.export import import_hdf5
         n = import_hdf5(args.input, args.store)
         print(f"imported {n} demos into {args.store}")

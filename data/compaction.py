@@ -38,6 +38,7 @@ from quadforge.data.store import (EPISODES_FILE, INSTRUCTIONS_FILE, MANIFEST, SC
                                   read_manifest, read_schema, read_tasks, verify_metadata, write_json_atomic)
 from quadforge.data.schema import FORMAT_VERSION
 from quadforge.errors import JobFailed, is_write_failure, os_reason
+from quadforge.output_paths import is_store_dir, listing
 
 LOCK_FILE = ".lock"
 TARGET_CHUNK_BYTES = 2 << 20        # ~2 MiB per chunk (diffusion_policy's choice)
@@ -245,8 +246,14 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
     if append_mode not in APPEND_MODES:
         raise ValueError(f"append_mode={append_mode!r}; allowed: {APPEND_MODES}")
     root = Path(store_path)
+    if root.is_file():
+        raise ValueError(f"--store {root}: is a file, not a trajectory store folder; give the store's folder")
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such trajectory store directory")
+    if not is_store_dir(root):   # before the lock file is made: compacting a folder never turns it into a "store"
+        held = f"it holds {listing(root)}" if any(root.iterdir()) else "it is empty"
+        raise ValueError(f"--store {root}: not a trajectory store (no manifest.json, no staged episodes; {held}); "
+                         f"give a store's folder (one `quadforge collect` or `dataset import-hdf5` made)")
     t0 = time.perf_counter()
     quarantined: list[str] = []
     # every chunk is written, even all-fill ones, so a lost chunk is never mistaken for zeros

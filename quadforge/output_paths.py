@@ -1,8 +1,10 @@
 """Output paths checked before any work starts: a run never ends in ``NotADirectoryError`` after an
 hour of work, never writes its files among someone else's, and never replaces finished work unasked.
 
-- ``check_output_file(path)``: a file to (re)write - not a directory, every parent a directory (or
-  creatable) and writable.
+- ``check_output_file(path, owns)``: a file to (re)write - not a directory, every parent a directory (or
+  creatable) and writable, not inside a trajectory store or a training run (a store's ``manifest.json``
+  is a file too), and either new or an earlier output (``owns``; by default what its name says: an
+  export rerun replaces its ``.h5``, a user's ``notes.txt`` is never replaced).
 - ``check_output_dir(path, kind, owns)``: a folder of ``kind`` - new, empty, or one that ``owns(path)``
   recognises as its own (a trajectory store for ``collect``, an eval report for ``eval``).
 - ``check_run_dir(path, resume, overwrite)``: a training run folder - new or empty, or holding a run
@@ -12,11 +14,14 @@ Errors are ``ValueError``s naming the flag, the path and what to do, so the CLI 
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Callable
 
 RUN_FILES = ("last.pt", "best.pt")
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+MAX_JSON_BYTES = 64 << 20
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -36,18 +41,81 @@ def _check_parents(path: Path, flag: str) -> None:
         raise ValueError(f"{flag} {path}: {anchor} is not writable")
 
 
-def check_output_file(path: str | os.PathLike, flag: str = "--out") -> Path:
-    """A file that will be written (replacing an older one is fine): not a folder, parents creatable."""
+def is_hdf5_file(p: Path) -> bool:
+    with open(p, "rb") as f:
+        return f.read(8) == HDF5_SIGNATURE
+
+
+def is_json_file(p: Path) -> bool:
+    if p.stat().st_size > MAX_JSON_BYTES:   # our JSON outputs are small; never read a huge file whole to learn that
+        return False
+    try:
+        json.loads(p.read_bytes())
+        return True
+    except ValueError:   # UnicodeDecodeError and JSONDecodeError both are
+        return False
+
+
+def is_text_file(p: Path) -> bool:
+    try:
+        with open(p, encoding="utf-8") as f:
+            f.read(1 << 16)
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _json_or_hdf5(p: Path) -> bool:
+    return is_json_file(p) or is_hdf5_file(p)
+
+
+# What an earlier output named so holds (the callers write JSON with --json, HDF5 with export-hdf5 and a
+# Markdown page with reproduce --docs); any other name counts as an earlier output only if it holds JSON or
+# HDF5, so a rerun of `--json out.log` replaces its own JSON but `--output notes.txt` never a user's notes.
+OUTPUT_KINDS: dict[str, tuple[str, Callable[[Path], bool]]] = {
+    ".json": ("JSON", is_json_file), ".h5": ("HDF5", is_hdf5_file), ".hdf5": ("HDF5", is_hdf5_file),
+    ".md": ("UTF-8 text", is_text_file)}
+
+
+def _enclosing_store_or_run(p: Path) -> str | None:
+    """The trajectory store or training run folder ``p`` would be written into, described; None if none.
+    Symlinks are followed: the write would follow them too."""
+    for parent in p.resolve().parents:
+        if parent.is_dir() and is_store_dir(parent):
+            return f"inside the trajectory store {parent}"
+        if holds_run(parent):
+            return f"inside the training run folder {parent}"
+    return None
+
+
+def check_output_file(path: str | os.PathLike, flag: str = "--out",
+                      owns: Callable[[Path], bool] | None = None) -> Path:
+    """A file that will be written: not a folder, parents creatable, not inside a store or a run, and
+    either new or an earlier output that ``owns`` recognises (by default: holds what its name says)."""
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{flag} {p}: is a folder; give a file path")
     _check_parents(p, flag)
-    if p.exists() and not os.access(p, os.W_OK):
-        raise ValueError(f"{flag} {p}: exists and is not writable")
+    inside = _enclosing_store_or_run(p)
+    if inside:
+        raise ValueError(f"{flag} {p}: {inside}; writing there would damage it: choose a path outside it")
+    if p.exists():
+        if not os.access(p, os.W_OK):
+            raise ValueError(f"{flag} {p}: exists and is not writable")
+        kind, ours = ("what this command writes", owns) if owns is not None else \
+            OUTPUT_KINDS.get(p.suffix.lower(), ("JSON or HDF5", _json_or_hdf5))
+        try:
+            replaceable = p.stat().st_size == 0 or ours(p)   # an empty file (a write cut short) holds nothing
+        except OSError:   # unreadable: nothing says it is ours
+            replaceable = False
+        if not replaceable:
+            raise ValueError(f"{flag} {p}: exists and is not an earlier output (not {kind}); replacing it would "
+                             f"lose it: choose a new path, or move the file away first")
     return p
 
 
-def _listing(p: Path, n: int = 4) -> str:
+def listing(p: Path, n: int = 4) -> str:
+    """The first ``n`` names in folder ``p``, for an error that says what a refused folder holds."""
     names = sorted(x.name for x in p.iterdir())
     return ", ".join(names[:n]) + (f", ... ({len(names)} entries)" if len(names) > n else "")
 
@@ -60,7 +128,7 @@ def check_output_dir(path: str | os.PathLike, kind: str, owns: Callable[[Path], 
         raise ValueError(f"{flag} {p}: is a file; give a folder for the {kind} (created if missing)")
     _check_parents(p, flag)
     if p.is_dir() and any(p.iterdir()) and not (owns is not None and owns(p)):
-        raise ValueError(f"{flag} {p}: a non-empty folder that is not a {kind} (it holds {_listing(p)}); "
+        raise ValueError(f"{flag} {p}: a non-empty folder that is not a {kind} (it holds {listing(p)}); "
                          f"give a new or empty folder")
     return p
 
@@ -90,17 +158,19 @@ def check_run_dir(path: str | os.PathLike, resume: bool = False, overwrite: bool
         if has_run and overwrite:
             return p
         if has_run:
-            raise ValueError(f"{flag} {p}: already holds a training run ({_listing(p)}); pass --resume to "
+            raise ValueError(f"{flag} {p}: already holds a training run ({listing(p)}); pass --resume to "
                              f"continue it, --overwrite to replace it, or choose a new folder")
-        raise ValueError(f"{flag} {p}: a non-empty folder that is not a training run (it holds {_listing(p)}); "
+        raise ValueError(f"{flag} {p}: a non-empty folder that is not a training run (it holds {listing(p)}); "
                          f"give a new or empty folder")
     return p
 
 
 def is_store_dir(p: Path) -> bool:
-    """A trajectory store (committed, or with staged episodes only) or a half-created one."""
+    """A trajectory store (committed, or with staged episodes only) or a half-created one. Compaction's
+    ``.lock`` is no proof: compacting any folder used to leave one, and while a store is being created its
+    ``staging/`` (the episodes compacted) or ``.collect.lock`` (taken before the first episode) is there too."""
     return any((p / name).exists() for name in ("manifest.json", "staging", "meta", "zarr.json", "quarantine",
-                                                 ".collect.lock", ".lock"))
+                                                 ".collect.lock"))
 
 
 def is_eval_dir(p: Path) -> bool:

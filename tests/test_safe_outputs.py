@@ -161,3 +161,69 @@ def test_json_outputs_are_checked_before_the_work(tmp_path, capsys, monkeypatch)
     monkeypatch.setattr(rollout_cmd, "run", lambda args: pytest.fail("rollout started"))
     assert main(["rollout", "--json", str(tmp_path / "file" / "r.json")]) == 2
     _one_line_error(capsys, "--json", "is a file, not a folder")
+
+
+def _snapshot(root):
+    """Every file under ``root`` (or the file itself) and its bytes: "nothing changed" is equality."""
+    from pathlib import Path
+    root = Path(root)
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    return {str(p): p.read_bytes() for p in files}
+
+
+def test_file_outputs_never_land_in_a_store_or_a_run(tmp_path, capsys, monkeypatch):
+    import quadforge.tools.rollout_cmd as rollout_cmd
+    monkeypatch.setattr(rollout_cmd, "run", lambda args: pytest.fail("rollout started"))
+    store = _store(tmp_path / "s")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_bytes(b"a checkpoint")
+    before, run_before = _snapshot(store), _snapshot(run)
+    manifest = store / "manifest.json"
+    assert main(["dataset", "export-hdf5", "--store", str(store), "--output", str(manifest)]) == 2
+    _one_line_error(capsys, f"export-hdf5 --output {manifest}", "inside the trajectory store")
+    assert main(["dataset", "export-hdf5", "--store", str(store), "--output", str(store / "new" / "x.h5")]) == 2
+    _one_line_error(capsys, "--output", "inside the trajectory store")   # a path's parents count too
+    assert main(["rollout", "--num-envs", "2", "--seconds", "0.1", "--json", str(manifest)]) == 2
+    _one_line_error(capsys, f"--json {manifest}", "inside the trajectory store")
+    assert main(["rollout", "--json", str(run / "best.pt")]) == 2
+    _one_line_error(capsys, f"--json {run / 'best.pt'}", "inside the training run folder")
+    assert _snapshot(store) == before and _snapshot(run) == run_before
+    assert main(["dataset", "info", "--store", str(store)]) == 0   # still a readable store
+
+
+def test_file_outputs_replace_only_their_own_earlier_output(tmp_path, capsys, monkeypatch):
+    store = _store(tmp_path / "s")
+    notes, text_h5 = tmp_path / "notes.txt", tmp_path / "old.h5"
+    notes.write_text("my notes\n")
+    text_h5.write_text("not an export\n")
+    kept = {**_snapshot(notes), **_snapshot(text_h5)}
+    for path in (notes, text_h5):
+        assert main(["dataset", "export-hdf5", "--store", str(store), "--output", str(path)]) == 2
+        _one_line_error(capsys, f"export-hdf5 --output {path}", "not an earlier output", "choose a new path")
+    assert {**_snapshot(notes), **_snapshot(text_h5)} == kept
+    h5 = tmp_path / "ex.h5"
+    for _ in range(2):   # a rerun replaces its own export
+        assert main(["dataset", "export-hdf5", "--store", str(store), "--output", str(h5)]) == 0
+    import quadforge.tools.rollout_cmd as rollout_cmd
+    monkeypatch.setattr(rollout_cmd, "run", lambda args: 0)
+    assert main(["rollout", "--json", str(notes)]) == 2
+    _one_line_error(capsys, f"--json {notes}", "not an earlier output")
+    assert _snapshot(notes) == {str(notes): b"my notes\n"}
+    (tmp_path / "r.json").write_text('{"earlier": 1}')
+    (tmp_path / "empty.json").write_bytes(b"")
+    assert main(["rollout", "--json", str(tmp_path / "r.json")]) == 0       # its own earlier JSON
+    assert main(["rollout", "--json", str(tmp_path / "empty.json")]) == 0   # nothing to lose
+
+
+def test_a_lone_compaction_lock_is_no_store(tmp_path, capsys, monkeypatch):
+    import quadforge.collection.collect as collect
+    monkeypatch.setattr(collect, "build_env", lambda *a: pytest.fail("collect started work"))
+    other = tmp_path / "otherdir"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    (other / ".lock").write_bytes(b"")   # what `dataset compact` used to leave in any folder
+    before = _snapshot(other)
+    assert main(["collect", "--store", str(other), "--episodes", "2"]) == 2
+    _one_line_error(capsys, f"--store {other}", "not a trajectory store", "notes.txt")
+    assert _snapshot(other) == before

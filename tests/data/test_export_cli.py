@@ -105,3 +105,45 @@ def test_export_and_import_hdf5_old_positional_spellings(tmp_path, write_episode
     assert "--output is required" in capsys.readouterr().err
     assert main(["dataset", "export-hdf5", str(store), str(old), "extra"]) == 2
     assert "unexpected argument(s) ['extra']" in capsys.readouterr().err
+
+
+def _files(root):
+    return {str(p): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_compact_refuses_a_folder_that_is_not_a_store(tmp_path, write_episodes, capsys):
+    other = tmp_path / "otherdir"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for folder, holds in ((other, "it holds notes.txt"), (empty, "it is empty")):
+        assert main(["dataset", "compact", "--store", str(folder)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"--store {folder}" in err and "not a trajectory store" in err, err
+        assert holds in err, err
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"] and not any(empty.iterdir())   # no .lock
+    assert (other / "notes.txt").read_text() == "mine\n"
+    store = tmp_path / "s"   # a store with staged episodes only (a collection before its first compaction)
+    write_episodes(store, "c0", n=2, seed=3)
+    assert main(["dataset", "compact", "--store", str(store)]) == 0
+    assert TrajectoryStore.open(store).num_episodes == 2
+
+
+def test_dataset_paths_of_the_wrong_kind_say_what_they_are(tmp_path, write_episodes, capsys):
+    store = tmp_path / "s1"
+    write_episodes(store, "c0", n=2, seed=4)
+    compact(store)
+    h5 = tmp_path / "ex1.h5"
+    export_hdf5(store, h5)
+    before = {**_files(store), str(h5): h5.read_bytes()}
+    for action in ("info", "validate", "compact", "export-lerobot"):
+        assert main(["dataset", action, "--store", str(h5), "--output", str(tmp_path / "x")]
+                    if action == "export-lerobot" else ["dataset", action, "--store", str(h5)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"--store {h5}: is a file, not a trajectory store folder" in err and len(err.splitlines()) == 1, err
+    assert main(["dataset", "import-hdf5", "--input", str(store), "--store", str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"import-hdf5 --input {store}: is a folder, not an HDF5 file" in err and len(err.splitlines()) == 1, err
+    assert {**_files(store), str(h5): h5.read_bytes()} == before
+    assert not (tmp_path / "new").exists() and not (tmp_path / "x").exists()
