@@ -20,6 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 DEMO_TERRAIN = "flat,slope_up,rough_slope,stairs_up"
+OPTIONS_FILE = "demo_options.json"   # written before the work: a rerun with other options is refused
+DEMO_PARTS = ("store", "fcnet", "eval", "demo_summary.json", OPTIONS_FILE)
+FLAGS = {"seed": "--seed", "episodes": "--episodes", "train_steps": "--train-steps"}   # the rest: --tiny or not
 
 
 @dataclass
@@ -46,9 +49,39 @@ class DemoConfig:
                 raise ValueError(f"demo {name}={getattr(self, name)!r}; must be an integer >= 1")
         from quadforge.output_paths import check_output_dir
         # a demo folder (store/, checkpoints, eval/) re-runs in place; anything else is refused before work
-        check_output_dir(self.out, "demo run", owns=lambda p: any((p / n).exists() for n in ("store", "fcnet", "eval",
-                                                                                "demo_summary.json")))
+        out = check_output_dir(self.out, "demo run", owns=lambda p: any((p / n).exists() for n in DEMO_PARTS))
+        if out.is_dir() and any(out.iterdir()):
+            self._check_rerun(out)
         return self
+
+    def options(self) -> dict:
+        """What the results depend on (``out`` is where they go, however it is spelled)."""
+        return {k: v for k, v in asdict(self).items() if k != "out"}
+
+    def _check_rerun(self, out: Path) -> None:
+        """A rerun reuses the store (collection tops it up to ``episodes``) and replaces fcnet/ and eval/:
+        right for the same options, but with others the "seed 5" model would be trained on seed-0 data."""
+        earlier = _recorded_options(out)
+        if not isinstance(earlier, dict):
+            raise ValueError(f"--out {out}: holds a demo whose options were not recorded (an interrupted run); "
+                             f"give a new --out, or remove this one to start over")
+        differ = [k for k, v in self.options().items() if earlier.get(k) != v]
+        if differ:
+            said = ", ".join(f"{FLAGS.get(k, k)} {getattr(self, k)} (earlier {earlier.get(k)})" for k in differ)
+            tiny = " (--tiny sizes)" if any(k not in FLAGS for k in differ) else ""
+            raise ValueError(f"--out {out}: holds an earlier demo run with other options: {said}{tiny}; its store "
+                             f"and model would be reused or replaced: give a new --out, or rerun with the same options")
+
+
+def _recorded_options(out: Path) -> dict | None:
+    """The options the demo in ``out`` ran with: its options file, else (older demos) its summary's config."""
+    for name, key in ((OPTIONS_FILE, None), ("demo_summary.json", "config")):
+        try:
+            recorded = json.loads((out / name).read_text())
+            return recorded if key is None else recorded[key]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return None
 
 
 def run_demo(cfg: DemoConfig, log=print) -> dict:
@@ -65,6 +98,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     torch.set_num_threads(1)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / OPTIONS_FILE).write_text(json.dumps(cfg.options(), indent=1))
     times: dict[str, float] = {}
 
     t0 = time.perf_counter()
