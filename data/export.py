@@ -42,7 +42,7 @@ from quadforge.data.schema import TASK_PREFIX
 from quadforge.data.staging import write_staging_file, writer_lock_path
 from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore
 from quadforge.layout import TERM_DIMS
-from quadforge.output_paths import check_output_dir, check_output_file, is_store_dir
+from quadforge.output_paths import check_output_dir, check_output_file, is_hdf5_file, is_store_dir
 
 FORMAT = "quadforge-robomimic-2"
 FORMATS = ("quadforge-robomimic-1", FORMAT)      # what import reads
@@ -119,7 +119,8 @@ def _write_demo(d, store: TrajectoryStore, data: dict[str, np.ndarray], i: int, 
 def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | None = None) -> int:
     """Write the whole store to ``h5_path`` in robomimic's layout; returns the number of demos."""
     import h5py
-    out = check_output_file(h5_path, flag="export-hdf5 --output")   # before reading a byte of the store
+    # before reading a byte of the store; an existing file is replaced only if it is an earlier export
+    out = check_output_file(h5_path, flag="export-hdf5 --output", owns=is_hdf5_file)
     store = TrajectoryStore.open(store_path)
     images = store.image_features
     data = store.load([n for n in store.feature_names if n not in images])   # per-step features in RAM

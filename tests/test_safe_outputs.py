@@ -194,14 +194,15 @@ def test_file_outputs_never_land_in_a_store_or_a_run(tmp_path, capsys, monkeypat
 
 def test_file_outputs_replace_only_their_own_earlier_output(tmp_path, capsys, monkeypatch):
     store = _store(tmp_path / "s")
-    notes, text_h5 = tmp_path / "notes.txt", tmp_path / "old.h5"
+    notes, text_h5, page = tmp_path / "notes.txt", tmp_path / "old.h5", tmp_path / "README.md"
     notes.write_text("my notes\n")
     text_h5.write_text("not an export\n")
-    kept = {**_snapshot(notes), **_snapshot(text_h5)}
-    for path in (notes, text_h5):
+    page.write_text("# my page\n")   # text, as a .md should be, but no export: the command says what it owns
+    kept = {**_snapshot(notes), **_snapshot(text_h5), **_snapshot(page)}
+    for path in (notes, text_h5, page):
         assert main(["dataset", "export-hdf5", "--store", str(store), "--output", str(path)]) == 2
         _one_line_error(capsys, f"export-hdf5 --output {path}", "not an earlier output", "choose a new path")
-    assert {**_snapshot(notes), **_snapshot(text_h5)} == kept
+    assert {**_snapshot(notes), **_snapshot(text_h5), **_snapshot(page)} == kept
     h5 = tmp_path / "ex.h5"
     for _ in range(2):   # a rerun replaces its own export
         assert main(["dataset", "export-hdf5", "--store", str(store), "--output", str(h5)]) == 0
@@ -209,7 +210,9 @@ def test_file_outputs_replace_only_their_own_earlier_output(tmp_path, capsys, mo
     monkeypatch.setattr(rollout_cmd, "run", lambda args: 0)
     assert main(["rollout", "--json", str(notes)]) == 2
     _one_line_error(capsys, f"--json {notes}", "not an earlier output")
-    assert _snapshot(notes) == {str(notes): b"my notes\n"}
+    assert main(["rollout", "--json", str(page)]) == 2
+    _one_line_error(capsys, f"--json {page}", "not an earlier output")
+    assert _snapshot(notes) == {str(notes): b"my notes\n"} and _snapshot(page) == {str(page): b"# my page\n"}
     (tmp_path / "r.json").write_text('{"earlier": 1}')
     (tmp_path / "empty.json").write_bytes(b"")
     assert main(["rollout", "--json", str(tmp_path / "r.json")]) == 0       # its own earlier JSON

@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         check_counts(args)
         json_out = getattr(args, "json", None)
         if isinstance(json_out, str) and json_out != "-":   # --json PATH: checked before the work, not after
-            from quadforge.output_paths import check_output_file
-            check_output_file(json_out, flag="--json")
+            from quadforge.output_paths import check_output_file, is_json_file
+            check_output_file(json_out, flag="--json", owns=is_json_file)   # replaces only an earlier JSON
         code = int(module.run(args) or 0)
         sys.stdout.flush()   # inside the try: a reader that left early fails the flush here, not at exit
         return code
