@@ -276,6 +276,8 @@ class TrajectoryStore:
     @classmethod
     def open(cls, path: str | Path) -> "TrajectoryStore":
         root = Path(path)
+        if root.is_file():   # not "no such store": say what the path is
+            raise ValueError(f"{root}: is a file, not a trajectory store folder; give the store's folder")
         if not root.is_dir():
             raise FileNotFoundError(f"{root}: no such trajectory store directory")
         manifest = read_manifest(root)
