@@ -22,7 +22,9 @@ iteration 1 from an existing iteration-0 checkpoint (e.g. the control from the D
 Every iteration's policy and the expert itself are evaluated closed loop on the same sweep (the
 demo's: flat / slope_up / rough_slope, levels 0-1, walking commands, 8 s); ``OUT/dagger.json`` holds
 the ladder and is rewritten after each step, so an interrupted run keeps what it measured and a rerun
-resumes after the last finished iteration.
+resumes after the last finished iteration - only with the options dagger.json records (more
+``--iterations`` extend the ladder, ``--device`` may change); one with other options is refused before
+any work, naming them, as is an ``--out`` that is a file or a non-empty folder without a dagger.json.
 """
 from __future__ import annotations
 
@@ -41,12 +43,27 @@ from quadforge.collection.collect import CollectConfig, run_local
 from quadforge.evaluation.evaluate import EvalConfig, evaluate, write_outputs
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.store_set import StoreSet, open_aggregate
+from quadforge.layout import NUM_JOINTS, get_layout
+from quadforge.models import build_model
+from quadforge.models.checkpoint import check_model, load_checkpoint
+from quadforge.models.registry import model_names
+from quadforge.output_paths import check_output_dir
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.training.distributed import resolve_device
 from quadforge.training.imitation import train
-from quadforge.training.presets import TrainConfig, preset
+from quadforge.training.presets import PRESETS, TrainConfig, preset
 
 DEMO_TERRAIN = "flat,slope_up,rough_slope,stairs_up"
+# the flags of DaggerConfig fields whose flag is not --<field-name> (the rest are not flags or match it)
+FLAGS = {"data": "--store", "eval_episodes": "--episodes-per-cell", "overrides": "key=value"}
+# what a rerun may change and still resume: more --iterations extend the ladder (a row does not depend on
+# how many follow it; docs/models.md reruns --iterations 3 then 5), --device only moves the arithmetic
+RESUMABLE_CHANGES = ("out", "iterations", "device")
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a DaggerConfig field, for error messages."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 @dataclass
@@ -74,23 +91,57 @@ class DaggerConfig:
     device: str = "cpu"              # the trainer's device (collection and evaluation run the CPU envs)
 
     def validate(self) -> "DaggerConfig":
+        """Everything that can be checked is, before the expert's episodes are collected (minutes to hours)."""
         for name in ("expert_episodes", "train_steps", "batch_size", "num_envs", "eval_episodes"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)}; must be >= 1")
-        if min(self.iterations, self.finetune_steps, self.episodes_per_iter) < 0:
-            raise ValueError(f"--iterations={self.iterations}, --finetune-steps={self.finetune_steps}, "
-                             f"--episodes-per-iter={self.episodes_per_iter}; must be >= 0")
+                raise ValueError(f"{flag(name)}={getattr(self, name)}; must be >= 1")
+        for name in ("iterations", "episodes_per_iter", "finetune_steps"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"{flag(name)}={getattr(self, name)}; must be >= 0")
         if self.episodes_per_iter == 0 and self.iterations and not self.finetune_steps:
             raise ValueError("--episodes-per-iter 0 (the no-relabelling control) needs --finetune-steps > 0: "
                              "retraining from scratch on the same data repeats iteration 0")
         if not 0.0 <= self.expert_drive_prob <= 1.0:
             raise ValueError(f"--expert-drive-prob={self.expert_drive_prob}; must be in [0, 1]")
         resolve_device(self.device)   # an unknown device, or cuda without one: fail before collecting
-        if self.init_from is not None and not Path(self.init_from).exists():
-            raise FileNotFoundError(f"--init-from {self.init_from}: no such checkpoint")
-        if self.data is not None and not Path(self.data).exists():
-            raise FileNotFoundError(f"--store {self.data}: no trajectory store there (omit it to collect one)")
+        models = model_names(trainer="imitation")
+        if self.model not in models:
+            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(models)}")
+        if self.preset not in PRESETS[self.model]:
+            raise ValueError(f"--preset {self.preset!r} unknown for --model {self.model}; "
+                             f"allowed: {', '.join(PRESETS[self.model])}")
+        # the key=value overrides as `train` applies and checks them; building the model (seconds at most)
+        # also catches a misspelt model.* key, which the trainer would only meet after the collection
+        tcfg = iteration_train_config(self, 0, None)
+        tcfg.validate()
+        model = build_model(tcfg.model, obs_dim=get_layout(tcfg.layout).dim, action_dim=NUM_JOINTS,
+                            context=tcfg.context, **tcfg.model_config)
+        if self.init_from is not None:
+            try:
+                init = load_checkpoint(self.init_from)   # a text file or a damaged archive: one line, now
+                if self.iterations and self.finetune_steps:   # iteration 1 continues from its weights
+                    check_model(init, self.model, model.config)
+            except (ValueError, FileNotFoundError) as err:
+                raise ValueError(f"--init-from: {err}") from None
+        if self.data is not None:
+            try:   # a file, a foreign folder or a damaged store: now, not after the expert's evaluation
+                TrajectoryStore.open(self.data)
+            except (ValueError, FileNotFoundError) as err:
+                raise ValueError(f"--store: {err} (omit --store to collect one)") from None
+        check_output_dir(self.out, "dagger run", owns=lambda p: (p / "dagger.json").is_file())
         return self
+
+    def check_resume(self, recorded: dict[str, Any] | None) -> None:
+        """A rerun into an OUT holding a ladder resumes it only with the options that made it: another
+        model, store or seed would append rows measured differently (or return the old ones as the new)."""
+        if recorded is None:
+            return
+        now = asdict(self)
+        differ = [k for k in now if k not in RESUMABLE_CHANGES and recorded.get(k) != now[k]]
+        if differ:
+            what = ", ".join(f"{flag(k)} {recorded.get(k)!r} there, {now[k]!r} now" for k in differ)
+            raise ValueError(f"--out {self.out}: holds a dagger run made with other options ({what}); rerun with "
+                             f"its options to resume it, or give a new --out")
 
 
 def iteration_train_config(cfg: DaggerConfig, it: int, previous: str | None) -> TrainConfig:
@@ -113,9 +164,10 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
     cfg.validate()
     torch.set_num_threads(1)
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "dagger.json"
     res: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    cfg.check_resume(res.get("config"))
+    out.mkdir(parents=True, exist_ok=True)
     res["config"] = asdict(cfg)
     ladder: list[dict[str, Any]] = res.setdefault("ladder", [])
 
@@ -123,6 +175,8 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(res, indent=1, default=str))
         os.replace(tmp, path)
+
+    save()   # OUT is marked as this run's before the collection: an interrupted one resumes, not refused
 
     def evaluate_policy(policy: str, name: str) -> dict[str, Any]:
         ecfg = EvalConfig(policy=policy, out=str(out / "eval" / name), terrain=cfg.eval_terrain,
@@ -190,7 +244,7 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = DaggerConfig(out="")
-    add_out(p, "stores, checkpoints, evaluations and dagger.json (the ladder; a rerun resumes)")
+    add_out(p, "stores, checkpoints, evaluations and dagger.json (the ladder; a rerun with the same options resumes)")
     add_store(p, "the expert's episodes (default: collect the demo's into OUT/expert)")
     p.add_argument("--expert-episodes", type=int, default=d.expert_episodes,
                    help="gait-expert episodes collected when --store is not given")

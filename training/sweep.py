@@ -19,9 +19,10 @@ The chosen setting is stage 1's run with the lowest validation loss (the trainer
 ``val_fraction``), replaced by a stage-2 run only when that is more than ``STAGE2_MARGIN`` = 5 % lower
 (a single seed's noise on a 5-episode validation split is a few per cent: a 1 % "win" is not a reason
 to change a paper's value). Results go to
-``OUT/sweep.json`` (rewritten after every run, so an interrupted sweep resumes where it stopped) and a
-markdown table to stdout (and ``--table``). Writing the choice into ``training/presets.py`` is a
-reviewed hand edit (docs/models.md "Equal-budget tuning" quotes the table it came from).
+``OUT/sweep.json`` (rewritten after every run, so an interrupted sweep resumes where it stopped; a rerun
+with another store, grid, budget or seed is refused, naming them: use a new ``--out``) and a markdown
+table to stdout (and ``--table``, checked before the sweep). Writing the choice into
+``training/presets.py`` is a reviewed hand edit (docs/models.md "Equal-budget tuning" quotes the table it came from).
 
 With ``--episodes N`` and no store at ``--store`` the sweep first collects N gait-expert episodes on
 flat ground (walking commands, 4 s) there, so one command reruns everything.
@@ -41,6 +42,7 @@ import torch
 
 from quadforge.cli_flags import add_out, add_seed, add_store, require
 from quadforge.collection.collect import CollectConfig, run_local
+from quadforge.output_paths import check_output_dir, check_output_file
 from quadforge.overrides import apply_overrides
 from quadforge.training.imitation import train
 from quadforge.models.registry import model_names
@@ -51,6 +53,11 @@ DEFAULT_LRS = (3e-4, 1e-3, 3e-3)       # AdamW's; Lion's are these / LION_LR_RAT
 LION_LR_RATIO = 3.0
 STAGE2_MARGIN = 0.05   # a stage-2 value must lower the validation loss by more than 5 % to be chosen
 DEFAULT_OPTIMIZERS = ("adamw", "lion")
+# SweepConfig fields whose flag is not --<field-name>
+FLAGS = {"data": "--store"}
+# what a rerun may change and still resume: --episodes only sizes a store not yet collected (the store
+# itself is compared by --store), --table is where the table goes
+RESUMABLE_CHANGES = ("out", "episodes", "table")
 # each optimizer's own standard betas/eps (torch's AdamW defaults; Lion paper's (0.9, 0.99)), the same
 # for every model: the grid compares optimizers, not one preset's betas against another's
 OPTIMIZER_BETAS = {"adamw": ((0.9, 0.999), 1e-8), "lion": ((0.9, 0.99), 1e-8)}
@@ -99,7 +106,29 @@ class SweepConfig:
             raise ValueError(f"--val-fraction={self.val_fraction}; must be in (0, 1)")
         if not Path(self.data).exists() and self.episodes < 1:
             raise FileNotFoundError(f"--store {self.data}: no trajectory store there; give --episodes N to collect one")
+        if Path(self.data).is_file():
+            raise ValueError(f"--store {self.data}: is a file, not a trajectory store folder; give the store's folder")
+        check_output_dir(self.out, "train-sweep run", owns=lambda p: (p / "sweep.json").is_file())
+        if self.table:
+            check_output_file(self.table, flag="--table")   # before the sweep, not after it
         return self
+
+    def recorded(self) -> dict[str, Any]:
+        """The config as sweep.json holds it (tuples as lists)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self).items()}
+
+    def check_resume(self, recorded: dict[str, Any] | None) -> None:
+        """A rerun into an OUT holding a sweep resumes it only with the options that define its runs: another
+        store, grid, budget or seed would return (or mix in) the old runs' numbers as the new ones."""
+        if recorded is None:
+            return
+        now = self.recorded()
+        differ = [k for k in now if k not in RESUMABLE_CHANGES and recorded.get(k) != now[k]]
+        if differ:
+            what = ", ".join(f"{FLAGS.get(k, '--' + k.replace('_', '-'))} {recorded.get(k)!r} there, {now[k]!r} now"
+                             for k in differ)
+            raise ValueError(f"--out {self.out}: holds a sweep made with other options ({what}); rerun with its "
+                             f"options to resume it, or give a new --out")
 
 
 def optimizer_lr(optimizer: str, lr: float) -> float:
@@ -139,19 +168,22 @@ def ensure_data(cfg: SweepConfig, log: Callable[[str], None]) -> None:
 
 def run_sweep(cfg: SweepConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     cfg.validate()
-    ensure_data(cfg, log)
-    torch.set_num_threads(1)
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     path = out / "sweep.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    cfg.check_resume(results.get("config"))
+    out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, Any] = results.setdefault("runs", {})
-    results["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()}
+    results["config"] = cfg.recorded()
 
     def save() -> None:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(results, indent=1))
         os.replace(tmp, path)
+
+    save()   # OUT is marked as this sweep's before the collection: an interrupted one resumes, not refused
+    ensure_data(cfg, log)
+    torch.set_num_threads(1)
 
     def one(model: str, lr: float, optimizer: str, setting: tuple[str, Any] | None, stage: int) -> dict[str, Any]:
         key = _key(model, lr, optimizer, setting)
@@ -234,7 +266,7 @@ def _list(text: str, kind: Callable[[str], Any]) -> tuple[Any, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = SweepConfig(data="", out="")
     add_store(p, "tuned on (collected first when absent and --episodes is given)")
-    add_out(p, "sweep.json (the runs, resumable) and the chosen settings")
+    add_out(p, "sweep.json (the runs; a rerun with the same options resumes) and the chosen settings")
     p.add_argument("--episodes", type=int, default=0, help="collect this many gait-expert episodes if --store is absent")
     p.add_argument("--models", default=",".join(d.models), help="comma list of models (default: the whole zoo)")
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps per run (every run the same)")

@@ -106,3 +106,97 @@ def test_dagger_passes_ram_budget_to_its_trainer(tmp_path):
     cfg = DaggerConfig(out=str(tmp_path / "d"), data=str(_store(tmp_path / "s")), overrides=["ram_budget=1K"])
     assert iteration_train_config(cfg, 0, None).ram_budget == "1K"     # `quadforge dagger ... ram_budget=SIZE`
     assert iteration_train_config(cfg, 1, None).ram_budget == "1K"
+
+
+def _refused(argv, capsys, *words):
+    """``quadforge ARGV`` ends in rc 2 and one error line holding ``words``."""
+    capsys.readouterr()
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert all(w in err for w in words), err
+    return err
+
+
+def test_out_is_checked_before_any_work(tmp_path, capsys):
+    # --out an existing file, or a folder of the user's that is not this command's output: refused, untouched
+    store = _store(tmp_path / "s")
+    afile, notes = tmp_path / "afile.txt", tmp_path / "other2" / "notes.txt"
+    afile.write_text("mine")
+    notes.parent.mkdir()
+    notes.write_text("my notes")
+    for out in (afile, notes.parent):
+        _refused(["dagger", "--out", str(out), "--store", str(store)], capsys, "--out", str(out))
+        _refused(["train-sweep", "--store", str(store), "--out", str(out), "--steps", "1"], capsys, "--out", str(out))
+    assert afile.read_text() == "mine" and notes.read_text() == "my notes"
+    assert sorted(p.name for p in notes.parent.iterdir()) == ["notes.txt"]
+
+
+def test_sweep_checks_table_before_the_sweep(tmp_path, capsys):
+    (tmp_path / "emptydir").mkdir()
+    _refused(["train-sweep", "--store", str(_store(tmp_path / "s")), "--out", str(tmp_path / "o"), "--steps", "1",
+              "--table", str(tmp_path / "emptydir")], capsys, "--table", "emptydir")
+    assert not (tmp_path / "o").exists() and not any((tmp_path / "emptydir").iterdir())
+
+
+def test_sweep_rerun_with_other_options_is_refused(tmp_path, capsys):
+    a, b = _store(tmp_path / "a"), _store(tmp_path / "b", episodes=6)
+    argv = ["train-sweep", "--out", str(tmp_path / "o"), "--models", "mlp", "--steps", "1", "--batch-size", "8",
+            "--lrs", "1e-3", "--optimizers", "adamw"]
+    assert cli_main(argv + ["--store", str(a)]) == 0
+    before = (tmp_path / "o" / "sweep.json").read_text()
+    _refused(argv + ["--store", str(b)], capsys, "--out", "--store", str(b), "new --out")
+    _refused(argv + ["--store", str(a), "--seed", "1"], capsys, "--seed")
+    assert (tmp_path / "o" / "sweep.json").read_text() == before
+    assert cli_main(argv + ["--store", str(a), "--table", str(tmp_path / "t.md")]) == 0   # same runs: resumes
+    assert "train mlp" not in capsys.readouterr().out and (tmp_path / "t.md").is_file()
+
+
+def test_dagger_rerun_with_other_options_is_refused_and_the_same_resumes(tmp_path, capsys):
+    out = tmp_path / "dg2"
+    argv = ["dagger", "--out", str(out), "--expert-episodes", "4", "--iterations", "0", "--train-steps", "2",
+            "--episodes-per-cell", "1", "--batch-size", "8"]
+    assert cli_main(argv + ["--model", "mlp"]) == 0
+    first = capsys.readouterr().out.strip().splitlines()[-1]
+    before = (out / "dagger.json").read_text()
+    _refused(argv + ["--model", "transformer"], capsys, f"--out {out}", "--model 'mlp' there, 'transformer' now",
+             "new --out")
+    assert (out / "dagger.json").read_text() == before and not (out / "iter0" / "transformer").exists()
+    assert cli_main(argv + ["--model", "mlp", "--iterations", "0"]) == 0          # the same options: resumes
+    said = capsys.readouterr().out
+    assert "training" not in said and "evaluating" not in said and said.strip().splitlines()[-1] == first
+    assert json.loads((out / "dagger.json").read_text())["config"]["model"] == "mlp"
+
+
+def test_dagger_checks_its_options_before_collecting(tmp_path, capsys):
+    (tmp_path / "afile.txt").write_text("not a checkpoint")
+    out = tmp_path / "d"
+    for extra, words in [(["--model", "nosuch"], ["--model", "nosuch", "allowed"]),
+                         (["--preset", "nosuch"], ["--preset", "nosuch", "allowed"]),
+                         (["nosuch=1"], ["override", "nosuch"]),
+                         (["model.hiden=3"], ["hiden"]),
+                         (["--init-from", str(tmp_path / "afile.txt")], ["--init-from", "not a quadforge"]),
+                         (["--init-from", str(tmp_path / "none.pt")], ["--init-from", "does not exist"]),
+                         (["--store", str(tmp_path / "afile.txt")], ["--store", "afile.txt"]),
+                         (["--store", str(tmp_path)], ["--store", "not a trajectory store"])]:
+        _refused(["dagger", "--out", str(out), *extra], capsys, *words)
+        assert not out.exists()                                    # nothing collected, nothing created
+
+
+def test_dagger_checkpoint_of_another_model_is_refused_when_fine_tuned_from(tmp_path, capsys):
+    from quadforge.training.imitation import train
+    from quadforge.training.presets import preset
+    t = preset("mlp", "cpu")
+    t.max_steps, t.batch_size, t.tensorboard = 1, 8, False
+    ckpt = train(t, str(_store(tmp_path / "s")), tmp_path / "run").checkpoint
+    _refused(["dagger", "--out", str(tmp_path / "d"), "--init-from", str(ckpt), "--finetune-steps", "2"], capsys,
+             "--init-from", "'mlp', not 'fcnet'")
+    assert not (tmp_path / "d").exists()
+
+
+def test_dagger_errors_name_the_flag_passed(capsys, tmp_path):
+    out = str(tmp_path / "d")
+    _refused(["dagger", "--out", out, "--episodes-per-cell", "0"], capsys, "--episodes-per-cell=0")
+    err = _refused(["dagger", "--out", out, "--iterations", "-1"], capsys, "--iterations=-1")
+    assert "--finetune-steps" not in err and "--episodes-per-iter" not in err
+    _refused(["dagger", "--out", out, "--finetune-steps", "-1"], capsys, "--finetune-steps=-1")
