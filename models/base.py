@@ -99,6 +99,13 @@ class SequenceModel(nn.Module):
 
     def reset_cache(self, cache: Cache, env_ids: torch.Tensor) -> None:
         """Forget the history of these rows (indices or a (B,) bool mask)."""
+        if env_ids.dtype == torch.bool and env_ids.device.type != "cpu":
+            # off the CPU a mask is written through, not gathered: indexing by a mask reads its count
+            # back from the device (a GPU sync per control step once the envs' blocks are staggered)
+            for t in cache.state.values():
+                t.masked_fill_(env_ids.view(-1, *(1,) * (t.dim() - 1)), 0)
+            cache.pos.masked_fill_(env_ids, 0)
+            return
         for t in cache.state.values():
             t[env_ids] = 0
         cache.pos[env_ids] = 0
@@ -121,7 +128,9 @@ class SequenceModel(nn.Module):
                              f"got {None if rtg_t is None else tuple(rtg_t.shape)}")
         if cache.max_pos >= self.context:
             self.reset_cache(cache, cache.pos >= self.context)
-            cache.max_pos = int(cache.pos.max())
+            # off the CPU the exact max would be a read back per step: every row is below the context
+            # now, so context - 1 bounds it (the check runs every step, as it does once blocks stagger)
+            cache.max_pos = int(cache.pos.max()) if cache.pos.device.type == "cpu" else self.context - 1
         if action_prev is None:
             action_prev = cache.state["last_action"]
         # oneDNN serves float32 exact GELU with a ~5 us primitive setup per call; at deployment sizes

@@ -133,3 +133,14 @@ def test_the_grad_norm_stays_on_the_device_until_logged():
     model(torch.zeros(4, 3, device="meta")).sum().backward()
     for max_norm in (1.0, None):
         assert clip_gradients(model, max_norm).device.type == "meta"
+
+
+@pytest.mark.parametrize("model", ["transformer", "mlp"])
+def test_a_deployed_model_steps_past_its_context_without_reading_the_device_back(model):
+    """Once the envs' blocks fill (staggered, so every step), the block reset runs on the device: a mask
+    read back (``t[mask] = 0``, ``int(pos.max())``) would sync a GPU each control step (meta raises)."""
+    from quadforge.models import build_model
+    net = build_model(model, obs_dim=5, action_dim=3, context=4, **SMALL[model]).to("meta").eval()
+    cache = net.init_cache(2, device="meta")
+    for _ in range(net.context + 3):
+        assert net.step(torch.zeros(2, 5, device="meta"), cache).device.type == "meta"
