@@ -286,6 +286,9 @@ def export_lerobot(store_path: str | Path, out_dir: str | Path, action: str = "a
     """Write the store as a LeRobot v3 dataset in ``out_dir`` (a new or empty folder); returns info.json."""
     pa, pq = _pyarrow()
     out = Path(out_dir)
+    if (out / "meta" / "info.json").is_file():   # an earlier export: say so, not "not a LeRobot dataset"
+        raise ValueError(f"export-lerobot --output {out}: holds an earlier LeRobot export; an export is written "
+                         f"whole into a new or empty folder (no stale files of another): give a new --output")
     check_output_dir(out, "LeRobot dataset", flag="export-lerobot --output")   # new or empty: no stale files
     store = TrajectoryStore.open(store_path)
     if store.num_episodes == 0:

@@ -84,7 +84,7 @@ def test_an_export_of_the_first_layout_still_imports(tmp_path):
     np.testing.assert_array_equal(np.asarray(c.array("images/front_rgb")[:]), np.asarray(store.array("images/front_rgb")[:]))
 
 
-def test_lerobot_v3_layout(tmp_path):
+def test_lerobot_v3_layout(tmp_path, capsys):
     pa = pytest.importorskip("pyarrow")
     import io
 
@@ -123,6 +123,7 @@ def test_lerobot_v3_layout(tmp_path):
     np.testing.assert_allclose(stats["action"]["mean"], data["hl_commands"].mean(0), rtol=1e-5, atol=1e-6)
     assert np.shape(stats["observation.images.front_rgb"]["mean"]) == (3, 1, 1)
     assert main(["dataset", "export-lerobot", "--store", str(store.root), "--output", str(out)]) == 2  # not empty
+    assert "holds an earlier LeRobot export" in capsys.readouterr().err
     assert main(["dataset", "export-lerobot", "--store", str(store.root), "--output", str(tmp_path / "j"),
                  "--action", "joint"]) == 0
     assert json.loads((tmp_path / "j/meta/info.json").read_text())["quadforge"]["action_feature"] == "actions"
