@@ -108,6 +108,15 @@ def test_an_unknown_flag_is_the_subcommands_error(capsys):
                                                "(see quadforge rollout --help)")
 
 
+def test_overrides_after_a_later_flag_are_one_list_in_order(monkeypatch):
+    import quadforge.training.cli as train_cli
+    seen = []
+    monkeypatch.setattr(train_cli, "run", lambda args: seen.append(args.overrides) or 0)
+    assert main(["train", "--model", "fcnet", "batch_size=8", "--store", "S", "--out", "O", "val_every=1",
+                 "lr=1e-3"]) == 0
+    assert seen == [["batch_size=8", "val_every=1", "lr=1e-3"]]
+
+
 def test_tracking_eval_is_a_subcommand(capsys):
     assert main(["eval-tracking", "--policy", "nope.pt"]) == 2
     assert "nope.pt" in capsys.readouterr().err

@@ -67,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     from quadforge.tools.parent_watch import watch_parent
     watch_parent()   # a step of `quadforge reproduce`: end with the runner, even one killed by SIGKILL
     args, unknown = build_parser(with_subcommand=name).parse_known_args(argv)
+    if unknown and isinstance(getattr(args, "overrides", None), list) and \
+            all("=" in u and not u.startswith("-") for u in unknown):
+        # KEY=VALUE overrides after a later flag (`train --model m lr=1e-3 --store S val_every=5`): argparse
+        # takes one run of a positional; the rest are the same list, in command-line order
+        args.overrides, unknown = [*args.overrides, *unknown], []
     if unknown:   # argparse would blame the top-level parser; the flag belongs to the subcommand's
         print(f"quadforge {name}: error: unrecognized arguments: {' '.join(unknown)} (see quadforge {name} --help)",
               file=sys.stderr)
