@@ -107,7 +107,7 @@ class HierarchicalPolicy:
 
 def controller_command_ranges() -> dict[str, tuple[float, float]]:
     """Per-dimension [low, high] of GeRM's 12-D command (``HL_COMMAND_NAMES``) fitted
-    to what our gait controller can execute: beyond these it clamps (``experts.gait.gait_params``), so a
+    to what our gait controller can execute: beyond these it clamps (``experts.gait.resolve_params``), so a
     bin outside them would be a command the robot cannot tell from the edge bin. Velocities from
     ``GaitGains.max_lin_vel`` / ``max_yaw_rate``; gait phases span their cycle [0, 1]; the others are the
     controller's clamps; the terminate flag T spans [0, 1] (T > 0.5 ends the episode).
