@@ -185,3 +185,13 @@ def test_info_reports_versions_devices_and_every_registry(tmp_path, capsys):
         assert name in printed
     assert main(["info", "--json", "-"]) == 0                   # stdout: the JSON alone
     assert json.loads(capsys.readouterr().out)["quadforge"] == r["quadforge"]
+
+
+def test_the_recorded_commit_is_the_codes_not_the_callers_directorys(tmp_path, monkeypatch):
+    """`quadforge info` and a run's provenance name the commit of the checkout the code runs from, run
+    from any directory (another repository's included)."""
+    from quadforge.tools.run_info import git_state
+    here = git_state()
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.chdir(tmp_path)
+    assert git_state() == here
