@@ -376,13 +376,14 @@ class _ChunkReader:
             first, last = a // self.chunk, (b - 1) // self.chunk
             bad = self._first_unreadable(first, last)
             raise ValueError(f"{self.store.root}: feature {self.name!r} chunk {bad} ({where}) is unreadable "
-                             f"({type(err).__name__}); run `quadforge dataset validate {self.store.root}`") from err
+                             f"({type(err).__name__}); run `quadforge dataset validate --store "
+                             f"{self.store.root}`") from err
         if self.crcs is not None:
             for c in range(a // self.chunk, -(-b // self.chunk)):
                 lo, hi = c * self.chunk - a, min(b, (c + 1) * self.chunk) - a
                 if crc_rows(x[lo:hi]) != int(self.crcs[c]):
                     raise ValueError(f"{self.store.root}: feature {self.name!r} chunk {c} ({where}) fails its "
-                                     f"checksum (damaged or swapped); run `quadforge dataset validate "
+                                     f"checksum (damaged or swapped); run `quadforge dataset validate --store "
                                      f"{self.store.root}`")
         return x
 

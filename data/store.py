@@ -318,7 +318,7 @@ class TrajectoryStore:
             missing = integrity.missing_chunk_files(where, len(shape), int(n), chunk)
             if missing:
                 raise ValueError(f"{where}: chunk(s) {missing[:10]} missing (zarr would read zeros); "
-                                 f"run `quadforge dataset validate {self.root}`")
+                                 f"run `quadforge dataset validate --store {self.root}`")
 
     @property
     def group(self):
@@ -429,7 +429,7 @@ class TrajectoryStore:
                 bad = integrity.bad_chunks(out[name], int(arr.chunks[0]), checksums[name])
                 if bad:
                     raise ValueError(f"{where}: chunk(s) {bad[:10]} fail their checksum (damaged or swapped); "
-                                     f"run `quadforge dataset validate {self.root}`")
+                                     f"run `quadforge dataset validate --store {self.root}`")
         return out
 
     def __repr__(self) -> str:
