@@ -122,8 +122,9 @@ def mlp_weights(sd: Mapping[str, torch.Tensor], prefix: str, source: str) -> lis
 
 
 # --- format detection --------------------------------------------------------------------------------
-def detect_kind(path: Path) -> str:
+def detect_kind(path: str | Path) -> str:
     """``rsl_rl``, ``torchscript``, ``wtw`` or ``quadforge`` (a model trained by ``quadforge train``)."""
+    path = Path(path)
     if path.is_dir():
         if (path / WTW_BODY).is_file() or (path / "checkpoints" / WTW_BODY).is_file():
             return "wtw"

@@ -49,7 +49,7 @@ def _save_v1(path, actor, critic, extra=None):
 def test_rsl_rl_v1_legged_gym_48(tmp_path):
     actor, critic = _mlp([48, 64, 32, 12]), _mlp([48, 64, 32, 1], seed=1)
     _save_v1(tmp_path / "model_1500.pt", actor, critic)
-    assert detect_kind(tmp_path / "model_1500.pt") == "rsl_rl"
+    assert detect_kind(tmp_path / "model_1500.pt") == detect_kind(str(tmp_path / "model_1500.pt")) == "rsl_rl"
     policy = check_policy(load_expert(tmp_path / "model_1500.pt", num_envs=N))
     assert policy.layout.name == "legged_gym_48" and policy.obs_terms == LEGGED_GYM_48.term_names
     terms = _terms()
