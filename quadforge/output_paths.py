@@ -83,7 +83,7 @@ def _enclosing_store_or_run(p: Path) -> str | None:
     for parent in p.resolve().parents:
         if parent.is_dir() and is_store_dir(parent):
             return f"inside the trajectory store {parent}"
-        if holds_run(parent):
+        if holds_run(parent) or any(parent.glob("model_*.pt")):   # `train`'s or `train-expert`'s (rsl_rl's)
             return f"inside the training run folder {parent}"
     return None
 

@@ -188,6 +188,11 @@ def test_file_outputs_never_land_in_a_store_or_a_run(tmp_path, capsys, monkeypat
     _one_line_error(capsys, f"--json {manifest}", "inside the trajectory store")
     assert main(["rollout", "--json", str(run / "best.pt")]) == 2
     _one_line_error(capsys, f"--json {run / 'best.pt'}", "inside the training run folder")
+    ppo = tmp_path / "ppo"   # a train-expert run: rsl_rl's model_<it>.pt
+    ppo.mkdir()
+    (ppo / "model_0.pt").write_bytes(b"a checkpoint")
+    assert main(["rollout", "--json", str(ppo / "x.json")]) == 2
+    _one_line_error(capsys, f"--json {ppo / 'x.json'}", "inside the training run folder")
     assert _snapshot(store) == before and _snapshot(run) == run_before
     assert main(["dataset", "info", "--store", str(store)]) == 0   # still a readable store
 
