@@ -146,12 +146,6 @@ class CollectConfig:
             raise ValueError("--no-images applies to camera tasks (--task quard:...); the locomotion task has no camera")
         if not isinstance(self.frame_stride, int) or self.frame_stride < 1:
             raise bad("frame_stride", "an integer >= 1 (control steps per camera frame; 10 = 5 Hz at 50 Hz)")
-        if self.task != "locomotion" and self.images:
-            from quadforge.envs.quard.env import QuardConfig
-            every = QuardConfig.image_every   # the camera renders every this many steps: record on its frames
-            if self.frame_stride % every:
-                raise bad("frame_stride", f"a multiple of the task camera's stride {every} (it renders no frame "
-                                          f"on the other steps)")
         parse_skills(self.skills)
         check_output_dir(self.out, "trajectory store", owns=is_store_dir, flag="--store")
         self.policy = self.policy or default_policy(self.task)
