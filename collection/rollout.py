@@ -214,7 +214,7 @@ class Rollout:
         if self.cfg.frame_stride is None:
             return int(env_stride) if env_stride else DEFAULT_FRAME_STRIDE
         if env_stride and self.cfg.frame_stride % int(env_stride):
-            raise ValueError(f"frame_stride={self.cfg.frame_stride} is not a multiple of the env's camera stride "
+            raise ValueError(f"--frame-stride={self.cfg.frame_stride} is not a multiple of the env's camera stride "
                              f"{env_stride}: the env renders no frame on most of the recorded steps")
         return self.cfg.frame_stride
 

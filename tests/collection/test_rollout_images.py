@@ -39,7 +39,7 @@ def test_frames_are_recorded_every_stride_steps(stride):
 def test_default_stride_is_the_envs_then_ten():
     assert Rollout(CameraScriptedEnv(max_episode_length=5), EchoPolicy()).frame_stride == 10
     assert Rollout(CameraScriptedEnv(max_episode_length=5, frame_stride=5), EchoPolicy()).frame_stride == 5
-    with pytest.raises(ValueError, match="not a multiple of the env's camera stride 5"):
+    with pytest.raises(ValueError, match="--frame-stride=7 is not a multiple of the env's camera stride 5"):
         Rollout(CameraScriptedEnv(max_episode_length=5, frame_stride=5), EchoPolicy(), RolloutConfig(frame_stride=7))
     with pytest.raises(ValueError, match="frame_stride=0"):
         Rollout(CameraScriptedEnv(), EchoPolicy(), RolloutConfig(frame_stride=0))
