@@ -831,6 +831,26 @@ def _finish_trainings_and_evals(cfg: QuardConfig) -> list[Step]:
     return steps
 
 
+def test_scores_of_a_training_that_was_continued_are_stale_once_it_finishes(tmp_path, monkeypatch):
+    """A runner stopped between a continued training's end and its evaluation's rerun (a session boundary)
+    must not take the shorter model's eval.json for the longer model's: the evaluation began before the
+    training's last run did, so it runs again, and --status says so."""
+    import quadforge.tools.reproduce_quard as rq
+    monkeypatch.setattr(rq, "store_episodes", lambda *a, **k: 10 ** 6)
+    cfg = QuardConfig(out=str(tmp_path / "run"), scale="tiny", seeds=(0,))
+    steps = {s.id: s for s in _finish_trainings_and_evals(cfg)}
+    train, ev = steps["train-rt1_N_r0_s0"], steps["eval-rt1_N_r0_s0"]
+    stamp = {train.id: "2026-11-28 13:00:00", ev.id: "2026-11-28 07:00:00"}   # the eval scored the 2k model
+    for step in (train, ev):
+        step_record_path(cfg.out, step).write_text(json.dumps({"argv": step.argv, "stage": step.stage,
+                                                               "started_utc": stamp[step.id]}))
+    assert is_complete(cfg, train) and not is_complete(cfg, ev)
+    assert [s.id for s in steps_to_run(cfg, list(steps.values()))] == [ev.id]
+    step_record_path(cfg.out, ev).write_text(json.dumps({"argv": ev.argv, "stage": ev.stage,
+                                                         "started_utc": "2026-11-28 14:00:00"}))
+    assert is_complete(cfg, ev) and steps_to_run(cfg, list(steps.values())) == []
+
+
 def test_a_longer_train_steps_continues_every_training_and_scores_it_again(tmp_path, monkeypatch):
     """--train-steps over a finished run: each training resumes from its last.pt to the new length, and its
     evaluation runs again (the old scores were another model's); a shorter budget or a flywheel round

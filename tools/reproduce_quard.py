@@ -26,7 +26,8 @@ Every step names the steps whose outputs it reads (``Step.after``); ``--jobs N``
 each as soon as those are done.
 
 A step is complete when its output is (a store holding its target episode count; a training directory with
-``last.pt`` and the step's record of the same ``--max-steps``; an ``eval.json``), and is then skipped: an
+``last.pt`` and the step's record of the same ``--max-steps``; an ``eval.json`` begun after the last run of
+the training it scores), and is then skipped: an
 interrupted run resumes where it stopped, and a longer ``--train-steps`` continues finished trainings and
 scores them again (``steps_to_run``). Every finished step writes ``OUT/steps/<id>.json`` (command, wall time) and every evaluation
 ``OUT/results/<run>.json`` (successes, episodes, parameters); the report (``tools/quard_report.py``) is
@@ -539,7 +540,23 @@ def is_complete(cfg: QuardConfig, step: Step) -> bool:
         raise ValueError(f"{step.id}: {step.output} trained {trained or 'the preset length of'} steps and this run "
                          f"asks {asked or 'the preset length'} (--train-steps, --scale); a finished training is only "
                          f"ever continued to a longer budget: use a new --out")
-    return (Path(step.output) / "eval.json").exists() and step_record_path(cfg.out, step).exists()
+    record = step_record_path(cfg.out, step)
+    if not ((Path(step.output) / "eval.json").exists() and record.exists()):
+        return False
+    return not scored_an_earlier_model(cfg, step, json.loads(record.read_text()))
+
+
+def scored_an_earlier_model(cfg: QuardConfig, step: Step, record: dict[str, Any]) -> bool:
+    """Whether an evaluation ran before the last run of a training it reads began: a training continued to
+    a longer --train-steps is a new model, and once it has finished nothing else says its old scores are
+    stale (a runner restarted then, or --status, would keep them)."""
+    started = record.get("started_utc") or ""
+    for read in step.after:
+        path = Path(cfg.out) / "steps" / f"{read}.json"
+        trained = json.loads(path.read_text()) if path.exists() else {}
+        if trained.get("stage") in TRAIN_STAGES and (trained.get("started_utc") or "") > started:
+            return True
+    return False
 
 
 def max_steps(argv: list[str]) -> int | None:
