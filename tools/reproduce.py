@@ -91,10 +91,10 @@ class ReproduceConfig:
         from quadforge.evaluation.evaluate import parse_levels, terrain_types
         terrain_types(self.eval_terrain)
         parse_levels(self.eval_levels)
-        from quadforge.output_paths import check_output_dir, check_output_file
+        from quadforge.output_paths import check_output_dir, check_output_file, is_text_file
         check_output_dir(self.out, "reproduction run", owns=lambda p: any((p / n).exists() for n in ("results.json", "data", "eval",
                                                                                 "imitation", "germ")))
-        check_output_file(self.docs, flag="--docs")
+        check_output_file(self.docs, flag="--docs", owns=is_text_file)
         return self
 
 

@@ -199,12 +199,12 @@ class QuardConfig:
         self.inits()
         if self.fig6 is not None and self.fig6 not in family_names():
             raise ValueError(f"--fig6 {self.fig6!r}: not a QUARD family; allowed: {', '.join(family_names())}")
-        from quadforge.output_paths import check_output_dir, check_output_file
+        from quadforge.output_paths import check_output_dir, check_output_file, is_text_file
         # a rerun resumes the run its run.json (written first) or its step records describe; anything else
         # in a non-empty folder is not ours
         check_output_dir(self.out, "QUARD reproduction run",
                          owns=lambda p: (p / "run.json").is_file() or (p / "steps").is_dir())
-        check_output_file(self.docs, flag="--docs")
+        check_output_file(self.docs, flag="--docs", owns=is_text_file)
         self._check_devices()
         return self
 

@@ -42,7 +42,7 @@ import torch
 
 from quadforge.cli_flags import add_out, add_seed, add_store, require
 from quadforge.collection.collect import CollectConfig, run_local
-from quadforge.output_paths import check_output_dir, check_output_file
+from quadforge.output_paths import check_output_dir, check_output_file, is_text_file
 from quadforge.overrides import apply_overrides
 from quadforge.training.imitation import train
 from quadforge.models.registry import model_names
@@ -110,7 +110,7 @@ class SweepConfig:
             raise ValueError(f"--store {self.data}: is a file, not a trajectory store folder; give the store's folder")
         check_output_dir(self.out, "train-sweep run", owns=lambda p: (p / "sweep.json").is_file())
         if self.table:
-            check_output_file(self.table, flag="--table")   # before the sweep, not after it
+            check_output_file(self.table, flag="--table", owns=is_text_file)   # before the sweep, not after it
         return self
 
     def recorded(self) -> dict[str, Any]:

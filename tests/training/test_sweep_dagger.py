@@ -148,8 +148,9 @@ def test_sweep_rerun_with_other_options_is_refused(tmp_path, capsys):
     _refused(argv + ["--store", str(b)], capsys, "--out", "--store", str(b), "new --out")
     _refused(argv + ["--store", str(a), "--seed", "1"], capsys, "--seed")
     assert (tmp_path / "o" / "sweep.json").read_text() == before
-    assert cli_main(argv + ["--store", str(a), "--table", str(tmp_path / "t.md")]) == 0   # same runs: resumes
-    assert "train mlp" not in capsys.readouterr().out and (tmp_path / "t.md").is_file()
+    for _ in range(2):   # same runs: resumes; and a rerun replaces its own table, whatever its name
+        assert cli_main(argv + ["--store", str(a), "--table", str(tmp_path / "t.txt")]) == 0
+        assert "train mlp" not in capsys.readouterr().out and (tmp_path / "t.txt").is_file()
 
 
 def test_dagger_rerun_with_other_options_is_refused_and_the_same_resumes(tmp_path, capsys):
