@@ -1,10 +1,11 @@
 """Output paths checked before any work starts: a run never ends in ``NotADirectoryError`` after an
 hour of work, never writes its files among someone else's, and never replaces finished work unasked.
 
-- ``check_output_file(path, owns)``: a file to (re)write - not a directory, every parent a directory (or
-  creatable) and writable, not inside a trajectory store or a training run (a store's ``manifest.json``
-  is a file too), and either new or an earlier output (``owns``; by default what its name says: an
-  export rerun replaces its ``.h5``, a user's ``notes.txt`` is never replaced).
+- ``check_output_file(path, flag, owns)``: a file to (re)write - not a directory, every parent a directory
+  (or creatable) and writable, not inside a trajectory store or a training run (a store's
+  ``manifest.json`` is a file too), and either new, empty or an earlier output of its command (``owns``:
+  ``is_json_file`` for ``--json``, ``is_hdf5_file`` for an export, ``is_text_file`` for a page or table),
+  so a rerun replaces its own file and a user's ``notes.txt`` is never replaced by a JSON.
 - ``check_output_dir(path, kind, owns)``: a folder of ``kind`` - new, empty, or one that ``owns(path)``
   recognises as its own (a trajectory store for ``collect``, an eval report for ``eval``).
 - ``check_run_dir(path, resume, overwrite)``: a training run folder - new or empty, or holding a run
@@ -65,18 +66,6 @@ def is_text_file(p: Path) -> bool:
         return False
 
 
-def _json_or_hdf5(p: Path) -> bool:
-    return is_json_file(p) or is_hdf5_file(p)
-
-
-# What an earlier output named so holds (the callers write JSON with --json, HDF5 with export-hdf5 and a
-# Markdown page with reproduce --docs); any other name counts as an earlier output only if it holds JSON or
-# HDF5, so a rerun of `--json out.log` replaces its own JSON but `--output notes.txt` never a user's notes.
-OUTPUT_KINDS: dict[str, tuple[str, Callable[[Path], bool]]] = {
-    ".json": ("JSON", is_json_file), ".h5": ("HDF5", is_hdf5_file), ".hdf5": ("HDF5", is_hdf5_file),
-    ".md": ("UTF-8 text", is_text_file)}
-
-
 def _enclosing_store_or_run(p: Path) -> str | None:
     """The trajectory store or training run folder ``p`` would be written into, described; None if none.
     Symlinks are followed: the write would follow them too."""
@@ -88,10 +77,9 @@ def _enclosing_store_or_run(p: Path) -> str | None:
     return None
 
 
-def check_output_file(path: str | os.PathLike, flag: str = "--out",
-                      owns: Callable[[Path], bool] | None = None) -> Path:
+def check_output_file(path: str | os.PathLike, flag: str, owns: Callable[[Path], bool]) -> Path:
     """A file that will be written: not a folder, parents creatable, not inside a store or a run, and
-    either new or an earlier output that ``owns`` recognises (by default: holds what its name says)."""
+    either new or an earlier output of its command, which ``owns`` recognises by its content."""
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{flag} {p}: is a folder; give a file path")
@@ -102,15 +90,13 @@ def check_output_file(path: str | os.PathLike, flag: str = "--out",
     if p.exists():
         if not os.access(p, os.W_OK):
             raise ValueError(f"{flag} {p}: exists and is not writable")
-        kind, ours = ("what this command writes", owns) if owns is not None else \
-            OUTPUT_KINDS.get(p.suffix.lower(), ("JSON or HDF5", _json_or_hdf5))
         try:
-            replaceable = p.stat().st_size == 0 or ours(p)   # an empty file (a write cut short) holds nothing
+            replaceable = p.stat().st_size == 0 or owns(p)   # an empty file (a write cut short) holds nothing
         except OSError:   # unreadable: nothing says it is ours
             replaceable = False
         if not replaceable:
-            raise ValueError(f"{flag} {p}: exists and is not an earlier output (not {kind}); replacing it would "
-                             f"lose it: choose a new path, or move the file away first")
+            raise ValueError(f"{flag} {p}: exists and is not an earlier output (not what this command writes); "
+                             f"replacing it would lose it: choose a new path, or move the file away first")
     return p
 
 
