@@ -34,8 +34,9 @@ from quadforge.data.staging import (abandoned_partial_writes, episode_id_of, fsy
 from quadforge.data.stats import RunningStats
 from quadforge.data.integrity import DIGEST_KEY
 from quadforge.data.store import (EPISODES_FILE, INSTRUCTIONS_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable,
-                                  TrajectoryStore, array_path, read_episode_table, read_instructions,
-                                  read_manifest, read_schema, read_tasks, verify_metadata, write_json_atomic)
+                                  TrajectoryStore, array_path, existing_store_dir, read_episode_table,
+                                  read_instructions, read_manifest, read_schema, read_tasks, verify_metadata,
+                                  write_json_atomic)
 from quadforge.data.schema import FORMAT_VERSION
 from quadforge.errors import JobFailed, is_write_failure, os_reason
 from quadforge.output_paths import is_store_dir, listing
@@ -245,11 +246,7 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
     import zarr
     if append_mode not in APPEND_MODES:
         raise ValueError(f"append_mode={append_mode!r}; allowed: {APPEND_MODES}")
-    root = Path(store_path)
-    if root.is_file():
-        raise ValueError(f"--store {root}: is a file, not a trajectory store folder; give the store's folder")
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root}: no such trajectory store directory")
+    root = existing_store_dir(store_path)
     if not is_store_dir(root):   # before the lock file is made: compacting a folder never turns it into a "store"
         held = f"it holds {listing(root)}" if any(root.iterdir()) else "it is empty"
         raise ValueError(f"--store {root}: not a trajectory store (no manifest.json, no staged episodes; {held}); "

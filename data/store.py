@@ -263,6 +263,17 @@ def verify_metadata(root: Path, manifest: Mapping[str, Any], schema: StoreSchema
                              f"(damaged)")
 
 
+def existing_store_dir(path: str | Path) -> Path:
+    """``path`` as an existing folder, or a one-line error saying what it is instead (a file is not "no such
+    store"): the first check of every reader and of compaction."""
+    root = Path(path)
+    if root.is_file():
+        raise ValueError(f"{root}: is a file, not a trajectory store folder; give the store's folder")
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such trajectory store directory")
+    return root
+
+
 class TrajectoryStore:
     """A read-only view of the store at its manifest's generation."""
 
@@ -275,11 +286,7 @@ class TrajectoryStore:
     # --- opening --------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | Path) -> "TrajectoryStore":
-        root = Path(path)
-        if root.is_file():   # not "no such store": say what the path is
-            raise ValueError(f"{root}: is a file, not a trajectory store folder; give the store's folder")
-        if not root.is_dir():
-            raise FileNotFoundError(f"{root}: no such trajectory store directory")
+        root = existing_store_dir(path)
         manifest = read_manifest(root)
         schema = read_schema(root)
         table = read_episode_table(root, int(manifest["num_episodes"]))
