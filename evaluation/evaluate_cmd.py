@@ -14,6 +14,10 @@ from quadforge.envs.builder import get_task
 from quadforge.experts.registry import spec_help
 
 
+# the flags of the QUARD evaluation and their defaults (the terrain sweep refuses any other value)
+TASK_DEFAULTS = {"task": "locomotion", "colours": "train,held_out", "instructions": "original"}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = EvalConfig()
     p.add_argument("--policy", default=None, help=spec_help() + f" (default: {d.policy}; on --task quard:... "
@@ -36,13 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--video", action="store_true", help="also render a short GIF of env 0 (MUJOCO_GL=egl)")
     p.add_argument("--allow-robot-mismatch", action="store_true",
                    help="evaluate a checkpoint on --robot although it was trained for another robot")
-    p.add_argument("--task", default="locomotion",
+    p.add_argument("--task", default=TASK_DEFAULTS["task"],
                    help="locomotion (the terrain sweep), or a QUARD task quard:<family> | quard:all: success, failure "
                         "reasons, time to success, path length, obstacle contacts per family (--policy quard_expert "
                         "or a VLA checkpoint; --episodes-per-cell is then per family and colour set)")
-    p.add_argument("--colours", default="train,held_out",
+    p.add_argument("--colours", default=TASK_DEFAULTS["colours"],
                    help="with --task quard:...: colour sets to evaluate, comma list of train, held_out, all")
-    p.add_argument("--instructions", default="original",
+    p.add_argument("--instructions", default=TASK_DEFAULTS["instructions"],
                    help="with --task quard:...: instruction sets to evaluate, comma list of original, swapped "
                         "(swapped: the same scenes with the instruction naming the other object; its success is "
                         "the instruction-following rate, its wrong-target rate going to the originally named one)")
@@ -89,11 +93,11 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "task", "locomotion") != "locomotion":
+    if args.task != TASK_DEFAULTS["task"]:
         return run_task(args)
-    if getattr(args, "instructions", "original") != "original":
+    if args.instructions != TASK_DEFAULTS["instructions"]:
         raise ValueError(f"--instructions {args.instructions}: instruction sets apply to --task quard:... only")
-    if getattr(args, "colours", "train,held_out") != "train,held_out":
+    if args.colours != TASK_DEFAULTS["colours"]:
         raise ValueError(f"--colours {args.colours}: colour sets apply to --task quard:... only")
     cfg = config_from_args(args).validate()
     result = evaluate(cfg)

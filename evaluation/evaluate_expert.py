@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     # eval's flags that this report has no use for are refused, not dropped without a word
     if args.policy is not None:
         raise ValueError(f"--policy {args.policy}: eval-expert takes its policies as --experts SPEC,SPEC,...")
-    if args.task != "locomotion" or args.colours != "train,held_out" or args.instructions != "original":
+    if any(getattr(args, k) != v for k, v in evaluate_cmd.TASK_DEFAULTS.items()):
         raise ValueError("--task/--colours/--instructions: eval-expert sweeps the locomotion terrains; evaluate "
                          "a QUARD task with `quadforge eval --task quard:...`")
     cfg = evaluate_cmd.config_from_args(args)
