@@ -205,13 +205,14 @@ def train(cfg: TrainExpertConfig) -> Path:
     """Train; returns the path of the last checkpoint. TensorBoard logs and checkpoints go to ``cfg.out``."""
     if cfg.iterations < 1:
         raise ValueError(f"--iterations={cfg.iterations} is invalid; allowed: an integer >= 1")
-    if cfg.resume is not None:
-        check_resume_checkpoint(cfg.resume, cfg.robot)
+    loaded_iteration = check_resume_checkpoint(cfg.resume, cfg.robot) if cfg.resume is not None else None
     check_expert_out(cfg.out, resume=cfg.resume is not None, overwrite=cfg.overwrite)
     preset = get_preset(cfg.preset)
     if cfg.num_envs is not None:
         preset = replace(preset, num_envs=cfg.num_envs)
     preset = apply_preset_overrides(preset, cfg.overrides).validate()
+    if loaded_iteration is not None:
+        check_resume_writes(cfg.out, loaded_iteration, cfg.iterations, preset.save_interval)
 
     torch.set_num_threads(max(1, cfg.num_threads))
     seed_everything(cfg.seed)
@@ -234,7 +235,11 @@ def train(cfg: TrainExpertConfig) -> Path:
     }
     if cfg.resume:
         runner.load(cfg.resume, map_location=cfg.device)
-        print(f"resumed from {cfg.resume} at iteration {runner.current_learning_iteration}", flush=True)
+        # rsl_rl restarts at the loaded index and would save that update again under the loaded name;
+        # the checkpoint already holds it, so the continued run starts one later: an uninterrupted run
+        # and a resumed one name the same update alike, and the resumed-from file is never rewritten
+        runner.current_learning_iteration += 1
+        print(f"resumed from {cfg.resume}: continuing at iteration {runner.current_learning_iteration}", flush=True)
     t0 = time.time()
     try:
         runner.learn(num_learning_iterations=cfg.iterations, init_at_random_ep_len=cfg.resume is None)
@@ -249,9 +254,9 @@ def train(cfg: TrainExpertConfig) -> Path:
     return last
 
 
-def check_resume_checkpoint(path: str, robot: str) -> None:
+def check_resume_checkpoint(path: str, robot: str) -> int:
     """``--resume-from`` (or the run's last checkpoint under --resume) must be an rsl_rl 5 PPO checkpoint
-    (what train-expert writes) for this robot."""
+    (what train-expert writes) for this robot. Returns the update index it was saved after (``iter``)."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"--resume-from {path!r}: no such checkpoint file")
@@ -266,6 +271,26 @@ def check_resume_checkpoint(path: str, robot: str) -> None:
     trained = ((raw.get("infos") or {}).get("quadforge") or {}).get("robot")
     if trained and trained != robot:
         raise ValueError(f"--resume-from {path}: trained for robot {trained!r}, this run is for --robot {robot!r}")
+    return int(raw.get("iter", 0))
+
+
+def written_checkpoints(start: int, iterations: int, save_interval: int) -> list[int]:
+    """The ``model_<it>.pt`` indices a run of ``iterations`` updates from index ``start`` saves: every
+    index divisible by ``save_interval``, and the last (rsl_rl's ``learn``)."""
+    last = start + iterations - 1
+    return sorted({it for it in range(start, last + 1) if it % save_interval == 0} | {last})
+
+
+def check_resume_writes(out: str, loaded_iteration: int, iterations: int, save_interval: int) -> None:
+    """A continued run must not replace checkpoints already in ``--out``: resuming from an earlier
+    checkpoint of a longer run would write new models under the names of the longer run's."""
+    taken = [it for it in written_checkpoints(loaded_iteration + 1, iterations, save_interval)
+             if (Path(out) / f"{RSL_RL_PREFIX}{it}.pt").exists()]
+    if taken:
+        names = ", ".join(f"{RSL_RL_PREFIX}{it}.pt" for it in taken[:4]) + (" ..." if len(taken) > 4 else "")
+        raise ValueError(f"--out {out}: continuing from iteration {loaded_iteration} for {iterations} iterations "
+                         f"would write {names} over checkpoints already there; resume into a new --out folder "
+                         f"(--resume-from PATH --out NEW_DIR) or move those files away first")
 
 
 def check_expert_out(out: str, resume: bool, overwrite: bool) -> None:

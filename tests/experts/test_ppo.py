@@ -87,10 +87,32 @@ def test_train_checkpoint_loads_as_the_trained_actor(tmp_path):
 
 def test_resume_continues_from_the_checkpoint(tmp_path):
     first = _train(tmp_path / "a", iterations=2)
+    assert first.name == "model_1.pt"   # updates 0 and 1
     resumed = _train(tmp_path / "b", iterations=2, resume=str(first))
     ckpt = torch.load(resumed, weights_only=True)
-    assert ckpt["iter"] == 2 and resumed.name == "model_2.pt"  # rsl_rl re-runs the loaded iteration index
+    # the continued run does updates 2 and 3, named as an uninterrupted 4-iteration run names them
+    assert ckpt["iter"] == 3 and resumed.name == "model_3.pt"
     assert latest_checkpoint(tmp_path / "b") == resumed
+    assert sorted(p.name for p in (tmp_path / "b").glob("model_*.pt")) == ["model_2.pt", "model_3.pt"]
+
+
+def test_resume_in_place_never_rewrites_a_checkpoint(tmp_path):
+    first = _train(tmp_path, iterations=2)
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("model_*.pt")}
+    _train(tmp_path, iterations=2, resume=str(first))                 # --resume: from the highest
+    after = {p.name: p.read_bytes() for p in tmp_path.glob("model_*.pt")}
+    assert sorted(after) == ["model_0.pt", "model_1.pt", "model_2.pt", "model_3.pt"]
+    assert all(after[name] == data for name, data in before.items())
+
+
+def test_resume_from_an_earlier_checkpoint_refuses_to_overwrite_later_ones(tmp_path):
+    _train(tmp_path, iterations=3)                                    # model_0 .. model_2
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("model_*.pt")}
+    with pytest.raises(ValueError, match=r"would write model_1.pt, model_2.pt over checkpoints already there"):
+        _train(tmp_path, iterations=2, resume=str(tmp_path / "model_0.pt"))
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("model_*.pt")} == before
+    resumed = _train(tmp_path / "branch", iterations=2, resume=str(tmp_path / "model_0.pt"))  # a new folder
+    assert resumed.name == "model_2.pt"
 
 
 def test_same_seed_same_weights(tmp_path):
