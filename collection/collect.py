@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 
+from quadforge.cli_flags import field_flag
 from quadforge.collection.background_writer import BackgroundWriter
 from quadforge.collection.counterfactual import check_ratio, collect_paired_episodes
 from quadforge.collection.labels import LabelRule
@@ -116,7 +117,7 @@ class CollectConfig:
 
     def validate(self) -> "CollectConfig":
         def bad(name: str, allowed: str) -> ValueError:
-            return ValueError(f"--{name.replace('_', '-')}={getattr(self, name)!r} is invalid; allowed: {allowed}")
+            return ValueError(f"{field_flag(name)}={getattr(self, name)!r} is invalid; allowed: {allowed}")
         if not isinstance(self.episodes, int) or self.episodes < 1:
             raise bad("episodes", "an integer >= 1 (the target count of episodes in the store)")
         if not isinstance(self.num_envs, int) or self.num_envs < 1:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from quadforge.cli_flags import field_flag
 from quadforge.collection.labels import LabelRule
 from quadforge.evaluation.metrics import episode_metrics, summarize
 from quadforge.evaluation.reports import eval_report_markdown, plot_vs_level
@@ -81,8 +82,7 @@ class EvalConfig:
 
     def validate(self) -> "EvalConfig":
         def bad(name: str, allowed: str) -> ValueError:
-            flag = FLAGS.get(name, "--" + name.replace("_", "-"))
-            return ValueError(f"{flag}={getattr(self, name)!r} is invalid; allowed: {allowed}")
+            return ValueError(f"{field_flag(name, FLAGS)}={getattr(self, name)!r} is invalid; allowed: {allowed}")
         for name in ("episodes", "num_envs", "num_levels", "num_threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise bad(name, "an integer >= 1")

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
+from quadforge.tensor_checks import check_index_range
 from quadforge.experts.gait import GaitController
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HierarchicalPolicy
 from quadforge.experts.policy import checkpoint_policy_id
@@ -121,10 +122,7 @@ class VLAPolicy:
         if ins.shape[0] != self.num_envs:
             raise ValueError(f"{INSTRUCTION_TERM} must be ({self.num_envs},), got {tuple(obs[INSTRUCTION_TERM].shape)}")
         k = len(self.instruction_table)
-        lo, hi = torch.stack(torch.aminmax(ins)).tolist() if ins.numel() else (0, 0)   # one read back
-        if lo < 0 or hi >= k:
-            raise ValueError(f"{INSTRUCTION_TERM} indices must be in [0, {k}) (the instruction table), "
-                             f"got [{lo}, {hi}]")
+        check_index_range(ins, k, f"{INSTRUCTION_TERM} indices", of="the instruction table")
         return img, ins
 
     @torch.no_grad()

@@ -19,6 +19,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from quadforge.tensor_checks import check_index_range
+
 BIN_METHODS = ("uniform", "quantile")
 _MIN_SPAN = 1e-3  # a constant dimension still gets bins spanning this (times max(1, |value|))
 
@@ -69,9 +71,7 @@ class ActionBinner:
     def decode(self, bins: torch.Tensor) -> torch.Tensor:
         """(..., d) long bin indices -> (..., d) bin centres."""
         self._check(bins)
-        lo, hi = torch.stack(torch.aminmax(bins)).tolist() if bins.numel() else (0, 0)   # one read back
-        if lo < 0 or hi >= self.num_bins:
-            raise ValueError(f"bin indices must be in [0, {self.num_bins}), got [{lo}, {hi}]")
+        check_index_range(bins, self.num_bins, "bin indices")
         centers = self.centers.to(bins.device)                      # (d, bins)
         flat = bins.reshape(-1, self.action_dim).T                  # (d, M)
         return centers.gather(1, flat).T.reshape(bins.shape)

@@ -27,6 +27,12 @@ def deprecated(p: argparse.ArgumentParser, old: str, new: str, dest: str, **kw: 
                    **kw)
 
 
+def field_flag(name: str, renames: dict[str, str] | None = None) -> str:
+    """The command-line flag of a config field, for error messages: its rename (``--store`` for ``data``)
+    or ``--<field-name>`` with dashes (the convention every subcommand follows)."""
+    return (renames or {}).get(name) or "--" + name.replace("_", "-")
+
+
 def require(args: argparse.Namespace, dest: str, flag: str) -> Any:
     """The value of a flag that is required (checked after parsing, so a deprecated alias counts)."""
     value = getattr(args, dest, None)

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import torch
 
-from quadforge.cli_flags import add_out, add_seed, add_store, require
+from quadforge.cli_flags import add_out, add_seed, add_store, field_flag, require
 from quadforge.collection.collect import CollectConfig, run_local
 from quadforge.evaluation.evaluate import EvalConfig, evaluate, write_outputs
 from quadforge.data.store import TrajectoryStore
@@ -63,7 +63,7 @@ RESUMABLE_CHANGES = ("out", "iterations", "device")
 
 def flag(name: str) -> str:
     """The command-line flag of a DaggerConfig field, for error messages."""
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
+    return field_flag(name, FLAGS)
 
 
 @dataclass

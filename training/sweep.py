@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import torch
 
-from quadforge.cli_flags import add_out, add_seed, add_store, require
+from quadforge.cli_flags import add_out, add_seed, add_store, field_flag, require
 from quadforge.collection.collect import CollectConfig, run_local
 from quadforge.output_paths import check_output_dir, check_output_file, is_text_file
 from quadforge.overrides import apply_overrides
@@ -125,7 +125,7 @@ class SweepConfig:
         now = self.recorded()
         differ = [k for k in now if k not in RESUMABLE_CHANGES and recorded.get(k) != now[k]]
         if differ:
-            what = ", ".join(f"{FLAGS.get(k, '--' + k.replace('_', '-'))} {recorded.get(k)!r} there, {now[k]!r} now"
+            what = ", ".join(f"{field_flag(k, FLAGS)} {recorded.get(k)!r} there, {now[k]!r} now"
                              for k in differ)
             raise ValueError(f"--out {self.out}: holds a sweep made with other options ({what}); rerun with its "
                              f"options to resume it, or give a new --out")
