@@ -264,9 +264,11 @@ class LeggedEnv(VecEnv):
 
         self.task.reset(env_ids, pos, quat)
         self.latency.reset(env_ids)
-        self.actions[env_ids] = 0.0
-        self.last_actions[env_ids] = 0.0
-        self.joint_targets[env_ids] = self.default_joint_pos
+        # step() replaces these three each step (no copies), so under rsl_rl's ``torch.inference_mode``
+        # they are inference tensors, which a reset outside that mode may not write in place: new tensors
+        self.actions = self.actions.index_fill(0, env_ids, 0.0)
+        self.last_actions = self.last_actions.index_fill(0, env_ids, 0.0)
+        self.joint_targets = self.joint_targets.index_put((env_ids,), self.default_joint_pos)
         self.episode_length_buf[env_ids] = 0
 
     def close(self) -> None:

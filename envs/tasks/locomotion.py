@@ -143,7 +143,9 @@ class LocomotionTask:
         self.ep_return += rew
 
         # Advance the gait clock at the commanded frequency (walk-these-ways), then the commands.
-        self.gait_time = torch.remainder(self.gait_time + self._gait_frequency * self.dt, 1.0)
+        # in place: a buffer the step replaced would be an inference tensor under rsl_rl's
+        # ``torch.inference_mode``, which a reset outside that mode could not write
+        torch.remainder(self.gait_time + self._gait_frequency * self.dt, 1.0, out=self.gait_time)
         self.yaw = self.commands.step(s.root_quat_w, view.yaw)
         return StepResult(rewards=rew, reason=ends.reason, dones=ends.dones, time_outs=ends.time_outs)
 

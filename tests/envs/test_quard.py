@@ -504,3 +504,18 @@ def test_a_mujoco_without_opengl_is_a_clear_error():
     without a GL context; the CPU camera says so by name (an H100 run met an AttributeError here)."""
     out = _camera_error_in_a_fresh_python({**os.environ, "MUJOCO_GL": "disable"})
     assert "ERROR QUARD camera" in out and "MUJOCO_GL='disable'" in out, out
+
+
+def test_a_quard_env_stepped_in_inference_mode_resets_outside_it():
+    """rsl_rl steps envs under ``torch.inference_mode``; a QUARD env must take a reset outside it after."""
+    from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    env = QuardEnv(QuardConfig.make("quard:go_to", num_envs=2, seed=5, images=False))
+    try:
+        with torch.inference_mode():
+            for _ in range(3):
+                env.step(torch.zeros(2, env.num_actions))
+        env.reset()
+        env.reset_envs(torch.tensor([1]))
+        env.step(torch.zeros(2, env.num_actions))
+    finally:
+        env.close()

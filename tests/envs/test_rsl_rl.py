@@ -95,3 +95,37 @@ def test_rsl_rl_logs_the_episode_statistics_of_finished_episodes(tmp_path, monke
     assert logged["Episode_Termination/time_out"][0] == pytest.approx(sum(shares) / len(shares), rel=1e-5)
     # the per-env numbers stay out of rsl_rl's logs (they would be averaged with zeros)
     assert "Episode/termination_reason" not in logged and "Episode/terrain_level" not in logged
+
+
+def _short_episode_env(seed: int = 3) -> LeggedEnv:
+    cfg = EnvConfig.flat(num_envs=6, seed=seed, episode_length_s=0.1)   # 5-step episodes: resets happen
+    cfg.backend.num_threads = 1
+    return LeggedEnv(cfg)
+
+
+def _drive(env: LeggedEnv, steps: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(steps):
+        obs, rew, done, _ = env.step(torch.rand(env.num_envs, env.num_actions, generator=g) * 2 - 1)
+        out += [obs["policy"].clone(), rew.clone(), done.clone()]
+    return out
+
+
+def test_the_env_stays_usable_outside_inference_mode_after_steps_inside_it():
+    """rsl_rl's runner steps the env under ``torch.inference_mode``; what a user does next (reset, step,
+    pin commands, move terrain levels) runs outside it and must neither fail on a buffer the mode made
+    nor compute anything else than an env never stepped in that mode."""
+    inside, plain = _short_episode_env(), _short_episode_env()
+    try:
+        with torch.inference_mode():
+            first = _drive(inside, 12)
+        assert all(torch.equal(a, b) for a, b in zip(first, _drive(plain, 12)))
+        for env in (inside, plain):
+            env.reset()
+            env.set_commands(torch.tensor([0, 1]), torch.zeros(2, 15))
+            env.set_terrain_levels(torch.tensor([2]), torch.tensor([0]))
+        assert all(torch.equal(a, b) for a, b in zip(_drive(inside, 12), _drive(plain, 12)))
+    finally:
+        inside.close()
+        plain.close()
