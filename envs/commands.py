@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from quadforge.envs.config import GAITS, CommandsConfig
+from quadforge.envs.fast_paths import numpy_path
 from quadforge.envs.rotations import yaw_from_quat
 from quadforge.layout import COMMAND_NAMES
 
@@ -49,7 +50,6 @@ class CommandManager:
         self._uses_heading = cfg.mode == "joystick" and cfg.heading_command
         self._yaw_limits = cfg.range("ang_vel_yaw")
         self._yaw_col = self.commands[:, 2]          # a view: the steering writes the yaw command in place
-        self._steer = torch.zeros(num_envs, device=self.device)
 
     # --- drawing -------------------------------------------------------------------------------------
     def _uniform(self, k: int, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -96,13 +96,8 @@ class CommandManager:
             self.commands[env_ids, 2] = self._heading_yaw(env_ids, root_quat_w)
 
     def _heading_yaw(self, env_ids, root_quat_w: torch.Tensor) -> torch.Tensor:
-        return self._yaw_command(self.heading[env_ids], yaw_from_quat(root_quat_w))
-
-    def _yaw_command(self, heading: torch.Tensor, yaw: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """heading_gain * wrap_to_pi(heading - yaw), clamped to the yaw-rate range; written into ``out``
-        when given (the per-step steering reuses one buffer)."""
-        e = torch.sub(heading, yaw, out=out).add_(math.pi)
-        return torch.remainder(e, 2 * math.pi, out=e).sub_(math.pi).mul_(self.cfg.heading_gain).clamp_(*self._yaw_limits)
+        return yaw_command(torch, self.heading[env_ids], yaw_from_quat(root_quat_w), self.cfg.heading_gain,
+                           *self._yaw_limits)
 
     def set_commands(self, env_ids: torch.Tensor, commands: torch.Tensor) -> None:
         """Fix these envs' commands until their episode ends (no resampling, no heading steering)."""
@@ -129,9 +124,26 @@ class CommandManager:
         if self._uses_heading and self.command_sampler is None:
             if yaw is None:
                 yaw = yaw_from_quat(root_quat_w)
-            steer = self._yaw_command(self.heading, yaw, out=self._steer)
-            torch.where(self.pinned, self._yaw_col, steer, out=self._yaw_col)   # pinned envs keep theirs
+            buffers = (self.heading, yaw, self._yaw_col, self.pinned)
+            args = (self.cfg.heading_gain, *self._yaw_limits)
+            # elementwise arithmetic and a selection: the same bits in numpy, faster on the CPU
+            if numpy_path(self._steer_reference, buffers, *args) is None:
+                self._steer_reference(torch, *buffers, *args)
         return yaw
+
+    @staticmethod
+    def _steer_reference(xp, heading, yaw, yaw_col, pinned, gain, lo, hi) -> tuple:
+        """The per-step heading steering, written once for torch or numpy (``envs.fast_paths.numpy_path``):
+        the yaw command of every unpinned env becomes ``yaw_command(heading, yaw)``, in place."""
+        yaw_col[...] = xp.where(pinned, yaw_col, yaw_command(xp, heading, yaw, gain, lo, hi))  # pinned keep theirs
+        return ()
+
+
+def yaw_command(xp, heading, yaw, gain: float, lo: float, hi: float):
+    """legged_gym's heading steering, ``gain * wrap_to_pi(heading - yaw)`` clamped to [lo, hi], for torch
+    or numpy arrays (``xp``): the same single-rounded float32 operations in either, so the same bits."""
+    e = xp.remainder(heading - yaw + math.pi, 2 * math.pi) - math.pi
+    return xp.clip(e * gain, lo, hi)
 
 
 def _trot_default(name: str) -> float:

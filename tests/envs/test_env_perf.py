@@ -1,6 +1,7 @@
 """The env layer's speed-ups keep its arithmetic: the flat-index terrain lookup, the reused yaw of the
 height scan, the air-time buffers, and the torch thread setting."""
 import contextlib
+import math
 
 import pytest
 import torch
@@ -171,6 +172,26 @@ def test_in_place_heading_steering_is_the_yaw_command_formula():
         expected = torch.where(cm.pinned, before[:, 2], steer)
         assert torch.equal(cm.commands[:, 2], expected)
         assert torch.equal(cm.commands[:, 2][:5], torch.ones(5))
+
+
+def test_heading_steering_fast_path_equals_its_torch_reference():
+    """The numpy steering and the torch reference a GPU runs write the same bits, wrap edges included."""
+    from quadforge.envs.commands import CommandManager
+    from quadforge.envs.config import CommandsConfig
+    from quadforge.envs.fast_paths import torch_references
+    g = torch.Generator().manual_seed(7)
+    twins = [CommandManager(CommandsConfig(), 4096, 0.02, torch.Generator().manual_seed(1)) for _ in range(2)]
+    for cm in twins:
+        cm.reset(torch.arange(4096))
+        cm.set_commands(torch.arange(3), torch.ones(3, 15))
+        cm.heading[3:9] = torch.tensor([math.pi, -math.pi, 0.0, 1.0, -3.0, 3.14159])
+    for _ in range(3):
+        q = torch.nn.functional.normalize(torch.randn(4096, 4, generator=g), dim=1)
+        q[3:9] = torch.tensor([0.0, 0.0, 0.0, 1.0])   # yaw pi: heading - yaw on the wrap's edges
+        twins[0].step(q)
+        with torch_references():
+            twins[1].step(q)
+        assert torch.equal(twins[0].commands, twins[1].commands)
 
 
 def test_work_overlapped_with_the_physics_changes_nothing():
