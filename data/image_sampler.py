@@ -48,7 +48,7 @@ import torch
 from quadforge.data.episodes import EpisodeArrays, select_episodes
 from quadforge.data.images import num_frames
 from quadforge.data.integrity import crc_rows
-from quadforge.data.samplers import SeededSampler
+from quadforge.data.samplers import SeededSampler, check_success_pools
 from quadforge.data.step_shards import StepShards
 from quadforge.data.store import TrajectoryStore
 from quadforge.seeding import derive_seed, numpy_rng
@@ -191,13 +191,8 @@ class ImageWindowSampler(SeededSampler):
         # choice between two objects is made (later frames mostly show the chosen one ahead)
         self.early_share = float(early_share)
         self._early = np.flatnonzero(self._win_j < int(early_frames)) if early_share > 0 else np.zeros(0, np.int64)
-        if success_ratio is not None:
-            for name, p, share in (("successful", self._pools[0], success_ratio),
-                                   ("failed", self._pools[1], 1.0 - success_ratio)):
-                if share > 0 and p.size == 0:
-                    raise ValueError(f"{who}: success_ratio={success_ratio} needs {name} episodes; the selection "
-                                     f"({len(self.episodes)} episodes, filters={dict(filters or {})}) has none (train "
-                                     f"with the override success_ratio=None to sample its steps as they come)")
+        check_success_pools(who, success_ratio, (self._pools[0].size, self._pools[1].size),
+                            f"({len(self.episodes)} episodes, filters={dict(filters or {})})")
         n_frames = {c: int(source.manifest["lengths"][c]) for c in cameras}
         checksums = source.manifest.get("checksums") or {}
         self.caches = {c: ChunkCache(source.array(c), n_frames[c], cache_chunks, checksums.get(c)) for c in cameras}

@@ -163,6 +163,19 @@ def _check_context(context: int, who: str) -> None:
         raise ValueError(f"{who}: context={context}; must be >= 1")
 
 
+def check_success_pools(who: str, success_ratio: float | None, sizes: tuple[int, int], selection: str = "") -> None:
+    """``success_ratio`` draws that share of each batch from successful episodes and the rest from failed
+    ones: a share above zero needs its pool (``sizes``: successful, failed) non-empty. ``selection``
+    says what was selected, for the message."""
+    if success_ratio is None:
+        return
+    for name, size, share in (("successful", sizes[0], success_ratio), ("failed", sizes[1], 1.0 - success_ratio)):
+        if share > 0 and size == 0:
+            raise ValueError(f"{who}: success_ratio={success_ratio} needs {name} episodes; the selection "
+                             f"{selection + ' ' if selection else ''}has none (train with the override "
+                             f"success_ratio=None to sample its steps as they come)")
+
+
 def _check_rank(rank: int, world_size: int, who: str) -> None:
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"{who}: rank={rank}, world_size={world_size}; need 0 <= rank < world_size")
@@ -328,13 +341,7 @@ class TransitionSampler(SeededSampler):
                                     self.world_size)
         else:
             self._table_steps(data, steps, reward)
-        if success_ratio is not None:
-            for name, p, share in (("successful", self._pools[0], success_ratio),
-                                   ("failed", self._pools[1], 1.0 - success_ratio)):
-                if share > 0 and p.size == 0:
-                    raise ValueError(f"{who}: success_ratio={success_ratio} needs {name} episodes; "
-                                     f"the selection has none (train with the override success_ratio=None to sample "
-                                     f"its steps as they come)")
+        check_success_pools(who, success_ratio, (self._pools[0].size, self._pools[1].size))
         self._rng = numpy_rng(self.seed, f"transition_sampler/rank{self.rank}")
 
     def _table_steps(self, data: EpisodeArrays, steps: _SelectedSteps, reward: str) -> None:
