@@ -519,3 +519,39 @@ def test_a_quard_env_stepped_in_inference_mode_resets_outside_it():
         env.step(torch.zeros(2, env.num_actions))
     finally:
         env.close()
+
+
+def test_rolling_balls_advance_as_the_per_ball_formula_says():
+    """The balls roll in one vectorised step over every env with a moving ball: the same positions and
+    orientations as the per-ball rule (turn about z x v by |v| dt / r, composed onto the orientation)."""
+    import math
+
+    import numpy as np
+
+    from quadforge.envs.quard.env import QuardConfig, QuardEnv
+    env = QuardEnv(QuardConfig.make("quard:all", num_envs=24, seed=3, images=False))
+    try:
+        sc = env.scenes
+        assert (sc.moving >= 0).sum() >= 3, "the seed should give a few rolling balls"
+        quat, pos = sc.mocap_quat.copy(), sc.mocap_pos.copy()
+        moved = sc.advance_balls()
+        assert list(moved) == list(np.flatnonzero(sc.moving >= 0))
+        for i in moved:
+            on_target = sc.rolls_target[i]
+            v = sc.target_vel[i] if on_target else sc.distractor_vel[i]
+            m = sc.moving[i]
+            xy = sc.target[i] if on_target else sc.distractor[i]
+            np.testing.assert_array_equal(sc.mocap_pos[i, m, :2], sc.origin[i, :2] + xy)
+            speed = math.hypot(*v)
+            axis = np.array([-v[1], v[0], 0.0]) / speed
+            ang = speed * sc.dt / 0.2
+            w, x, y, z = math.cos(ang / 2), *(math.sin(ang / 2) * axis)
+            a, b, c, d = quat[i, m]
+            expected = [w * a - x * b - y * c - z * d, w * b + x * a + y * d - z * c,
+                        w * c - x * d + y * a + z * b, w * d + x * c - y * b + z * a]
+            np.testing.assert_allclose(sc.mocap_quat[i, m], expected, rtol=0, atol=1e-15)
+        still = np.setdiff1d(np.arange(24), moved)
+        np.testing.assert_array_equal(sc.mocap_quat[still], quat[still])
+        np.testing.assert_array_equal(sc.mocap_pos[still], pos[still])
+    finally:
+        env.close()
