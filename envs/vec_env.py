@@ -28,6 +28,7 @@ from quadforge.envs.tasks.terrain_levels import TerrainState
 from quadforge.envs.terminations import TERMINATION_REASONS
 from quadforge.envs.view_cache import ViewCache
 from quadforge.seeding import torch_generator
+from quadforge.tensors import set_rows
 
 _EPISODE_LONG = ("termination_reason", "length", "terrain_type", "terrain_level")
 _EPISODE_FLOAT = ("return", "distance", "commanded_distance", "lin_vel_error", "lin_vel_x_error", "ang_vel_error")
@@ -264,11 +265,10 @@ class LeggedEnv(VecEnv):
 
         self.task.reset(env_ids, pos, quat)
         self.latency.reset(env_ids)
-        # step() replaces these three each step (no copies), so under rsl_rl's ``torch.inference_mode``
-        # they are inference tensors, which a reset outside that mode may not write in place: new tensors
-        self.actions = self.actions.index_fill(0, env_ids, 0.0)
-        self.last_actions = self.last_actions.index_fill(0, env_ids, 0.0)
-        self.joint_targets = self.joint_targets.index_put((env_ids,), self.default_joint_pos)
+        # step() replaces these three each step (no copies): made under rsl_rl's torch.inference_mode
+        self.actions = set_rows(self.actions, env_ids, 0.0)
+        self.last_actions = set_rows(self.last_actions, env_ids, 0.0)
+        self.joint_targets = set_rows(self.joint_targets, env_ids, self.default_joint_pos)
         self.episode_length_buf[env_ids] = 0
 
     def close(self) -> None:

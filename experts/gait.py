@@ -38,6 +38,7 @@ import torch
 from quadforge.envs.config import GAITS
 from quadforge.envs.kinematics import LegKinematics
 from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, LEGS, NUM_JOINTS
+from quadforge.tensors import set_rows
 
 _CMD = {name: i for i, name in enumerate(COMMAND_NAMES)}
 _GRAVITY = 9.81
@@ -419,14 +420,15 @@ class GaitController:
     def reset(self, env_ids: torch.Tensor | None = None) -> None:
         ids = torch.arange(self.num_envs, device=self.device) if env_ids is None else \
             torch.as_tensor(env_ids, device=self.device).long().flatten()
-        self.clock[ids] = 0.0
-        self.elapsed[ids] = 0.0
-        self.vel_integral[ids] = 0.0
-        self.v_ref[ids] = 0.0
-        self.stumble[ids] = 0.0
-        self.yaw_integral[ids] = 0.0
-        self.was_stance[ids] = True
-        self.ground[ids] = -float(self.robot.nominal_base_height) + self.foot_radius
+        # act() replaces most of these each step: under a caller's torch.inference_mode they are made there
+        self.clock = set_rows(self.clock, ids, 0.0)
+        self.elapsed = set_rows(self.elapsed, ids, 0.0)
+        self.vel_integral = set_rows(self.vel_integral, ids, 0.0)
+        self.v_ref = set_rows(self.v_ref, ids, 0.0)
+        self.stumble = set_rows(self.stumble, ids, 0.0)
+        self.yaw_integral = set_rows(self.yaw_integral, ids, 0.0)
+        self.was_stance = set_rows(self.was_stance, ids, True)
+        self.ground = set_rows(self.ground, ids, -float(self.robot.nominal_base_height) + self.foot_radius)
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 from quadforge.experts.gait import GaitGains
 from quadforge.experts.policy import check_policy
 from quadforge.layout import COMMAND_NAMES, NUM_JOINTS
+from quadforge.tensors import set_rows
 from quadforge.models.binning import ActionBinner
 
 # seed 003 Eq. 9, in order
@@ -81,8 +82,9 @@ class HierarchicalPolicy:
         ids = torch.as_tensor(env_ids, dtype=torch.long).flatten()
         self.high.reset(ids)
         self.low.reset(ids)
-        self.hl_commands[ids.to(self.hl_commands.device)] = 0.0
-        self.terminate[ids.to(self.terminate.device)] = False
+        # act() replaces both each step: under a caller's torch.inference_mode they are made there
+        self.hl_commands = set_rows(self.hl_commands, ids.to(self.hl_commands.device), 0.0)
+        self.terminate = set_rows(self.terminate, ids.to(self.terminate.device), False)
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:

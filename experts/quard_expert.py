@@ -28,6 +28,7 @@ import torch
 from quadforge.envs.quard.families import family_of_code, get_family
 from quadforge.envs.quard.family.base import MAX_YAW_RATE, YAW_GAIN, ExpertStep
 from quadforge.envs.quard.words import GAIT_OF_WORD, GAIT_WORDS, SPEEDS
+from quadforge.tensors import set_rows
 from quadforge.experts.gait import GAITS
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES
 from quadforge.experts.registry import LoadContext, policy_for_env, register_policy_kind
@@ -73,10 +74,11 @@ class QuardExpert:
 
     def reset(self, env_ids: torch.Tensor) -> None:
         ids = torch.as_tensor(env_ids, dtype=torch.long, device=self.device).flatten()
-        self.speed_integral[ids] = 0.0
+        # act() replaces or makes these: under a caller's torch.inference_mode they are made there
+        self.speed_integral = set_rows(self.speed_integral, ids, 0.0)
         for flags in self.memory.values():
-            for flag in flags.values():
-                flag[ids] = False
+            for name in flags:
+                flags[name] = set_rows(flags[name], ids, False)
 
     def _memory(self, family: str) -> dict[str, torch.Tensor]:
         if family not in self.memory:
@@ -135,7 +137,8 @@ class QuardExpert:
                 v[rows], wz[rows] = fam.expert.command(step, v[rows], wz[rows])
             done[rows] = fam.expert.done(step)
             for name, flag in step.memory.items():
-                self.memory[fam.name][name][rows] = flag
+                flags = self.memory[fam.name]
+                flags[name] = set_rows(flags[name], rows, flag)
         return self._command(v, wz, gait_word, speed_word, done)
 
     def _hold_band(self, band: torch.Tensor, speed: torch.Tensor) -> torch.Tensor:

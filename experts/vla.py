@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from quadforge.tensor_checks import check_index_range
+from quadforge.tensors import check_index_range
 from quadforge.experts.gait import GaitController
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HierarchicalPolicy
 from quadforge.experts.policy import checkpoint_policy_id

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from quadforge.tensor_checks import check_index_range
+from quadforge.tensors import check_index_range
 
 BIN_METHODS = ("uniform", "quantile")
 _MIN_SPAN = 1e-3  # a constant dimension still gets bins spanning this (times max(1, |value|))

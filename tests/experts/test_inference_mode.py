@@ -1,0 +1,50 @@
+"""Policies and envs used in and out of ``torch.inference_mode``: rsl_rl's runner steps envs in it and a
+user's evaluation loop may act in it; what runs after, in either mode, must neither fail on a state
+buffer the mode made nor act otherwise than a twin that never entered it."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from quadforge.envs.builder import make_env
+from quadforge.experts.registry import policy_for_env
+
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "experts" / "checkpoints"
+SPECS = {"gait": ("go1", "flat", None), "quard_expert": (None, None, "quard:go_to"),
+         "vla_rt1": (None, None, "quard:go_to")}
+
+
+def _drive(env, policy, steps: int, inference: bool, reset_at: int) -> list[torch.Tensor]:
+    out = []
+    for k in range(steps):
+        if k == reset_at:
+            policy.reset(torch.tensor([1]))
+        if inference:
+            with torch.inference_mode():
+                a = policy.act(env.terms)
+        else:
+            a = policy.act(env.terms)
+        out.append(a.clone())
+        env.step(a)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_a_policy_acts_and_resets_in_either_mode_after_the_other(name):
+    torch.set_num_threads(1)
+    robot, terrain, task = SPECS[name]
+    spec = str(CHECKPOINTS / "vla_rt1.pt") if name == "vla_rt1" else name
+    make = (lambda: make_env(robot, terrain, num_envs=2, num_threads=1, seed=4)) if task is None else \
+        (lambda: make_env(task=task, num_envs=2, seed=4, task_options={"images": name == "vla_rt1"}))
+    envs = [make(), make()]
+    try:
+        mixed, plain = (policy_for_env(spec, e) for e in envs)
+        # the mixed twin: inference-mode acts, then a reset and acts outside, then back inside
+        got = _drive(envs[0], mixed, 6, True, reset_at=99) + _drive(envs[0], mixed, 6, False, reset_at=2) \
+            + _drive(envs[0], mixed, 4, True, reset_at=1)
+        want = _drive(envs[1], plain, 6, False, reset_at=99) + _drive(envs[1], plain, 6, False, reset_at=2) \
+            + _drive(envs[1], plain, 4, False, reset_at=1)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    finally:
+        for e in envs:
+            e.close()
