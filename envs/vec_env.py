@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from rsl_rl.env import VecEnv
 from tensordict import TensorDict
@@ -18,6 +19,7 @@ from quadforge.envs.backends import make_backend
 from quadforge.envs.backends.base import PhysicsBackend
 from quadforge.envs.rotations import yaw_from_quat
 from quadforge.envs.config import EnvConfig
+from quadforge.envs.fast_paths import cpu_arrays
 from quadforge.envs.kinematics import LegKinematics
 from quadforge.layout import NUM_FEET, NUM_JOINTS, get_layout
 from quadforge.envs.observations import CompiledLayout, TermCache, ground_terms, make_term_fns, scan_points_b
@@ -28,7 +30,7 @@ from quadforge.envs.tasks.terrain_levels import TerrainState
 from quadforge.envs.terminations import TERMINATION_REASONS
 from quadforge.envs.view_cache import ViewCache
 from quadforge.seeding import torch_generator
-from quadforge.tensors import set_rows
+from quadforge.tensors import row_ids, set_rows
 
 _EPISODE_LONG = ("termination_reason", "length", "terrain_type", "terrain_level")
 _EPISODE_FLOAT = ("return", "distance", "commanded_distance", "lin_vel_error", "lin_vel_x_error", "ang_vel_error")
@@ -58,6 +60,16 @@ def spawn_clearance(robot, spawn_height: float) -> float:
     return float(robot.nominal_base_height + spawn_height + feet[:, 2].min() - robot.foot_radius)
 
 
+def _nan_rows(actions: torch.Tensor) -> torch.Tensor | None:
+    """(N,) bool: the envs whose action holds a NaN (clamping keeps NaN; MuJoCo would zero the whole
+    control and every reward term reading the action would turn NaN); None when none does. On the CPU
+    one numpy check; on a GPU the mask itself (reading it back would wait for the device)."""
+    arrays = cpu_arrays(actions)
+    if arrays is not None and not np.isnan(arrays[0]).any():
+        return None
+    return torch.isnan(actions).any(dim=1)
+
+
 class LeggedEnv(VecEnv):
     """The locomotion env; ``backend`` overrides the one ``cfg.backend_name`` would build."""
 
@@ -71,6 +83,7 @@ class LeggedEnv(VecEnv):
             torch.set_num_threads(cfg.torch_threads)  # process-wide; see EnvConfig.torch_threads
         self.num_envs = cfg.num_envs
         self.num_actions = NUM_JOINTS
+        self._action_shape = torch.Size((self.num_envs, NUM_JOINTS))
         self.dt = self.backend.sim_dt * self.backend.decimation
         self.max_episode_length = int(round(cfg.episode_length_s / self.dt))
         gen = lambda name: torch_generator(cfg.seed, f"env/{name}", self.device)  # noqa: E731
@@ -82,7 +95,8 @@ class LeggedEnv(VecEnv):
         body_names = tuple(self.backend.state.body_names)
         self.task = self._make_task(cfg, body_names, gen("commands"))
         self.pushes = Pushes(cfg.randomization, self.dt, gen("push"))
-        # extras["pushed"]: all envs are pushed together, so two constant (N,) columns (never written to) do
+        # extras["pushed"]: all envs are pushed together; a copy of one of these two columns each step, so
+        # that a caller writing into last step's extras changes nothing later steps report
         self._pushed_flags = (torch.zeros(self.num_envs, dtype=torch.bool, device=self.device),
                               torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
         self.latency = ActionLatency(cfg.randomization, n, gen("latency"), dev)
@@ -122,7 +136,7 @@ class LeggedEnv(VecEnv):
         self._terms_full: dict[str, torch.Tensor] | None = None
         self.extras: dict[str, Any] = {"log": {}}
 
-        self.reset_envs(torch.arange(n, device=dev))
+        self._reset_envs(torch.arange(n, device=dev))
         self._obs = self._compute_obs()
 
     def _make_task(self, cfg: EnvConfig, body_names: tuple[str, ...], gen: torch.Generator) -> LocomotionTask:
@@ -134,20 +148,32 @@ class LeggedEnv(VecEnv):
         return self._obs
 
     def reset(self) -> tuple[TensorDict, dict]:
-        self.reset_envs(torch.arange(self.num_envs, device=self.device))
+        self._reset_envs(torch.arange(self.num_envs, device=self.device))
         self._obs = self._compute_obs()
         return self._obs, self.extras
 
     def step(self, actions: torch.Tensor) -> tuple[TensorDict, torch.Tensor, torch.Tensor, dict]:
+        if not isinstance(actions, torch.Tensor):   # a numpy array or a list
+            actions = torch.as_tensor(actions)
+        if actions.shape != self._action_shape:     # before anything moves: torch would broadcast (1, 12)
+            raise ValueError(f"step: actions must have shape ({self.num_envs}, {self.num_actions}), "
+                             f"got {tuple(actions.shape)}")
         if actions.dtype != torch.float32 or actions.device != self.device:
             actions = actions.to(self.device, torch.float32)
-        a = actions.clamp(-self.clip_actions, self.clip_actions)
+        # detached: a policy's graph would otherwise live on in self.actions (the last_action term), step
+        # after step
+        a = actions.detach().clamp(-self.clip_actions, self.clip_actions)
+        nan_rows = _nan_rows(a)
+        if nan_rows is not None:   # a broken policy: its envs hold the default pose and end as non_finite
+            a = torch.where(nan_rows[:, None], 0.0, a)
         applied = self.latency.apply(a, self.actions)
         self.joint_targets = self.default_joint_pos + self.action_scale * applied
         self._noise = None
         non_finite = self.backend.step(self.joint_targets, during=self._during_physics)
         if non_finite.device != self.device:
             non_finite = non_finite.to(self.device)
+        if nan_rows is not None:
+            non_finite = non_finite | nan_rows
         self.last_actions, self.actions = self.actions, a  # clamp made a fresh tensor
 
         state = self.backend.state
@@ -174,7 +200,7 @@ class LeggedEnv(VecEnv):
             if self.cfg.curriculum:
                 self.terrain.update_curriculum(done_ids, info["distance"], info["commanded_distance"])
             applied_targets = self.joint_targets[done_ids].clone()
-            self.reset_envs(done_ids)
+            self._reset_envs(done_ids)
             # the contract: joint_targets are the targets applied at this step, done envs included
             self.joint_targets[done_ids] = applied_targets
             log.update(self.terrain.log())
@@ -189,7 +215,7 @@ class LeggedEnv(VecEnv):
         # the push comes after this step's reward and before the next observation: who recomputes a reward from
         # stored observations needs to know which steps it came between (stored per step as `pushed`)
         self.extras = {"time_outs": res.time_outs, "log": log, "episode_end": episode,
-                       "pushed": self._pushed_flags[int(pushed)]}
+                       "pushed": self._pushed_flags[int(pushed)].clone()}
         return self._obs, res.rewards, res.dones, self.extras
 
     # --- contract extras -------------------------------------------------------------------------------
@@ -213,21 +239,31 @@ class LeggedEnv(VecEnv):
         return self.task.commands.commands
 
     def set_commands(self, env_ids: torch.Tensor, commands: torch.Tensor) -> None:
-        """Fix (k, 15) commands for these envs until their episode ends; refreshes the observation."""
-        env_ids = torch.as_tensor(env_ids, dtype=torch.long, device=self.device).reshape(-1)
-        self.task.commands.set_commands(env_ids, commands)
+        """Fix (k, 15) commands for these envs (indices or an (N,) bool mask) until their episode ends;
+        refreshes the observation."""
+        env_ids = row_ids(env_ids, self.num_envs, self.device)
+        # a copy: the caller may hand rows of env.commands itself, which the write would alias
+        self.task.commands.set_commands(env_ids, torch.as_tensor(commands).clone())
         self._obs = self._compute_obs()
 
     def set_terrain_levels(self, env_ids: torch.Tensor, levels: torch.Tensor, cols: torch.Tensor | None = None) -> None:
-        """Move these envs to the given (level, col) tiles and start new episodes there."""
-        env_ids = torch.as_tensor(env_ids, dtype=torch.long, device=self.device).reshape(-1)
+        """Move these envs (indices or an (N,) bool mask) to the given (level, col) tiles and start new
+        episodes there; refreshes the observation."""
+        env_ids = row_ids(env_ids, self.num_envs, self.device)   # checked before anything moves
         self.terrain.set_levels(env_ids, levels, cols)
-        self.reset_envs(env_ids)
+        self._reset_envs(env_ids)
         self._obs = self._compute_obs()
 
     def reset_envs(self, env_ids: torch.Tensor) -> None:
-        """Start new episodes in these envs (spawn at their tile, fresh commands and gait clock)."""
-        env_ids = torch.as_tensor(env_ids, dtype=torch.long, device=self.device).reshape(-1)
+        """Start new episodes in these envs (indices or an (N,) bool mask): spawn at their tile, fresh
+        commands and gait clock; refreshes the observation (``get_observations``, ``terms``)."""
+        env_ids = row_ids(env_ids, self.num_envs, self.device)
+        self._reset_envs(env_ids)
+        self._obs = self._compute_obs()
+
+    def _reset_envs(self, env_ids: torch.Tensor) -> None:
+        """``reset_envs`` for valid (k,) int64 ids on the env's device, leaving the observation to the
+        caller (a step builds it once after its resets)."""
         k = env_ids.numel()
         if k == 0:
             return

@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
+from quadforge.tensors import row_ids, set_rows
 from quadforge.layout import JOINT_NAMES, LEGS, NUM_JOINTS, TERM_DIMS, ObsLayout
 
 # Terms indexed by joint (12, leg-major) or by foot (4) - what a joint-order change must permute.
@@ -90,7 +91,7 @@ class HistoryObs:
         self.buffer = torch.zeros(num_envs, history, layout.dim, device=device)  # (N, H, D)
 
     def reset(self, env_ids: torch.Tensor) -> None:
-        self.buffer[env_ids] = 0.0
+        self.buffer = set_rows(self.buffer, env_ids, 0.0)   # replaced each call: maybe made in inference mode
 
     def __call__(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
         frame = self.layout.build(terms)                                       # (N, D)
@@ -123,7 +124,7 @@ class ActorPolicy:
         self.joint_order = joint_order or JointOrder()
 
     def reset(self, env_ids: torch.Tensor) -> None:
-        self.adapter.reset(torch.as_tensor(env_ids, dtype=torch.long, device=self.device))
+        self.adapter.reset(row_ids(env_ids, self.num_envs, self.device, check_range=False))
 
     def observation(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The adapted network input (advances the history of a ``HistoryObs``)."""

@@ -38,7 +38,7 @@ import torch
 from quadforge.envs.config import GAITS
 from quadforge.envs.kinematics import LegKinematics
 from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, LEGS, NUM_JOINTS
-from quadforge.tensors import set_rows
+from quadforge.tensors import row_ids, set_rows
 
 _CMD = {name: i for i, name in enumerate(COMMAND_NAMES)}
 _GRAVITY = 9.81
@@ -418,8 +418,7 @@ class GaitController:
 
     # -- Policy protocol ----------------------------------------------------------------------------
     def reset(self, env_ids: torch.Tensor | None = None) -> None:
-        ids = torch.arange(self.num_envs, device=self.device) if env_ids is None else \
-            torch.as_tensor(env_ids, device=self.device).long().flatten()
+        ids = row_ids(env_ids, self.num_envs, self.device, check_range=False)   # None: all; a mask: its rows
         # act() replaces most of these each step: under a caller's torch.inference_mode they are made there
         self.clock = set_rows(self.clock, ids, 0.0)
         self.elapsed = set_rows(self.elapsed, ids, 0.0)

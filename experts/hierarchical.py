@@ -24,7 +24,7 @@ import torch
 from quadforge.experts.gait import GaitGains
 from quadforge.experts.policy import check_policy
 from quadforge.layout import COMMAND_NAMES, NUM_JOINTS
-from quadforge.tensors import set_rows
+from quadforge.tensors import row_ids, set_rows
 from quadforge.models.binning import ActionBinner
 
 # seed 003 Eq. 9, in order
@@ -78,8 +78,8 @@ class HierarchicalPolicy:
         self.terminate = torch.zeros(n, dtype=torch.bool)   # last terminate flag
         self.low_commands = torch.zeros(n, len(COMMAND_NAMES))  # what the low level was given
 
-    def reset(self, env_ids: torch.Tensor) -> None:
-        ids = torch.as_tensor(env_ids, dtype=torch.long).flatten()
+    def reset(self, env_ids: torch.Tensor | None) -> None:
+        ids = row_ids(env_ids, self.num_envs, "cpu", check_range=False)   # None: all; a mask: its rows
         self.high.reset(ids)
         self.low.reset(ids)
         # act() replaces both each step: under a caller's torch.inference_mode they are made there

@@ -16,6 +16,7 @@ from typing import Mapping
 
 import torch
 
+from quadforge.tensors import row_ids
 from quadforge.layout import TERM_DIMS, ObsLayout
 from quadforge.models.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
 from quadforge.models import build_model
@@ -53,8 +54,11 @@ class LearnedPolicy:
         with torch.no_grad():
             self.cache = self.model.init_cache(self.num_envs, self.device)
 
-    def reset(self, env_ids: torch.Tensor) -> None:
-        self.model.reset_cache(self.cache, torch.as_tensor(env_ids, device=self.device))
+    def reset(self, env_ids: torch.Tensor | None) -> None:
+        ids = torch.as_tensor(env_ids, device=self.device) if env_ids is not None else None
+        if ids is None or ids.dtype != torch.bool:   # a mask goes as it is: reset_cache writes it through
+            ids = row_ids(ids, self.num_envs, self.device, check_range=False)
+        self.model.reset_cache(self.cache, ids)
 
     def check_terms(self, obs: Mapping[str, torch.Tensor]) -> None:
         for name in self.obs_terms:

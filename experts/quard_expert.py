@@ -28,7 +28,7 @@ import torch
 from quadforge.envs.quard.families import family_of_code, get_family
 from quadforge.envs.quard.family.base import MAX_YAW_RATE, YAW_GAIN, ExpertStep
 from quadforge.envs.quard.words import GAIT_OF_WORD, GAIT_WORDS, SPEEDS
-from quadforge.tensors import set_rows
+from quadforge.tensors import row_ids, set_rows
 from quadforge.experts.gait import GAITS
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HL_COMMAND_NAMES
 from quadforge.experts.registry import LoadContext, policy_for_env, register_policy_kind
@@ -72,8 +72,8 @@ class QuardExpert:
         self._bands, self._frequencies = table[..., 0], table[..., 1]
         self._gaits = torch.tensor([GAITS[GAIT_OF_WORD[w]] for w in GAIT_WORDS], device=self.device)
 
-    def reset(self, env_ids: torch.Tensor) -> None:
-        ids = torch.as_tensor(env_ids, dtype=torch.long, device=self.device).flatten()
+    def reset(self, env_ids: torch.Tensor | None) -> None:
+        ids = row_ids(env_ids, self.num_envs, self.device, check_range=False)   # None: all; a mask: its rows
         # act() replaces or makes these: under a caller's torch.inference_mode they are made there
         self.speed_integral = set_rows(self.speed_integral, ids, 0.0)
         for flags in self.memory.values():

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from quadforge.tensors import check_index_range
+from quadforge.tensors import check_index_range, row_ids
 from quadforge.experts.gait import GaitController
 from quadforge.experts.hierarchical import HL_COMMAND_DIM, HierarchicalPolicy
 from quadforge.experts.policy import checkpoint_policy_id
@@ -100,7 +100,7 @@ class VLAPolicy:
         self.command = torch.zeros(n, HL_COMMAND_DIM, device=self.device)  # held between frames
 
     def reset(self, env_ids: torch.Tensor | None = None) -> None:
-        ids = slice(None) if env_ids is None else torch.as_tensor(env_ids, device=self.device).long().flatten()
+        ids = row_ids(env_ids, self.num_envs, self.device, check_range=False)   # None: all; a mask: its rows
         self.frame_tokens[ids] = 0.0
         self.frame_mask[ids] = False
         self.steps[ids] = 0

@@ -1,6 +1,6 @@
 """Small tensor helpers every layer shares: a range check of integer tensors a user's data or checkpoint
-hands in (a one-line ``ValueError``), and the row write of a state buffer that ``torch.inference_mode``
-may have made."""
+hands in (a one-line ``ValueError``), the row ids a caller hands an env or a policy (indices or a bool
+mask), and the row write of a state buffer that ``torch.inference_mode`` may have made."""
 from __future__ import annotations
 
 import torch
@@ -24,3 +24,24 @@ def set_rows(buf: torch.Tensor, rows, value) -> torch.Tensor:
         buf = buf.clone()
     buf[rows] = value
     return buf
+
+
+def row_ids(ids, n: int, device: torch.device | str, what: str = "env_ids", check_range: bool = True) -> torch.Tensor:
+    """Rows of an (n, ...) batch as a (k,) int64 tensor on ``device``, from what a caller may hand in:
+    None (every row), an int, a list, a numpy array or a tensor of integer indices, or an (n,) bool mask
+    (its True rows; torch would otherwise read a mask as the indices 0 and 1). Fractional ids are a
+    ValueError; ``check_range``: so are ids outside [0, n) (one host read; a negative id would otherwise
+    wrap to the batch's end)."""
+    if ids is None:
+        return torch.arange(n, device=device)
+    t = torch.as_tensor(ids, device=device)
+    if t.dtype == torch.bool:
+        if tuple(t.shape) != (n,):
+            raise ValueError(f"{what}: a bool mask must have shape ({n},), got {tuple(t.shape)}")
+        return t.nonzero(as_tuple=True)[0]
+    if t.is_floating_point() or t.is_complex():
+        raise ValueError(f"{what} must be integer indices or a ({n},) bool mask, got dtype {t.dtype}")
+    t = t.reshape(-1).long()
+    if check_range:
+        check_index_range(t, n, what)
+    return t

@@ -393,3 +393,61 @@ def test_privileged_and_trig_terms_come_from_the_state_and_params():
     env.step(torch.full((8, 12), 0.5))
     assert torch.equal(t["dof_vel"], kept)
     env.close()
+
+
+def test_env_ids_may_be_a_bool_mask_and_bad_ids_change_nothing():
+    env = _env(4)
+    try:
+        for _ in range(3):
+            env.step(torch.zeros(4, 12))
+        env.reset_envs(torch.tensor([False, False, True, True]))      # a mask: its True rows, not 0 and 1
+        assert env.episode_length_buf.tolist() == [3, 3, 0, 0]
+        levels = env.terrain.levels.clone()
+        for bad, match in (([-1], r"in \[0, 4\)"), (torch.tensor([1.7]), "integer indices"),
+                           (torch.tensor([True, False]), r"shape \(4,\)")):
+            with pytest.raises(ValueError, match=match):
+                env.set_terrain_levels(bad, 0)
+            with pytest.raises(ValueError, match=match):
+                env.reset_envs(bad)
+        assert torch.equal(env.terrain.levels, levels) and env.episode_length_buf.tolist() == [3, 3, 0, 0]
+        env.set_commands([1], env.commands[1:2])        # rows of the live buffer: no aliasing error
+    finally:
+        env.close()
+
+
+def test_reset_envs_refreshes_the_observation():
+    env = _env(2)
+    try:
+        for _ in range(20):
+            env.step(torch.full((2, 12), 0.5))
+        env.reset_envs([0])
+        terms = env.terms
+        assert torch.equal(terms["dof_pos"][0], env.backend.state.joint_pos[0] - env.default_joint_pos)
+        assert torch.equal(env.get_observations()["critic"], env._critic_obs.build(terms))
+    finally:
+        env.close()
+
+
+def test_bad_actions_are_refused_before_anything_moves_and_nan_ends_the_episode():
+    env = _env(3)
+    try:
+        env.step(torch.zeros(3, 12))
+        pos = env.backend.state.root_pos_w.clone()
+        for bad in (torch.ones(1, 12), torch.ones(12), torch.ones(3, 11)):
+            with pytest.raises(ValueError, match=r"actions must have shape \(3, 12\)"):
+                env.step(bad)
+        assert env.episode_length_buf.tolist() == [1, 1, 1] and torch.equal(env.backend.state.root_pos_w, pos)
+        a = torch.zeros(3, 12)
+        a[1, 4] = float("nan")
+        _, rew, dones, extras = env.step(a)
+        assert dones.tolist() == [False, True, False] and torch.isfinite(rew).all()
+        assert extras["episode_end"]["termination_reason"][1] == TERMINATION_REASONS.index("non_finite")
+        assert all(math.isfinite(v) for v in extras["log"].values())
+        env.step(torch.zeros(3, 12).numpy())                              # a numpy array is taken as is
+        net = torch.nn.Linear(1, 12)
+        obs, *_ = env.step(net(torch.ones(3, 1)))                        # no graph is kept past the step
+        assert not obs["policy"].requires_grad and not env.actions.requires_grad
+        env.step(torch.zeros(3, 12))[3]["pushed"][0] = True              # a caller writes into its extras
+        assert not env.step(torch.zeros(3, 12))[3]["pushed"].any()       # ... which later steps ignore
+    finally:
+        env.close()

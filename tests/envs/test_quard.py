@@ -555,3 +555,23 @@ def test_rolling_balls_advance_as_the_per_ball_formula_says():
         np.testing.assert_array_equal(sc.mocap_pos[still], pos[still])
     finally:
         env.close()
+
+
+def test_reset_envs_shows_the_new_scene_in_terms_and_frame():
+    from quadforge.envs.builder import make_env
+    env = make_env(task="quard:go_to", num_envs=2, seed=11)
+    try:
+        for _ in range(3):
+            env.step(torch.zeros(2, env.num_actions))
+        before = env.terms
+        env.reset_envs(torch.tensor([True, False]))
+        after = env.terms
+        scene = env.scenes
+        assert after["instruction"][0] == scene.instruction[0]
+        assert torch.allclose(after["task_target_pos"][0, :2].double(),
+                              torch.as_tensor(scene.target[0] + scene.origin[0, :2]), atol=1e-5)
+        assert not torch.equal(after["images/front_rgb"][0], before["images/front_rgb"][0])   # the new scene
+        assert torch.equal(after["images/front_rgb"][1], before["images/front_rgb"][1])       # env 1 untouched
+        assert env.episode_length_buf.tolist() == [0, 3]
+    finally:
+        env.close()
