@@ -195,11 +195,12 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
             if eid in known:
                 # the same id is the same episode (a re-import) - unless another store's ids collide
                 # with this one's: skipping that would silently drop a different episode
-                row = known_rows.get(eid)
-                if row is not None and row != (int(attrs.get("num_samples", -1)), int(attrs.get("seed", -1))):
+                row, mine = known_rows.get(eid), _identity(int(attrs.get("num_samples", -1)),
+                                                            int(attrs.get("seed", -1)), attrs.get("extra"))
+                if row is not None and not _same_episode(row, mine):
                     raise ValueError(f"{src}: demo {name} has episode id {eid!r}, which {store_path} already holds "
-                                     f"for a different episode (length, seed {row} vs "
-                                     f"{(int(attrs.get('num_samples', -1)), int(attrs.get('seed', -1)))}); "
+                                     f"for a different episode (length {row[0]} vs {mine[0]}, seed {row[1]} vs "
+                                     f"{mine[1]}, per-episode record {'equal' if row[2] == mine[2] else 'differs'}); "
                                      f"import into a new store")
                 continue
             if eid < last_id:  # compaction consumes staging files by name: keep the demo order
@@ -239,16 +240,30 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
     return imported
 
 
-def _known_rows(store_path: str | Path) -> dict[str, tuple[int, int]]:
-    """(length, seed) of every episode a store holds (committed or staged), by id."""
+def _identity(length: int, seed: int, extra) -> tuple[int, int, str | None]:
+    """What tells two episodes under one id apart: length, the run's seed (shared by every episode of a
+    collection run, so not enough alone) and the episode's own record (``extra``: its distances, tracking
+    errors, env id, ... - floats no two episodes share), as canonical JSON; None where unknown."""
+    if isinstance(extra, str):
+        extra = json.loads(extra)
+    return length, seed, None if extra is None else json.dumps(extra, sort_keys=True)
+
+
+def _same_episode(a: tuple, b: tuple) -> bool:
+    return all(x == y for x, y in zip(a, b) if x is not None and y is not None)
+
+
+def _known_rows(store_path: str | Path) -> dict[str, tuple[int, int, str | None]]:
+    """``_identity`` of every episode a store holds (committed or staged), by id."""
     from quadforge.data.staging import list_staged, read_staged_header
-    rows: dict[str, tuple[int, int]] = {}
+    rows: dict[str, tuple[int, int, str | None]] = {}
     if (Path(store_path) / "manifest.json").is_file():
         t = TrajectoryStore.open(store_path).episodes
-        rows = {str(e): (int(n), int(sd)) for e, n, sd in zip(t["episode_id"], t["length"], t["seed"])}
+        rows = {str(e): _identity(int(n), int(sd), x)
+                for e, n, sd, x in zip(t["episode_id"], t["length"], t["seed"], t["extra"])}
     for p in list_staged(store_path):
         _, info = read_staged_header(p)
-        rows.setdefault(p.stem, (int(info.get("length", -1)), int(info.get("seed", -1))))
+        rows.setdefault(p.stem, _identity(int(info.get("length", -1)), int(info.get("seed", -1)), None))
     return rows
 
 

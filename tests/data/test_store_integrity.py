@@ -205,3 +205,20 @@ def test_import_of_colliding_ids_from_another_store_is_refused_not_skipped(tmp_p
     with pytest.raises(ValueError, match=r"episode id 'c0-00000000', which .* already holds for a different episode"):
         import_hdf5(tmp_path / "a.h5", b)
     assert TrajectoryStore.open(b).num_episodes == 2
+
+
+def test_an_import_tells_episodes_of_equal_length_and_run_seed_apart(tmp_path):
+    """Two collections with the same collector id and seed name their episodes alike, with equal lengths
+    and the same run seed: only the episodes' own records tell them apart (they must, or the import
+    would skip a different episode as already there)."""
+    from quadforge.data.export import export_hdf5, import_hdf5
+    from quadforge.tools.cli import main
+    a, b = tmp_path / "a", tmp_path / "b"
+    common = ["--episodes", "1", "--max-episode-s", "0.5", "--no-progress", "--seed", "0"]
+    assert main(["collect", "--store", str(a), "--num-envs", "1", *common]) == 0
+    assert main(["collect", "--store", str(b), "--num-envs", "2", "--terrain", "rough_slope", *common]) == 0
+    export_hdf5(b, tmp_path / "b.h5")
+    assert import_hdf5(tmp_path / "b.h5", b) == 0                          # a re-import skips its own
+    with pytest.raises(ValueError, match=r"already holds for a different episode .*record differs"):
+        import_hdf5(tmp_path / "b.h5", a)
+    assert TrajectoryStore.open(a).num_episodes == 1
