@@ -442,7 +442,17 @@ def _complete(path: Path) -> bool:
 
 
 def _drop_old_generations(current: Path) -> None:
-    """Shards of earlier generations describe a store that has since grown: delete them."""
+    """Shards of earlier generations describe a store that has since grown: delete them. Only earlier
+    ones: a reader holding an older view of the store (opened before a compaction) must not delete
+    the shards a newer reader is using or writing."""
+    mine = _generation_of(current)
     for old in current.parent.glob("g*"):
-        if old != current and old.is_dir():
+        g = _generation_of(old)
+        if g is not None and mine is not None and g < mine and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _generation_of(path: Path) -> int | None:
+    """The generation of a ``g<G>`` shard folder (None for any other name)."""
+    digits = path.name[1:]
+    return int(digits) if path.name.startswith("g") and digits.isdigit() else None

@@ -369,3 +369,17 @@ def test_joined_shards_read_rows_blocks_and_windows_across_the_store_boundary(ag
         first = table.offsets[np.searchsorted(table.offsets, idx[:, -1], side="right") - 1]
         want = whole[np.maximum(idx, first[:, None])]     # rows before a window's store read its first row
         np.testing.assert_array_equal(table.windows(starts, n, span=idx[:, -1]), want)
+
+
+def test_a_store_view_deletes_only_older_generations_shards(tmp_path):
+    """A reader that opened the store before a compaction must not delete the newer generation's
+    shards (a trainer on the new view may be writing them); a newer view deletes the older ones."""
+    root = tmp_path / "shards"
+    for g in (3, 7, 12):
+        (root / f"g{g}").mkdir(parents=True)
+        (root / f"g{g}" / "x.npy").write_bytes(b"0")
+    (root / "notes").mkdir()
+    shards_mod._drop_old_generations(root / "g7")
+    assert sorted(p.name for p in root.iterdir()) == ["g12", "g7", "notes"]
+    shards_mod._drop_old_generations(root / "g12")
+    assert sorted(p.name for p in root.iterdir()) == ["g12", "notes"]
