@@ -149,6 +149,10 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     return TrainResult(model=run.model, step=max(run.start, run.max_steps), checkpoint=loop.last_path, history=history)
 
 
+# the TrainConfig fields that decide which batches a run draws: a resume must keep them (more --max-steps is fine)
+RESUME_DEFINES = ("seed", "batch_size", "val_fraction", "success_only", "layout", "context")
+
+
 class ImitationRun:
     """One imitation run: samplers, model + objective, optimizer, input scaling, and the parts
     ``TrainLoop`` calls (``loss_terms``, ``validate``, ``checkpoint``, ``report``)."""
@@ -202,6 +206,7 @@ class ImitationRun:
             raise ValueError("--resume needs --out (the run directory holding last.pt)")
         ckpt = load_checkpoint(self.out / "last.pt")
         check_model(ckpt, self.cfg.model, self.model.config)
+        self._check_same_data(ckpt)
         load_state(self.model, ckpt)
         if self.objective.log_std is not None and "log_std" in ckpt.extra:
             self.objective.log_std.data.copy_(ckpt.extra["log_std"])
@@ -210,6 +215,24 @@ class ImitationRun:
         self.obs_mean, self.obs_std = ckpt.obs_stats["mean"], ckpt.obs_stats["std"]
         self.start, self.saved_rng = ckpt.step, ckpt.extra.get("rng")
         self.best_val = _best_val_of(ckpt, self.out)
+
+    def _check_same_data(self, ckpt) -> None:
+        """A resumed run continues the batches the interrupted one would have drawn only on the same data
+        and draw: a store that has grown since (another generation) re-splits train and validation (some
+        validation episodes become training ones) and re-normalises the inputs, and another seed, batch
+        size, split or window draws other batches. Refused, naming what changed."""
+        was, now = ckpt.provenance or {}, self.provenance
+        differ = [f"{key} {was[key]!r} then, {now.get(key)!r} now" for key in ("store", "generation", "episodes")
+                  if key in was and was[key] != now.get(key)]
+        recorded = self.out / "train_config.json"   # rewritten by announce(), after this
+        if recorded.is_file():
+            then, cfg = json.loads(recorded.read_text()), self.cfg.to_dict()
+            differ += [f"{key} {then[key]!r} then, {cfg[key]!r} now" for key in RESUME_DEFINES
+                       if key in then and then[key] != cfg.get(key)]
+        if differ:
+            raise ValueError(f"--resume {self.out}: the run was made on other data or draws ({'; '.join(differ)}); "
+                             f"a resume would not continue it. Train into a new --out (--init-from "
+                             f"{self.out / 'last.pt'} starts from its weights)")
 
     def _target_return(self, use_rtg: bool) -> float | None:
         """Deployment conditions on the best return seen (DT's convention); None without return-to-go."""

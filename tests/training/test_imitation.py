@@ -1,3 +1,4 @@
+import dataclasses
 import shutil
 
 import numpy as np
@@ -91,6 +92,19 @@ def test_same_seed_same_weights_and_resume_is_exact(tmp_path):
         train(_cfg("mlp", steps=30), data, tmp_path / "c", resume=True)
     with pytest.raises(FileNotFoundError):
         train(_cfg(steps=30), data, tmp_path / "empty", resume=True)
+
+
+
+def test_resume_refuses_a_grown_store_or_other_draws(tmp_path):
+    """A store with more episodes than the run started on re-splits train and validation; another seed
+    or batch size draws other batches: the resumed run would not continue the interrupted one."""
+    data = learnable_arrays(num_episodes=6)
+    train(_cfg(steps=4), data, tmp_path)
+    with pytest.raises(ValueError, match=r"other data or draws \(episodes 6 then, 8 now\).*--init-from"):
+        train(_cfg(steps=8), learnable_arrays(num_episodes=8), tmp_path, resume=True)
+    with pytest.raises(ValueError, match=r"seed 0 then, 1 now"):
+        train(dataclasses.replace(_cfg(steps=8), seed=1), data, tmp_path, resume=True)
+    assert train(_cfg(steps=8), data, tmp_path, resume=True).history[-1]["step"] == 8
 
 
 @pytest.mark.parametrize("model", ["transformer", "convformer", "starformer", "mlp"])
