@@ -123,7 +123,9 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path:
     directory = Path(directory)
     if (directory / "last.pt").is_file():
         return directory / "last.pt"
-    steps = sorted(directory.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
+    # step_<n>.pt only: another file named step_* (step_final.pt, a copy) is not a step checkpoint
+    steps = sorted((p for p in directory.glob("step_*.pt") if p.stem[len("step_"):].isdigit()),
+                   key=lambda p: int(p.stem[len("step_"):]))
     if not steps:
         raise FileNotFoundError(f"no checkpoint (last.pt or step_*.pt) in {directory}")
     return steps[-1]

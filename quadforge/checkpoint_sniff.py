@@ -4,7 +4,9 @@ random bytes get one line naming the path, what it looks like and what is accept
 from __future__ import annotations
 
 import os
+import re
 import zipfile
+import zlib
 from pathlib import Path
 
 ACCEPTED = ("accepted: a quadforge checkpoint (quadforge train: last.pt, best.pt, step_<n>.pt), an rsl_rl PPO "
@@ -34,10 +36,15 @@ def sniff(path: str | os.PathLike) -> str:
     if head.startswith(ZIP_MAGIC):
         try:
             with zipfile.ZipFile(p) as z:
-                z.namelist()
-        except (zipfile.BadZipFile, OSError, EOFError):
+                # every member against its CRC-32: torch.load does not check them, so a flipped byte inside
+                # a tensor would otherwise load as other weights without a word
+                bad = z.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError, zlib.error):
             raise ValueError(f"{p}: truncated or damaged checkpoint (an incomplete zip archive of {size} bytes); "
                              f"{ACCEPTED}") from None
+        if bad is not None:
+            raise ValueError(f"{p}: damaged checkpoint (member {bad} fails its CRC-32 check: the file changed after "
+                             f"it was written); {ACCEPTED}")
         return "zip"
     if head[:1] == b"\x80":  # a pickle stream: torch's legacy (pre-1.6) format
         return "pickle"
@@ -48,6 +55,10 @@ def sniff(path: str | os.PathLike) -> str:
 def load_error(path: str | os.PathLike, err: BaseException) -> ValueError:
     """The one-line error for a file that passed ``sniff`` but that ``torch.load`` still refused."""
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if ("cuda" in str(err).lower() and "is_available() is False" in str(err)) or "not compiled with" in str(err) \
+            or re.search(r"\bmps\b", text, re.IGNORECASE):
+        return ValueError(f"{path}: the checkpoint is fine, but map_location / --device asks for a device this "
+                          f"machine does not have ({text[:160]}); load it on cpu")
     if "weights_only" in str(err) or "Unsupported global" in str(err):
         return ValueError(f"{path}: not a quadforge/rsl_rl checkpoint (it pickles Python objects beyond tensors "
                           f"and plain containers, refused for safety); {ACCEPTED}")

@@ -74,3 +74,19 @@ def test_latest_picks_highest_step(tmp_path):
     for s in (2, 10, 9):
         save_checkpoint(tmp_path / f"step_{s}.pt", _ckpt(nn.Linear(3, 4)))
     assert latest_checkpoint(tmp_path).name == "step_10.pt"
+    (tmp_path / "step_final.pt").write_bytes((tmp_path / "step_2.pt").read_bytes())   # not a step_<n>.pt
+    assert latest_checkpoint(tmp_path).name == "step_10.pt"
+
+
+def test_a_flipped_byte_is_damage_and_a_missing_device_is_not(tmp_path):
+    model = nn.Linear(3, 4)
+    path = save_checkpoint(tmp_path / "last.pt", _ckpt(model))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="the checkpoint is fine, but map_location"):
+            load_checkpoint(path, map_location="cuda")
+    data = bytearray(path.read_bytes())
+    offset = data.index(model.weight.detach().numpy().tobytes()) + 5    # inside the weight's stored bytes
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"damaged checkpoint \(member .* fails its CRC-32 check"):
+        load_checkpoint(path)
