@@ -121,6 +121,13 @@ def _column(info: Mapping[str, np.ndarray], name: str, filter_key: str) -> np.nd
     return info[name]
 
 
+def _names(wanted: Any) -> list[str] | None:
+    """A name filter's values as a list: one string is one name (iterating it would match its letters)."""
+    if wanted is None:
+        return None
+    return [wanted] if isinstance(wanted, str) else [str(w) for w in wanted]
+
+
 def filter_episodes(info: Mapping[str, np.ndarray], indices: np.ndarray,
                     filters: Mapping[str, Any] | None) -> np.ndarray:
     """Keep the episodes of ``indices`` that pass every filter (all filters AND together)."""
@@ -136,15 +143,14 @@ def filter_episodes(info: Mapping[str, np.ndarray], indices: np.ndarray,
         keep &= ~_column(info, "success", "failure_only")[indices].astype(bool)
     for key, col in (("terrain_types", "terrain_type"), ("tasks", "task"), ("policy_ids", "policy_id"),
                      ("episode_ids", "episode_id")):
-        wanted = filters.get(key)
+        wanted = _names(filters.get(key))
         if wanted is not None:
             values = _column(info, col, key)[indices].astype(str)
-            keep &= np.isin(values, np.asarray([str(w) for w in wanted]))
-    families = filters.get("families")
+            keep &= np.isin(values, np.asarray(wanted))
+    families = _names(filters.get("families"))
     if families is not None:   # task_params["family"] (QUARD: go_to, go_avoid, stop, distinguish, go_through)
         params = _column(info, "task_params", "families")[indices]
-        keep &= np.isin(np.asarray([str((p or {}).get("family", "")) for p in params]),
-                        np.asarray([str(f) for f in families]))
+        keep &= np.isin(np.asarray([str((p or {}).get("family", "")) for p in params]), np.asarray(families))
     levels = filters.get("terrain_levels")
     if levels is not None:
         keep &= np.isin(_column(info, "terrain_level", "terrain_levels")[indices], np.asarray(levels))

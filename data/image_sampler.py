@@ -134,7 +134,9 @@ class ImageWindowSampler(SeededSampler):
         if not 0.0 <= early_share <= 1.0 or (early_share > 0 and int(early_frames) < 1):
             raise ValueError(f"{who}: early_share={early_share}, early_frames={early_frames}; need a share in [0, 1] "
                              f"and early_frames >= 1 when the share is > 0")
-        cameras = tuple(cameras) if cameras is not None else source.image_features
+        # one camera may be given as its name (a string would otherwise be read as its letters)
+        cameras = ((cameras,) if isinstance(cameras, str) else tuple(cameras)) if cameras is not None \
+            else source.image_features
         missing = [c for c in cameras if c not in source.image_features]
         if not cameras or missing:
             raise ValueError(f"{who}: cameras {list(missing or cameras)} not in the store's image features "

@@ -116,6 +116,8 @@ def test_sample_is_seeded_and_filters_apply():
     s = WindowSampler(data, LAYOUT, context=2, split="all", filters={"terrain_types": ["stairs_up"],
                                                                       "success_only": True})
     assert s.episode_indices.tolist() == [2]
+    s = WindowSampler(data, LAYOUT, context=2, split="all", filters={"terrain_types": "flat"})   # one name
+    assert s.episode_indices.tolist() == [0, 3]
     with pytest.raises(ValueError, match="unknown sampler filters"):
         WindowSampler(data, LAYOUT, context=2, split="all", filters={"sucess_only": True})
     with pytest.raises(ValueError, match="no episodes left"):
