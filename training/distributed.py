@@ -34,7 +34,8 @@ class DistInfo:
         return self.rank == 0
 
 
-def resolve_device(device: str) -> torch.device:
+def resolve_device(device: str | torch.device) -> torch.device:
+    device = str(device)   # a torch.device as well as its name
     kind = device.split(":")[0]
     if kind not in DEVICES:
         raise ValueError(f"--device {device!r} unknown; allowed: {DEVICES}")

@@ -41,7 +41,8 @@ from quadforge.training.presets import TrainConfig, preset
 # --- data ----------------------------------------------------------------------------------------------
 
 def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
-    """A TrajectoryStore (opened from a path), a StoreSet or in-memory EpisodeArrays, with its provenance."""
+    """A TrajectoryStore (open, or opened from a path), a StoreSet or in-memory EpisodeArrays, with its
+    provenance."""
     if isinstance(data, EpisodeArrays):
         return data, {"store": None, "source": "in-memory EpisodeArrays", "episodes": data.num_episodes,
                       "steps": data.num_steps}
@@ -52,10 +53,13 @@ def open_source(data: Any) -> tuple[Any, dict[str, Any]]:
                       "steps": data.num_steps, "robot": first.schema.robot, "control_dt": first.schema.control_dt}
     if data is None:
         raise ValueError("--store is required: the trajectory store to train on")
-    path = Path(data)
-    if not path.exists():
-        raise FileNotFoundError(f"--store {path}: no trajectory store there")
-    store = TrajectoryStore.open(path)
+    if isinstance(data, TrajectoryStore):   # opened already
+        store, path = data, data.root
+    else:
+        path = Path(data)
+        if not path.exists():
+            raise FileNotFoundError(f"--store {path}: no trajectory store there")
+        store = TrajectoryStore.open(path)
     return store, {"store": str(path.resolve()), "generation": store.generation,
                    "episodes": store.num_episodes, "steps": store.num_steps,
                    "robot": store.schema.robot, "control_dt": store.schema.control_dt}

@@ -157,3 +157,13 @@ def test_default_preset_fits_the_device():
     p = argparse.ArgumentParser()
     add_arguments(p)
     assert "Default: 'cpu' on a CPU device" in " ".join(p.format_help().split())   # --help says which and why
+
+
+def test_train_takes_an_open_store_and_a_torch_device(tmp_path):
+    from quadforge.data.store import TrajectoryStore
+    from quadforge.data.synthetic_store import write_synthetic_store
+    write_synthetic_store(tmp_path / "s", num_steps=400, episode_length=50)
+    result = train(_cfg("mlp", steps=2), TrajectoryStore.open(tmp_path / "s"), tmp_path / "run",
+                   device=torch.device("cpu"))
+    assert result.history[-1]["step"] == 2
+    assert load_checkpoint(tmp_path / "run").provenance["store"] == str((tmp_path / "s").resolve())
