@@ -193,6 +193,10 @@ class ImageWindowSampler(SeededSampler):
         # choice between two objects is made (later frames mostly show the chosen one ahead)
         self.early_share = float(early_share)
         self._early = np.flatnonzero(self._win_j < int(early_frames)) if early_share > 0 else np.zeros(0, np.int64)
+        if early_share > 0 and self._early.size == 0:
+            raise ValueError(f"{who}: early_share={early_share} draws windows ending in an episode's first "
+                             f"{early_frames} frames; rank {rank} of {world_size} has none (train with "
+                             f"early_share=0, or on fewer ranks)")
         check_success_pools(who, success_ratio, (self._pools[0].size, self._pools[1].size),
                             f"({len(self.episodes)} episodes, filters={dict(filters or {})})")
         n_frames = {c: int(source.manifest["lengths"][c]) for c in cameras}

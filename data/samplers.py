@@ -260,6 +260,8 @@ class WindowSampler(SeededSampler):
         All ranks draw the same permutation (seed, epoch) and take disjoint strided shards of equal
         size (the remainder of num_windows / world_size is dropped), so DDP ranks step in lockstep.
         """
+        if int(batch_size) < 1:
+            raise ValueError(f"epoch: batch_size={batch_size}; must be >= 1")
         perm = numpy_rng(self.seed, f"window_epoch/{self._epoch}").permutation(self.num_windows)
         self._epoch += 1
         usable = (self.num_windows // self.world_size) * self.world_size
@@ -341,6 +343,9 @@ class TransitionSampler(SeededSampler):
                                     self.world_size)
         else:
             self._table_steps(data, steps, reward)
+        if len(self._all) == 0:
+            raise ValueError(f"{who}: rank {rank} of {world_size} has no transitions ({steps.num_steps} selected "
+                             f"steps in all); use fewer ranks or more data")
         check_success_pools(who, success_ratio, (self._pools[0].size, self._pools[1].size))
         self._rng = numpy_rng(self.seed, f"transition_sampler/rank{self.rank}")
 

@@ -114,6 +114,9 @@ def test_same_seed_same_batches_and_ranks_are_disjoint(store):
     r1 = ImageWindowSampler(store, split="all", rank=1, world_size=2)
     key = lambda s: {(int(e), int(j)) for e, j in zip(s._win_ep, s._win_j)}   # noqa: E731
     assert not key(r0) & key(r1) and len(key(r0) | key(r1)) == a.num_windows
+    # 12 episodes' first frames over 13 ranks: the last rank has no early window to draw
+    with pytest.raises(ValueError, match="rank 12 of 13 has none"):
+        ImageWindowSampler(store, split="all", rank=12, world_size=13, early_frames=1, early_share=0.5)
 
 
 @pytest.mark.parametrize("mode", ["sample", "stream"])

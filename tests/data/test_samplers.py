@@ -196,3 +196,7 @@ def test_transition_success_ratio_and_sharding():
     assert s0.isdisjoint(s1)
     with pytest.raises(ValueError, match="failed episodes"):
         TransitionSampler(data, LAYOUT, context=2, split="all", success_only=True, success_ratio=0.5)
+    with pytest.raises(ValueError, match="rank 60 of 100 has no transitions"):
+        TransitionSampler(_arrays([4]), LAYOUT, context=2, split="all", rank=60, world_size=100)
+    with pytest.raises(ValueError, match="batch_size=0"):
+        next(WindowSampler(data, LAYOUT, context=2, split="all").epoch(0))
