@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Callable
 
 RUN_FILES = ("last.pt", "best.pt")
+# held by a training while it writes its --out (training.loop.RunLog): one training per folder at a time;
+# left behind empty when a run stops, so a folder holding only it is still an empty one
+RUN_LOCK = ".train.lock"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 MAX_JSON_BYTES = 64 << 20
 
@@ -140,7 +143,7 @@ def check_run_dir(path: str | os.PathLike, resume: bool = False, overwrite: bool
         if not has_run:
             raise ValueError(f"--resume: {p} holds no checkpoint (last.pt, best.pt or step_*.pt) to resume")
         return p
-    if p.is_dir() and any(p.iterdir()):
+    if p.is_dir() and any(x.name != RUN_LOCK for x in p.iterdir()):
         if has_run and overwrite:
             return p
         if has_run:

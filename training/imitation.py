@@ -130,6 +130,10 @@ class TrainResult:
 
 def train(cfg: TrainConfig, data: Any, out_dir: str | Path | None, device: str = "cpu",
           resume: bool = False) -> TrainResult:
+    """Train on ``data`` (a store path, an open TrajectoryStore, a StoreSet or EpisodeArrays) into
+    ``out_dir`` (None: no files). Unlike ``quadforge train``, it does not refuse an ``out_dir`` holding an
+    earlier run (``quadforge.output_paths.check_run_dir`` does); it does refuse one another training is
+    writing at the time."""
     cfg.validate()
     info = dist.init_distributed(device)
     try:

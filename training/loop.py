@@ -29,6 +29,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from quadforge.data.locks import acquire
+from quadforge.output_paths import RUN_LOCK
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.models.checkpoint import Checkpoint, save_checkpoint
 from quadforge.progress import progress_bar
@@ -66,9 +68,13 @@ class RunLog:
 
     def __init__(self, out: Path | None, is_main: bool, enabled: bool = True, who: str = "train",
                  resumed_at: int = 0):
-        self.writer, self.who, self.curve = None, who, None
+        self.writer, self.who, self.curve, self._lock = None, who, None, None
         if out is None or not is_main:
             return
+        # before the first write: a second training into the same --out at once would interleave with this
+        # one's files (each would report its run as written, one of them silently lost)
+        self._lock = acquire(Path(out) / RUN_LOCK, f"training {who}",
+                             hint="one training per --out at a time: wait for it to finish, or train into another --out")
         self.curve = restart_val_curve(Path(out), resumed_at)
         if not enabled:
             return
@@ -102,6 +108,9 @@ class RunLog:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 def save_run_checkpoint(out: Path, ckpt: Checkpoint, step: int, keep: bool) -> Path:

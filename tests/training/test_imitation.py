@@ -167,3 +167,17 @@ def test_train_takes_an_open_store_and_a_torch_device(tmp_path):
                    device=torch.device("cpu"))
     assert result.history[-1]["step"] == 2
     assert load_checkpoint(tmp_path / "run").provenance["store"] == str((tmp_path / "s").resolve())
+
+
+def test_a_second_training_into_a_folder_in_use_is_refused_naming_the_first(tmp_path):
+    """Two trainings writing one --out at once would interleave their files, each reporting its run as
+    written: while one holds the folder, another is refused (and a folder left holding only the lock
+    file of a finished or killed run counts as empty)."""
+    from quadforge.data.locks import acquire
+    from quadforge.output_paths import RUN_LOCK, check_run_dir
+    out = tmp_path / "run"
+    with acquire(out / RUN_LOCK, "training imitation"):
+        with pytest.raises(ValueError, match=r"held by training imitation pid \d+.*one training per --out"):
+            train(_cfg(steps=2), learnable_arrays(num_episodes=4), out)
+    check_run_dir(out)                                     # only the released lock file: an empty folder
+    assert train(_cfg(steps=2), learnable_arrays(num_episodes=4), out).history[-1]["step"] == 2
