@@ -60,6 +60,15 @@ def spawn_clearance(robot, spawn_height: float) -> float:
     return float(robot.nominal_base_height + spawn_height + feet[:, 2].min() - robot.foot_radius)
 
 
+def check_default_dtype() -> None:
+    """The env's buffers and random draws use torch's default dtype beside the backend's float32 state:
+    under another default (``torch.set_default_dtype(torch.float64)``) they would mix dtypes and fail
+    part-way through a reset, or return float64 observations. Refused up front instead."""
+    if torch.get_default_dtype() != torch.float32:
+        raise ValueError(f"torch's default dtype is {torch.get_default_dtype()}; quadforge's envs compute in "
+                         f"float32: call torch.set_default_dtype(torch.float32) before building or stepping one")
+
+
 def _nan_rows(actions: torch.Tensor) -> torch.Tensor | None:
     """(N,) bool: the envs whose action holds a NaN (clamping keeps NaN; MuJoCo would zero the whole
     control and every reward term reading the action would turn NaN); None when none does. On the CPU
@@ -74,6 +83,7 @@ class LeggedEnv(VecEnv):
     """The locomotion env; ``backend`` overrides the one ``cfg.backend_name`` would build."""
 
     def __init__(self, cfg: EnvConfig, backend: PhysicsBackend | None = None):
+        check_default_dtype()
         self.cfg = cfg.validate()
         self.robot = get_robot(cfg.backend.robot)
         self.backend = backend if backend is not None else make_backend(cfg.backend_name, cfg.backend_config())
@@ -148,6 +158,7 @@ class LeggedEnv(VecEnv):
         return self._obs
 
     def reset(self) -> tuple[TensorDict, dict]:
+        check_default_dtype()
         self._reset_envs(torch.arange(self.num_envs, device=self.device))
         self._obs = self._compute_obs()
         return self._obs, self.extras
@@ -155,6 +166,7 @@ class LeggedEnv(VecEnv):
     def step(self, actions: torch.Tensor) -> tuple[TensorDict, torch.Tensor, torch.Tensor, dict]:
         if not isinstance(actions, torch.Tensor):   # a numpy array or a list
             actions = torch.as_tensor(actions)
+        check_default_dtype()
         if actions.shape != self._action_shape:     # before anything moves: torch would broadcast (1, 12)
             raise ValueError(f"step: actions must have shape ({self.num_envs}, {self.num_actions}), "
                              f"got {tuple(actions.shape)}")
@@ -249,6 +261,7 @@ class LeggedEnv(VecEnv):
     def set_terrain_levels(self, env_ids: torch.Tensor, levels: torch.Tensor, cols: torch.Tensor | None = None) -> None:
         """Move these envs (indices or an (N,) bool mask) to the given (level, col) tiles and start new
         episodes there; refreshes the observation."""
+        check_default_dtype()
         env_ids = row_ids(env_ids, self.num_envs, self.device)   # checked before anything moves
         self.terrain.set_levels(env_ids, levels, cols)
         self._reset_envs(env_ids)
@@ -257,6 +270,7 @@ class LeggedEnv(VecEnv):
     def reset_envs(self, env_ids: torch.Tensor) -> None:
         """Start new episodes in these envs (indices or an (N,) bool mask): spawn at their tile, fresh
         commands and gait clock; refreshes the observation (``get_observations``, ``terms``)."""
+        check_default_dtype()
         env_ids = row_ids(env_ids, self.num_envs, self.device)
         self._reset_envs(env_ids)
         self._obs = self._compute_obs()

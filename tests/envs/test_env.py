@@ -451,3 +451,21 @@ def test_bad_actions_are_refused_before_anything_moves_and_nan_ends_the_episode(
         assert not env.step(torch.zeros(3, 12))[3]["pushed"].any()       # ... which later steps ignore
     finally:
         env.close()
+
+
+def test_a_float64_default_dtype_is_refused_before_anything_changes():
+    env = _env(2)
+    try:
+        before = env.episode_length_buf.clone()
+        torch.set_default_dtype(torch.float64)
+        try:
+            for call in (lambda: env.step(torch.zeros(2, 12)), lambda: env.reset_envs([0]), env.reset,
+                         lambda: _env(2)):
+                with pytest.raises(ValueError, match="default dtype is torch.float64"):
+                    call()
+        finally:
+            torch.set_default_dtype(torch.float32)
+        assert torch.equal(env.episode_length_buf, before)
+        env.step(torch.zeros(2, 12))
+    finally:
+        env.close()
