@@ -32,7 +32,7 @@ from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
 from quadforge.models.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
-from quadforge.training.loop import RunLog, TrainLoop, save_run_checkpoint, set_rng_state
+from quadforge.training.loop import RunLog, TrainLoop, check_resume_provenance, save_run_checkpoint, set_rng_state
 from quadforge.models import SequenceModel, build_model
 from quadforge.training.optim import build_optimizer, build_scheduler
 from quadforge.training.presets import TrainConfig, preset
@@ -229,18 +229,14 @@ class ImitationRun:
         and draw: a store that has grown since (another generation) re-splits train and validation (some
         validation episodes become training ones) and re-normalises the inputs, and another seed, batch
         size, split or window draws other batches. Refused, naming what changed."""
-        was, now = ckpt.provenance or {}, self.provenance
-        differ = [f"{key} {was[key]!r} then, {now.get(key)!r} now" for key in ("store", "generation", "episodes")
-                  if key in was and was[key] != now.get(key)]
+        differ = []
         recorded = self.out / "train_config.json"   # rewritten by announce(), after this
         if recorded.is_file():
             then, cfg = json.loads(recorded.read_text()), self.cfg.to_dict()
-            differ += [f"{key} {then[key]!r} then, {cfg[key]!r} now" for key in RESUME_DEFINES
-                       if key in then and then[key] != cfg.get(key)]
-        if differ:
-            raise ValueError(f"--resume {self.out}: the run was made on other data or draws ({'; '.join(differ)}); "
-                             f"a resume would not continue it. Train into a new --out (--init-from "
-                             f"{self.out / 'last.pt'} starts from its weights)")
+            differ = [f"{key} {then[key]!r} then, {cfg[key]!r} now" for key in RESUME_DEFINES
+                      if key in then and then[key] != cfg.get(key)]
+        check_resume_provenance(self.out, ckpt.provenance or {}, self.provenance, ("store", "generation", "episodes"),
+                                also=differ)
 
     def _target_return(self, use_rtg: bool) -> float | None:
         """Deployment conditions on the best return seen (DT's convention); None without return-to-go."""

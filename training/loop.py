@@ -24,7 +24,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -152,6 +152,20 @@ def set_rng_state(saved: Mapping[str, Any] | None, info: DistInfo,
         if name in state:
             gen.bit_generator.state = state[name]
     return True
+
+
+def check_resume_provenance(out: Path, was: Mapping[str, Any], now: Mapping[str, Any], keys: Sequence[str],
+                            also: Sequence[str] = ()) -> None:
+    """A resume continues the batches the interrupted run would have drawn only on the same data: a store
+    that has grown since re-splits train and validation (validation episodes become training ones) and
+    changes every count in ``keys`` that both provenances record. Refused, naming what changed (``also``:
+    further differences the trainer found, e.g. in its config)."""
+    differ = [f"{key} {was[key]!r} then, {now[key]!r} now" for key in keys
+              if key in was and key in now and was[key] != now[key]] + list(also)
+    if differ:
+        raise ValueError(f"--resume {out}: the run was made on other data or draws ({'; '.join(differ)}); a resume "
+                         f"would not continue it. Train into a new --out (--init-from {Path(out) / 'last.pt'} "
+                         f"starts from its weights)")
 
 
 def resume_from(ckpt: Checkpoint, optimizer: torch.optim.Optimizer, scheduler: Any, info: DistInfo,

@@ -50,7 +50,7 @@ from quadforge.models.checkpoint import Checkpoint, check_model, latest_checkpoi
 from quadforge.training.distributed import DistInfo, broadcast_object, cleanup, init_distributed, wrap_model
 from quadforge.experts.germ_policy import action_space_of
 from quadforge.training.loop import (COMMON_STEP_FLAGS, RunLog, TrainLoop, apply_trainer_args, check_amp,
-                                     resume_from, save_run_checkpoint)
+                                     check_resume_provenance, resume_from, save_run_checkpoint)
 from quadforge.models.germ import GeRM, GeRMConfig
 from quadforge.models.losses import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellman_targets, bin_imitation_terms,
                                      ema_update, q_learning_terms, with_mc_lower_bound)
@@ -293,6 +293,9 @@ class GeRMRun:
         self.prov = {"episodes": int(data.num_episodes), "steps": int(data.num_steps),
                      "successes": int(np.asarray(data.episode_info["success"]).astype(bool).sum()),
                      "train_transitions": len(self.sampler) * info.world_size, **dict(provenance or {})}
+        if ckpt is not None:
+            check_resume_provenance(out, ckpt.provenance or {}, self.prov,
+                                    ("data", "episodes", "steps", "train_transitions"))
         self.log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name, resumed_at=self.start)
         self.val_history: list[dict[str, float]] = []
 

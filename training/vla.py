@@ -59,7 +59,8 @@ from quadforge.training.grounding import (DECISION_FRAMES, TARGET_TERMS, blank_c
                                          null_instruction, upcycles, vocabulary_for)
 from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup, init_distributed, unwrap,
                                             wrap_model)
-from quadforge.training.loop import RunLog, TrainLoop, apply_trainer_args, check_amp, resume_from, save_run_checkpoint
+from quadforge.training.loop import (RunLog, TrainLoop, apply_trainer_args, check_amp, check_resume_provenance,
+                                     resume_from, save_run_checkpoint)
 from quadforge.seeding import seed_everything
 
 BIN_SOURCES = ("controller", "data")
@@ -444,6 +445,8 @@ def _starting_weights(cfg: VLATrainConfig, model: nn.Module, vla: VLAConfig, out
         if ckpt.model_name != cfg.model_name or not same:
             raise ValueError(f"{out}: checkpoint holds {ckpt.model_name!r} with a different config; "
                              "resume with the same model, preset and data")
+        check_resume_provenance(out, ckpt.provenance or {}, prov,
+                                ("data", "train_episodes", "train_windows", "val_episodes"))
         load_state(model, ckpt)
         return ckpt, ActionBinner.from_dict(ckpt.extra["binner"])
     if init is not None:   # fine-tuning: the weights and the binning of an earlier run, a fresh optimizer

@@ -227,6 +227,9 @@ def test_resume_continues_exactly(tmp_path):
         torch.testing.assert_close(a.state_dict[k], b.state_dict[k], msg=k)
     for k in a.extra["target_state_dict"]:
         torch.testing.assert_close(a.extra["target_state_dict"][k], b.extra["target_state_dict"][k], msg=k)
+    # on data that has grown since, a resume would re-split: refused
+    with pytest.raises(ValueError, match=r"other data or draws \(episodes 60 then, 70 now"):
+        train(_tiny("germ", max_steps=9), bandit_chain(70), tmp_path / "split", resume=True)
 
 
 def test_dense_baseline_is_matched_and_hl_commands_are_a_command_policy(tmp_path):

@@ -416,6 +416,10 @@ def test_resume_on_a_store_is_exact_with_the_stream_and_prefetch(image_store, tm
         a, b = whole[part].state_dict(), resumed[part].state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a), part
     assert resumed["val"][-1]["step"] == 4 and resumed["val"][-1] == {**whole["val"][-1]}
+    # a resume on a store with more episodes would re-split train and validation: refused
+    bigger = _image_store(tmp_path / "bigger", episodes=12)
+    with pytest.raises(ValueError, match=r"other data or draws .*train_episodes"):
+        train(copy.deepcopy(cfg), str(bigger), tmp_path / "b", resume=True)
 
 
 def _former_checkpoint(path, model, vla, binner, source, cfg, rng_key):
