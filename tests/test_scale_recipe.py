@@ -85,7 +85,7 @@ def test_the_step_breakdown_restores_the_env_and_counts_resets():
     # the backend's reset is inside the env's resets: reported beside them, not subtracted twice
     assert 0 < parts["resets: backend"] <= parts["resets"]
     assert "step" not in env.backend.__dict__ and "reset" not in env.backend.__dict__ \
-        and "reset_envs" not in env.__dict__   # the class's own again
+        and "_reset_envs" not in env.__dict__   # the class's own again
     env.close()
 
 

@@ -133,7 +133,7 @@ def variant_table(num_envs: int, defaults: dict, steps: int, rounds: int, sync) 
 # where an env step's time goes: each part timed between device synchronisations (so on a GPU a part's
 # kernels are charged to it, not to whichever later call waits for them); "rest" is the step's time
 # outside the parts (action clamp and latency, terms for the task, pushes, episode bookkeeping)
-PARTS = (("backend", "backend", "step"), ("task", "task", "post_step"), ("resets", None, "reset_envs"),
+PARTS = (("backend", "backend", "step"), ("task", "task", "post_step"), ("resets", None, "_reset_envs"),
          ("obs", None, "_compute_obs"))
 # parts of a part, timed the same way and reported beside it, not subtracted from the rest: the backend's
 # own reset (on a GPU: input checks, the reset_data and forward graphs) inside the env's resets
