@@ -229,14 +229,8 @@ class ImitationRun:
         and draw: a store that has grown since (another generation) re-splits train and validation (some
         validation episodes become training ones) and re-normalises the inputs, and another seed, batch
         size, split or window draws other batches. Refused, naming what changed."""
-        differ = []
-        recorded = self.out / "train_config.json"   # rewritten by announce(), after this
-        if recorded.is_file():
-            then, cfg = json.loads(recorded.read_text()), self.cfg.to_dict()
-            differ = [f"{key} {then[key]!r} then, {cfg[key]!r} now" for key in RESUME_DEFINES
-                      if key in then and then[key] != cfg.get(key)]
-        check_resume_provenance(self.out, ckpt.provenance or {}, self.provenance, ("store", "generation", "episodes"),
-                                also=differ)
+        check_resume_provenance(self.out, ckpt, self.provenance, ("store", "generation", "episodes"),
+                                self.cfg.to_dict(), RESUME_DEFINES)
 
     def _target_return(self, use_rtg: bool) -> float | None:
         """Deployment conditions on the best return seen (DT's convention); None without return-to-go."""

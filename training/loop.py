@@ -154,14 +154,17 @@ def set_rng_state(saved: Mapping[str, Any] | None, info: DistInfo,
     return True
 
 
-def check_resume_provenance(out: Path, was: Mapping[str, Any], now: Mapping[str, Any], keys: Sequence[str],
-                            also: Sequence[str] = ()) -> None:
-    """A resume continues the batches the interrupted run would have drawn only on the same data: a store
-    that has grown since re-splits train and validation (validation episodes become training ones) and
-    changes every count in ``keys`` that both provenances record. Refused, naming what changed (``also``:
-    further differences the trainer found, e.g. in its config)."""
-    differ = [f"{key} {was[key]!r} then, {now[key]!r} now" for key in keys
-              if key in was and key in now and was[key] != now[key]] + list(also)
+def check_resume_provenance(out: Path, ckpt: Checkpoint, provenance: Mapping[str, Any], data_keys: Sequence[str],
+                            config: Mapping[str, Any], config_keys: Sequence[str]) -> None:
+    """A resume continues the batches the interrupted run would have drawn only on the same data and
+    draws: a store that has grown since re-splits train and validation (validation episodes become
+    training ones) and changes the counts in ``data_keys`` both provenances record; another value of a
+    ``config_keys`` field (seed, batch size, split, ...) draws other batches. Refused, naming what changed."""
+    was, then = ckpt.provenance or {}, ckpt.train_config or {}
+    differ = [f"{key} {was[key]!r} then, {provenance[key]!r} now" for key in data_keys
+              if key in was and key in provenance and was[key] != provenance[key]]
+    differ += [f"{key} {then[key]!r} then, {config[key]!r} now" for key in config_keys
+               if key in then and key in config and then[key] != config[key]]
     if differ:
         raise ValueError(f"--resume {out}: the run was made on other data or draws ({'; '.join(differ)}); a resume "
                          f"would not continue it. Train into a new --out (--init-from {Path(out) / 'last.pt'} "

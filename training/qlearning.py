@@ -260,6 +260,11 @@ def _fresh_binner_and_stats(cfg: GeRMTrainConfig, sampler: Any, info: DistInfo):
     return ActionBinner(edges), mean, std
 
 
+# the GeRMTrainConfig fields that decide which transitions a run draws: a resume must keep them
+RESUME_DEFINES = ("seed", "batch_size", "val_fraction", "success_ratio", "success_only", "layout",
+                  "action_feature", "n_step")
+
+
 class GeRMRun:
     """One proprioceptive GeRM run: samplers, the Q-network and its EMA target, binner, optimizer, and
     the parts ``TrainLoop`` calls (``loss_terms``, ``after_step``, ``validate``, ``checkpoint``)."""
@@ -294,8 +299,8 @@ class GeRMRun:
                      "successes": int(np.asarray(data.episode_info["success"]).astype(bool).sum()),
                      "train_transitions": len(self.sampler) * info.world_size, **dict(provenance or {})}
         if ckpt is not None:
-            check_resume_provenance(out, ckpt.provenance or {}, self.prov,
-                                    ("data", "episodes", "steps", "train_transitions"))
+            check_resume_provenance(out, ckpt, self.prov, ("data", "episodes", "steps", "train_transitions"),
+                                    dataclasses.asdict(cfg), RESUME_DEFINES)
         self.log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name, resumed_at=self.start)
         self.val_history: list[dict[str, float]] = []
 

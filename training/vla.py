@@ -434,6 +434,11 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
             "target": run.target, "binner": run.binner, "parameters": run.counts, "instruction_inputs": run.table}
 
 
+# the VLATrainConfig fields that decide which windows a run draws: a resume must keep them
+RESUME_DEFINES = ("seed", "batch_size", "val_fraction", "success_ratio", "success_only", "early_share",
+                  "early_frames", "families", "sampling")
+
+
 def _starting_weights(cfg: VLATrainConfig, model: nn.Module, vla: VLAConfig, out: Path, resume: bool,
                       prov: dict[str, Any], init: Checkpoint | None) -> tuple[Checkpoint | None, ActionBinner | None]:
     """Load the weights a run starts from: its own ``last.pt`` on resume (returned, for the optimizer and
@@ -445,8 +450,8 @@ def _starting_weights(cfg: VLATrainConfig, model: nn.Module, vla: VLAConfig, out
         if ckpt.model_name != cfg.model_name or not same:
             raise ValueError(f"{out}: checkpoint holds {ckpt.model_name!r} with a different config; "
                              "resume with the same model, preset and data")
-        check_resume_provenance(out, ckpt.provenance or {}, prov,
-                                ("data", "train_episodes", "train_windows", "val_episodes"))
+        check_resume_provenance(out, ckpt, prov, ("data", "train_episodes", "train_windows", "val_episodes"),
+                                dataclasses.asdict(cfg), RESUME_DEFINES)
         load_state(model, ckpt)
         return ckpt, ActionBinner.from_dict(ckpt.extra["binner"])
     if init is not None:   # fine-tuning: the weights and the binning of an earlier run, a fresh optimizer

@@ -230,6 +230,8 @@ def test_resume_continues_exactly(tmp_path):
     # on data that has grown since, a resume would re-split: refused
     with pytest.raises(ValueError, match=r"other data or draws \(episodes 60 then, 70 now"):
         train(_tiny("germ", max_steps=9), bandit_chain(70), tmp_path / "split", resume=True)
+    with pytest.raises(ValueError, match=r"batch_size \d+ then, 7 now"):
+        train(_tiny("germ", max_steps=9, batch_size=7), data, tmp_path / "split", resume=True)
 
 
 def test_dense_baseline_is_matched_and_hl_commands_are_a_command_policy(tmp_path):
