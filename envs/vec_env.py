@@ -159,8 +159,7 @@ class LeggedEnv(VecEnv):
 
     def reset(self) -> tuple[TensorDict, dict]:
         check_default_dtype()
-        self._reset_envs(torch.arange(self.num_envs, device=self.device))
-        self._obs = self._compute_obs()
+        self._restart(torch.arange(self.num_envs, device=self.device))
         return self._obs, self.extras
 
     def step(self, actions: torch.Tensor) -> tuple[TensorDict, torch.Tensor, torch.Tensor, dict]:
@@ -264,14 +263,18 @@ class LeggedEnv(VecEnv):
         check_default_dtype()
         env_ids = row_ids(env_ids, self.num_envs, self.device)   # checked before anything moves
         self.terrain.set_levels(env_ids, levels, cols)
-        self._reset_envs(env_ids)
-        self._obs = self._compute_obs()
+        self._restart(env_ids)
 
     def reset_envs(self, env_ids: torch.Tensor) -> None:
         """Start new episodes in these envs (indices or an (N,) bool mask): spawn at their tile, fresh
         commands and gait clock; refreshes the observation (``get_observations``, ``terms``)."""
         check_default_dtype()
-        env_ids = row_ids(env_ids, self.num_envs, self.device)
+        self._restart(row_ids(env_ids, self.num_envs, self.device))
+
+    def _restart(self, env_ids: torch.Tensor) -> None:
+        """What every reset outside ``step`` does (``reset``, ``reset_envs``, ``set_terrain_levels``): new
+        episodes in these valid ids, then the observation that shows them (a task env with a camera
+        renders them here too, ``QuardEnv``)."""
         self._reset_envs(env_ids)
         self._obs = self._compute_obs()
 

@@ -41,7 +41,6 @@ from quadforge.envs.tasks.locomotion import LocomotionTask, StepResult
 from quadforge.envs.terminations import BASE_COLLISION, FALL, NON_FINITE, TASK_END, TIME_OUT
 from quadforge.envs.vec_env import LeggedEnv
 from quadforge.seeding import numpy_rng
-from quadforge.tensors import row_ids
 
 # What a QUARD scene asks of its physics backend (envs.backends.CAPABILITIES); "cameras" too with images.
 QUARD_CAPABILITIES = ("scene_addon", "set_mocap", "sensor_columns")
@@ -401,24 +400,11 @@ class QuardEnv(LeggedEnv):
         if self.camera is not None and len(env_ids):
             self.camera.render(env_ids, self.images, self.depth)
 
-    def reset(self):
-        # a full reset (the rollout's start) draws a new scene in every env: show it, or the first frame
-        # of every env's first episode is the scene drawn at construction (``step`` renders the envs it resets)
-        out = super().reset()
-        self.render(np.arange(self.num_envs))
-        return out
-
-    def reset_envs(self, env_ids) -> None:
-        """New episodes (new scenes) in these envs, their first frame rendered: the frame of an
-        episode's first observation shows its scene, as after a reset inside ``step``."""
-        ids = row_ids(env_ids, self.num_envs, self.device)
-        super().reset_envs(ids)
-        self.render(ids.cpu().numpy())
-
-    def set_terrain_levels(self, env_ids, levels, cols=None) -> None:
-        ids = row_ids(env_ids, self.num_envs, self.device)
-        super().set_terrain_levels(ids, levels, cols)
-        self.render(ids.cpu().numpy())
+    def _restart(self, env_ids: torch.Tensor) -> None:
+        # new scenes outside ``step`` (a full reset at a rollout's start, reset_envs, set_terrain_levels):
+        # render them, or the episode's first frame shows the scene before (``step`` renders the envs it resets)
+        super()._restart(env_ids)
+        self.render(env_ids.cpu().numpy())
 
     @property
     def terms(self) -> dict[str, torch.Tensor]:
