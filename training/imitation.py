@@ -214,7 +214,8 @@ class ImitationRun:
             raise ValueError("--resume needs --out (the run directory holding last.pt)")
         ckpt = load_checkpoint(self.out / "last.pt")
         check_model(ckpt, self.cfg.model, self.model.config)
-        self._check_same_data(ckpt)
+        check_resume_provenance(self.out, ckpt, self.provenance, ("store", "generation", "episodes"),
+                                self.cfg.to_dict(), RESUME_DEFINES)
         load_state(self.model, ckpt)
         if self.objective.log_std is not None and "log_std" in ckpt.extra:
             self.objective.log_std.data.copy_(ckpt.extra["log_std"])
@@ -223,14 +224,6 @@ class ImitationRun:
         self.obs_mean, self.obs_std = ckpt.obs_stats["mean"], ckpt.obs_stats["std"]
         self.start, self.saved_rng = ckpt.step, ckpt.extra.get("rng")
         self.best_val = _best_val_of(ckpt, self.out)
-
-    def _check_same_data(self, ckpt) -> None:
-        """A resumed run continues the batches the interrupted one would have drawn only on the same data
-        and draw: a store that has grown since (another generation) re-splits train and validation (some
-        validation episodes become training ones) and re-normalises the inputs, and another seed, batch
-        size, split or window draws other batches. Refused, naming what changed."""
-        check_resume_provenance(self.out, ckpt, self.provenance, ("store", "generation", "episodes"),
-                                self.cfg.to_dict(), RESUME_DEFINES)
 
     def _target_return(self, use_rtg: bool) -> float | None:
         """Deployment conditions on the best return seen (DT's convention); None without return-to-go."""
