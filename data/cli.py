@@ -163,9 +163,8 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     apply_old_positionals(args)
-    if Path(require(args, "store", "--store")).is_file():   # not "no such store": say what the path is
-        raise ValueError(f"dataset {args.action} --store {args.store}: is a file, not a trajectory store folder; "
-                         f"give the store's folder")
+    from quadforge.data.store import refuse_file_as_store
+    refuse_file_as_store(require(args, "store", "--store"), f"dataset {args.action} --store")
     if args.action == "info":
         s = summary(args.store)
         if args.json:

@@ -263,12 +263,19 @@ def verify_metadata(root: Path, manifest: Mapping[str, Any], schema: StoreSchema
                              f"(damaged)")
 
 
+def refuse_file_as_store(path: str | Path, flag: str = "") -> None:
+    """A file where a store's folder belongs is its own error, not "no such store" (``flag``: how the
+    user gave the path, e.g. "--store", put before it)."""
+    if Path(path).is_file():
+        where = f"{flag} {path}" if flag else str(path)
+        raise ValueError(f"{where}: is a file, not a trajectory store folder; give the store's folder")
+
+
 def existing_store_dir(path: str | Path) -> Path:
-    """``path`` as an existing folder, or a one-line error saying what it is instead (a file is not "no such
-    store"): the first check of every reader and of compaction."""
+    """``path`` as an existing folder, or a one-line error saying what it is instead: the first check of
+    every reader and of compaction."""
     root = Path(path)
-    if root.is_file():
-        raise ValueError(f"{root}: is a file, not a trajectory store folder; give the store's folder")
+    refuse_file_as_store(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such trajectory store directory")
     return root

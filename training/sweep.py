@@ -42,6 +42,7 @@ import torch
 
 from quadforge.cli_flags import add_out, add_seed, add_store, field_flag, require
 from quadforge.collection.collect import CollectConfig, run_local
+from quadforge.data.store import refuse_file_as_store
 from quadforge.output_paths import check_output_dir, check_output_file, is_text_file
 from quadforge.overrides import apply_overrides
 from quadforge.training.imitation import train
@@ -106,8 +107,7 @@ class SweepConfig:
             raise ValueError(f"--val-fraction={self.val_fraction}; must be in (0, 1)")
         if not Path(self.data).exists() and self.episodes < 1:
             raise FileNotFoundError(f"--store {self.data}: no trajectory store there; give --episodes N to collect one")
-        if Path(self.data).is_file():
-            raise ValueError(f"--store {self.data}: is a file, not a trajectory store folder; give the store's folder")
+        refuse_file_as_store(self.data, "--store")   # the store may not exist yet: not existing_store_dir
         check_output_dir(self.out, "train-sweep run", owns=lambda p: (p / "sweep.json").is_file())
         if self.table:
             check_output_file(self.table, flag="--table", owns=is_text_file)   # before the sweep, not after it

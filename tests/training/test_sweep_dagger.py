@@ -67,6 +67,9 @@ def test_sweep_bad_input_is_a_clear_error(tmp_path):
         SweepConfig(data=str(tmp_path), out=str(tmp_path), models=("gpt",)).validate()
     with pytest.raises(FileNotFoundError, match="--episodes"):
         SweepConfig(data=str(tmp_path / "none"), out=str(tmp_path)).validate()
+    (tmp_path / "store.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"--store .*store\.txt: is a file, not a trajectory store folder"):
+        SweepConfig(data=str(tmp_path / "store.txt"), out=str(tmp_path / "out")).validate()
 
 
 def test_concat_keeps_episode_boundaries():
