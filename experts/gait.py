@@ -38,7 +38,7 @@ import torch
 from quadforge.envs.config import GAITS
 from quadforge.envs.kinematics import LegKinematics
 from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, LEGS, NUM_JOINTS
-from quadforge.tensors import row_ids, set_rows
+from quadforge.tensors import device_constant, row_ids, set_rows
 
 _CMD = {name: i for i, name in enumerate(COMMAND_NAMES)}
 _GRAVITY = 9.81
@@ -333,11 +333,12 @@ def distribute_wrench(feet: torch.Tensor, stance: torch.Tensor, wrench: torch.Te
     eye = torch.eye(3, dtype=feet.dtype, device=feet.device).expand(n, 4, 3, 3)
     blocks = torch.cat([eye, skew(feet)], dim=-2) * stance[..., None, None]   # (N, 4, 6, 3)
     a = blocks.permute(0, 2, 1, 3).reshape(n, 6, 12)                           # (N, 6, 12)
-    s = torch.tensor([1.0, 1.0, 1.0, torque_weight, torque_weight, torque_weight],
-                     dtype=feet.dtype, device=feet.device)
+    w = float(torque_weight)
+    s = device_constant((1.0, 1.0, 1.0, w, w, w), feet.dtype, feet.device)
     ata = a.transpose(1, 2) @ (s[:, None] * a) + ridge * torch.eye(12, dtype=feet.dtype, device=feet.device)
     atb = a.transpose(1, 2) @ (s * wrench).unsqueeze(-1)                      # (N, 12, 1)
-    return torch.linalg.solve(ata, atb).view(n, 4, 3)
+    # solve_ex: the ridge keeps ata positive definite, and solve's singularity check is a host read on a GPU
+    return torch.linalg.solve_ex(ata, atb)[0].view(n, 4, 3)
 
 
 def robot_inertia(robot) -> tuple[float, float, float]:
@@ -466,7 +467,7 @@ class GaitController:
         # the velocity reference follows the command under acceleration limits, and is zero while settling:
         # a step change of command would otherwise ask the legs for more than a stride can deliver
         target = torch.stack([prm.vx, prm.vy, prm.wz], -1) * running.unsqueeze(-1)
-        step = torch.tensor([g.max_lin_acc, g.max_lin_acc, g.max_yaw_acc], device=self.device) * dt
+        step = device_constant((g.max_lin_acc, g.max_lin_acc, g.max_yaw_acc), torch.float32, self.device) * dt
         self.v_ref = self.v_ref + (target - self.v_ref).clamp(-step, step)
         prm.vx, prm.vy, prm.wz = self.v_ref.unbind(-1)
 

@@ -24,7 +24,7 @@ import torch
 from quadforge.experts.gait import GaitGains
 from quadforge.experts.policy import check_policy
 from quadforge.layout import COMMAND_NAMES, NUM_JOINTS
-from quadforge.tensors import row_ids, set_rows
+from quadforge.tensors import device_constant, row_ids, set_rows
 from quadforge.models.binning import ActionBinner
 
 # seed 003 Eq. 9, in order
@@ -33,8 +33,8 @@ HL_COMMAND_NAMES = ("lin_vel_x", "lin_vel_y", "ang_vel_yaw", "gait_phase", "gait
                     "terminate")
 HL_COMMAND_DIM = len(HL_COMMAND_NAMES)
 # where each of the first 11 entries lands in the 15-D gait command
-_TO_GAIT = torch.tensor([COMMAND_NAMES.index(n) for n in HL_COMMAND_NAMES[:-1]])
-_VELOCITIES = torch.tensor([COMMAND_NAMES.index(n) for n in ("lin_vel_x", "lin_vel_y", "ang_vel_yaw")])
+_TO_GAIT = tuple(COMMAND_NAMES.index(n) for n in HL_COMMAND_NAMES[:-1])
+_VELOCITIES = tuple(COMMAND_NAMES.index(n) for n in ("lin_vel_x", "lin_vel_y", "ang_vel_yaw"))
 
 
 def gait_command(hl: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,9 +47,9 @@ def gait_command(hl: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, to
     if base.shape[-1] != len(COMMAND_NAMES) or base.shape[0] != hl.shape[0]:
         raise ValueError(f"base commands must be ({hl.shape[0]}, {len(COMMAND_NAMES)}), got {tuple(base.shape)}")
     out = base.clone()
-    out[:, _TO_GAIT.to(hl.device)] = hl[:, :-1].to(out.dtype)
+    out[:, device_constant(_TO_GAIT, torch.long, hl.device)] = hl[:, :-1].to(out.dtype)
     terminate = hl[:, -1] > 0.5
-    vel = _VELOCITIES.to(hl.device)
+    vel = device_constant(_VELOCITIES, torch.long, hl.device)
     out[:, vel] = torch.where(terminate.unsqueeze(-1), torch.zeros_like(out[:, vel]), out[:, vel])
     return out, terminate
 
@@ -79,7 +79,9 @@ class HierarchicalPolicy:
         self.low_commands = torch.zeros(n, len(COMMAND_NAMES))  # what the low level was given
 
     def reset(self, env_ids: torch.Tensor | None) -> None:
-        ids = row_ids(env_ids, self.num_envs, "cpu", check_range=False)   # None: all; a mask: its rows
+        # None: all; a mask: its rows; kept where the caller has them (a CUDA rollout's ids make no host trip)
+        where = env_ids.device if isinstance(env_ids, torch.Tensor) else self.hl_commands.device
+        ids = row_ids(env_ids, self.num_envs, where, check_range=False)
         self.high.reset(ids)
         self.low.reset(ids)
         # act() replaces both each step: under a caller's torch.inference_mode they are made there

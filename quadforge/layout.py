@@ -6,10 +6,13 @@ its own input later. This file is the single catalogue of term names and widths.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import torch
+
+from quadforge.tensors import device_constant
 
 NUM_JOINTS = 12
 NUM_FEET = 4
@@ -79,8 +82,10 @@ class LayoutTerm:
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         if self.index is not None:
-            x = x[..., list(self.index)]
-        scale = torch.as_tensor(self.scale, dtype=x.dtype, device=x.device)
+            x = x.index_select(-1, device_constant(self.index, torch.long, x.device))
+        # a scalar scale stays a Python number (no tensor to make); a per-entry one is made once per device
+        scale = (float(self.scale) if isinstance(self.scale, numbers.Real)
+                 else device_constant(tuple(self.scale), x.dtype, x.device))
         y = (x + self.offset) * scale
         if self.clip is not None:
             y = y.clamp(-self.clip, self.clip)

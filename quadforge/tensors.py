@@ -1,7 +1,10 @@
 """Small tensor helpers every layer shares: a range check of integer tensors a user's data or checkpoint
 hands in (a one-line ``ValueError``), the row ids a caller hands an env or a policy (indices or a bool
-mask), and the row write of a state buffer that ``torch.inference_mode`` may have made."""
+mask), the row write of a state buffer that ``torch.inference_mode`` may have made, the small
+constants made once per device, and a host-to-GPU copy that does not wait for the GPU."""
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -45,3 +48,22 @@ def row_ids(ids, n: int, device: torch.device | str, what: str = "env_ids", chec
     if check_range:
         check_index_range(t, n, what)
     return t
+
+
+@functools.lru_cache(maxsize=1024)
+def device_constant(values: tuple, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """``torch.tensor(values)`` on ``device``, made once per (values, dtype, device) and shared: read-only.
+    For the small constants a policy or layout uses every control step, which made afresh each time cost
+    a blocking host-to-device copy each on a GPU. Made outside inference mode, so autograd can use it too."""
+    with torch.inference_mode(False):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+
+def from_host(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A CPU tensor moved to ``device`` without making the host wait: a copy to a GPU from ordinary
+    (pageable) memory blocks until the GPU's queue drains, one from pinned memory does not (torch keeps
+    the pinned block until the copy is done). On the CPU it is ``t`` itself."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
