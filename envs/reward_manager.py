@@ -9,6 +9,7 @@ import torch
 
 from quadforge.envs.rewards import REWARD_TERMS, RewardView
 from quadforge.envs.rewards_fused import SQUARE_TERMS, SquareTerms
+from quadforge.envs.step_log import PendingLog, named
 
 
 class RewardManager:
@@ -53,9 +54,9 @@ class RewardManager:
         total = scaled.sum(dim=1)
         return total.clamp_(min=0.0) if self.only_positive else total
 
-    def pop_episode(self, env_ids: torch.Tensor, episode_length_s: float) -> dict[str, float]:
-        """Mean per-term episode sums over these envs per second of episode (``Episode_Reward/<term>``);
-        clears their sums."""
-        means = (self._sums[env_ids].mean(dim=0) / episode_length_s).tolist()
+    def pop_episode(self, env_ids: torch.Tensor, episode_length_s: float) -> PendingLog:
+        """Mean per-term episode sums over these envs per second of episode (``Episode_Reward/<term>``),
+        still on the device (``envs.step_log``); clears their sums."""
+        means = self._sums[env_ids].mean(dim=0) / episode_length_s
         self._sums[env_ids] = 0.0
-        return {f"Episode_Reward/{name}": m for name, m in zip(self.names, means)}
+        return named([f"Episode_Reward/{name}" for name in self.names], means)

@@ -25,6 +25,7 @@ from quadforge.layout import NUM_FEET, NUM_JOINTS, get_layout
 from quadforge.envs.observations import CompiledLayout, TermCache, ground_terms, make_term_fns, scan_points_b
 from quadforge.envs.randomization import ActionLatency, Pushes
 from quadforge.envs.robots import get_robot
+from quadforge.envs.step_log import PendingLog, counts, named, read_logs
 from quadforge.envs.tasks.locomotion import LocomotionTask
 from quadforge.envs.tasks.terrain_levels import TerrainState
 from quadforge.envs.terminations import TERMINATION_REASONS
@@ -207,14 +208,15 @@ class LeggedEnv(VecEnv):
             info["terrain_level"] = self.terrain.levels[done_ids].clone()
             for k, v in info.items():
                 episode[k][done_ids] = v.to(episode[k].device, episode[k].dtype)
-            log.update(self._episode_log(done_ids, info))
+            pending = self._episode_log(done_ids, info)
             if self.cfg.curriculum:
                 self.terrain.update_curriculum(done_ids, info["distance"], info["commanded_distance"])
             applied_targets = self.joint_targets[done_ids].clone()
             self._reset_envs(done_ids)
             # the contract: joint_targets are the targets applied at this step, done envs included
             self.joint_targets[done_ids] = applied_targets
-            log.update(self.terrain.log())
+            terrain_log = self.terrain.pending_log()   # the levels after this step's curriculum update
+            log = read_logs(pending + ([terrain_log] if terrain_log is not None else []))
         pushed = self.pushes.maybe_push(self.backend, self.common_step_counter)
 
         # Without resets the robots stand where the task just scored them: the observation reuses the
@@ -359,14 +361,13 @@ class LeggedEnv(VecEnv):
         return TensorDict({"policy": self._policy_obs.build(terms, self._noise_gen, noise),
                            "critic": self._critic_obs.build(terms)}, batch_size=[self.num_envs], device=self.device)
 
-    def _episode_log(self, done_ids: torch.Tensor, info: dict[str, torch.Tensor]) -> dict[str, float]:
-        log = self.task.rewards.pop_episode(done_ids, self.cfg.episode_length_s)
+    def _episode_log(self, done_ids: torch.Tensor, info: dict[str, torch.Tensor]) -> list[PendingLog]:
+        """The ending episodes' log entries, still on the device (``envs.step_log``: read with the rest of
+        the step's log in one host read)."""
         keys = ("length", "return", "distance", "lin_vel_error", "ang_vel_error")
-        means = torch.stack([info[k].to(torch.float32).mean() for k in keys]).to(torch.float64)
-        reasons = torch.bincount(info["termination_reason"], minlength=len(TERMINATION_REASONS))[1:]
-        # one host sync for the whole log: on a GPU each .item() would wait for the queue to drain
-        values = torch.cat([means, reasons.to(torch.float64) / done_ids.numel()]).tolist()
-        log.update({f"Episode/{k}": v for k, v in zip(keys, values)})
-        log.update({f"Episode_Termination/{name}": v for name, v in zip(TERMINATION_REASONS[1:], values[len(keys):])})
-        return log
+        means = torch.stack([info[k].to(torch.float32).mean() for k in keys])
+        reasons = counts(info["termination_reason"], len(TERMINATION_REASONS))[1:] / done_ids.numel()
+        return [self.task.rewards.pop_episode(done_ids, self.cfg.episode_length_s),
+                named([f"Episode/{k}" for k in keys], means),
+                named([f"Episode_Termination/{name}" for name in TERMINATION_REASONS[1:]], reasons)]
 

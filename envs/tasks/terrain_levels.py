@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 
 from quadforge.envs.config import EnvConfig
+from quadforge.envs.step_log import PendingLog, counts, read_logs
+from quadforge.tensors import from_host
 from quadforge.envs.terrain import TERRAIN_TYPES, generate
 
 
@@ -27,7 +29,7 @@ def next_levels(levels: torch.Tensor, distance: torch.Tensor, commanded_distance
     up = distance > tile_size / 2
     down = (distance < 0.5 * commanded_distance) & ~up
     levels = levels + up.long() - down.long()
-    random_levels = torch.randint(0, num_levels, levels.shape, generator=generator).to(levels.device)
+    random_levels = from_host(torch.randint(0, num_levels, levels.shape, generator=generator), levels.device)
     return torch.where(levels >= num_levels, random_levels, levels.clamp(min=0))
 
 
@@ -98,15 +100,21 @@ class TerrainState:
                                            self.tile_size, self.gen)
 
     def log(self) -> dict[str, float]:
+        return read_logs([p for p in (self.pending_log(),) if p is not None])
+
+    def pending_log(self) -> PendingLog | None:
+        """``Curriculum/level/mean`` and the mean level per terrain type present, on the device
+        (``envs.step_log``); None without a terrain."""
         if self.terrain is None:
-            return {}
-        # one host sync: the mean, per-type level sums and counts (bincount) fetched together
+            return None
         k = len(self.types)
         levels = self.levels.to(torch.float32)
-        sums = torch.bincount(self.type_idx, weights=levels, minlength=k).to(torch.float64)
-        counts = torch.bincount(self.type_idx, minlength=k).to(torch.float64)
-        mean, *rest = torch.cat([levels.mean().to(torch.float64).reshape(1), sums, counts]).tolist()
-        sums_l, counts_l = rest[:k], rest[k:]
-        out = {"Curriculum/level/mean": mean}
-        out.update({f"Curriculum/level/{name}": s / c for name, s, c in zip(self.types, sums_l, counts_l) if c})
-        return out
+        sums, n = counts(self.type_idx, k, weights=levels), counts(self.type_idx, k)
+        types = self.types
+
+        def name(xs: list[float]) -> dict[str, float]:
+            mean, sums_l, counts_l = xs[0], xs[1:k + 1], xs[k + 1:]
+            out = {"Curriculum/level/mean": mean}
+            out.update({f"Curriculum/level/{t}": s / c for t, s, c in zip(types, sums_l, counts_l) if c})
+            return out
+        return PendingLog(torch.cat([levels.mean().to(torch.float64).reshape(1), sums, n]), name)

@@ -7,6 +7,7 @@ import torch
 from quadforge.envs.backends.base import RobotState
 from quadforge.envs.config import DEFAULT_REWARD_SCALES
 from quadforge.envs.observations import TaskView
+from quadforge.envs.step_log import read_logs
 from quadforge.envs.reward_manager import RewardManager
 from quadforge.envs.rewards import REWARD_TERMS, FeetAirTime, RewardView
 
@@ -98,7 +99,7 @@ def test_manager_scales_by_dt_clips_then_adds_termination():
     r = m.compute(_view(st, cmd, terminated=term))
     # tracking 1*0.02 - 2*1*0.02 = -0.02 -> clipped to 0; termination -5*0.02 after the clip
     torch.testing.assert_close(r, torch.tensor([0.0, -0.1, 0.0]))
-    log = m.pop_episode(torch.tensor([0, 1]), episode_length_s=20.0)
+    log = read_logs([m.pop_episode(torch.tensor([0, 1]), episode_length_s=20.0)])
     assert log["Episode_Reward/lin_vel_z"] == pytest.approx(-0.04 / 20)
     assert log["Episode_Reward/termination"] == pytest.approx(-0.05 / 20)
     assert m.episode_sums["lin_vel_z"][0] == 0 and m.episode_sums["lin_vel_z"][2] != 0
