@@ -8,6 +8,7 @@ a sampler set, commands are drawn only at reset (one skill per episode) and head
 """
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Callable
 
@@ -35,11 +36,14 @@ class CommandManager:
         self.heading = torch.zeros(num_envs, device=self.device)
         self.pinned = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
         self.resample_steps = max(1, int(round(cfg.resampling_time / dt)))
-        # Resampling clock: per-env due step, and a host-side lower bound on the earliest one so that
-        # most steps cost no tensor op (pinned envs are due "never").
+        # Resampling clock: per-env due step (pinned envs are due "never"), and on the host every step
+        # some env was scheduled for (a heap, each step once). Only those steps look for due envs, and
+        # no step reads the device to find out whether one is due (on a GPU that read is a sync).
+        # A scheduled step may find nobody due (the env was reset or pinned since): a wasted look only.
         self._t = 0
         self.due_at = torch.full((num_envs,), _NEVER, dtype=torch.long, device=self.device)
-        self._min_due = _NEVER
+        self._scheduled: list[int] = []
+        self._scheduled_set: set[int] = set()
         self.command_sampler: CommandSampler | None = None
         lo, hi = zip(*(cfg.range(n) for n in COMMAND_NAMES))
         self._lo = torch.tensor(lo, device=self.device)
@@ -83,8 +87,11 @@ class CommandManager:
         if self._uses_heading and self.command_sampler is None:
             lo, hi = self.cfg.heading_range
             self.heading[env_ids] = lo + (hi - lo) * torch.rand(env_ids.numel(), generator=self.gen, device=self.device)
-        self.due_at[env_ids] = self._t + self.resample_steps
-        self._min_due = min(self._min_due, self._t + self.resample_steps)
+        due = self._t + self.resample_steps
+        self.due_at[env_ids] = due
+        if due not in self._scheduled_set:
+            self._scheduled_set.add(due)
+            heapq.heappush(self._scheduled, due)
 
     # --- episode / step hooks --------------------------------------------------------------------------
     def reset(self, env_ids: torch.Tensor, root_quat_w: torch.Tensor | None = None) -> None:
@@ -116,11 +123,13 @@ class CommandManager:
         stay unchanged."""
         self._t += 1
         # A command_sampler defines what an episode is asked to do (a skill): it draws only at reset.
-        if self._t >= self._min_due and self.cfg.resample and self.command_sampler is None:
-            due = (self.due_at <= self._t).nonzero(as_tuple=False).flatten()
-            if due.numel():
-                self.resample(due)
-            self._min_due = int(self.due_at.min())
+        if self._scheduled and self._scheduled[0] <= self._t:
+            while self._scheduled and self._scheduled[0] <= self._t:
+                self._scheduled_set.discard(heapq.heappop(self._scheduled))
+            if self.cfg.resample and self.command_sampler is None:
+                due = (self.due_at <= self._t).nonzero(as_tuple=False).flatten()
+                if due.numel():
+                    self.resample(due)
         if self._uses_heading and self.command_sampler is None:
             if yaw is None:
                 yaw = yaw_from_quat(root_quat_w)
