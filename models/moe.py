@@ -173,7 +173,9 @@ class SparseMoE(nn.Module):
         expert_of = top_idx.reshape(-1)                                 # (T*k,)
         token_of = torch.arange(t, device=flat.device).repeat_interleave(k)
         order = torch.argsort(expert_of, stable=True)
-        counts = torch.bincount(expert_of, minlength=e).tolist()
+        # tokens per expert from the sorted ids: one host read (bincount's own range read made it three)
+        bounds = torch.searchsorted(expert_of[order], torch.arange(e + 1, device=flat.device))
+        counts = bounds.diff().tolist()
         tokens_sorted = token_of[order]
         weights_sorted = gates.reshape(-1)[order]
         out = flat.new_zeros(t, flat.shape[1])

@@ -185,10 +185,9 @@ class VisionLanguageFrontEnd(nn.Module):
         """frames (B, F, 3, H, W), mask (B, F), e (B, E) -> tokens (B, F, S, D); padding frames stay 0
         (never encoded)."""
         b, f = mask.shape
-        real = mask.bool()
-        if not real.any():
+        rows = mask.bool().nonzero(as_tuple=True)       # the one host read (its size)
+        if rows[0].numel() == 0:
             return frames.new_zeros(b, f, self.cfg.tokens_per_frame, self.cfg.d_model)
-        rows = real.nonzero(as_tuple=True)
         tokens = self.frame_tokens(frames[rows], e[rows[0]])          # in the trunk's dtype (bf16 under autocast)
         out = tokens.new_zeros(b, f, self.cfg.tokens_per_frame, self.cfg.d_model)
         out[rows] = tokens

@@ -62,6 +62,7 @@ from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup,
 from quadforge.training.loop import (RunLog, TrainLoop, apply_trainer_args, check_amp, check_resume_provenance,
                                      resume_from, save_run_checkpoint)
 from quadforge.seeding import seed_everything
+from quadforge.tensors import from_host
 
 BIN_SOURCES = ("controller", "data")
 
@@ -549,7 +550,9 @@ class VLARun:
     def prepare(self, batch: Mapping[str, torch.Tensor], augment: bool):
         """A source batch on the device: (batch, float frames (B, T+1, 3, H, W), prepared instructions)."""
         check_batch(batch, self.vla.history, self.vla.image.image_size)
-        batch = _filter({k: v.to(self.info.device) for k, v in batch.items()}, self.cfg)
+        # filtered where the source made it (the host): on a GPU its checks would each wait for the queue
+        batch = {k: from_host(v, self.info.device) if v.device.type == "cpu" else v.to(self.info.device)
+                 for k, v in _filter(dict(batch), self.cfg).items()}
         frames = images_to_float(batch["frames"])
         if augment and self.cfg.shift_pad:
             frames = random_shift(frames, self.cfg.shift_pad)
