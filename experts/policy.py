@@ -53,9 +53,13 @@ def checkpoint_policy_id(kind: str, path: str | Path) -> str:
     """The one policy-id scheme for policies loaded from files: ``<kind>:<file name>:<digest>``.
 
     ``kind`` names what the file holds (``rsl_rl_v5``, ``wtw``, a model name such as ``fcnet`` or
-    ``germ``); the digest covers the resolved path, modification time and size, so a retrained file in the
-    same place gets a new id. Built-in policies use ``<kind>:<variant>`` (``gait:trot``, ``zero``)."""
+    ``germ``); the digest is of the file's bytes, so a retrained file in the same place gets a new id while
+    a copy, a fresh clone's shipped checkpoint or a same-seed rerun's bit-identical one keeps it (a digest
+    of path and modification time did not: stores and evaluations of the same weights disagreed).
+    Built-in policies use ``<kind>:<variant>`` (``gait:trot``, ``zero``)."""
     path = Path(path)
-    stat = path.stat()
-    digest = hashlib.sha1(f"{path.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:10]
-    return f"{kind}:{path.name}:{digest}"
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return f"{kind}:{path.name}:{digest.hexdigest()[:10]}"

@@ -278,3 +278,24 @@ def test_robot_mismatch_with_a_checkpoint_trained_here(tmp_path):
     torch.save({"actor_state_dict": actor.state_dict(), "infos": {"quadforge": meta}}, tmp_path / "m.pt")
     with pytest.raises(ValueError, match="trained on robot 'go1', got robot 'aliengo'"):
         load_expert(tmp_path / "m.pt", robot="aliengo", num_envs=N)
+
+
+def test_policy_id_follows_the_files_bytes_not_its_place_or_time(tmp_path):
+    """A copy, a fresh clone's checkpoint or a same-seed rerun's identical file keeps its id; other weights
+    in the same place get a new one."""
+    import os
+    import shutil
+
+    from quadforge.experts.policy import checkpoint_policy_id
+
+    a = tmp_path / "a" / "model.pt"
+    a.parent.mkdir()
+    a.write_bytes(b"weights one")
+    b = tmp_path / "b" / "model.pt"
+    b.parent.mkdir()
+    shutil.copyfile(a, b)
+    os.utime(b, ns=(1, 1))
+    assert checkpoint_policy_id("mlp", a) == checkpoint_policy_id("mlp", b)
+    a.write_bytes(b"weights two")
+    assert checkpoint_policy_id("mlp", a) != checkpoint_policy_id("mlp", b)
+    assert checkpoint_policy_id("mlp", a).startswith("mlp:model.pt:")
