@@ -328,8 +328,8 @@ def _read_committed(root: Path) -> _Committed:
     TrajectoryStore(root, manifest, schema, table, tasks)._check_arrays()
     counts = manifest.get("meta", {}).get("tasks_counts")
     if counts is not None:   # instructions beyond the committed ones are leftovers of a crash
-        tasks = {t: list(tasks.get(t, []))[:int(counts.get(t, 0))] for t in set(tasks) | set(counts)}
-        tasks = {t: v for t, v in tasks.items() if t in counts}
+        # in the manifest's order: a set's order is the process's string hashing, and tasks.json's bytes follow it
+        tasks = {t: list(tasks.get(t, []))[:int(counts[t])] for t in counts}
     instructions = InstructionTable(read_instructions(root, manifest))   # the committed entries only
     return _Committed(False, manifest, schema, table, tasks, instructions)
 

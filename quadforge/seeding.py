@@ -25,9 +25,23 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+    # This process's string hashing was fixed when it started; processes it starts later (collection
+    # workers) hash alike run to run. Nothing here lets a result follow a set's order all the same.
     os.environ.setdefault("PYTHONHASHSEED", str(seed))
     if deterministic:
+        # cuBLAS picks reduction orders per call unless its workspace is pinned (read when CUDA starts
+        # its cuBLAS handle; a process that set it already keeps its value). warn_only: ops without a
+        # deterministic kernel warn instead of failing a run; MuJoCo Warp's contact kernels use atomics,
+        # so GPU physics is not bitwise repeatable either (docs/scale.md).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of data-parallel rank ``rank``: ``seed`` itself on rank 0 (a one-process run is the same
+    run), a derived stream on the others (``seed + rank`` would give rank 1 of seed s rank 0's stream of
+    seed s + 1)."""
+    return int(seed) if int(rank) == 0 else derive_seed(seed, f"rank{int(rank)}")
 
 
 def numpy_rng(seed: int, name: str) -> np.random.Generator:

@@ -56,7 +56,7 @@ from quadforge.models.losses import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellm
                                      ema_update, q_learning_terms, with_mc_lower_bound)
 from quadforge.models.registry import model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
-from quadforge.seeding import seed_everything
+from quadforge.seeding import rank_seed, seed_everything
 
 OBJECTIVES = ("q", "il")
 
@@ -235,7 +235,7 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
     """Train on ``source`` (a TrajectoryStore or EpisodeArrays); returns a summary dict."""
     cfg.validate()
     info = init_distributed(device)
-    seed_everything(cfg.seed + info.rank)
+    seed_everything(rank_seed(cfg.seed, info.rank))
     run = GeRMRun(cfg, source, Path(out_dir), info, resume, provenance)
     loop = run.loop()
     history = loop.run(run.start)

@@ -61,7 +61,7 @@ from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup,
                                             wrap_model)
 from quadforge.training.loop import (RunLog, TrainLoop, apply_trainer_args, check_amp, check_resume_provenance,
                                      resume_from, save_run_checkpoint)
-from quadforge.seeding import seed_everything
+from quadforge.seeding import rank_seed, seed_everything
 from quadforge.tensors import from_host
 
 BIN_SOURCES = ("controller", "data")
@@ -411,7 +411,7 @@ def train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out_dir: 
 
 def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Path, info: DistInfo,
            val_source: ImageWindowSource | None, resume: bool, provenance: Mapping[str, Any] | None) -> dict[str, Any]:
-    seed_everything(cfg.seed + info.rank)   # rank 0's initial weights reach every rank through DDP
+    seed_everything(rank_seed(cfg.seed, info.rank))   # rank 0's initial weights reach every rank through DDP
     if info.enabled:   # ranks share the machine's cores
         torch.set_num_threads(max(1, torch.get_num_threads() // info.world_size))
     prov = dict(provenance or {})
