@@ -4,7 +4,7 @@ On a GPU every read of a device value waits for the queue to drain; a step with 
 reward terms, the episode means, the termination reasons and the curriculum levels, which read one by
 one were nine host syncs (each ``bincount`` alone is two: it reads its input's range). Here each part
 hands over a float64 device vector and how to name its values, and ``read_logs`` makes one ``tolist``
-for all of them. Counts go through ``index_add_``, which needs no range read.
+for all of them. Counts need no range read (``counts``).
 """
 from __future__ import annotations
 
@@ -27,9 +27,13 @@ def named(keys: Sequence[str], values: torch.Tensor) -> PendingLog:
 
 def counts(index: torch.Tensor, size: int, weights: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.bincount(index, weights, minlength=size)`` as float64 for indices known to lie in [0, size),
-    with no host read (exact for integer counts and integer-valued weights below 2**53)."""
-    w = torch.ones_like(index, dtype=torch.float64) if weights is None else weights.to(torch.float64)
-    return torch.zeros(size, dtype=torch.float64, device=index.device).index_add_(0, index, w)
+    with no host read: a sum over an (N, size) match table (exact for integer counts and integer-valued
+    weights below 2**53). Not ``index_add_``: on a GPU its atomics would trip the deterministic-algorithms
+    warning every step."""
+    match = (index.reshape(-1, 1) == torch.arange(size, device=index.device)).to(torch.float64)
+    if weights is not None:
+        match = match * weights.to(torch.float64).reshape(-1, 1)
+    return match.sum(dim=0)
 
 
 def read_logs(pending: Sequence[PendingLog]) -> dict[str, float]:
