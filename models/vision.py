@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quadforge.tensors import device_constant, from_host
+
 
 @dataclass
 class ImageEncoderConfig:
@@ -172,8 +174,9 @@ def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator | No
         return images
     b, t, c, h, w = images.shape
     x = F.pad(images.reshape(b, t * c, h, w), (pad, pad, pad, pad), mode="replicate")
-    dy = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device="cpu").to(images.device)
-    dx = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device="cpu").to(images.device)
+    # drawn on the host (the CPU generator's stream on any device), sent without waiting for the GPU
+    dy = from_host(torch.randint(0, 2 * pad + 1, (b,), generator=generator, device="cpu"), images.device)
+    dx = from_host(torch.randint(0, 2 * pad + 1, (b,), generator=generator, device="cpu"), images.device)
     rows = (dy[:, None] + torch.arange(h, device=images.device)[None])       # (B, H)
     cols = (dx[:, None] + torch.arange(w, device=images.device)[None])       # (B, W)
     x = x.gather(2, rows[:, None, :, None].expand(b, t * c, h, w + 2 * pad))  # (B, TC, H, W+2p)
@@ -186,8 +189,8 @@ def hue_rotation(angle: torch.Tensor) -> torch.Tensor:
     (Rodrigues: R = cos θ I + sin θ [k]x + (1 - cos θ) k kᵀ); grey stays grey, a hue turns by θ."""
     c, s = torch.cos(angle)[:, None, None], torch.sin(angle)[:, None, None]
     k = torch.full((3,), 3 ** -0.5, dtype=angle.dtype, device=angle.device)
-    cross = torch.tensor([[0.0, -1.0, 1.0], [1.0, 0.0, -1.0], [-1.0, 1.0, 0.0]],
-                         dtype=angle.dtype, device=angle.device) * 3 ** -0.5     # [k]x
+    cross = device_constant(((0.0, -1.0, 1.0), (1.0, 0.0, -1.0), (-1.0, 1.0, 0.0)),
+                            angle.dtype, angle.device) * 3 ** -0.5               # [k]x
     eye = torch.eye(3, dtype=angle.dtype, device=angle.device)
     return c * eye + s * cross + (1 - c) * torch.outer(k, k)
 
@@ -204,7 +207,7 @@ def random_colour_jitter(images: torch.Tensor, hue_deg: float, saturation: float
     b = images.shape[0]
 
     def factor(spread: float) -> torch.Tensor:   # one uniform draw per sample in [-spread, spread]
-        u = torch.rand(b, generator=generator, device="cpu").to(images.device, images.dtype)
+        u = from_host(torch.rand(b, generator=generator, device="cpu"), images.device).to(images.dtype)
         return (2 * u - 1) * spread
 
     rot = hue_rotation(factor(hue_deg) * (torch.pi / 180.0))                    # (B, 3, 3)
