@@ -41,6 +41,7 @@ from quadforge.envs.tasks.locomotion import LocomotionTask, StepResult
 from quadforge.envs.terminations import BASE_COLLISION, FALL, NON_FINITE, TASK_END, TIME_OUT
 from quadforge.envs.vec_env import LeggedEnv
 from quadforge.seeding import numpy_rng
+from quadforge.tensors import from_host
 
 # What a QUARD scene asks of its physics backend (envs.backends.CAPABILITIES); "cameras" too with images.
 QUARD_CAPABILITIES = ("scene_addon", "set_mocap", "sensor_columns")
@@ -243,21 +244,22 @@ class QuardScenes:
         yaw = yaw_from_quat(state.root_quat_w)
         z = o[:, 2:3]
 
-        def w(rel: np.ndarray, mask: np.ndarray | None = None) -> torch.Tensor:
+        def w(rel: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
             out = np.concatenate([rel + o[:, :2], z], axis=1)
-            if mask is not None:
-                out = np.where(mask[:, None], out, 0.0)
-            return torch.as_tensor(out, dtype=torch.float32, device=device)
+            return out if mask is None else np.where(mask[:, None], out, 0.0)
 
         vel = np.concatenate([self.target_vel, np.zeros((self.n, 1))], axis=1)
         entry = self.tunnel_named - [0.5, 0.0]
-        info = np.stack([self.family, self.speed, self.gait, self.has_obstacle], axis=1).astype(np.float32)
-        return {
-            "task_base_pose": torch.cat([pos.to(torch.float32), yaw[:, None].to(torch.float32)], dim=1),
-            "task_target_pos": w(self.target), "task_target_vel": torch.as_tensor(vel, dtype=torch.float32, device=device),
-            "task_distractor_pos": w(self.distractor), "task_obstacle_pos": w(self.obstacle, self.has_obstacle),
-            "task_tunnel_entry": w(entry, self.has_tunnels), "task_info": torch.as_tensor(info, device=device),
-        }
+        info = np.stack([self.family, self.speed, self.gait, self.has_obstacle], axis=1)
+        host = {"task_target_pos": w(self.target), "task_target_vel": vel, "task_distractor_pos": w(self.distractor),
+                "task_obstacle_pos": w(self.obstacle, self.has_obstacle),
+                "task_tunnel_entry": w(entry, self.has_tunnels), "task_info": info}
+        # one float32 block, one copy to the device (not one per term: on a GPU each waited for the queue);
+        # the terms are its column views
+        block = from_host(torch.from_numpy(np.concatenate([a.astype(np.float32) for a in host.values()], axis=1)),
+                          device)
+        terms = dict(zip(host, block.split([a.shape[1] for a in host.values()], dim=1)))
+        return {"task_base_pose": torch.cat([pos.to(torch.float32), yaw[:, None].to(torch.float32)], dim=1), **terms}
 
 
 def _quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
