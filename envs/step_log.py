@@ -4,7 +4,7 @@ On a GPU every read of a device value waits for the queue to drain; a step with 
 reward terms, the episode means, the termination reasons and the curriculum levels, which read one by
 one were nine host syncs (each ``bincount`` alone is two: it reads its input's range). Here each part
 hands over a float64 device vector and how to name its values, and ``read_logs`` makes one ``tolist``
-for all of them. Counts need no range read (``counts``).
+for all of them. Counts need no range read (``match_table``).
 """
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
+
+from quadforge.tensors import device_constant
 
 
 @dataclass(frozen=True)
@@ -22,18 +24,18 @@ class PendingLog:
 
 def named(keys: Sequence[str], values: torch.Tensor) -> PendingLog:
     keys = tuple(keys)
-    return PendingLog(values.to(torch.float64).reshape(-1), lambda xs: dict(zip(keys, xs)))
+    if values.dtype != torch.float64:
+        values = values.to(torch.float64)
+    return PendingLog(values if values.dim() == 1 else values.reshape(-1), lambda xs: dict(zip(keys, xs)))
 
 
-def counts(index: torch.Tensor, size: int, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """``torch.bincount(index, weights, minlength=size)`` as float64 for indices known to lie in [0, size),
-    with no host read: a sum over an (N, size) match table (exact for integer counts and integer-valued
-    weights below 2**53). Not ``index_add_``: on a GPU its atomics would trip the deterministic-algorithms
-    warning every step."""
-    match = (index.reshape(-1, 1) == torch.arange(size, device=index.device)).to(torch.float64)
-    if weights is not None:
-        match = match * weights.to(torch.float64).reshape(-1, 1)
-    return match.sum(dim=0)
+def match_table(index: torch.Tensor, size: int) -> torch.Tensor:
+    """(N, size) float64, 1 where ``index`` (N,) holds the column's value: summed over N it is
+    ``torch.bincount(index, minlength=size)`` for indices known to lie in [0, size), with no host read
+    (bincount reads its input's range first; ``index_add_``'s CUDA atomics would trip the
+    deterministic-algorithms warning every step). Exact for counts and integer-valued weights below 2**53."""
+    columns = device_constant(tuple(range(size)), torch.long, index.device)
+    return (index.reshape(-1, 1) == columns).to(torch.float64)
 
 
 def read_logs(pending: Sequence[PendingLog]) -> dict[str, float]:

@@ -25,7 +25,7 @@ from quadforge.layout import NUM_FEET, NUM_JOINTS, get_layout
 from quadforge.envs.observations import CompiledLayout, TermCache, ground_terms, make_term_fns, scan_points_b
 from quadforge.envs.randomization import ActionLatency, Pushes
 from quadforge.envs.robots import get_robot
-from quadforge.envs.step_log import PendingLog, counts, named, read_logs
+from quadforge.envs.step_log import PendingLog, match_table, named, read_logs
 from quadforge.envs.tasks.locomotion import LocomotionTask
 from quadforge.envs.tasks.terrain_levels import TerrainState
 from quadforge.envs.terminations import TERMINATION_REASONS
@@ -366,7 +366,7 @@ class LeggedEnv(VecEnv):
         the step's log in one host read)."""
         keys = ("length", "return", "distance", "lin_vel_error", "ang_vel_error")
         means = torch.stack([info[k].to(torch.float32).mean() for k in keys])
-        reasons = counts(info["termination_reason"], len(TERMINATION_REASONS))[1:] / done_ids.numel()
+        reasons = match_table(info["termination_reason"], len(TERMINATION_REASONS)).sum(dim=0)[1:] / done_ids.numel()
         return [self.task.rewards.pop_episode(done_ids, self.cfg.episode_length_s),
                 named([f"Episode/{k}" for k in keys], means),
                 named([f"Episode_Termination/{name}" for name in TERMINATION_REASONS[1:]], reasons)]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from quadforge.envs.config import EnvConfig
-from quadforge.envs.step_log import PendingLog, counts, read_logs
+from quadforge.envs.step_log import PendingLog, match_table, read_logs
 from quadforge.tensors import from_host
 from quadforge.envs.terrain import TERRAIN_TYPES, generate
 
@@ -109,7 +109,8 @@ class TerrainState:
             return None
         k = len(self.types)
         levels = self.levels.to(torch.float32)
-        sums, n = counts(self.type_idx, k, weights=levels), counts(self.type_idx, k)
+        match = match_table(self.type_idx, k)                             # (N, types)
+        sums, n = (match * levels.to(torch.float64)[:, None]).sum(dim=0), match.sum(dim=0)
         types = self.types
 
         def name(xs: list[float]) -> dict[str, float]:
