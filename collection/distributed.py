@@ -88,8 +88,7 @@ def _drive(ray: Any, cfg: CollectConfig, missing: int, done: int, show: bool) ->
                 total = total.merge(tally)
             bar.update(total, sum(steps for _, steps in tallies))
             if schedule.due(total.episodes):
-                compact_store(cfg.out)
-                schedule.compacted(total.episodes)
+                schedule.compact(total.episodes, lambda: compact_store(cfg.out))
         results = ray.get(runs)  # raises a worker's error here
     except ray.exceptions.RayTaskError as err:   # a worker's own error: the worker named, its message kept
         raise worker_error(err, _failed_workers(ray, runs, ids), cfg.out) from err

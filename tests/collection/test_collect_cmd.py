@@ -140,7 +140,28 @@ def test_compaction_schedule_by_count_or_time_whichever_first():
         CollectConfig(out="s", episodes=1, compact_every_s=float("nan")).validate()
 
 
-def test_collection_compacts_by_time_so_a_stopped_run_leaves_a_readable_store(tmp_path, capsys):
+def test_compaction_never_takes_more_than_its_share_of_a_large_collection():
+    """A compaction's cost grows with the store's episode table: after one that took d seconds the next
+    waits 9 d, whatever the count or time says, so compacting stays within a tenth of the wall time."""
+    from quadforge.collection.collect import MAX_COMPACTION_SHARE, CompactionSchedule
+    now = [0.0]
+
+    def slow_compaction():   # a store so large that a compaction takes 20 s
+        now[0] += 20.0
+    s = CompactionSchedule(every=10, every_s=60.0, clock=lambda: now[0])
+    s.compact(10, slow_compaction)
+    gap = 20.0 * (1 - MAX_COMPACTION_SHARE) / MAX_COMPACTION_SHARE   # 180 s
+    now[0] += gap - 1.0
+    assert not s.due(500)                  # 490 new episodes and 179 s: still too soon
+    now[0] += 1.0
+    assert s.due(500)
+    s.compact(500, lambda: None)           # a quick one: the count and time rule again
+    assert s.due(510)
+
+
+def test_collection_compacts_by_time_so_a_stopped_run_leaves_a_readable_store(tmp_path, capsys, monkeypatch):
+    import quadforge.collection.collect as collect_module
+    monkeypatch.setattr(collect_module, "MAX_COMPACTION_SHARE", 1.0)   # no wait after a compaction here
     out = tmp_path / "store"
     collect(capsys, out, 3, "--compact-every", "0", "--compact-every-s", "1e-9")
     assert TrajectoryStore.open(out).generation == 3       # one compaction per episode, none left at the end
