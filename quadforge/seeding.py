@@ -32,7 +32,7 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
         # cuBLAS picks reduction orders per call unless its workspace is pinned (read when CUDA starts
         # its cuBLAS handle; a process that set it already keeps its value). warn_only: ops without a
         # deterministic kernel warn instead of failing a run; MuJoCo Warp's contact kernels use atomics,
-        # so GPU physics is not bitwise repeatable either (docs/scale.md).
+        # so GPU physics is not bitwise repeatable either (docs/backends.md).
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
 
