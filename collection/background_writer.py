@@ -28,7 +28,7 @@ class BackgroundWriter:
             raise ValueError(f"BackgroundWriter: max_pending={max_pending}; must be >= 1")
         self.writer = writer
         self.written = 0
-        self.episode_ids: list[str] = []
+        self.last_episode_id: str | None = None   # the last one only: a long collection keeps no per-episode list
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="staging-writer", daemon=True)
@@ -41,7 +41,7 @@ class BackgroundWriter:
                 if item is _STOP:
                     return
                 if self._error is None:  # after a failure, drain without writing so callers never hang
-                    self.episode_ids.append(self.writer.write_episode(*item))
+                    self.last_episode_id = self.writer.write_episode(*item)
                     self.written += 1
             except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
                 self._error = err

@@ -24,7 +24,7 @@ def test_writes_in_submission_order_and_flush_waits():
         bg.flush()
         assert bg.written == 20
     assert [i.split(":")[1] for i in inner.ids] == [str(n) for n in range(20)]
-    assert bg.episode_ids == inner.ids
+    assert bg.last_episode_id == inner.ids[-1]
 
 
 def test_a_write_error_reaches_the_caller_and_never_hangs():
