@@ -8,7 +8,7 @@ a sampler set, commands are drawn only at reset (one skill per episode) and head
 """
 from __future__ import annotations
 
-import heapq
+import collections
 import math
 from typing import Callable
 
@@ -37,13 +37,13 @@ class CommandManager:
         self.pinned = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
         self.resample_steps = max(1, int(round(cfg.resampling_time / dt)))
         # Resampling clock: per-env due step (pinned envs are due "never"), and on the host every step
-        # some env was scheduled for (a heap, each step once). Only those steps look for due envs, and
-        # no step reads the device to find out whether one is due (on a GPU that read is a sync).
-        # A scheduled step may find nobody due (the env was reset or pinned since): a wasted look only.
+        # some env was scheduled for, each once, in order (a due step is always now + resample_steps, and
+        # now only grows). Only those steps look for due envs, and no step reads the device to find out
+        # whether one is due (on a GPU that read is a sync). A scheduled step may find nobody due (the
+        # env was reset or pinned since): a wasted look only.
         self._t = 0
         self.due_at = torch.full((num_envs,), _NEVER, dtype=torch.long, device=self.device)
-        self._scheduled: list[int] = []
-        self._scheduled_set: set[int] = set()
+        self._scheduled: collections.deque[int] = collections.deque()
         self.command_sampler: CommandSampler | None = None
         lo, hi = zip(*(cfg.range(n) for n in COMMAND_NAMES))
         self._lo = torch.tensor(lo, device=self.device)
@@ -89,9 +89,8 @@ class CommandManager:
             self.heading[env_ids] = lo + (hi - lo) * torch.rand(env_ids.numel(), generator=self.gen, device=self.device)
         due = self._t + self.resample_steps
         self.due_at[env_ids] = due
-        if due not in self._scheduled_set:
-            self._scheduled_set.add(due)
-            heapq.heappush(self._scheduled, due)
+        if not self._scheduled or self._scheduled[-1] != due:
+            self._scheduled.append(due)
 
     # --- episode / step hooks --------------------------------------------------------------------------
     def reset(self, env_ids: torch.Tensor, root_quat_w: torch.Tensor | None = None) -> None:
@@ -125,7 +124,7 @@ class CommandManager:
         # A command_sampler defines what an episode is asked to do (a skill): it draws only at reset.
         if self._scheduled and self._scheduled[0] <= self._t:
             while self._scheduled and self._scheduled[0] <= self._t:
-                self._scheduled_set.discard(heapq.heappop(self._scheduled))
+                self._scheduled.popleft()
             if self.cfg.resample and self.command_sampler is None:
                 due = (self.due_at <= self._t).nonzero(as_tuple=False).flatten()
                 if due.numel():
