@@ -24,9 +24,7 @@ class PendingLog:
 
 def named(keys: Sequence[str], values: torch.Tensor) -> PendingLog:
     keys = tuple(keys)
-    if values.dtype != torch.float64:
-        values = values.to(torch.float64)
-    return PendingLog(values if values.dim() == 1 else values.reshape(-1), lambda xs: dict(zip(keys, xs)))
+    return PendingLog(values.to(torch.float64).reshape(-1), lambda xs: dict(zip(keys, xs)))
 
 
 def match_table(index: torch.Tensor, size: int) -> torch.Tensor:
