@@ -60,10 +60,10 @@ def device_constant(values: tuple, dtype: torch.dtype, device: torch.device | st
 
 
 def from_host(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """A CPU tensor moved to ``device`` without making the host wait: a copy to a GPU from ordinary
-    (pageable) memory blocks until the GPU's queue drains, one from pinned memory does not (torch keeps
-    the pinned block until the copy is done). On the CPU it is ``t`` itself."""
+    """``t.to(device)``, and for a CPU tensor going to a GPU without making the host wait: a copy to a GPU
+    from ordinary (pageable) memory blocks until the GPU's queue drains, one from pinned memory does not
+    (torch keeps the pinned block until the copy is done)."""
     device = torch.device(device)
-    if device.type != "cuda":
+    if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)

@@ -551,8 +551,7 @@ class VLARun:
         """A source batch on the device: (batch, float frames (B, T+1, 3, H, W), prepared instructions)."""
         check_batch(batch, self.vla.history, self.vla.image.image_size)
         # filtered where the source made it (the host): on a GPU its checks would each wait for the queue
-        batch = {k: from_host(v, self.info.device) if v.device.type == "cpu" else v.to(self.info.device)
-                 for k, v in _filter(dict(batch), self.cfg).items()}
+        batch = {k: from_host(v, self.info.device) for k, v in _filter(dict(batch), self.cfg).items()}
         frames = images_to_float(batch["frames"])
         if augment and self.cfg.shift_pad:
             frames = random_shift(frames, self.cfg.shift_pad)
