@@ -24,6 +24,7 @@ import torch
 
 from quadforge.envs.fast_paths import cpu_arrays
 from quadforge.seeding import numpy_rng
+from quadforge.tensors import device_constant
 
 TERRAIN_TYPES = ("flat", "slope_up", "slope_down", "rough_slope", "stairs_up", "stairs_down",
                  "obstacles", "stepping_stones", "gaps")
@@ -297,7 +298,6 @@ class Terrain:
     origins: torch.Tensor          # (num_levels, num_cols, 3) float32, spawn point at each tile centre
     col_types: tuple[str, ...]     # terrain type name of each column
     _device_heights: dict = field(default_factory=dict, repr=False)
-    _device_bounds: dict = field(default_factory=dict, repr=False, compare=False)   # _grid_bounds'
     _scratch: dict = field(default_factory=dict, repr=False, compare=False)  # height_at_numpy's buffers
 
     @property
@@ -357,16 +357,13 @@ class Terrain:
 
     def _grid_bounds(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """(0, 0), the grid's centre ((nx - 1) / 2, (ny - 1) / 2), its last vertex (nx - 1, ny - 1) and
-        last cell (nx - 2, ny - 2) in ``dtype``, and the flat index's strides (ny, 1)."""
-        key = (str(device), dtype)
-        if key not in self._device_bounds:
-            nx, ny = self.heights.shape
-            self._device_bounds[key] = (torch.zeros(2, dtype=dtype, device=device),
-                                        torch.tensor([(nx - 1) / 2, (ny - 1) / 2], dtype=dtype, device=device),
-                                        torch.tensor([nx - 1, ny - 1], dtype=dtype, device=device),
-                                        torch.tensor([nx - 2, ny - 2], dtype=dtype, device=device),
-                                        torch.tensor([ny, 1], dtype=torch.long, device=device))
-        return self._device_bounds[key]
+        last cell (nx - 2, ny - 2) in ``dtype``, and the flat index's strides (ny, 1): made once per device."""
+        nx, ny = self.heights.shape
+        return (device_constant((0.0, 0.0), dtype, device),
+                device_constant(((nx - 1) / 2, (ny - 1) / 2), dtype, device),
+                device_constant((float(nx - 1), float(ny - 1)), dtype, device),
+                device_constant((float(nx - 2), float(ny - 2)), dtype, device),
+                device_constant((ny, 1), torch.long, device))
 
     def height_at_numpy(self, xy: np.ndarray) -> np.ndarray:
         """``height_at_reference`` on numpy arrays: the same IEEE-rounded operations in the same order
