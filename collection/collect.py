@@ -6,8 +6,8 @@ collects only the missing number, so re-running the same command after a crash (
 resumes (or does nothing). Each finished episode is written durably through ``StagingWriter``
 (episode ids ``<collector_id>-<counter>``, the counter resuming after the collector's highest id) by a
 background thread (``BackgroundWriter``, so fsyncs overlap simulation); the store is compacted every
-``--compact-every`` episodes or ``--compact-every-s`` seconds, whichever comes first
-(``CompactionSchedule``), and at the end, so a collection stopped early leaves a readable store of what it
+``--compact-every`` episodes or ``--compact-every-s`` seconds, whichever comes first, but within a tenth
+of the wall time (``CompactionSchedule``), and at the end, so a collection stopped early leaves a readable store of what it
 had a while ago. A kill loses at most the episodes in flight: those
 still running in the envs and the few queued for writing. The run's seed is derived from ``--seed``,
 the collector id and the counter the run starts at, so a resumed run never replays the episodes it

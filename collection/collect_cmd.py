@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"compact the store every N new episodes (default {d.compact_every}; 0: not by count)")
     p.add_argument("--compact-every-s", type=float, default=d.compact_every_s, metavar="SECONDS",
                    help=f"... or every SECONDS, whichever comes first (default {d.compact_every_s:g}; 0: not by "
-                        "time), so a collection stopped early leaves a readable store")
+                        "time), so a collection stopped early leaves a readable store; never sooner after a "
+                        "compaction than 9x its duration (compaction, whose cost grows with the store, stays "
+                        "within a tenth of the time)")
     add_num_threads(p, d.num_threads, "physics threads per collector")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--relabel", default=d.relabel,
