@@ -244,6 +244,11 @@ class EnvConfig:
     # many small batched ops that threads only slow down, and they would fight the physics thread pool
     # for the cores. None leaves torch's setting alone (e.g. a trainer that wants threads for itself).
     torch_threads: int | None = 1
+    # The task's per-step scoring (rewards, terminations, episode statistics, gait clock) through
+    # torch.compile: one fused kernel instead of ~100 small ops. Equal to the eager step within float
+    # rounding, not bit for bit, so off by default (every documented number is the eager step's); the
+    # first step compiles (~10-30 s on 2 CPU cores, a C++ compiler needed on the CPU). docs/scale.md.
+    compile_task: bool = False
 
     @classmethod
     def flat(cls, robot: str = "go1", num_envs: int = 16, seed: int = 0, **kw: Any) -> "EnvConfig":
@@ -298,6 +303,8 @@ class EnvConfig:
             raise _err("episode_length_s", self.episode_length_s, f">= the control dt {self.dt:g} s")
         if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
             raise _err("torch_threads", self.torch_threads, "None or an integer >= 1")
+        if not isinstance(self.compile_task, bool):
+            raise _err("compile_task", self.compile_task, "True or False")
         if self.max_init_terrain_level < 0:
             raise _err("max_init_terrain_level", self.max_init_terrain_level, ">= 0")
         if self.terrain is not None:

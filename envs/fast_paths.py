@@ -18,6 +18,8 @@ reference. The references, and the tests that compare the two bit for bit
 
 ``torch_references()`` turns every fast path off for a block: the env then dispatches the torch calls a
 GPU does (``bench env_step`` counts them) with the same results (tested over whole env rollouts).
+Under ``torch.compile`` (``EnvConfig.compile_task``) every fast path declines too: the compiled graph
+is traced from the torch references.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ def cpu_arrays(*tensors: torch.Tensor | None) -> tuple | None:
 
     ``Tensor.numpy`` itself refuses exactly those cases, so it is the check: asking each tensor for
     its device, grad flag and dtype first would cost three property calls a tensor on the hot path."""
-    if not _enabled:
+    if not _enabled or torch.compiler.is_compiling():   # a compiled step traces the torch references
         return None
     try:
         return tuple(None if t is None else t.numpy() for t in tensors)

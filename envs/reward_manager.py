@@ -37,6 +37,12 @@ class RewardManager:
     def episode_sums(self) -> dict[str, torch.Tensor]:
         return {n: self._sums[:, i] for i, n in enumerate(self.names)}
 
+    def prepare(self, tracking_sigma: float) -> None:
+        """Make the fused block's constant matrix now: a compiled step (``EnvConfig.compile_task``) must
+        find it made, or the first call's trace would see it missing and the second recompile."""
+        if self._squares.names:
+            self._squares.weight_matrix(tracking_sigma, self._sums.device)
+
     def compute(self, view: RewardView) -> torch.Tensor:
         n = view.terminated.shape[0]
         if not self.names:

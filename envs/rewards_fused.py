@@ -11,24 +11,26 @@ from typing import Callable
 import torch
 
 from quadforge.envs.rewards import RewardView, _lin_vel_err_xy, _yaw_rate_err
+from quadforge.layout import NUM_JOINTS
 
 
 # Sum-of-squares terms: term = sum of x^2 over some columns of one input block, the tracking kernels
 # exp(-that / tracking_sigma). ``SquareTerms`` computes any subset of them together. Each source is a
-# whole (N, k) block - contiguous, so that concatenating them is a plain row copy - and names the
+# whole (N, width) block - contiguous, so that concatenating them is a plain row copy - and names the
 # columns each term sums; unused columns get weight 0.
-_SOURCES: dict[str, tuple[Callable[[RewardView], torch.Tensor], dict[str, tuple[int, ...]]]] = {
-    "vel_err": (lambda v: _vel_err(v), {"tracking_lin_vel": (0, 1), "tracking_ang_vel": (2,)}),
-    "lin_vel_b": (lambda v: v.task.state.root_lin_vel_b, {"lin_vel_z": (2,)}),
-    "ang_vel_b": (lambda v: v.task.state.root_ang_vel_b, {"ang_vel_xy": (0, 1)}),
-    "gravity_b": (lambda v: v.task.state.projected_gravity_b, {"orientation": (0, 1)}),
-    "joint_torque": (lambda v: v.task.state.joint_torque, {"torques": tuple(range(12))}),
-    "joint_vel": (lambda v: v.task.state.joint_vel, {"dof_vel": tuple(range(12))}),
-    "dof_acc": (lambda v: (v.last_joint_vel - v.task.state.joint_vel) / v.dt, {"dof_acc": tuple(range(12))}),
-    "action_rate": (lambda v: v.task.last_actions - v.task.actions, {"action_rate": tuple(range(12))}),
-    "base_height": (lambda v: (v.base_height - v.base_height_target)[:, None], {"base_height": (0,)}),
+_J = NUM_JOINTS
+_SOURCES: dict[str, tuple[Callable[[RewardView], torch.Tensor], int, dict[str, tuple[int, ...]]]] = {
+    "vel_err": (lambda v: _vel_err(v), 3, {"tracking_lin_vel": (0, 1), "tracking_ang_vel": (2,)}),
+    "lin_vel_b": (lambda v: v.task.state.root_lin_vel_b, 3, {"lin_vel_z": (2,)}),
+    "ang_vel_b": (lambda v: v.task.state.root_ang_vel_b, 3, {"ang_vel_xy": (0, 1)}),
+    "gravity_b": (lambda v: v.task.state.projected_gravity_b, 3, {"orientation": (0, 1)}),
+    "joint_torque": (lambda v: v.task.state.joint_torque, _J, {"torques": tuple(range(_J))}),
+    "joint_vel": (lambda v: v.task.state.joint_vel, _J, {"dof_vel": tuple(range(_J))}),
+    "dof_acc": (lambda v: (v.last_joint_vel - v.task.state.joint_vel) / v.dt, _J, {"dof_acc": tuple(range(_J))}),
+    "action_rate": (lambda v: v.task.last_actions - v.task.actions, _J, {"action_rate": tuple(range(_J))}),
+    "base_height": (lambda v: (v.base_height - v.base_height_target)[:, None], 1, {"base_height": (0,)}),
 }
-SQUARE_TERMS = frozenset(t for _, cols in _SOURCES.values() for t in cols)
+SQUARE_TERMS = frozenset(t for _, _, cols in _SOURCES.values() for t in cols)
 _EXP_TERMS = ("tracking_lin_vel", "tracking_ang_vel")  # exp(-sum / sigma) kernels, first in the output
 
 
@@ -50,29 +52,30 @@ class SquareTerms:
             raise ValueError(f"SquareTerms: {unknown} are not sum-of-squares terms; those are {sorted(SQUARE_TERMS)}")
         self.names = [n for n in _EXP_TERMS if n in names] + [n for n in names if n not in _EXP_TERMS]
         self.num_exp = sum(n in _EXP_TERMS for n in self.names)
-        self._sources = [(fn, cols) for fn, cols in _SOURCES.values() if any(t in self.names for t in cols)]
+        self._sources = [(fn, width, cols) for fn, width, cols in _SOURCES.values()
+                         if any(t in self.names for t in cols)]
         self._weights: torch.Tensor | None = None
         self._sigma: float | None = None
 
-    def _weight_matrix(self, xs: list[torch.Tensor], sigma: float) -> torch.Tensor:
-        """(K, T): 1 (or -1/sigma for the kernels) where input column k belongs to term t, else 0."""
+    def weight_matrix(self, sigma: float, device: torch.device | str) -> torch.Tensor:
+        """(K, T): 1 (or -1/sigma for the kernels) where input column k belongs to term t, else 0; made
+        once per sigma (a task makes it before its first step, so that a compiled step finds it made)."""
         if self._weights is None or self._sigma != sigma:
-            w = torch.zeros(sum(a.shape[1] for a in xs), len(self.names), dtype=xs[0].dtype)
+            w = torch.zeros(sum(width for _, width, _ in self._sources), len(self.names))
             row = 0
-            for x, (_, cols) in zip(xs, self._sources):
+            for _, width, cols in self._sources:
                 for term, idx in cols.items():
                     if term in self.names:
                         t = self.names.index(term)
                         w[[row + i for i in idx], t] = -1.0 / sigma if t < self.num_exp else 1.0
-                row += x.shape[1]
-            self._weights, self._sigma = w.to(xs[0].device), sigma
+                row += width
+            self._weights, self._sigma = w.to(device), sigma
         return self._weights
 
     def compute(self, v: RewardView) -> torch.Tensor:
         """(N, T) unscaled term values in ``names`` order."""
-        xs = [fn(v) for fn, _ in self._sources]
-        x = torch.cat(xs, dim=1).square_()                        # (N, K), a fresh tensor
-        y = x @ self._weight_matrix(xs, v.tracking_sigma)          # (N, T)
+        x = torch.cat([fn(v) for fn, _, _ in self._sources], dim=1).square_()   # (N, K), a fresh tensor
+        y = x @ self.weight_matrix(v.tracking_sigma, x.device)                 # (N, T)
         if self.num_exp:
             y[:, :self.num_exp].exp_()
         return y

@@ -105,6 +105,8 @@ class LeggedEnv(VecEnv):
         self.terrain_types = self.terrain.types
         body_names = tuple(self.backend.state.body_names)
         self.task = self._make_task(cfg, body_names, gen("commands"))
+        if cfg.compile_task:
+            self.task.compile_score()
         self.pushes = Pushes(cfg.randomization, self.dt, gen("push"))
         # extras["pushed"]: all envs are pushed together; a copy of one of these two columns each step, so
         # that a caller writing into last step's extras changes nothing later steps report

@@ -21,6 +21,8 @@ class ViewCache(Generic[V]):
         self._view: V | None = None
 
     def __call__(self, source: torch.Tensor) -> V:
+        if torch.compiler.is_compiling():   # a traced view costs nothing at run time; no state to guard on
+            return self._make(source)
         if source is not self._source:
             self._source, self._view = source, self._make(source)
         return self._view

@@ -1,7 +1,8 @@
 """Small tensor helpers every layer shares: a range check of integer tensors a user's data or checkpoint
 hands in (a one-line ``ValueError``), the row ids a caller hands an env or a policy (indices or a bool
 mask), the row write of a state buffer that ``torch.inference_mode`` may have made, the small
-constants made once per device, and a host-to-GPU copy that does not wait for the GPU."""
+constants made once per device, a host-to-GPU copy that does not wait for the GPU, and what
+torch.compile needs from the code it traces (writes into views, a C++ compiler on the CPU)."""
 from __future__ import annotations
 
 import functools
@@ -67,3 +68,23 @@ def from_host(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def into(op, *args, out: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``op(*args, out=out, **kwargs)``: the result written into ``out`` (often a column view of a
+    larger buffer). Under ``torch.compile`` the same write as a copy, since Dynamo cannot trace ``out=``
+    into a strided view; eagerly the one call with ``out=``, the same bits either way."""
+    if torch.compiler.is_compiling():
+        return out.copy_(op(*args, **kwargs))
+    return op(*args, out=out, **kwargs)
+
+
+def check_cpp_compiler(what: str) -> None:
+    """``torch.compile`` on the CPU builds C++ kernels: a RuntimeError naming ``what`` asked for it when no
+    working compiler is found (torch's own check, ``torch._inductor.config.cpp.cxx`` / ``$CXX``)."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        get_cpp_compiler()
+    except Exception as e:   # torch's InvalidCxxCompiler, or a torch without this check
+        raise RuntimeError(f"{what} compiles with torch.compile, which on the CPU needs a C++ compiler: {e}. "
+                           f"Install one (g++, or set CXX) or leave it off.") from e

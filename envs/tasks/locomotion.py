@@ -5,6 +5,7 @@ plumbing and calls ``post_step`` after every physics step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -17,6 +18,7 @@ from quadforge.envs.reward_manager import RewardManager
 from quadforge.envs.rewards import FeetAirTime, RewardView
 from quadforge.envs.terminations import Terminations, contact_body_indices
 from quadforge.envs.view_cache import ViewCache
+from quadforge.tensors import check_cpp_compiler, into
 
 _FREQ = COMMAND_NAMES.index("gait_frequency")
 
@@ -25,6 +27,24 @@ def _as_slice(idx: torch.Tensor) -> torch.Tensor | slice:
     """Body indices as a slice when they are a non-empty consecutive run (a view, not a gather)."""
     i = idx.tolist()
     return slice(i[0], i[-1] + 1) if i and i == list(range(i[0], i[-1] + 1)) else idx
+
+
+class _ScratchViews(NamedTuple):
+    """The column views of the command and scratch buffers that a step reads and writes."""
+    cmd_xy: torch.Tensor
+    cmd_yaw_rate: torch.Tensor
+    gait_frequency: torch.Tensor
+    v_err: torch.Tensor          # (N, 2) of the (N, 3) velocity errors
+    w_err: torch.Tensor          # (N,)
+    vx_and_w_err: torch.Tensor   # (N, 2): columns 0 and 2
+    cmd_dist: torch.Tensor       # (N,) columns of the (N, 4) statistics
+    v_norm: torch.Tensor
+    abs_err: torch.Tensor        # (N, 2)
+
+    @classmethod
+    def of(cls, commands: torch.Tensor, vel_err: torch.Tensor, stats: torch.Tensor) -> "_ScratchViews":
+        return cls(commands[:, :2], commands[:, 2], commands[:, _FREQ], vel_err[:, :2], vel_err[:, 2],
+                   vel_err[:, 0::2], stats[:, 0], stats[:, 1], stats[:, 2:4])
 
 
 @dataclass
@@ -73,16 +93,13 @@ class LocomotionTask:
         self._vel_err = torch.zeros(n, 3, device=device)
         self._cmd_speed = torch.zeros(n, device=device)
         self._stats = torch.zeros(n, 4, device=device)
-        self._stat_cols = (self._stats[:, 0], self._stats[:, 1], self._stats[:, 2:4])
-        # column views read every step (a slice is a torch call each): of the command buffer and the
-        # error buffer, both updated in place and never replaced, and of the backend's state buffers
-        cmd = self.commands.commands
-        self._cmd_xy, self._cmd_yaw_rate, self._gait_frequency = cmd[:, :2], cmd[:, 2], cmd[:, _FREQ]
-        self._v_err, self._w_err = self._vel_err[:, :2], self._vel_err[:, 2]
-        self._vx_and_w_err = self._vel_err[:, 0::2]
+        # column views read every step (a slice is a torch call each), made once: of the command buffer and
+        # the scratch buffers, both updated in place and never replaced
+        self._views = _ScratchViews.of(self.commands.commands, self._vel_err, self._stats)
         self._lin_vel_xy = ViewCache(lambda lin_vel_b: lin_vel_b[:, :2])
         self._yaw_rate = ViewCache(lambda ang_vel_b: ang_vel_b[:, 2])
         self._before_done = False
+        self._score = self.score
 
     def view(self, state: RobotState, actions, last_actions, env_params, terrain_height, flat,
              yaw: torch.Tensor | None = None) -> TaskView:
@@ -102,28 +119,49 @@ class LocomotionTask:
     def before_physics(self) -> None:
         """What ``post_step`` needs that only the commands decide (they change only in ``post_step`` and
         at resets): the LeggedEnv calls it while the backend simulates, before each ``post_step``."""
-        cmd_speed = torch.linalg.vector_norm(self._cmd_xy, dim=1, out=self._cmd_speed)
-        torch.mul(cmd_speed, self.dt, out=self._stat_cols[0])
+        cmd_speed = torch.linalg.vector_norm(self._views.cmd_xy, dim=1, out=self._cmd_speed)
+        torch.mul(cmd_speed, self.dt, out=self._views.cmd_dist)
         self.ep_steps += 1
         self._before_done = True
 
     def post_step(self, view: TaskView, base_height: torch.Tensor, last_joint_vel: torch.Tensor,
                   non_finite: torch.Tensor, time_out: torch.Tensor) -> StepResult:
-        s = view.state
         if not self._before_done:  # a caller that does not overlap it with the physics
             self.before_physics()
         self._before_done = False
-        # The commands that were in force during this step score it; update them afterwards.
+        rewards, reason, dones, time_outs = self._score(view, base_height, last_joint_vel, non_finite, time_out)
+        # The commands that were in force during this step scored it; update them afterwards (host-side
+        # resampling schedule: outside a compiled score).
+        self.yaw = self.commands.step(view.state.root_quat_w, view.yaw)
+        return StepResult(rewards=rewards, reason=reason, dones=dones, time_outs=time_outs)
+
+    def compile_score(self) -> None:
+        """Run ``score`` through ``torch.compile`` from now on (``EnvConfig.compile_task``). Its Python
+        per step shrinks to the compiled call's guards and launch; the arithmetic is fused, so the results
+        equal the eager step's within float rounding (tests/envs/test_compile_task.py). Without a C++
+        compiler (on the CPU) a clear error now, not a cryptic one at the first step."""
+        if torch.device(self.device).type == "cpu":
+            check_cpp_compiler("EnvConfig.compile_task=True")
+        self.rewards.prepare(self.cfg.rewards.tracking_sigma)
+        self._score = torch.compile(self.score, dynamic=False, options={"size_asserts": False})
+
+    def score(self, view: TaskView, base_height: torch.Tensor, last_joint_vel: torch.Tensor,
+              non_finite: torch.Tensor, time_out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The step's rewards and terminations, the episode statistics and the gait clock: (rewards,
+        reason, dones, time_outs). Tensor arithmetic only, so ``torch.compile`` traces it whole."""
+        s = view.state
         # Quantities the statistics, terminations and rewards share, computed once, into reused buffers.
-        cmd_speed = self._cmd_speed
-        v_err, w_err = self._v_err, self._w_err
-        torch.sub(self._lin_vel_xy(s.root_lin_vel_b), self._cmd_xy, out=v_err)
-        torch.sub(self._yaw_rate(s.root_ang_vel_b), self._cmd_yaw_rate, out=w_err)
+        # Compiled, the views are traced afresh: views of one buffer handed in as separate inputs, some
+        # written, would make torch.compile rebuild their common base on every call.
+        cv = (_ScratchViews.of(self.commands.commands, self._vel_err, self._stats) if torch.compiler.is_compiling()
+              else self._views)
+        cmd_speed, v_err, w_err = self._cmd_speed, cv.v_err, cv.w_err
+        into(torch.sub, self._lin_vel_xy(s.root_lin_vel_b), cv.cmd_xy, out=v_err)
+        into(torch.sub, self._yaw_rate(s.root_ang_vel_b), cv.cmd_yaw_rate, out=w_err)
         force_norm = torch.linalg.vector_norm(s.contact_forces, dim=-1) if self._needs_force_norm else None  # (N, B)
-        # columns: commanded distance (before_physics), |v_xy err|, |v_x err|, |w_z err|
-        _, v_norm, abs_err = self._stat_cols
-        torch.linalg.vector_norm(v_err, dim=1, out=v_norm)
-        torch.abs(self._vx_and_w_err, out=abs_err)
+        # statistics columns: commanded distance (before_physics), |v_xy err|, |v_x err|, |w_z err|
+        into(torch.linalg.vector_norm, v_err, dim=1, out=cv.v_norm)
+        into(torch.abs, cv.vx_and_w_err, out=cv.abs_err)
         self._ep_sums += self._stats
 
         ends = self.terminations.outcome(s, base_height, non_finite, time_out, force_norm)
@@ -142,12 +180,11 @@ class LocomotionTask:
         rew = self.rewards.compute(rview).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # a fresh (N,) total
         self.ep_return += rew
 
-        # Advance the gait clock at the commanded frequency (walk-these-ways), then the commands.
+        # Advance the gait clock at the commanded frequency (walk-these-ways).
         # in place: a buffer the step replaced would be an inference tensor under rsl_rl's
         # ``torch.inference_mode``, which a reset outside that mode could not write
-        torch.remainder(self.gait_time + self._gait_frequency * self.dt, 1.0, out=self.gait_time)
-        self.yaw = self.commands.step(s.root_quat_w, view.yaw)
-        return StepResult(rewards=rew, reason=ends.reason, dones=ends.dones, time_outs=ends.time_outs)
+        torch.remainder(self.gait_time + cv.gait_frequency * self.dt, 1.0, out=self.gait_time)
+        return rew, ends.reason, ends.dones, ends.time_outs
 
     def episode_info(self, env_ids: torch.Tensor, reason: torch.Tensor, root_pos_w: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-episode statistics of the given (ending) envs, as (k,) tensors."""
