@@ -31,7 +31,8 @@
 #            mujoco_cpu flat and rough, the gait expert under both backends, and since 2026-11-27 the
 #            QUARD scene on Warp equal to mujoco_cpu's: object poses, contact sensor, target pixels)
 #   scale    bench scale --num-envs 4096: env and backend-only steps/s, env/backend, where a step goes,
-#            buffers and memory per world, and the options table (solver 10/20, resets: forward, resets: step1)
+#            buffers and memory per world, and the options table (solver 10/20, resets: forward, resets: step1,
+#            task compiled: EnvConfig.compile_task, the task's score through torch.compile)
 #   profile  bench warp_profile: GPU time per MuJoCo Warp function of one physics step at 4096 worlds
 #            (MuJoCo Warp's testspeed, event trace), the scene as is and with collision variants
 #   vla_eval the shipped VLA (experts/checkpoints/vla_rt1.pt) evaluated on Warp on CUDA, quard:all, 20
@@ -40,7 +41,8 @@
 #   ppo      train-expert --preset legged_gym on flat ground, 4096 envs on Warp, networks on CUDA, for
 #            GPU_CHECK_PPO_S (default 150) seconds: iteration time and the reward's climb (rsl_rl's log);
 #            GPU_CHECK_PPO_FLAGS adds flags (e.g. "--warp-solver-iterations 10 --warp-ls-iterations 20"; "auto":
-#            the reset recompute that measured faster in this machine's scale stage)
+#            the reset recompute that measured faster in this machine's scale stage, and env.compile_task=True
+#            when the compiled task measured faster there)
 #   ppo_rough  (not default) the same on legged_gym's mixed terrain with its curriculum, for
 #            GPU_CHECK_PPO_ROUGH_S (default 420) seconds: Curriculum/level/mean against time
 #   quard    bench quard_gpu --quick: QUARD on Warp with the batch renderer, VLA training samples/s
@@ -140,14 +142,19 @@ if want scale; then
   cp /tmp/gpu_check_json/scale_4096.txt "$out/"
 fi
 # GPU_CHECK_PPO_FLAGS=auto: the reset recompute (forward or step1) whose env steps/s was higher in this
-# machine's scale stage (its options table), so PPO runs with what measured faster here
+# machine's scale stage (its options table), and the compiled task if it beat the defaults there, so PPO
+# runs with what measured faster here
 pick_reset() {
   python3 - <<'PY' 2>/dev/null || true
 import json
 t = json.load(open("/tmp/gpu_check_json/scale_4096.json"))["tables"]
 rows = {r["variant"]: r["env steps/s"] for title, rs in t.items() if title.startswith("mujoco_warp options") for r in rs}
+flags = []
 if "resets: step1" in rows and "resets: forward" in rows:
-    print("--warp-reset-recompute", "step1" if rows["resets: step1"] >= rows["resets: forward"] else "forward")
+    flags += ["--warp-reset-recompute", "step1" if rows["resets: step1"] >= rows["resets: forward"] else "forward"]
+if rows.get("task compiled", 0) > rows.get("defaults", float("inf")):
+    flags.append("env.compile_task=True")
+print(*flags)
 PY
 }
 ppo() {   # PPO, legged_gym preset, 4096 envs on Warp, terrain $1, for at most $2 seconds, rsl_rl's log to $3

@@ -114,3 +114,14 @@ def test_into_writes_a_strided_view_eagerly_and_compiled():
     got = traced(a, b, buf.clone())
     assert torch.equal(got[:, 2], torch.linalg.vector_norm(a - b, dim=1)) and torch.equal(got[:, :2], a - b)
 
+
+@needs_cxx
+def test_the_benchmarks_time_the_compiled_task_beside_the_eager_one():
+    from quadforge.tools.bench.env_step import compiled_pair
+    from quadforge.tools.bench.scale import measure_one
+    pair = compiled_pair("flat", 4, 1, steps=3, rounds=1)
+    assert all(pair[f"{part} {label}"] > 0 for part in ("task", "score") for label in ("eager", "compiled"))
+    assert pair["env/raw eager"] > 0 and pair["env/raw compiled"] > 0 and pair["first_steps_s"] > 0
+    before = _graphs()
+    row = measure_one("mujoco_cpu", 2, 2, 1, lambda: None, env_overrides={"compile_task": True})   # bench scale's variant
+    assert _graphs() > before and row["env"] > 0 and row["task"] > 0

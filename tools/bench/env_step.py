@@ -18,7 +18,11 @@ Also reported: raw and env wall time per step and their ratio (the env/raw of `b
 torch calls per step (every torch function, operator and tensor method the env calls from Python:
 the dispatch count that sets the per-step cost at small N).
 
-A second table counts the torch calls a GPU dispatches (``envs.fast_paths.torch_references``: the numpy
+A second table times the same env eager and with ``EnvConfig.compile_task`` (the task's score through
+``torch.compile``), both interleaved with raw rounds in one run: the task's and its score's CPU time per
+step and each env's env/raw (docs/scale.md).
+
+A third table counts the torch calls a GPU dispatches (``envs.fast_paths.torch_references``: the numpy
 fast paths off), in steps where no episode ends and in steps where some do (episodes of 1 s, their ends
 staggered so that about N/50 envs reset each step). On a GPU every call is a kernel launch and its
 Python, and at thousands of worlds some world resets in every step, so the second count, not the math,
@@ -95,6 +99,47 @@ def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dic
     return ms
 
 
+def compiled_pair(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dict[str, float]:
+    """The same env eager and with ``EnvConfig.compile_task``, each round raw, eager, compiled back to back:
+    the task's caller-thread CPU ms per step (``post_step``, the score inside it) and env/raw wall of
+    each, and the compiled env's first 20 steps in seconds (its compile, or loading torch's cache)."""
+    envs, first = {}, 0.0
+    for label, over in (("eager", {}), ("compiled", {"compile_task": True})):
+        env = envs[label] = _make_env(n, threads, terrain, **over)
+        zeros = torch.zeros(n, env.num_actions)
+        t0 = time.perf_counter()
+        for _ in range(20):  # settle from the drop, as bench sim does (and compile)
+            env.step(zeros)
+        first = time.perf_counter() - t0
+    raw = _Raw(envs["eager"].backend, threads, steps)
+    acc: dict[str, float] = defaultdict(float)
+    for label, env in envs.items():
+        timed_method(env.task, "post_step", acc, f"task {label}", time.thread_time)
+        timed_method(env.task, "_score", acc, f"score {label}", time.thread_time)
+    samples: dict[str, list[float]] = defaultdict(list)
+    raw()
+    for _ in range(rounds):
+        acc.clear()
+        t0 = time.perf_counter()
+        raw()
+        samples["raw"].append(time.perf_counter() - t0)
+        for label, env in envs.items():
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                env.step(zeros)
+            samples[label].append(time.perf_counter() - t0)
+        for k, v in acc.items():
+            samples[k].append(v)
+    raw.close()
+    for env in envs.values():
+        env.close()
+    out = {k: 1e3 * statistics.median(v) / steps for k, v in samples.items() if k.startswith(("task", "score"))}
+    for label in envs:
+        out[f"env/raw {label}"] = statistics.median(r / e for r, e in zip(samples["raw"], samples[label]))
+    out["first_steps_s"] = first
+    return out
+
+
 def gpu_calls(terrain: str, n: int, steps: int = 100, backend: str = "mujoco_cpu") -> dict[str, float]:
     """Torch calls per env step on the torch references (as on a GPU): steps without episode ends and
     steps with some (1 s episodes, ends staggered over the envs), and the envs reset per such step.
@@ -130,11 +175,20 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
                   "backend process CPU, during/task/obs/rest caller-thread CPU",
                   ["terrain", "envs", "threads", "raw", "env", "backend", "during", "task", "obs", "rest",
                    "task+obs+rest", "torch calls/step", "env/raw"])
+    compiled = Table("env_step: the task eager and with EnvConfig.compile_task (its score through torch.compile), "
+                     "interleaved with raw rounds; caller-thread CPU ms per step of the task (post_step) and of the "
+                     "score in it; first 20 steps s of the compiled env (its compile, or loading torch's cache)",
+                     ["terrain", "envs", "threads", "task eager", "task compiled", "score eager", "score compiled",
+                      "task compiled/eager", "env/raw eager", "env/raw compiled", "first 20 steps s"])
     for terrain in ("flat", "mixed"):
         for n in ((64,) if quick else (16, 64, 256)):
             r = _measure(terrain, n, 2, max(4, work // n), rounds)
             table.add(terrain, n, 2, r["raw"], r["env"], r["backend"], r["during"], r["task"], r["obs"], r["rest"],
                       r["task"] + r["obs"] + r["rest"], r["calls"], r["env/raw"])
+            c = compiled_pair(terrain, n, 2, max(4, work // n), rounds)
+            compiled.add(terrain, n, 2, c["task eager"], c["task compiled"], c["score eager"], c["score compiled"],
+                         c["task compiled"] / c["task eager"], c["env/raw eager"], c["env/raw compiled"],
+                         c["first_steps_s"])
     calls = Table("env_step: torch calls per env step as a GPU dispatches them (numpy fast paths off), "
                   "median over steps without and with episode ends; every installed backend (mujoco_warp "
                   "on its default device, a CUDA GPU else Warp's CPU device; 64 envs: the count does not "
@@ -146,5 +200,5 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
             for n in ((64,) if quick or backend != "mujoco_cpu" else (64, 256)):
                 c = gpu_calls(terrain, n, backend=backend)
                 calls.add(backend, terrain, n, c["without"], c["with"], c["resets"], f"{c['steps_with']}/{c['steps']}")
-    report("env_step", [table, calls], json_path, extra={"quick": quick})
+    report("env_step", [table, compiled, calls], json_path, extra={"quick": quick})
     return 0

@@ -62,14 +62,16 @@ def _warp_device() -> str:
     return "cuda:0" if torch.cuda.is_available() else "cpu"
 
 
-def _env(backend: str, num_envs: int, **warp_options):
-    """Go1 on legged_gym's mixed terrain grid, physics on every core, through the one builder; (env, build s)."""
+def _env(backend: str, num_envs: int, env_overrides: dict | None = None, **warp_options):
+    """Go1 on legged_gym's mixed terrain grid, physics on every core, through the one builder; (env, build s).
+    ``env_overrides``: ``EnvConfig`` fields (``compile_task``)."""
     from quadforge.envs.builder import make_env
 
     t0 = time.perf_counter()
     # overflowing worlds end their episodes instead of stopping the sweep; the table counts them
     env = make_env("go1", "mixed", num_envs=num_envs, num_threads=os.cpu_count(), backend=backend,
-                   warp=WarpConfig(device=_warp_device(), on_overflow="terminate", **warp_options))
+                   warp=WarpConfig(device=_warp_device(), on_overflow="terminate", **warp_options),
+                   overrides=env_overrides)
     return env, time.perf_counter() - t0
 
 
@@ -88,11 +90,14 @@ def cold_compile_seconds(device: str) -> tuple[float, float]:
 # scene's (MuJoCo's 100 / 50): on a GPU one graph-conditional loop runs until the slowest world
 # converges; and what a reset recomputes, MuJoCo's whole forward or the position and velocity stages
 # only (``reset_recompute``; the default is step1 on a GPU, forward on Warp's CPU device, so one of the
-# two rows repeats the defaults): resets were the largest part of a step above the physics on an H100
-VARIANTS = (("defaults", {}),
-            ("solver 10 / 20", {"solver_iterations": 10, "ls_iterations": 20}),
-            ("resets: forward", {"reset_recompute": "forward"}),
-            ("resets: step1", {"reset_recompute": "step1"}))
+# two rows repeats the defaults): resets were the largest part of a step above the physics on an H100;
+# and the env's own option: the task's per-step score through torch.compile (``EnvConfig.compile_task``,
+# fused kernels instead of ~100 launches). Each: (label, Warp options, EnvConfig overrides).
+VARIANTS = (("defaults", {}, {}),
+            ("solver 10 / 20", {"solver_iterations": 10, "ls_iterations": 20}, {}),
+            ("resets: forward", {"reset_recompute": "forward"}, {}),
+            ("resets: step1", {"reset_recompute": "step1"}, {}),
+            ("task compiled", {}, {"compile_task": True}))
 BREAKDOWN = ("backend", "task", "resets", "resets: backend", "obs", "rest")
 BREAKDOWN_COLUMNS = tuple(f"ms/step: {k}" if k == "backend" else k for k in BREAKDOWN)
 
@@ -122,8 +127,9 @@ def variant_table(num_envs: int, defaults: dict, steps: int, rounds: int, sync) 
                   ["variant", "env steps/s", "backend steps/s", "env/backend", "backend share",
                    *BREAKDOWN_COLUMNS,
                    "iterations mean", "iterations max", "overflowed worlds"])
-    for label, options in VARIANTS:
-        r = defaults if not options else measure_one("mujoco_warp", num_envs, steps, rounds, sync, **options)
+    for label, options, env_overrides in VARIANTS:
+        r = defaults if not (options or env_overrides) else measure_one(
+            "mujoco_warp", num_envs, steps, rounds, sync, env_overrides=env_overrides, **options)
         table.add(label, r["env"], r["backend_rate"], r["env"] / r["backend_rate"], r["share"],
                   *(r[k] for k in BREAKDOWN),
                   r["niter_mean"], r["niter_max"], r["overflowed"])
@@ -164,10 +170,11 @@ def step_breakdown(env, actions: torch.Tensor, steps: int, sync) -> dict[str, fl
     return ms
 
 
-def measure_one(backend: str, n: int, steps: int, rounds: int, sync, **warp_options) -> dict:
+def measure_one(backend: str, n: int, steps: int, rounds: int, sync, env_overrides: dict | None = None,
+                **warp_options) -> dict:
     """One backend at ``n`` worlds: build time, env and backend-only steps/s, the step's breakdown, the
     solver's iterations, buffers and memory per world and overflowed worlds, as a dict."""
-    env, build_s = _env(backend, n, **warp_options)
+    env, build_s = _env(backend, n, env_overrides, **warp_options)
     b = env.backend
     zeros = torch.zeros(n, 12, device=env.device)
     targets = env.default_joint_pos.expand(n, -1).contiguous()
