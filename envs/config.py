@@ -245,9 +245,10 @@ class EnvConfig:
     # for the cores. None leaves torch's setting alone (e.g. a trainer that wants threads for itself).
     torch_threads: int | None = 1
     # The task's per-step scoring (rewards, terminations, episode statistics, gait clock) through
-    # torch.compile: one fused kernel instead of ~100 small ops. Equal to the eager step within float
-    # rounding, not bit for bit, so off by default (every documented number is the eager step's); the
-    # first step compiles (~10-30 s on 2 CPU cores, a C++ compiler needed on the CPU). docs/scale.md.
+    # torch.compile: a few fused kernels instead of ~60 small ops (the default rewards). Equal to the
+    # eager step within float rounding, not bit for bit, so off by default (every documented number is
+    # the eager step's); the first step compiles (~15 s on 2 CPU cores from an empty cache, a C++
+    # compiler needed on the CPU). docs/scale.md.
     compile_task: bool = False
 
     @classmethod

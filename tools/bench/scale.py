@@ -92,7 +92,7 @@ def cold_compile_seconds(device: str) -> tuple[float, float]:
 # only (``reset_recompute``; the default is step1 on a GPU, forward on Warp's CPU device, so one of the
 # two rows repeats the defaults): resets were the largest part of a step above the physics on an H100;
 # and the env's own option: the task's per-step score through torch.compile (``EnvConfig.compile_task``,
-# fused kernels instead of ~100 launches). Each: (label, Warp options, EnvConfig overrides).
+# a few fused kernels instead of ~60 launches). Each: (label, Warp options, EnvConfig overrides).
 VARIANTS = (("defaults", {}, {}),
             ("solver 10 / 20", {"solver_iterations": 10, "ls_iterations": 20}, {}),
             ("resets: forward", {"reset_recompute": "forward"}, {}),
