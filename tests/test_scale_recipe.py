@@ -140,3 +140,24 @@ def test_ray_actors_ask_for_a_gpu_only_when_their_physics_runs_on_cuda():
     assert actor_gpus(CollectConfig(out="s", episodes=1, backend="mujoco_warp")) == 0   # device auto: no request
     assert actor_gpus(CollectConfig(out="s", episodes=1, backend="mujoco_warp", warp=WarpConfig(device="cpu"))) == 0
     assert actor_gpus(CollectConfig(out="s", episodes=1, backend="mujoco_warp", warp=WarpConfig(device="cuda"))) == 1
+
+
+def test_a_variant_that_cannot_run_keeps_the_options_table(monkeypatch, capsys):
+    """On a GPU machine without Triton the compiled-task variant raises; the other rows stay measured."""
+    import math
+
+    from quadforge.tools.bench import scale
+    row = {"env": 2.0, "backend_rate": 4.0, "share": 0.5, **{k: 1.0 for k in scale.BREAKDOWN},
+           "niter_mean": 3.0, "niter_max": 5, "overflowed": 0}
+
+    def measure_one(backend, n, steps, rounds, sync, env_overrides=None, **options):
+        if env_overrides:
+            raise RuntimeError("Cannot find a working triton installation")
+        return row
+    monkeypatch.setattr(scale, "measure_one", measure_one)
+    table = scale.variant_table(8, row, 1, 1, lambda: None)
+    by_label = {r["variant"]: r for r in table.records()}
+    assert list(by_label) == [label for label, _, _ in scale.VARIANTS]
+    assert by_label["defaults"]["env/backend"] == 0.5 and by_label["resets: step1"]["env steps/s"] == 2.0
+    assert math.isnan(by_label["task compiled"]["env steps/s"])
+    assert "'task compiled' failed: RuntimeError: Cannot find a working triton" in capsys.readouterr().out
