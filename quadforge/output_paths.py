@@ -12,6 +12,9 @@ hour of work, never writes its files among someone else's, and never replaces fi
   that ``--resume`` continues or ``--overwrite`` replaces; otherwise refused (a finished 3000-step
   model is not silently replaced by a 5-step one).
 Errors are ``ValueError``s naming the flag, the path and what to do, so the CLI prints one line.
+- ``check_train_out(out_dir, resume, overwrite)``: ``check_run_dir`` for the trainers' Python ``train``
+  functions (their arguments named in the error), on the main process only (under torchrun the other
+  ranks would see the files the main one has begun to write).
 """
 from __future__ import annotations
 
@@ -129,26 +132,28 @@ def holds_run(path: str | os.PathLike) -> bool:
 
 
 def check_run_dir(path: str | os.PathLike, resume: bool = False, overwrite: bool = False,
-                  flag: str = "--out") -> Path:
+                  flag: str = "--out", options: tuple[str, str] = ("--resume", "--overwrite")) -> Path:
     """A training run folder: new/empty, or an existing run continued (``resume``) or replaced
-    (``overwrite``). A non-empty folder that is not a run is refused even with ``overwrite``."""
+    (``overwrite``). A non-empty folder that is not a run is refused even with ``overwrite``.
+    ``options``: how the caller spells resume and overwrite (the CLI's flags, or a function's arguments)."""
     p = Path(path)
+    resume_opt, overwrite_opt = options
     if resume and overwrite:
-        raise ValueError("--resume and --overwrite contradict each other; pass one")
+        raise ValueError(f"{resume_opt} and {overwrite_opt} contradict each other; pass one")
     if p.exists() and not p.is_dir():
         raise ValueError(f"{flag} {p}: is a file; give a folder for the run (created if missing)")
     _check_parents(p, flag)
     has_run = holds_run(p)
     if resume:
         if not has_run:
-            raise ValueError(f"--resume: {p} holds no checkpoint (last.pt, best.pt or step_*.pt) to resume")
+            raise ValueError(f"{resume_opt}: {p} holds no checkpoint (last.pt, best.pt or step_*.pt) to resume")
         return p
     if p.is_dir() and any(x.name != RUN_LOCK for x in p.iterdir()):
         if has_run and overwrite:
             return p
         if has_run:
-            raise ValueError(f"{flag} {p}: already holds a training run ({listing(p)}); pass --resume to "
-                             f"continue it, --overwrite to replace it, or choose a new folder")
+            raise ValueError(f"{flag} {p}: already holds a training run ({listing(p)}); pass {resume_opt} to "
+                             f"continue it, {overwrite_opt} to replace it, or choose a new folder")
         raise ValueError(f"{flag} {p}: a non-empty folder that is not a training run (it holds {listing(p)}); "
                          f"give a new or empty folder")
     return p
@@ -164,3 +169,11 @@ def is_store_dir(p: Path) -> bool:
 
 def is_eval_dir(p: Path) -> bool:
     return (p / "eval.json").is_file() or (p / "report.md").is_file()
+
+
+def check_train_out(out_dir: str | os.PathLike | None, resume: bool, overwrite: bool) -> None:
+    """What a trainer's ``train(..., out_dir, resume=, overwrite=)`` checks before any work: ``check_run_dir``
+    with its arguments' names, on rank 0 of a torchrun job (or the only process). None: no files."""
+    if out_dir is None or int(os.environ.get("RANK", "0")) != 0:
+        return
+    check_run_dir(out_dir, resume, overwrite, flag="out_dir", options=("resume=True", "overwrite=True"))

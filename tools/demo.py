@@ -125,7 +125,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     tcfg.tensorboard = False
     log(f"[2/3] training FCNet ({cfg.train_steps} steps, batch {cfg.batch_size}, context {tcfg.context}) "
         f"-> {out / 'fcnet'}")
-    trained = train(tcfg, str(store), out / "fcnet")
+    trained = train(tcfg, str(store), out / "fcnet", overwrite=True)   # the demo's own folder (checked above)
     times["train_s"] = time.perf_counter() - t0
     if trained.checkpoint is None:
         raise RuntimeError("FCNet training wrote no checkpoint")

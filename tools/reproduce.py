@@ -228,7 +228,7 @@ def stage_imitation(cfg: ReproduceConfig, res: Results, log: Callable[[str], Non
                 tcfg.val_every = tcfg.log_every = max(1, cfg.train_steps // 2)
                 tcfg.tensorboard = False
                 t0 = time.perf_counter()
-                trained = train(tcfg, subset, run_dir)
+                trained = train(tcfg, subset, run_dir, overwrite=True)   # a run the results do not hold: unfinished
                 train_s = time.perf_counter() - t0
                 val = [h["val_loss"] for h in trained.history if "val_loss" in h]
                 ev = eval_policy(str(trained.checkpoint), run_dir / "eval", cfg, seed)
@@ -282,7 +282,7 @@ def stage_germ(cfg: ReproduceConfig, res: Results, log: Callable[[str], None]) -
             run_dir = out / "germ" / f"{model}_s{seed}"
             g = germ_config(model, cfg, seed)
             t0 = time.perf_counter()
-            summary = germ_train(g, data, run_dir)
+            summary = germ_train(g, data, run_dir, overwrite=True)   # a run the results do not hold: unfinished
             train_s = time.perf_counter() - t0
             ev = eval_policy(str(summary["checkpoint"]), run_dir / "eval", cfg, seed)
             m = summary.get("model")

@@ -224,7 +224,8 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
         log(f"[dagger] iteration {it}: training {cfg.model} on {data.num_episodes} episodes / {data.num_steps} steps "
             f"({len(stores)} store(s)), {tcfg.max_steps} steps" + (f" from {previous}" if tcfg.init_from else ""))
         t1 = time.perf_counter()
-        trained = train(tcfg, open_aggregate(stores), out / f"iter{it}", device=cfg.device)
+        # overwrite: an interrupted rerun retrains the iteration it did not finish (dagger.json has no row for it)
+        trained = train(tcfg, open_aggregate(stores), out / f"iter{it}", device=cfg.device, overwrite=True)
         train_s = time.perf_counter() - t1
         val = [h["val_loss"] for h in trained.history if "val_loss" in h]
         ev = evaluate_policy(str(trained.checkpoint), f"iter{it}")

@@ -28,6 +28,7 @@ from quadforge.data.ram_budget import sampler_source
 from quadforge.data.samplers import WindowSampler
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.store_set import StoreSet
+from quadforge.output_paths import check_train_out
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
@@ -129,12 +130,13 @@ class TrainResult:
 
 
 def train(cfg: TrainConfig, data: Any, out_dir: str | Path | None, device: str = "cpu",
-          resume: bool = False) -> TrainResult:
+          resume: bool = False, overwrite: bool = False) -> TrainResult:
     """Train on ``data`` (a store path, an open TrajectoryStore, a StoreSet or EpisodeArrays) into
-    ``out_dir`` (None: no files). Unlike ``quadforge train``, it does not refuse an ``out_dir`` holding an
-    earlier run (``quadforge.output_paths.check_run_dir`` does); it does refuse one another training is
-    writing at the time."""
+    ``out_dir`` (None: no files). An ``out_dir`` holding an earlier run is refused unless ``resume``
+    continues it or ``overwrite`` replaces it (as ``quadforge train``'s flags), and so is one another
+    training is writing at the time."""
     cfg.validate()
+    check_train_out(out_dir, resume, overwrite)
     info = dist.init_distributed(device)
     try:
         return _train(cfg, data, Path(out_dir) if out_dir else None, info, resume)
@@ -358,7 +360,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not args.out:
         raise ValueError("--out is required: the directory for checkpoints and logs")
     cfg = config_from_args(args)
-    result = train(cfg, args.store, args.out, device=args.device, resume=args.resume)
+    result = train(cfg, args.store, args.out, device=args.device, resume=args.resume,
+                   overwrite=bool(getattr(args, "overwrite", False)))
     if result.checkpoint is not None:
         print(f"wrote {result.checkpoint}")
     return 0

@@ -56,6 +56,7 @@ from quadforge.models.losses import (MC_BOUND_DIMS, SEED003_SUCCESS_RATIO, bellm
                                      ema_update, q_learning_terms, with_mc_lower_bound)
 from quadforge.models.registry import model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
+from quadforge.output_paths import check_train_out
 from quadforge.seeding import rank_seed, seed_everything
 
 OBJECTIVES = ("q", "il")
@@ -231,9 +232,11 @@ def validate(model: GeRM, target: GeRM | None, sampler: Any, binner: ActionBinne
 
 
 def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = "cpu", resume: bool = False,
-          provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Train on ``source`` (a TrajectoryStore or EpisodeArrays); returns a summary dict."""
+          provenance: Mapping[str, Any] | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Train on ``source`` (a TrajectoryStore or EpisodeArrays); returns a summary dict. An ``out_dir``
+    holding an earlier run is refused unless ``resume`` continues it or ``overwrite`` replaces it."""
     cfg.validate()
+    check_train_out(out_dir, resume, overwrite)
     info = init_distributed(device)
     seed_everything(rank_seed(cfg.seed, info.rank))
     run = GeRMRun(cfg, source, Path(out_dir), info, resume, provenance)
@@ -371,7 +374,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     if schema is not None:   # the robot the data came from: deploying on another one is refused
         provenance.update(robot=schema.robot, control_dt=schema.control_dt)
     summary = train(cfg, source, args.out, device=getattr(args, "device", "cpu"),
-                    resume=bool(getattr(args, "resume", False)), provenance=provenance)
+                    resume=bool(getattr(args, "resume", False)), provenance=provenance,
+                    overwrite=bool(getattr(args, "overwrite", False)))
     print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {summary['active_parameters']:,} / "
           f"total {summary['total_parameters']:,} parameters)")
     return 0

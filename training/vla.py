@@ -61,6 +61,7 @@ from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup,
                                             wrap_model)
 from quadforge.training.loop import (RunLog, TrainLoop, apply_trainer_args, check_amp, check_resume_provenance,
                                      resume_from, save_run_checkpoint)
+from quadforge.output_paths import check_train_out
 from quadforge.seeding import rank_seed, seed_everything
 from quadforge.tensors import from_host
 
@@ -397,11 +398,13 @@ def _store_sources(path: str | Path, cfg: VLATrainConfig, info: DistInfo):
 
 def train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out_dir: str | Path, device: str = "cpu",
           val_source: ImageWindowSource | None = None, resume: bool = False,
-          provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+          provenance: Mapping[str, Any] | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Train on an ImageWindowSource, or on an image store (a path: split into training and validation
     episodes, sharded over ranks); writes OUT/last.pt; returns a summary (history, val, model, binner).
-    One process, or DDP under torchrun (``training.distributed``)."""
+    One process, or DDP under torchrun (``training.distributed``). An ``out_dir`` holding an earlier run
+    is refused unless ``resume`` continues it or ``overwrite`` replaces it."""
     cfg.validate()
+    check_train_out(out_dir, resume, overwrite)
     info = init_distributed(device)
     try:
         return _train(cfg, source, Path(out_dir), info, val_source, resume, provenance)
@@ -675,7 +678,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not getattr(args, "out", None):
         raise ValueError("--out DIR is required for VLA training")
     summary = train(cfg, args.store, args.out, device=getattr(args, "device", "cpu"),
-                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.store).resolve())})
+                    resume=bool(getattr(args, "resume", False)), provenance={"data": str(Path(args.store).resolve())},
+                    overwrite=bool(getattr(args, "overwrite", False)))
     p = summary["parameters"]
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {p['active']:,} / total {p['total']:,} parameters)")

@@ -90,7 +90,7 @@ def test_same_seed_same_weights_and_resume_is_exact(tmp_path):
         train(_cfg(steps=30, model_config=dict(hidden=8)), data, tmp_path / "c", resume=True)
     with pytest.raises(ValueError, match="holds model 'fcnet', not 'mlp'"):
         train(_cfg("mlp", steps=30), data, tmp_path / "c", resume=True)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ValueError, match="resume=True: .* holds no checkpoint"):
         train(_cfg(steps=30), data, tmp_path / "empty", resume=True)
 
 

@@ -93,3 +93,23 @@ def test_val_curve_after_a_resume_has_each_validation_once(tmp_path, monkeypatch
 def _whole_run(out):
     imitation.train(_cfg(), learnable_arrays(), out)
     return out
+
+
+def test_train_from_python_refuses_a_folder_holding_a_run_unless_told(tmp_path):
+    """A notebook's second ``train`` into the same folder would have replaced a finished run's checkpoints:
+    refused before any work, as ``quadforge train`` refuses; ``overwrite=True`` replaces, ``resume=True``
+    continues. The GeRM and VLA trainers check the same way, before they read their data."""
+    from quadforge.training import qlearning, vla
+    out = tmp_path / "run"
+    first = imitation.train(_cfg(), learnable_arrays(), out)
+    weights = (out / "last.pt").read_bytes()
+    with pytest.raises(ValueError, match=r"out_dir .*already holds a training run.*resume=True.*overwrite=True"):
+        imitation.train(_cfg(), learnable_arrays(), out)
+    assert (out / "last.pt").read_bytes() == weights            # nothing lost
+    again = imitation.train(_cfg(), learnable_arrays(), out, overwrite=True)
+    assert again.step == first.step
+    with pytest.raises(ValueError, match="contradict"):
+        imitation.train(_cfg(), learnable_arrays(), out, resume=True, overwrite=True)
+    for trainer, cfg in ((qlearning, qlearning.default_config("germ")), (vla, vla.default_config("rt1"))):
+        with pytest.raises(ValueError, match=r"out_dir .*already holds a training run"):
+            trainer.train(cfg, None, out)   # refused before the (missing) data is touched
