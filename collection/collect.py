@@ -114,6 +114,13 @@ class CollectConfig:
     # seed, the expert's demonstration for it: collection.counterfactual); 0: off
     counterfactual: float = 0.0
     label_rule: LabelRule = field(default_factory=LabelRule)
+    # the env's per-step task score through torch.compile (EnvConfig.compile_task; docs/scale.md): labels
+    # equal to the eager env's within float rounding
+    compile_task: bool = False
+
+    def env_overrides(self) -> dict[str, Any]:
+        """The ``EnvConfig`` fields every env of this collection gets besides its own settings."""
+        return {"compile_task": True} if self.compile_task else {}
 
     def validate(self) -> "CollectConfig":
         def bad(name: str, allowed: str) -> ValueError:
@@ -176,7 +183,7 @@ def build_task_env(cfg: CollectConfig, seed: int) -> Any:
     ``cfg.images`` off the env has no camera and the episodes no image features."""
     return make_env(cfg.robot, cfg.terrain, task=cfg.task, num_envs=cfg.num_envs, seed=seed,
                     num_threads=cfg.num_threads, backend=cfg.backend, warp=cfg.warp,
-                    task_options={"images": cfg.images})
+                    task_options={"images": cfg.images}, overrides=cfg.env_overrides())
 
 
 def build_env(cfg: CollectConfig, seed: int) -> Any:
@@ -184,7 +191,8 @@ def build_env(cfg: CollectConfig, seed: int) -> Any:
     if cfg.task != "locomotion":
         return build_task_env(cfg, seed)
     return make_env(cfg.robot, cfg.terrain, num_envs=cfg.num_envs, seed=seed, num_threads=cfg.num_threads,
-                    backend=cfg.backend, warp=cfg.warp, adjust=lambda env: _collection_settings(cfg, env))
+                    backend=cfg.backend, warp=cfg.warp, adjust=lambda env: _collection_settings(cfg, env),
+                    overrides=cfg.env_overrides())
 
 
 def _collection_settings(cfg: CollectConfig, env: EnvConfig) -> EnvConfig:

@@ -60,6 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --relabel: share of episodes the labeller drives itself (DAgger's beta)")
     p.add_argument("--allow-robot-mismatch", action="store_true",
                    help="drive --robot with a checkpoint trained for another robot (refused otherwise)")
+    p.add_argument("--compile-task", action="store_true",
+                   help="the env's per-step task score (rewards, terminations) through torch.compile: fewer, fused "
+                        "kernels; labels equal to the eager env's within float rounding; the first step compiles "
+                        "(docs/scale.md)")
     add_backend_arguments(p)
 
 
@@ -74,6 +78,7 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         num_threads=args.num_threads,
         progress=not args.no_progress, allow_robot_mismatch=args.allow_robot_mismatch, relabel=args.relabel,
         expert_drive_prob=args.expert_drive_prob, counterfactual=args.counterfactual,
+        compile_task=args.compile_task,
         **dict(zip(("backend", "warp"), backend_from_args(args))),
     ).validate()
 

@@ -79,7 +79,8 @@ def pairs_of(params: Iterable[Mapping[str, Any]]) -> list[tuple[int, int]]:
 def _task_env(cfg: Any, seed: int, swapped: bool) -> Any:
     return make_env(cfg.robot, cfg.terrain, task=cfg.task, num_envs=cfg.num_envs, seed=seed,
                     num_threads=cfg.num_threads, backend=cfg.backend, warp=cfg.warp,
-                    task_options={"images": cfg.images, "swap_instruction": swapped})
+                    task_options={"images": cfg.images, "swap_instruction": swapped},
+                    overrides=cfg.env_overrides())
 
 
 def collect_paired_episodes(cfg: Any, collector_id: str, quota: int, make_policy: Callable[[Any, Any, int], Any],
