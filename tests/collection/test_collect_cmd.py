@@ -204,12 +204,8 @@ def test_pushed_steps_are_stored_and_an_older_store_without_the_column_still_col
     assert "pushed" not in TrajectoryStore.open(old).schema.features and validate(old).ok
 
 
-def test_compile_task_collects_the_eager_episodes_within_rounding(tmp_path, capsys):
+def test_compile_task_collects_the_eager_episodes_within_rounding(tmp_path, capsys, compiled_env):
     """--compile-task: the same steps stored and the same labels; returns equal within float rounding."""
-    import shutil
-    if shutil.which("g++") is None and shutil.which("c++") is None:
-        pytest.skip("torch.compile on the CPU needs a C++ compiler")
-    torch._dynamo.reset()
     collect(capsys, tmp_path / "eager", 4, "--action-noise", "0.3")
     collect(capsys, tmp_path / "compiled", 4, "--action-noise", "0.3", "--compile-task")
     eager, compiled = TrajectoryStore.open(tmp_path / "eager"), TrajectoryStore.open(tmp_path / "compiled")
@@ -220,4 +216,3 @@ def test_compile_task_collects_the_eager_episodes_within_rounding(tmp_path, caps
         assert list(eager.episodes[column]) == list(compiled.episodes[column]), column
     np.testing.assert_allclose(compiled.episodes["return"], eager.episodes["return"], rtol=1e-5, atol=1e-6)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
-    torch._dynamo.reset()

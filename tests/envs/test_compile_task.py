@@ -1,8 +1,6 @@
 """``EnvConfig.compile_task``: the task's per-step scoring through ``torch.compile`` gives the eager step's
 results within float rounding (the same episodes, ends and reasons), in and out of inference mode, and
 leaves the eager step alone."""
-import shutil
-
 import pytest
 import torch
 
@@ -10,17 +8,7 @@ from quadforge.envs.builder import make_env
 from quadforge.envs.config import EnvConfig
 from quadforge.tensors import into
 
-needs_cxx = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                               reason="torch.compile on the CPU needs a C++ compiler")
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    """Each test compiles from an empty Dynamo cache and checks that its compiled env really ran compiled
-    (past Dynamo's recompile limit a frame runs eagerly, which these comparisons could not tell)."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+needs_cxx = pytest.mark.usefixtures("compiled_env")   # tests/conftest.py: a C++ compiler, an empty Dynamo cache
 
 
 def _graphs() -> int:
