@@ -54,11 +54,19 @@ class _CountTorchCalls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dict[str, float]:
-    env = _make_env(n, threads, terrain)
+def _settled_env(terrain: str, n: int, threads: int, **overrides) -> tuple:
+    """(env, zero actions, seconds) after 20 steps that settle its robots from the drop, as bench sim does
+    (with ``compile_task`` the seconds include the compile, or loading torch's cache)."""
+    env = _make_env(n, threads, terrain, **overrides)
     zeros = torch.zeros(n, env.num_actions)
-    for _ in range(20):  # settle from the drop, as bench sim does
+    t0 = time.perf_counter()
+    for _ in range(20):
         env.step(zeros)
+    return env, zeros, time.perf_counter() - t0
+
+
+def _measure(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dict[str, float]:
+    env, zeros, _ = _settled_env(terrain, n, threads)
     raw = _Raw(env.backend, threads, steps)
     acc: dict[str, float] = defaultdict(float)
     timed_method(env.backend, "step", acc, "backend", time.process_time)
@@ -103,15 +111,10 @@ def compiled_pair(terrain: str, n: int, threads: int, steps: int, rounds: int) -
     """The same env eager and with ``EnvConfig.compile_task``, each round raw, eager, compiled back to back:
     the task's caller-thread CPU ms per step (``post_step``, the score inside it) and env/raw wall of
     each, and the compiled env's first 20 steps in seconds (its compile, or loading torch's cache)."""
-    envs, first = {}, 0.0
-    for label, over in (("eager", {}), ("compiled", {"compile_task": True})):
-        env = envs[label] = _make_env(n, threads, terrain, **over)
-        zeros = torch.zeros(n, env.num_actions)
-        t0 = time.perf_counter()
-        for _ in range(20):  # settle from the drop, as bench sim does (and compile)
-            env.step(zeros)
-        first = time.perf_counter() - t0
-    raw = _Raw(envs["eager"].backend, threads, steps)
+    eager, zeros, _ = _settled_env(terrain, n, threads)
+    compiled, _, first = _settled_env(terrain, n, threads, compile_task=True)
+    envs = {"eager": eager, "compiled": compiled}
+    raw = _Raw(eager.backend, threads, steps)
     acc: dict[str, float] = defaultdict(float)
     for label, env in envs.items():
         timed_method(env.task, "post_step", acc, f"task {label}", time.thread_time)
