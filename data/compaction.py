@@ -15,6 +15,7 @@ compaction deletes without appending them again.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ from quadforge.data.integrity import DIGEST_KEY
 from quadforge.data.store import (EPISODES_FILE, INSTRUCTIONS_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable,
                                   TrajectoryStore, array_path, existing_store_dir, read_episode_table,
                                   read_instructions, read_manifest, read_schema, read_tasks, verify_metadata,
-                                  write_json_atomic)
+                                  write_json_atomic, write_text_atomic)
 from quadforge.data.schema import FORMAT_VERSION
 from quadforge.errors import JobFailed, is_write_failure, os_reason
 from quadforge.output_paths import is_store_dir, listing
@@ -420,12 +421,13 @@ def _write_tables(root: Path, appenders: dict[str, _Appender], new_table: Episod
     committed: the manifest's digests and counts decide what a reader trusts)."""
     for name, app in appenders.items():
         _fsync_written(root, name, app.first_chunk, max(app.pos - 1, 0) // app.chunk)
-    table_lists = new_table.to_lists()
-    write_json_atomic(root / EPISODES_FILE, {"columns": table_lists})
+    text = json.dumps({"columns": new_table.to_lists()})
+    write_text_atomic(root / EPISODES_FILE, text)
     write_json_atomic(root / TASKS_FILE, {"tasks": state.tasks})
     if len(state.instructions):
         write_json_atomic(root / INSTRUCTIONS_FILE, {"instructions": state.instructions.texts})
-    return table_lists
+    # the digest is of the table as a reader parses it: parsing the text just written gives exactly that
+    return json.loads(text)["columns"]
 
 
 def _new_manifest(root: Path, state: _Committed, schema: StoreSchema, appenders: dict[str, _Appender],
@@ -442,7 +444,7 @@ def _new_manifest(root: Path, state: _Committed, schema: StoreSchema, appenders:
         "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "integrity": INTEGRITY_VERSION,
         "checksums": {name: app.crcs.crcs for name, app in appenders.items()},
-        "meta": {"schema": canonical_digest(schema.to_dict()), "episodes": table_digest(table_lists),
+        "meta": {"schema": canonical_digest(schema.to_dict()), "episodes": table_digest(table_lists, parsed=True),
                  "tasks_counts": tasks_counts(tasks), "tasks": tasks_digest(tasks, tasks_counts(tasks)),
                  "instructions": canonical_digest(instructions.texts),
                  "arrays": {name: array_meta_digest(read_array_meta(root / array_path(name)))
