@@ -25,8 +25,8 @@ from typing import Any, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
-from quadforge.data.integrity import (INTEGRITY_VERSION, ChunkCrcs, array_meta_digest, chunk_crcs, manifest_digest,
-                                     read_array_meta, table_digest, tasks_counts, tasks_digest, canonical_digest)
+from quadforge.data.integrity import (INTEGRITY_VERSION, ChunkCrcs, TableText, array_meta_digest, chunk_crcs,
+                                     manifest_digest, read_array_meta, tasks_counts, tasks_digest, canonical_digest)
 from quadforge.data.images import frame_stride_of, image_chunk_frames, is_image
 from quadforge.data.instructions import InstructionTable
 from quadforge.data.schema import StoreSchema, episode_length, spec_for
@@ -37,7 +37,7 @@ from quadforge.data.integrity import DIGEST_KEY
 from quadforge.data.store import (EPISODES_FILE, INSTRUCTIONS_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable,
                                   TrajectoryStore, array_path, existing_store_dir, read_episode_table,
                                   read_instructions, read_manifest, read_schema, read_tasks, verify_metadata,
-                                  write_json_atomic, write_text_atomic)
+                                  write_json_atomic)
 from quadforge.data.schema import FORMAT_VERSION
 from quadforge.errors import JobFailed, is_write_failure, os_reason
 from quadforge.output_paths import is_store_dir, listing
@@ -311,6 +311,7 @@ class _Committed:
     manifest: dict[str, Any]
     schema: StoreSchema | None
     table: EpisodeTable
+    table_text: TableText          # the committed table's canonical text: the new table's digest appends to it
     tasks: dict[str, list[str]]
     instructions: InstructionTable
 
@@ -319,20 +320,22 @@ def _read_committed(root: Path) -> _Committed:
     if not (root / MANIFEST).is_file():
         manifest = {"format_version": FORMAT_VERSION, "generation": 0, "num_steps": 0,
                     "num_episodes": 0, "lengths": {}, "stats": {}}
-        return _Committed(True, manifest, None, EpisodeTable.from_rows([]), {}, InstructionTable())
+        empty = EpisodeTable.from_rows([])
+        return _Committed(True, manifest, None, empty, TableText(empty.to_lists()), {}, InstructionTable())
     manifest = read_manifest(root)
     schema = read_schema(root)
     table = read_episode_table(root, int(manifest["num_episodes"]))
     tasks = read_tasks(root, required=bool(manifest.get("meta")))
+    table_text = TableText(table.to_lists())
     # appending to a store whose committed metadata or chunks are damaged would bury the damage
-    verify_metadata(root, manifest, schema, table, tasks)
+    verify_metadata(root, manifest, schema, table, tasks, table_text)
     TrajectoryStore(root, manifest, schema, table, tasks)._check_arrays()
     counts = manifest.get("meta", {}).get("tasks_counts")
     if counts is not None:   # instructions beyond the committed ones are leftovers of a crash
         # in the manifest's order: a set's order is the process's string hashing, and tasks.json's bytes follow it
         tasks = {t: list(tasks.get(t, []))[:int(counts[t])] for t in counts}
     instructions = InstructionTable(read_instructions(root, manifest))   # the committed entries only
-    return _Committed(False, manifest, schema, table, tasks, instructions)
+    return _Committed(False, manifest, schema, table, table_text, tasks, instructions)
 
 
 _Header = tuple[Path, dict[str, ArrayHeader], dict[str, Any]]
@@ -415,28 +418,26 @@ def _append_episodes(headers: list[_Header], appenders: dict[str, _Appender], sc
     return rows
 
 
-def _write_tables(root: Path, appenders: dict[str, _Appender], new_table: EpisodeTable,
-                  state: _Committed) -> dict[str, list]:
+def _write_tables(root: Path, appenders: dict[str, _Appender], new_table: EpisodeTable, state: _Committed) -> None:
     """Step 5: the written chunks fsynced, then the episode, tasks and instruction tables (not yet
     committed: the manifest's digests and counts decide what a reader trusts)."""
     for name, app in appenders.items():
         _fsync_written(root, name, app.first_chunk, max(app.pos - 1, 0) // app.chunk)
-    text = json.dumps({"columns": new_table.to_lists()})
-    write_text_atomic(root / EPISODES_FILE, text)
+    write_json_atomic(root / EPISODES_FILE, {"columns": new_table.to_lists()})
     write_json_atomic(root / TASKS_FILE, {"tasks": state.tasks})
     if len(state.instructions):
         write_json_atomic(root / INSTRUCTIONS_FILE, {"instructions": state.instructions.texts})
-    # the digest is of the table as a reader parses it: parsing the text just written gives exactly that
-    return json.loads(text)["columns"]
 
 
 def _new_manifest(root: Path, state: _Committed, schema: StoreSchema, appenders: dict[str, _Appender],
-                  num_steps: int, table_lists: dict[str, list]) -> dict[str, Any]:
+                  num_steps: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Step 6's record: generation + 1, lengths, stats, chunk CRCs and the digests of all metadata."""
     tasks, instructions = state.tasks, state.instructions
+    # the new rows as a reader parses them back from the file just written (its encoding, then parsing)
+    new_rows = json.loads(json.dumps(EpisodeTable.from_rows(rows).to_lists()))
     manifest = {
         "format_version": FORMAT_VERSION, "generation": int(state.manifest["generation"]) + 1,
-        "num_steps": num_steps, "num_episodes": len(next(iter(table_lists.values()))),
+        "num_steps": num_steps, "num_episodes": len(state.table) + len(rows),
         "lengths": {name: app.pos for name, app in appenders.items()},
         "stats": {name: app.stats.to_dict() for name, app in appenders.items() if app.stats is not None},
         "chunks": {name: app.chunk for name, app in appenders.items()},
@@ -444,7 +445,7 @@ def _new_manifest(root: Path, state: _Committed, schema: StoreSchema, appenders:
         "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "integrity": INTEGRITY_VERSION,
         "checksums": {name: app.crcs.crcs for name, app in appenders.items()},
-        "meta": {"schema": canonical_digest(schema.to_dict()), "episodes": table_digest(table_lists, parsed=True),
+        "meta": {"schema": canonical_digest(schema.to_dict()), "episodes": state.table_text.appended(new_rows).digest(),
                  "tasks_counts": tasks_counts(tasks), "tasks": tasks_digest(tasks, tasks_counts(tasks)),
                  "instructions": canonical_digest(instructions.texts),
                  "arrays": {name: array_meta_digest(read_array_meta(root / array_path(name)))
@@ -470,8 +471,8 @@ def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult
     rows = _append_episodes(headers, appenders, schema, state)
     start = int(state.manifest["num_steps"])
     end = start + sum(r["length"] for r in rows)
-    table_lists = _write_tables(root, appenders, state.table.concat(rows), state)
-    manifest = _new_manifest(root, state, schema, appenders, end, table_lists)
+    _write_tables(root, appenders, state.table.concat(rows), state)
+    manifest = _new_manifest(root, state, schema, appenders, end, rows)
     write_manifest(root, manifest)   # 6. the commit point
     _delete(todo + skipped, root)    # 7. the staged copies are now redundant
     return CompactionResult(manifest["generation"], [r["episode_id"] for r in rows],

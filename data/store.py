@@ -62,14 +62,11 @@ def array_path(name: str) -> str:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """temp + fsync + rename + fsync(dir): the file is either the old one or the whole new one."""
-    write_text_atomic(path, json.dumps(obj))
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """``write_json_atomic`` for text already encoded (``json.dumps``, not ``json.dump``: dump streams
-    through the encoder's pure-Python path, ~3x slower on a large episode table)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # json.dumps, not json.dump: dump streams through the encoder's pure-Python path (~3x slower on a
+    # large episode table)
+    text = json.dumps(obj)
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
@@ -254,15 +251,18 @@ def read_tasks(root: Path, required: bool = False) -> dict[str, list[str]]:
 
 
 def verify_metadata(root: Path, manifest: Mapping[str, Any], schema: StoreSchema, table: "EpisodeTable",
-                    tasks: Mapping[str, Any]) -> None:
+                    tasks: Mapping[str, Any], table_text: integrity.TableText | None = None) -> None:
     """Compare the committed metadata with the digests in the manifest (``data.integrity``); a store
-    written before the digests existed passes (the validator notes it has none)."""
+    written before the digests existed passes (the validator notes it has none). ``table_text``: the
+    table's canonical text when the caller holds it (a compaction, which appends to it)."""
     meta = manifest.get("meta")
     if not meta:
         return
     if meta.get("schema") != integrity.canonical_digest(schema.to_dict()):
         raise ValueError(f"{root / SCHEMA_FILE}: schema differs from the one the manifest committed (damaged)")
-    if meta.get("episodes") != integrity.table_digest(table.to_lists(), parsed=True):
+    if table_text is None:
+        table_text = integrity.TableText(table.to_lists())
+    if meta.get("episodes") != table_text.digest():
         raise ValueError(f"{root / EPISODES_FILE}: episode table differs from the one the manifest committed "
                          f"(damaged)")
     counts = meta.get("tasks_counts") or {}

@@ -98,6 +98,50 @@ def _collection_ratio(quick: bool) -> tuple[Table | None, str]:
     return t, ""
 
 
+def _collection_info(i: int, rng: np.random.Generator) -> dict[str, Any]:
+    """An info dict the size and shape of a gait-expert collection's (its label's numbers and rule, the
+    collector's extras: about 1 KB as an episode-table row), not ``synthetic_info``'s few keys."""
+    ok = i % 4 != 3
+    numbers = {k: float(rng.random()) for k in ("lin_vel_error", "ang_vel_error", "distance",
+                                                 "commanded_displacement", "progress")}
+    rule = {"max_lin_vel_error": 0.35, "max_ang_vel_error": 0.5, "min_progress_fraction": 0.5,
+            "min_commanded_displacement": 0.5, "version": 1}
+    extra = {"terrain_spec": "flat,slope_up,rough_slope,stairs_up", "skill_mix": "walking=1", "push_vel": 0.0,
+             "termination_reason": "none" if ok else "fall", "env_id": i % 256, "action_noise_std": 0.0,
+             **{k: float(rng.random()) for k in ("distance", "commanded_distance", "lin_vel_error",
+                                                  "lin_vel_x_error", "ang_vel_error", "commanded_displacement")}}
+    cmd = rng.uniform(-1, 1, 3)
+    return {**synthetic_info(i, ok), "label": {"reason": "success" if ok else "fall", "numbers": numbers, "rule": rule},
+            "cmd_vx": float(cmd[0]), "cmd_vy": float(cmd[1]), "cmd_wz": float(cmd[2]), "return": float(rng.random()),
+            **extra}
+
+
+def _table_growth(tmp: Path, quick: bool) -> Table:
+    """One compaction of 50 short episodes onto stores whose episode tables grow: the part of a compaction
+    that reads, verifies and rewrites the whole table (``meta/episodes.json``) grows with the store."""
+    sizes = (1_000, 5_000) if quick else (1_000, 10_000, 30_000)
+    features = ("actions", "rewards", "terminated", "time_outs")
+    table = Table("compaction of 50 episodes (5 steps each) onto a store of N episodes (collection-sized rows)",
+                  ["table episodes", "wall s", "CPU s", "episodes.json MB", "wall s / the smallest's"])
+    root = tmp / "table_growth"
+    rng = numpy_rng(0, "table_growth")
+    have, first = 0, None
+    with StagingWriter(root, "growth") as writer:
+        for size in sizes:
+            while have < size:           # grown in blocks, untimed
+                for i in range(have, min(size, have + 5_000)):
+                    writer.write_episode(synthetic_episode(rng, 5, i % 4 != 3, features), _collection_info(i, rng))
+                have = min(size, have + 5_000)
+                compact(root)
+            for i in range(have, have + 50):
+                writer.write_episode(synthetic_episode(rng, 5, i % 4 != 3, features), _collection_info(i, rng))
+            _, wall, cpu = _timed(lambda: compact(root))
+            first = first or wall
+            table.add(have, wall, cpu, (root / "meta" / "episodes.json").stat().st_size / 1e6, wall / first)
+            have += 50
+    return table
+
+
 def main(quick: bool = False, json_path: str | None = None) -> int:
     torch.set_num_threads(1)
     episodes, length = (60, 1000) if quick else (200, 1000)
@@ -163,7 +207,7 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
         ratios.add("compaction steps per CPU s / 300k target", compaction_cpu["chunked"] / 3e5, ">= 1")
         ratios.add("RAM windows per wall s / 100k target", (batch / t_sample) / 1e5, ">= 1")
         ratios.add("RAM windows per CPU s / 100k target", window_cpu_rate / 1e5, ">= 1")
-        tables = [rates, checks, ratios]
+        tables = [rates, checks, ratios, _table_growth(tmp, quick)]
         from quadforge.tools.bench.store_images import image_tables   # camera frames: tools/bench/store_images.py
         image, image_extra = image_tables(quick)
         tables += image
