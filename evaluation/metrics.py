@@ -80,6 +80,40 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def fisher_exact_p(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided p of Fisher's exact test that successes ``k1`` of ``n1`` and ``k2`` of ``n2`` come from one
+    success rate: the probability, given the margins, of every table no likelier than the one observed
+    (exact at the few episodes of an evaluation cell, where the normal approximation is not)."""
+    if not (0 <= k1 <= n1 and 0 <= k2 <= n2):
+        raise ValueError(f"fisher_exact_p: successes must lie in [0, episodes], got {k1}/{n1} and {k2}/{n2}")
+    total, wins = n1 + n2, k1 + k2
+    if total == 0 or n1 == 0 or n2 == 0:
+        return 1.0
+
+    def log_p(k: int) -> float:   # hypergeometric: k of the wins fall in the first sample
+        return (math.lgamma(wins + 1) - math.lgamma(k + 1) - math.lgamma(wins - k + 1)
+                + math.lgamma(total - wins + 1) - math.lgamma(n1 - k + 1) - math.lgamma(total - wins - n1 + k + 1)
+                - math.lgamma(total + 1) + math.lgamma(n1 + 1) + math.lgamma(n2 + 1))
+
+    observed = log_p(k1)
+    support = range(max(0, wins - n2), min(wins, n1) + 1)
+    # tables as likely as the observed one count in full (relative slack: lgamma's rounding)
+    p = sum(math.exp(lp) for lp in map(log_p, support) if lp <= observed + 1e-7 * max(1.0, abs(observed)))
+    return min(1.0, p)
+
+
+def holm_significant(p_values: list[float], alpha: float = 0.05) -> list[bool]:
+    """Which of the tests are significant at family-wise level ``alpha`` (Holm's step-down correction:
+    a comparison of many cells finds some p below 0.05 by chance alone)."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    out = [False] * len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (len(p_values) - rank):
+            break
+        out[i] = True
+    return out
+
+
 def episodes_for_power(p1: float, p2: float, alpha: float = 0.05, power: float = 0.8) -> int:
     """Evaluation episodes per row for a two-sided two-proportion z test at level ``alpha`` to detect
     success rates ``p1`` against ``p2`` with probability ``power`` (the normal approximation with unpooled

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-expert": ("quadforge.training.ppo", "train a PPO expert with rsl_rl on the locomotion task"),
     "eval": ("quadforge.evaluation.evaluate_cmd", "closed-loop evaluation of a policy across terrain types and levels"),
     "eval-expert": ("quadforge.evaluation.evaluate_expert", "evaluate an expert per terrain type x level"),
+    "compare": ("quadforge.evaluation.compare", "finished evaluations of several policies side by side, per cell, with each difference's significance"),
     "eval-tracking": ("quadforge.evaluation.tracking_eval", "velocity tracking and fall rate of an expert per terrain type"),
     "reproduce": ("quadforge.tools.reproduce", "the reproduction report docs/results.md (imitation sizes, GeRM ablations, latency; --stages quard: QUARD-Auto and Table III)"),
     "bench": ("quadforge.tools.bench.cli", "benchmarks: " + " | ".join(BENCHMARKS)),
