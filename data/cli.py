@@ -174,12 +174,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "validate":
         from quadforge.data.validate import validate
-        rep = validate(args.store, check_values=args.deep, checksums=not args.quick)
+        rep = validate(args.store, check_values=args.deep, checksums=not args.quick, progress=True)
         print(rep.text())
         return 0 if rep.ok else 1
     if args.action == "compact":
         from quadforge.data.compaction import compact
-        r = compact(args.store)
+        r = compact(args.store, progress=True)
         print(f"generation {r.generation}: appended {len(r.appended)} episode(s), {r.steps} steps; "
               f"removed {len(r.skipped)} already-stored staging file(s); {r.seconds:.2f} s")
         for q in r.quarantined:
@@ -190,13 +190,13 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "export-hdf5":
         require(args, "output", "--output")
         from quadforge.data.export import export_hdf5
-        n = export_hdf5(args.store, args.output, compression=args.compression)
+        n = export_hdf5(args.store, args.output, compression=args.compression, progress=True)
         print(f"wrote {n} demos to {args.output}")
         return 0
     if args.action == "export-lerobot":
         require(args, "output", "--output")
         from quadforge.data.export_lerobot import export_lerobot
-        info = export_lerobot(args.store, args.output, action=args.action_kind)
+        info = export_lerobot(args.store, args.output, action=args.action_kind, progress=True)
         print(f"wrote {info['total_episodes']} episodes, {info['total_frames']} frames, {info['total_tasks']} tasks "
               f"to {args.output} (LeRobot {info['codebase_version']}, action = {info['quadforge']['action_feature']})")
         return 0

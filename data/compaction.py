@@ -234,7 +234,7 @@ class Unmergeable(ValueError):
 
 
 def compact(store_path: str | Path, *, lock_timeout: float | None = None,
-            append_mode: str = "chunked") -> CompactionResult:
+            append_mode: str = "chunked", progress: bool = False) -> CompactionResult:
     """Append every staged episode to the store; returns what was done.
 
     A staging file that cannot be merged (damaged, or written for another schema, robot or control
@@ -243,6 +243,8 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
     files; ``CompactionResult.quarantined`` lists them. Partial writes no live writer owns are removed
     (``CompactionResult.removed_partial``). A write the disk refuses (full, quota, I/O) is a ``JobFailed``
     naming the store: nothing was committed, the previous generation and the staged episodes are intact.
+    ``progress``: a bar (stderr, on a terminal) over the staged episodes appended (``dataset compact``; a
+    collection's own compactions stay quiet under its progress line).
     """
     import zarr
     if append_mode not in APPEND_MODES:
@@ -259,7 +261,7 @@ def compact(store_path: str | Path, *, lock_timeout: float | None = None,
         removed = [str(p) for p in remove_partial_writes(abandoned_partial_writes(root))]
         while True:
             try:
-                result = _compact_locked(root, append_mode, t0)
+                result = _compact_locked(root, append_mode, t0, progress)
             except Unmergeable as bad:
                 # nothing was committed (the manifest is written last): set the file aside, start over
                 quarantined.append(str(quarantine_staged(root, bad.path, str(bad))))
@@ -395,10 +397,12 @@ def _open_appenders(root: Path, state: _Committed, schema: StoreSchema, headers:
 
 
 def _append_episodes(headers: list[_Header], appenders: dict[str, _Appender], schema: StoreSchema,
-                     state: _Committed) -> list[dict[str, Any]]:
+                     state: _Committed, progress: bool = False) -> list[dict[str, Any]]:
     """Step 4: each staged episode's features through the appenders (buffered); its episode-table row."""
+    from quadforge.progress import progress_bar
     rows = []
     pos = int(state.manifest["num_steps"])
+    bar = progress_bar(len(headers), desc="compact", unit="episode", enabled=progress)
     for p, _, _ in headers:
         try:
             features, info = read_staged(p)
@@ -413,6 +417,8 @@ def _append_episodes(headers: list[_Header], appenders: dict[str, _Appender], sc
             app.add(features[name])
         rows.append(_episode_row(features, info, pos, state.tasks, state.instructions))
         pos += rows[-1]["length"]
+        bar.update()
+    bar.close()
     for app in appenders.values():
         app.finish()
     return rows
@@ -455,7 +461,7 @@ def _new_manifest(root: Path, state: _Committed, schema: StoreSchema, appenders:
     return manifest
 
 
-def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult:
+def _compact_locked(root: Path, append_mode: str, t0: float, progress: bool = False) -> CompactionResult:
     """The numbered steps of the module docstring, under the store's lock."""
     state = _read_committed(root)
     known = set(state.table["episode_id"].tolist())
@@ -468,7 +474,7 @@ def _compact_locked(root: Path, append_mode: str, t0: float) -> CompactionResult
                                 time.perf_counter() - t0)
     headers, schema = _checked_headers(todo, state.schema)
     appenders = _open_appenders(root, state, schema, headers, append_mode)
-    rows = _append_episodes(headers, appenders, schema, state)
+    rows = _append_episodes(headers, appenders, schema, state, progress)
     start = int(state.manifest["num_steps"])
     end = start + sum(r["length"] for r in rows)
     _write_tables(root, appenders, state.table.concat(rows), state)

@@ -116,8 +116,11 @@ def _write_demo(d, store: TrajectoryStore, data: dict[str, np.ndarray], i: int, 
         d.attrs[col] = json.dumps(v, sort_keys=True) if col in DICT_COLUMNS else v
 
 
-def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | None = None) -> int:
-    """Write the whole store to ``h5_path`` in robomimic's layout; returns the number of demos."""
+def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | None = None,
+                progress: bool = False) -> int:
+    """Write the whole store to ``h5_path`` in robomimic's layout; returns the number of demos.
+    ``progress``: a bar (stderr, on a terminal) over the demos written."""
+    from quadforge.progress import progress_bar
     import h5py
     # before reading a byte of the store; an existing file is replaced only if it is an earlier export
     out = check_output_file(h5_path, flag="export-hdf5 --output", owns=is_hdf5_file)
@@ -139,7 +142,8 @@ def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | 
         if images:
             g.attrs["cameras"] = json.dumps({obs_key(c): c for c in images}, sort_keys=True)
             g.attrs["frame_stride"] = store.schema.frame_stride
-        for i, name in enumerate(names):
+        for i, name in enumerate(progress_bar(len(names), desc="export-hdf5", unit="demo", enabled=progress,
+                                              iterable=names)):
             _write_demo(g.create_group(name, track_order=True), store, data, i, compression)
         m = f.create_group("mask", track_order=True)
         masks = _masks(table, names)

@@ -282,8 +282,11 @@ def _episodes_table(pa, rows: list[dict[str, Any]]):
     return pa.table({k: pa.array(v, type=types.get(k)) for k, v in cols.items()})
 
 
-def export_lerobot(store_path: str | Path, out_dir: str | Path, action: str = "auto") -> dict[str, Any]:
-    """Write the store as a LeRobot v3 dataset in ``out_dir`` (a new or empty folder); returns info.json."""
+def export_lerobot(store_path: str | Path, out_dir: str | Path, action: str = "auto",
+                   progress: bool = False) -> dict[str, Any]:
+    """Write the store as a LeRobot v3 dataset in ``out_dir`` (a new or empty folder); returns info.json.
+    ``progress``: a bar (stderr, on a terminal) over the episodes written."""
+    from quadforge.progress import progress_bar
     pa, pq = _pyarrow()
     out = Path(out_dir)
     if (out / "meta" / "info.json").is_file():   # an earlier export: say so, not "not a LeRobot dataset"
@@ -304,7 +307,8 @@ def export_lerobot(store_path: str | Path, out_dir: str | Path, action: str = "a
     stats, files = _Stats(), _DataFiles(out, pq, schema)
     episode_rows, index = [], 0
     try:
-        for i in range(store.num_episodes):
+        for i in progress_bar(store.num_episodes, desc="export-lerobot", unit="episode", enabled=progress,
+                              iterable=range(store.num_episodes)):
             task = _task_of(store, i)
             if task not in tasks:
                 tasks.append(task)

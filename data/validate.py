@@ -50,19 +50,21 @@ class ValidationReport:
                          + [f"  note  {n}" for n in self.notes])
 
 
-def validate(store_path: str | Path, check_values: bool = True, checksums: bool = True) -> ValidationReport:
+def validate(store_path: str | Path, check_values: bool = True, checksums: bool = True,
+             progress: bool = False) -> ValidationReport:
     """Every invariant; ``checksums`` decodes every chunk and compares its CRC32C with the manifest's,
-    ``check_values`` also checks the values (finite, stats). Neither: metadata and chunk files only."""
+    ``check_values`` also checks the values (finite, stats). Neither: metadata and chunk files only.
+    ``progress``: a bar (stderr, on a terminal) over the bytes the chunk checks decode, minutes on a large store."""
     rep = ValidationReport(str(store_path))
     try:
-        _validate(Path(store_path), rep, check_values, checksums)
+        _validate(Path(store_path), rep, check_values, checksums, progress)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, OSError) as err:
         # damage in a place no specific check anticipated: still a report, never a traceback
         rep.problems.append(f"{store_path}: damaged store ({type(err).__name__}: {err})")
     return rep
 
 
-def _validate(root: Path, rep: ValidationReport, check_values: bool, checksums: bool) -> None:
+def _validate(root: Path, rep: ValidationReport, check_values: bool, checksums: bool, progress: bool) -> None:
     if not root.is_dir():
         rep.problems.append(f"{root}: no such directory")
         return
@@ -121,7 +123,7 @@ def _validate(root: Path, rep: ValidationReport, check_values: bool, checksums: 
     except (FileNotFoundError, ValueError) as err:
         rep.problems.append(str(err))
     if schema is not None:
-        _check_arrays(root, schema, manifest, rows, rep, check_values, checksums, num_instructions)
+        _check_arrays(root, schema, manifest, rows, rep, check_values, checksums, num_instructions, progress)
 
 
 def _expected_rows(schema: StoreSchema | None, table, n_steps: int) -> dict[str, int]:
@@ -186,8 +188,9 @@ def _check_table(root: Path, n_eps: int, n_steps: int, rep: ValidationReport, di
 
 
 def _check_arrays(root: Path, schema: StoreSchema, manifest: dict, rows: dict[str, int], rep: ValidationReport,
-                  check_values: bool, checksums: bool, num_instructions: int) -> None:
+                  check_values: bool, checksums: bool, num_instructions: int, progress: bool = False) -> None:
     import zarr
+    from quadforge.progress import progress_bar
     try:
         group = zarr.open_group(str(root), mode="r", zarr_format=3)
     except Exception as err:  # any zarr failure here means a damaged group
@@ -196,53 +199,66 @@ def _check_arrays(root: Path, schema: StoreSchema, manifest: dict, rows: dict[st
     n_steps = int(manifest["num_steps"])
     recorded = manifest.get("checksums") or {}
     array_digests = (manifest.get("meta") or {}).get("arrays") or {}
-    for name, spec in sorted(schema.features.items()):
-        n = rows.get(name, n_steps)      # frames for images
-        where = f"{array_path(name)}"
+    row_bytes = {name: int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+                 for name, spec in schema.features.items()}
+    todo = {name: rows.get(name, n_steps) * row_bytes[name] for name in schema.features
+            if check_values or (checksums and name in recorded)}
+    with progress_bar(sum(todo.values()), desc="validate", unit="B", unit_scale=True, enabled=progress) as bar:
+        for name, spec in sorted(schema.features.items()):
+            done = bar.n
+            _check_array(group, root, name, spec, rows.get(name, n_steps), manifest, recorded, array_digests, rep,
+                         check_values, checksums, num_instructions, bar)
+            bar.update(done + todo.get(name, 0) - bar.n)   # a feature skipped or cut short still counts as done
+
+
+def _check_array(group, root: Path, name: str, spec, n: int, manifest: dict, recorded: dict, array_digests: dict,
+                 rep: ValidationReport, check_values: bool, checksums: bool, num_instructions: int, bar) -> None:
+    """One feature's array: metadata, shape, chunk files, then (``_check_data``) its rows."""
+    where = f"{array_path(name)}"
+    try:
+        arr = group[array_path(name)]
+        chunk, ndim = int(arr.chunks[0]), arr.ndim
+    except KeyError:
+        rep.problems.append(f"{where}: array missing")
+        return
+    except Exception as err:  # damaged zarr.json
+        rep.problems.append(f"{where}: unreadable array metadata ({type(err).__name__}: {err})")
+        return
+    if name in array_digests:
         try:
-            arr = group[array_path(name)]
-            chunk, ndim = int(arr.chunks[0]), arr.ndim
-        except KeyError:
-            rep.problems.append(f"{where}: array missing")
-            continue
-        except Exception as err:  # damaged zarr.json
-            rep.problems.append(f"{where}: unreadable array metadata ({type(err).__name__}: {err})")
-            continue
-        if name in array_digests:
-            try:
-                if array_meta_digest(read_array_meta(root / array_path(name))) != array_digests[name]:
-                    rep.problems.append(f"{where}/zarr.json: differs from the array metadata the manifest committed")
-            except ValueError as err:
-                rep.problems.append(str(err))
-        if tuple(arr.shape[1:]) != spec.shape or np.dtype(arr.dtype) != np.dtype(spec.dtype):
-            rep.problems.append(f"{where}: on disk {arr.dtype}{tuple(arr.shape[1:])}, schema "
-                                f"{spec.dtype}{spec.shape}")
-            continue
-        if arr.shape[0] < n:
-            rep.problems.append(f"{where}: {arr.shape[0]} rows on disk < manifest "
-                                f"{'frames' if is_image(name) else 'num_steps'} {n}")
-            continue
-        if name in (manifest.get("chunks") or {}) and int(manifest["chunks"][name]) != chunk:
-            rep.problems.append(f"{where}: chunks of {chunk} steps on disk, the manifest says {manifest['chunks'][name]}")
-            continue
-        missing = missing_chunk_files(root / array_path(name), ndim, n, chunk)
-        if missing:
-            rep.problems.append(f"{where}: chunk(s) {missing[:10]} missing")
-        stats_d = manifest["stats"].get(name)
-        if not is_image(name):
-            if stats_d is None:
-                rep.problems.append(f"{MANIFEST}: no stats for feature {name!r}")
-            elif int(stats_d["count"]) != n:
-                rep.problems.append(f"{MANIFEST}: stats count for {name!r} is {stats_d['count']}, not {n}")
-        if name in recorded and len(recorded[name]) != num_chunks(n, chunk):
-            rep.problems.append(f"{MANIFEST}: {len(recorded[name])} chunk checksums for {where}, "
-                                f"{num_chunks(n, chunk)} chunks expected")
-            continue
-        if missing or not (check_values or (checksums and name in recorded)):
-            continue
-        _check_data(arr, name, n, chunk, recorded.get(name) if checksums else None,
-                    stats_d if check_values else None, check_values, rep,
-                    num_instructions if name == "instruction" and check_values else None)
+            if array_meta_digest(read_array_meta(root / array_path(name))) != array_digests[name]:
+                rep.problems.append(f"{where}/zarr.json: differs from the array metadata the manifest committed")
+        except ValueError as err:
+            rep.problems.append(str(err))
+    if tuple(arr.shape[1:]) != spec.shape or np.dtype(arr.dtype) != np.dtype(spec.dtype):
+        rep.problems.append(f"{where}: on disk {arr.dtype}{tuple(arr.shape[1:])}, schema "
+                            f"{spec.dtype}{spec.shape}")
+        return
+    if arr.shape[0] < n:
+        rep.problems.append(f"{where}: {arr.shape[0]} rows on disk < manifest "
+                            f"{'frames' if is_image(name) else 'num_steps'} {n}")
+        return
+    if name in (manifest.get("chunks") or {}) and int(manifest["chunks"][name]) != chunk:
+        rep.problems.append(f"{where}: chunks of {chunk} steps on disk, the manifest says {manifest['chunks'][name]}")
+        return
+    missing = missing_chunk_files(root / array_path(name), ndim, n, chunk)
+    if missing:
+        rep.problems.append(f"{where}: chunk(s) {missing[:10]} missing")
+    stats_d = manifest["stats"].get(name)
+    if not is_image(name):
+        if stats_d is None:
+            rep.problems.append(f"{MANIFEST}: no stats for feature {name!r}")
+        elif int(stats_d["count"]) != n:
+            rep.problems.append(f"{MANIFEST}: stats count for {name!r} is {stats_d['count']}, not {n}")
+    if name in recorded and len(recorded[name]) != num_chunks(n, chunk):
+        rep.problems.append(f"{MANIFEST}: {len(recorded[name])} chunk checksums for {where}, "
+                            f"{num_chunks(n, chunk)} chunks expected")
+        return
+    if missing or not (check_values or (checksums and name in recorded)):
+        return
+    _check_data(arr, name, n, chunk, recorded.get(name) if checksums else None,
+                stats_d if check_values else None, check_values, rep,
+                num_instructions if name == "instruction" and check_values else None)
 
 
 def _read_block(arr, lo: int, hi: int, chunk: int) -> tuple[np.ndarray | None, list[int]]:
@@ -260,7 +276,7 @@ def _read_block(arr, lo: int, hi: int, chunk: int) -> tuple[np.ndarray | None, l
 
 
 def _check_data(arr, name: str, n: int, chunk: int, crcs: list[int] | None, stats_d: dict | None,
-                check_values: bool, rep: ValidationReport, index_bound: int | None = None) -> None:
+                check_values: bool, rep: ValidationReport, index_bound: int | None = None, bar=None) -> None:
     """One pass over the rows, a few chunks at a time: checksums, then (``check_values``) finiteness
     and a recomputation of the stats."""
     where = array_path(name)
@@ -271,6 +287,8 @@ def _check_data(arr, name: str, n: int, chunk: int, crcs: list[int] | None, stat
     for lo in range(0, n, step):
         hi = min(n, lo + step)
         block, bad = _read_block(arr, lo, hi, chunk)
+        if bar is not None:
+            bar.update((hi - lo) * int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize)
         if block is None:
             undecodable += bad
             continue
