@@ -41,6 +41,7 @@ from quadforge.data.store import (EPISODES_FILE, INSTRUCTIONS_FILE, MANIFEST, SC
 from quadforge.data.schema import FORMAT_VERSION
 from quadforge.errors import JobFailed, is_write_failure, os_reason
 from quadforge.output_paths import is_store_dir, listing
+from quadforge.progress import progress_bar
 
 LOCK_FILE = ".lock"
 TARGET_CHUNK_BYTES = 2 << 20        # ~2 MiB per chunk (diffusion_policy's choice)
@@ -399,7 +400,6 @@ def _open_appenders(root: Path, state: _Committed, schema: StoreSchema, headers:
 def _append_episodes(headers: list[_Header], appenders: dict[str, _Appender], schema: StoreSchema,
                      state: _Committed, progress: bool = False) -> list[dict[str, Any]]:
     """Step 4: each staged episode's features through the appenders (buffered); its episode-table row."""
-    from quadforge.progress import progress_bar
     rows = []
     pos = int(state.manifest["num_steps"])
     bar = progress_bar(len(headers), desc="compact", unit="episode", enabled=progress)

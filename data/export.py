@@ -43,6 +43,7 @@ from quadforge.data.staging import write_staging_file, writer_lock_path
 from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore
 from quadforge.layout import TERM_DIMS
 from quadforge.output_paths import check_output_dir, check_output_file, is_hdf5_file, is_store_dir
+from quadforge.progress import progress_bar
 
 FORMAT = "quadforge-robomimic-2"
 FORMATS = ("quadforge-robomimic-1", FORMAT)      # what import reads
@@ -120,7 +121,6 @@ def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | 
                 progress: bool = False) -> int:
     """Write the whole store to ``h5_path`` in robomimic's layout; returns the number of demos.
     ``progress``: a bar (stderr, on a terminal) over the demos written."""
-    from quadforge.progress import progress_bar
     import h5py
     # before reading a byte of the store; an existing file is replaced only if it is an earlier export
     out = check_output_file(h5_path, flag="export-hdf5 --output", owns=is_hdf5_file)

@@ -40,6 +40,7 @@ from quadforge.data.images import IMAGE_PREFIX, hold_frames
 from quadforge.data.store import TrajectoryStore
 from quadforge.layout import TERM_DIMS
 from quadforge.output_paths import check_output_dir
+from quadforge.progress import progress_bar
 
 CODEBASE_VERSION = "v3.0"
 ACTIONS = ("auto", "command", "joint")
@@ -286,7 +287,6 @@ def export_lerobot(store_path: str | Path, out_dir: str | Path, action: str = "a
                    progress: bool = False) -> dict[str, Any]:
     """Write the store as a LeRobot v3 dataset in ``out_dir`` (a new or empty folder); returns info.json.
     ``progress``: a bar (stderr, on a terminal) over the episodes written."""
-    from quadforge.progress import progress_bar
     pa, pq = _pyarrow()
     out = Path(out_dir)
     if (out / "meta" / "info.json").is_file():   # an earlier export: say so, not "not a LeRobot dataset"

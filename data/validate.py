@@ -29,6 +29,7 @@ from quadforge.data.staging import abandoned_partial_writes, list_quarantined, l
 from quadforge.data.stats import RunningStats
 from quadforge.data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, array_path, read_episode_table,
                                   read_instructions, read_manifest, read_schema, read_tasks)
+from quadforge.progress import progress_bar
 
 
 @dataclass
@@ -190,7 +191,6 @@ def _check_table(root: Path, n_eps: int, n_steps: int, rep: ValidationReport, di
 def _check_arrays(root: Path, schema: StoreSchema, manifest: dict, rows: dict[str, int], rep: ValidationReport,
                   check_values: bool, checksums: bool, num_instructions: int, progress: bool = False) -> None:
     import zarr
-    from quadforge.progress import progress_bar
     try:
         group = zarr.open_group(str(root), mode="r", zarr_format=3)
     except Exception as err:  # any zarr failure here means a damaged group

@@ -2,7 +2,10 @@
 total; the library calls stay quiet unless asked (a collection's compactions run under its own progress line)."""
 import pytest
 
-import quadforge.progress
+import quadforge.data.compaction
+import quadforge.data.export
+import quadforge.data.export_lerobot
+import quadforge.data.validate
 from quadforge.data.compaction import compact
 from quadforge.data.export import export_hdf5
 from quadforge.data.validate import validate
@@ -40,7 +43,9 @@ def bars(monkeypatch):
         bar = _Bar(total, iterable)
         made.append((desc, total, enabled, bar))
         return bar
-    monkeypatch.setattr(quadforge.progress, "progress_bar", recording)
+    for module in (quadforge.data.compaction, quadforge.data.validate, quadforge.data.export,
+                   quadforge.data.export_lerobot):
+        monkeypatch.setattr(module, "progress_bar", recording)
     return made
 
 
