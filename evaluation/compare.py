@@ -84,6 +84,11 @@ def load_evaluation(path: Path, label: str | None = None) -> Evaluation:
         raise ValueError(f"{path}: cannot read it as JSON ({err})") from err
     if not isinstance(result, dict):
         raise ValueError(f"{path}: not an evaluation result (a JSON object written by `quadforge eval`)")
+    return evaluation_of(result, path, label)
+
+
+def evaluation_of(result: Mapping[str, Any], path: Path, label: str | None = None) -> Evaluation:
+    """An ``Evaluation`` of a result dict (``evaluate``'s or ``evaluate_task``'s), ``path`` naming it in errors."""
     try:
         kind, cells = _cells(result, path)
     except (KeyError, TypeError) as err:
@@ -151,11 +156,17 @@ def _versus_cells(v: Mapping[str, Any] | None) -> list[str]:
 
 
 def compare_markdown(result: Mapping[str, Any]) -> str:
+    labels = result["labels"]
+    return f"# Compared: {', '.join(labels)} (baseline {labels[0]})\n\n" + compare_body(result)
+
+
+def compare_body(result: Mapping[str, Any]) -> str:
+    """The report without its title: settings that differ, the table, how to read it."""
     labels, base = result["labels"], result["labels"][0]
     headers = list(result["cell_columns"]) + [f"{lab} k/n" for lab in labels]
     for lab in labels[1:]:
         headers += [f"{lab} - {base}", "p"]
-    lines = [f"# Compared: {', '.join(labels)} (baseline {base})", ""]
+    lines = []
     for name, values in result["different_settings"].items():
         lines.append(f"- not like for like: `{name}` is " + ", ".join(f"{v!r} ({lab})" for lab, v in zip(labels, values)))
     pooled = result["pooled"]

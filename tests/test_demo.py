@@ -23,6 +23,10 @@ def test_tiny_demo_runs_every_stage(tmp_path, capsys):
         assert overall["episodes"] == 1 and 0.0 <= overall["success"] <= 1.0
     report = (out / "eval" / "expert_report.md").read_text()
     assert "FCNet" in report and "gait expert" in report
+    # the FCNet row of each cell against the expert (quadforge compare's table), in the report and its JSON
+    assert "## Against the first, per cell" in report and "| FCNet - gait expert | p |" in report
+    versus = json.loads((out / "eval" / "expert_report.json").read_text())["versus_first"]
+    assert versus["labels"] == ["gait expert", "FCNet"] and versus["pooled"]["results"][0][1] == 1
     assert (out / "eval" / "experts_success_vs_level.png").stat().st_size > 0
 
 
