@@ -126,23 +126,30 @@ def compare(evals: Sequence[Evaluation], alpha: float = 0.05) -> dict[str, Any]:
     pooled = [[sum(e.cells[k][0] for k in common), sum(e.cells[k][1] for k in common)] for e in evals]
     versus = []
     for j, e in enumerate(evals[1:], start=1):
-        tested = [i for i, r in enumerate(rows) if r["results"][0] is not None and r["results"][j] is not None
-                  and r["results"][0][1] and r["results"][j][1]]
-        ps = [fisher_exact_p(*rows[i]["results"][j], *rows[i]["results"][0]) for i in tested]
-        stars = holm_significant(ps, alpha)
-        per_cell = {i: {"difference": rows[i]["results"][j][0] / rows[i]["results"][j][1]
-                        - rows[i]["results"][0][0] / rows[i]["results"][0][1], "p": p, "significant": s}
-                    for i, p, s in zip(tested, ps, stars)}
-        for i, r in enumerate(rows):
-            r.setdefault("versus", []).append(per_cell.get(i))
+        per_row = _against_baseline(rows, j, alpha)
+        for r, v in zip(rows, per_row):
+            r.setdefault("versus", []).append(v)
         (k1, n1), (k0, n0) = pooled[j], pooled[0]
-        versus.append({"label": e.label, "cells_tested": len(tested),
+        versus.append({"label": e.label, "cells_tested": sum(v is not None for v in per_row),
                        "pooled_difference": (k1 / n1 - k0 / n0) if n0 and n1 else None,
                        "pooled_p": fisher_exact_p(k1, n1, k0, n0) if n0 and n1 else None})
     return {"kind": base.kind, "cell_columns": list(KINDS[base.kind]), "labels": labels,
             "files": [str(e.path) for e in evals], "alpha": alpha, "rows": rows,
             "pooled": {"cells": len(common), "results": pooled}, "versus": versus,
             "different_settings": _different_settings(evals)}
+
+
+def _against_baseline(rows: list[dict[str, Any]], j: int, alpha: float) -> list[dict[str, Any] | None]:
+    """Per row, evaluation ``j`` against the baseline (evaluation 0): the difference of success rates, Fisher's
+    p, and whether it survives Holm's correction over the rows tested; None where either lacks the cell."""
+    pairs = {i: (r["results"][j], r["results"][0]) for i, r in enumerate(rows)
+             if r["results"][0] and r["results"][j] and r["results"][0][1] and r["results"][j][1]}
+    ps = {i: fisher_exact_p(*ours, *base) for i, (ours, base) in pairs.items()}
+    significant = dict(zip(ps, holm_significant(list(ps.values()), alpha)))
+    out: list[dict[str, Any] | None] = [None] * len(rows)
+    for i, (ours, base) in pairs.items():
+        out[i] = {"difference": ours[0] / ours[1] - base[0] / base[1], "p": ps[i], "significant": significant[i]}
+    return out
 
 
 def _rate(kn: Sequence[int] | None) -> str:
