@@ -41,7 +41,7 @@ from quadforge.data.locks import locked
 from quadforge.data.schema import TASK_PREFIX
 from quadforge.data.staging import write_staging_file, writer_lock_path
 from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore
-from quadforge.layout import TERM_DIMS
+from quadforge.terms import TERM_DIMS
 from quadforge.output_paths import check_output_dir, check_output_file, is_hdf5_file, is_store_dir
 from quadforge.progress import progress_bar
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from quadforge.data.images import IMAGE_PREFIX, hold_frames
 from quadforge.data.store import TrajectoryStore
-from quadforge.layout import TERM_DIMS
+from quadforge.terms import TERM_DIMS
 from quadforge.output_paths import check_output_dir
 from quadforge.progress import progress_bar
 

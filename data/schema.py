@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from quadforge.data.images import IMAGE_PREFIX, frame_stride_of, image_dtype, is_image, num_frames
-from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, JOINT_NAMES, LEGS, TERM_DIMS
+from quadforge.terms import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, JOINT_NAMES, LEGS, TERM_DIMS
 
 FORMAT_VERSION = 1
 TASK_PREFIX = "task_"
