@@ -1,6 +1,6 @@
 """`quadforge compare`: finished evaluations of several policies side by side, cell by cell.
 
-    quadforge compare EVAL [EVAL ...] [--labels A,B,...] [--table FILE] [--json PATH]
+    quadforge compare EVAL [EVAL ...] [--labels A,B,...] [--alpha 0.05] [--table FILE] [--json PATH]
 
 Each EVAL is an ``eval.json`` written by ``quadforge eval`` (locomotion or ``--task quard:...``), a folder
 holding one, or an ``eval-expert`` folder (its policies' ``<k>_<name>/eval.json`` in order). Nothing is
@@ -29,7 +29,8 @@ from quadforge.evaluation.reports import fmt, markdown_table
 from quadforge.output_paths import check_output_file, is_text_file
 
 KINDS = {"locomotion": ("commands", "terrain", "level"), "quard": ("instructions", "colours", "family")}
-# settings that make two evaluations measure different things (the policy and where it wrote do not)
+# config keys left out of "not like for like": they do not change what is measured (the policy is the point
+# of the comparison; env and thread counts change which episodes run, not their distribution)
 IGNORED_SETTINGS = ("policy", "out", "video", "frames", "num_threads", "num_envs")
 
 
