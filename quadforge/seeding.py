@@ -12,7 +12,9 @@ import os
 import random
 
 import numpy as np
-import torch
+
+# torch is imported by the two functions that seed it, not here: the store's tools (`quadforge dataset
+# export-hdf5`, ...) draw numpy streams only and then start without torch (about 1.7 s)
 
 
 def derive_seed(seed: int, name: str) -> int:
@@ -22,6 +24,7 @@ def derive_seed(seed: int, name: str) -> int:
 
 
 def seed_everything(seed: int, deterministic: bool = True) -> None:
+    import torch
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
@@ -49,6 +52,7 @@ def numpy_rng(seed: int, name: str) -> np.random.Generator:
 
 
 def torch_generator(seed: int, name: str, device: str | torch.device = "cpu") -> torch.Generator:
+    import torch
     g = torch.Generator(device=device)
     g.manual_seed(derive_seed(seed, name))
     return g

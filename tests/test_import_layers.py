@@ -228,12 +228,13 @@ def test_the_repository_as_built_names_every_module():
 
 
 def test_the_dataset_commands_start_without_torch():
-    """`quadforge dataset info | validate | compact` read the store through numpy, zarr and JSON; the term
-    catalogue they need (quadforge.terms) is plain Python, so they start in well under a second instead of
-    importing torch first (about 1.7 s and 180 MB)."""
+    """`quadforge dataset info | validate | compact | export-hdf5 | export-lerobot` read the store through numpy,
+    zarr and JSON; the term catalogue they need (quadforge.terms) is plain Python and quadforge.seeding imports
+    torch only to seed it, so they start in well under a second instead of importing torch first (about 1.7 s
+    and 180 MB)."""
     import subprocess
     import sys
     code = ("import sys, quadforge.data.cli, quadforge.data.store, quadforge.data.compaction, "
-            "quadforge.data.validate, quadforge.data.export_lerobot; print('torch' in sys.modules)")
+            "quadforge.data.validate, quadforge.data.export, quadforge.data.export_lerobot; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
