@@ -402,23 +402,22 @@ def _append_episodes(headers: list[_Header], appenders: dict[str, _Appender], sc
     """Step 4: each staged episode's features through the appenders (buffered); its episode-table row."""
     rows = []
     pos = int(state.manifest["num_steps"])
-    bar = progress_bar(len(headers), desc="compact", unit="episode", enabled=progress)
-    for p, _, _ in headers:
-        try:
-            features, info = read_staged(p)
-            # the header promised this; check the data really agrees before appending it
-            schema.check(features, where=f"staging file {p}")
-            if "instruction" in features:   # the collector's instruction numbering -> the store's
-                features = {**features, "instruction": state.instructions.remap(features["instruction"], info,
-                                                                                f"staging file {p}")}
-        except ValueError as err:
-            raise Unmergeable(p, str(err)) from err
-        for name, app in appenders.items():
-            app.add(features[name])
-        rows.append(_episode_row(features, info, pos, state.tasks, state.instructions))
-        pos += rows[-1]["length"]
-        bar.update()
-    bar.close()
+    with progress_bar(len(headers), desc="compact", unit="episode", enabled=progress) as bar:
+        for p, _, _ in headers:
+            try:
+                features, info = read_staged(p)
+                # the header promised this; check the data really agrees before appending it
+                schema.check(features, where=f"staging file {p}")
+                if "instruction" in features:   # the collector's instruction numbering -> the store's
+                    features = {**features, "instruction": state.instructions.remap(features["instruction"], info,
+                                                                                    f"staging file {p}")}
+            except ValueError as err:
+                raise Unmergeable(p, str(err)) from err
+            for name, app in appenders.items():
+                app.add(features[name])
+            rows.append(_episode_row(features, info, pos, state.tasks, state.instructions))
+            pos += rows[-1]["length"]
+            bar.update()
     for app in appenders.values():
         app.finish()
     return rows

@@ -202,13 +202,18 @@ def _check_arrays(root: Path, schema: StoreSchema, manifest: dict, rows: dict[st
     row_bytes = {name: int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
                  for name, spec in schema.features.items()}
     todo = {name: rows.get(name, n_steps) * row_bytes[name] for name in schema.features
-            if check_values or (checksums and name in recorded)}
+            if _reads_rows(name, recorded, check_values, checksums)}
     with progress_bar(sum(todo.values()), desc="validate", unit="B", unit_scale=True, enabled=progress) as bar:
         for name, spec in sorted(schema.features.items()):
             done = bar.n
             _check_array(group, root, name, spec, rows.get(name, n_steps), manifest, recorded, array_digests, rep,
                          check_values, checksums, num_instructions, bar)
             bar.update(done + todo.get(name, 0) - bar.n)   # a feature skipped or cut short still counts as done
+
+
+def _reads_rows(name: str, recorded: dict, check_values: bool, checksums: bool) -> bool:
+    """Whether a feature's rows are decoded: for their values, or for their recorded chunk CRCs."""
+    return check_values or (checksums and name in recorded)
 
 
 def _check_array(group, root: Path, name: str, spec, n: int, manifest: dict, recorded: dict, array_digests: dict,
@@ -254,7 +259,7 @@ def _check_array(group, root: Path, name: str, spec, n: int, manifest: dict, rec
         rep.problems.append(f"{MANIFEST}: {len(recorded[name])} chunk checksums for {where}, "
                             f"{num_chunks(n, chunk)} chunks expected")
         return
-    if missing or not (check_values or (checksums and name in recorded)):
+    if missing or not _reads_rows(name, recorded, check_values, checksums):
         return
     _check_data(arr, name, n, chunk, recorded.get(name) if checksums else None,
                 stats_d if check_values else None, check_values, rep,
