@@ -35,3 +35,13 @@ def test_targets_are_judged_from_the_measurements():
     assert all(met.values())
     rows[1]["fcnet_ms"] = 0.9
     assert not _targets(rows)[0]["met"]
+
+
+def test_the_nan_fill_table_times_both_settings_and_leaves_torch_as_it_found_it():
+    from quadforge.tools.bench.models import nan_fill_cost
+    before = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
+    models = {"fcnet": (build_model("fcnet", obs_dim=5, context=8, modes=2, hidden=8, num_layers=1), 4)}
+    table = nan_fill_cost(models, iters=1, rounds=1)
+    (row,) = table.rows
+    assert row[0] == "fcnet" and row[2] > 0 and row[3] > 0 and row[4] == row[3] / row[2]
+    assert (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory) == before

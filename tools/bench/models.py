@@ -6,7 +6,10 @@ the *last* action of a context window: before every timed step the cache's posit
 so a Transformer attends over a full KV cache. Models are compared at matched parameter counts: for
 each FCNet configuration (n, layers, hidden) the other models keep the layer count and get the hidden
 width whose parameter count is closest to FCNet's. Training throughput is forward + backward +
-AdamW step on random windows (windows/s, median of a few iterations).
+AdamW step on random windows (windows/s, median of a few iterations). A last table times training
+steps of every model at its ``cpu`` preset (and FCNet at the demo's batch) in torch's deterministic
+mode (the trainers' ``seed_everything``) with and without the NaN fill of new tensors that mode does
+by default, interleaved (``quadforge.seeding`` turns it off).
 
 A full run (no --quick) also rewrites the generated part of docs/models.md, the plot
 docs/latency_vs_context.png, and its own section of docs/benchmarks.md.
@@ -25,6 +28,7 @@ from quadforge.layout import NUM_JOINTS, get_layout
 from quadforge.tools.bench.common import Table, report
 from quadforge.models import SequenceModel, build_model
 from quadforge.models.registry import model_names
+from quadforge.training.presets import preset
 
 MODELS = model_names(trainer="imitation")   # fcnet first: the others are matched to its size
 DEFAULT = dict(context=64, num_layers=4, hidden=256)
@@ -111,6 +115,44 @@ def train_throughput(model: SequenceModel, batch: int, iters: int) -> float:
     return batch / statistics.median(times)
 
 
+def nan_fill_cost(models: dict[str, tuple[SequenceModel, int]], iters: int, rounds: int) -> Table:
+    """Training step time of each (model, batch) in torch's deterministic mode (the trainers'
+    ``seed_everything``) with and without the NaN fill of every new tensor that mode does by default,
+    interleaved: why ``quadforge.seeding`` turns the fill off (the same trained bits, tests/test_seeding.py)."""
+    table = Table("training step in deterministic mode, with and without its NaN fill of new tensors "
+                  "(ms, median of interleaved rounds, 1 thread)",
+                  ["model", "batch", "with fill ms", "without fill ms", "without / with"])
+    deterministic, warn_only = torch.are_deterministic_algorithms_enabled(), \
+        torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        for label, (model, batch) in models.items():
+            ms: dict[bool, list[float]] = {True: [], False: []}
+            for _ in range(rounds):
+                for on in (True, False):
+                    torch.utils.deterministic.fill_uninitialized_memory = on
+                    ms[on].append(batch / train_throughput(model, batch, iters) * 1e3)
+            with_fill, without = statistics.median(ms[True]), statistics.median(ms[False])
+            table.add(label, batch, with_fill, without, without / with_fill)
+    finally:
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+    return table
+
+
+def cpu_preset_models(obs_dim: int) -> dict[str, tuple[SequenceModel, int]]:
+    """Every imitation model at its ``cpu`` preset (what a CPU run trains by default) with the preset's
+    batch, and FCNet at the demo's batch (128)."""
+    out = {}
+    for name in MODELS:
+        cfg = preset(name, "cpu")
+        model = build_model(name, obs_dim=obs_dim, action_dim=NUM_JOINTS, context=cfg.context, **cfg.model_config)
+        out[f"{name} (cpu preset)"] = (model, cfg.batch_size)
+    out["fcnet (cpu preset, the demo's batch)"] = (out["fcnet (cpu preset)"][0], 128)
+    return out
+
+
 def main(quick: bool = False, json_path: str | None = None) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -162,12 +204,13 @@ def _run(quick: bool, json_path: str | None) -> int:
             model = fc if name == "fcnet" else matched(name, fc.num_parameters(), obs_dim, n, DEFAULT["num_layers"])
             row.append(train_throughput(model, batch, iters))
         throughput.add(n, batch, *row)
+    fill = nan_fill_cost(cpu_preset_models(obs_dim), iters=5, rounds=3 if quick else 7)
 
     targets = _targets(results)
     checks = Table("targets (seed 000 C.4 claims, measured in this run)", ["target", "measured", "met"])
     for t in targets:
         checks.add(t["target"], t["measured"], "yes" if t["met"] else "NO")
-    tables = [latency, params, throughput, checks]
+    tables = [latency, params, throughput, fill, checks]
     report("models", tables, json_path, extra={"quick": quick, "results": results, "targets": targets})
     if not quick:
         write_docs(tables, results)
