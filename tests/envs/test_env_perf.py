@@ -313,3 +313,19 @@ def test_fast_paths_give_the_bits_of_the_torch_references_over_a_rollout_with_re
         assert ends >= 16                      # every env ended an episode at least once
     assert fast_paths.cpu_arrays(torch.zeros(1)) is not None
     assert torch.equal(runs[0], runs[1])
+
+
+def test_bench_times_the_layer_in_the_step_and_with_the_physics_stubbed_and_restores_the_backend(monkeypatch):
+    from quadforge.tools.bench import env_step
+
+    made = []
+    real_make = env_step._settled_env
+
+    def keep(*args, **kwargs):
+        made.append(real_make(*args, **kwargs))
+        return made[-1]
+    monkeypatch.setattr(env_step, "_settled_env", keep)
+    r = env_step.layer_in_and_out_of_step("flat", 4, 1, steps=2, rounds=1)
+    assert r["in step"] > 0 and r["physics stubbed"] > 0 and r["ratio"] == r["in step"] / r["physics stubbed"]
+    (env, _, _), = made
+    assert "step" not in env.backend.__dict__ and "_during_physics" not in env.__dict__   # the env's own methods again

@@ -22,7 +22,11 @@ A second table times the same env eager and with ``EnvConfig.compile_task`` (the
 ``torch.compile``), both interleaved with raw rounds in one run: the task's and its score's CPU time per
 step and each env's env/raw (docs/scale.md).
 
-A third table counts the torch calls a GPU dispatches (``envs.fast_paths.torch_references``: the numpy
+A third table times the env layer (all of ``step`` but the caller's share of the physics) in the real
+step and with the physics stubbed out, alternating rounds: a layer timed without MuJoCo running
+between its calls costs less than it does in the step, and the ratio says how much.
+
+A fourth table counts the torch calls a GPU dispatches (``envs.fast_paths.torch_references``: the numpy
 fast paths off), in steps where no episode ends and in steps where some do (episodes of 1 s, their ends
 staggered so that about N/50 envs reset each step). On a GPU every call is a kernel launch and its
 Python, and at thousands of worlds some world resets in every step, so the second count, not the math,
@@ -143,6 +147,46 @@ def compiled_pair(terrain: str, n: int, threads: int, steps: int, rounds: int) -
     return out
 
 
+def layer_in_and_out_of_step(terrain: str, n: int, threads: int, steps: int, rounds: int) -> dict[str, float]:
+    """The env layer's caller-thread CPU ms per step (everything in ``step`` but the caller's share of the
+    physics) inside the real step and with the physics stubbed out (the backend's step runs only the
+    env's ``during`` work and leaves the state as it is: the same standing robots, the same layer
+    work), alternating rounds. A layer timed without the physics reads what the step would cost if
+    MuJoCo did not run between its calls; the ratio is what running beside the physics adds."""
+    env, zeros, _ = _settled_env(terrain, n, threads)
+    backend = env.backend
+    acc: dict[str, float] = defaultdict(float)
+    undo_during = timed_method(env, "_during_physics", acc, "during", time.thread_time)
+    finite = torch.zeros(n, dtype=torch.bool)
+
+    def stubbed_step(targets: torch.Tensor, during=None) -> torch.Tensor:
+        if during is not None:
+            during()
+        return finite
+    samples: dict[str, list[float]] = defaultdict(list)
+    try:
+        for _ in range(rounds):
+            for label, step in (("in step", backend.step), ("physics stubbed", stubbed_step)):
+                backend.step = step
+                undo = timed_method(backend, "step", acc, "backend", time.thread_time)
+                env.step(zeros)   # one untimed step after the switch
+                acc.clear()
+                c0 = time.thread_time()
+                for _ in range(steps):
+                    env.step(zeros)
+                layer = time.thread_time() - c0 - (acc["backend"] - acc["during"])
+                samples[label].append(1e3 * layer / steps)
+                undo()
+                del backend.step   # the class's method again
+    finally:
+        backend.__dict__.pop("step", None)
+        undo_during()
+        env.close()
+    out = {k: statistics.median(v) for k, v in samples.items()}
+    out["ratio"] = statistics.median(a / b for a, b in zip(samples["in step"], samples["physics stubbed"]))
+    return out
+
+
 def gpu_calls(terrain: str, n: int, steps: int = 100, backend: str = "mujoco_cpu") -> dict[str, float]:
     """Torch calls per env step on the torch references (as on a GPU): steps without episode ends and
     steps with some (1 s episodes, ends staggered over the envs), and the envs reset per such step.
@@ -198,10 +242,18 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
                   "depend on N)",
                   ["backend", "terrain", "envs", "steps without ends", "steps with ends",
                    "envs reset per such step", "steps with ends / all"])
+    beside = Table("env_step: the env layer's caller-thread CPU ms per step (all of step but the caller's share of "
+                   "the physics) inside the real step and with the physics stubbed out (the same standing "
+                   "robots), alternating rounds", ["terrain", "envs", "threads", "layer in the step",
+                                                   "layer, physics stubbed", "in step / stubbed"])
+    for terrain in ("flat", "mixed"):
+        for n in ((64,) if quick else (64, 256)):
+            r = layer_in_and_out_of_step(terrain, n, 2, max(4, work // n), rounds + 2)
+            beside.add(terrain, n, 2, r["in step"], r["physics stubbed"], r["ratio"])
     for backend in (b.name for b in BACKENDS.values() if b.installed()):
         for terrain in ("flat", "mixed"):
             for n in ((64,) if quick or backend != "mujoco_cpu" else (64, 256)):
                 c = gpu_calls(terrain, n, backend=backend)
                 calls.add(backend, terrain, n, c["without"], c["with"], c["resets"], f"{c['steps_with']}/{c['steps']}")
-    report("env_step", [table, compiled, calls], json_path, extra={"quick": quick})
+    report("env_step", [table, compiled, beside, calls], json_path, extra={"quick": quick})
     return 0
