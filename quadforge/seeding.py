@@ -40,7 +40,8 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
         # Deterministic mode also fills every new tensor with NaN before its op writes it (a guard for
         # ops that leave memory unwritten; none of ours do: trained weights are the same bits either way,
-        # tests/test_seeding.py). The fill is a pass over each activation, ~15 % of an FCNet training step.
+        # tests/test_seeding.py). The fill is a pass over each activation: up to ~10 % of an FCNet training
+        # step on the CPU (`quadforge bench models`, docs/training.md).
         torch.utils.deterministic.fill_uninitialized_memory = False
 
 
