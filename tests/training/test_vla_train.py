@@ -576,3 +576,29 @@ def test_instruction_dropout_trains_rows_on_the_null_instruction(tmp_path, monke
     bad.instruction_dropout = -0.1
     with pytest.raises(ValueError, match="instruction_dropout=-0.1"):
         bad.validate()
+
+
+@pytest.mark.parametrize("model", ["rt1", "germ"])
+def test_the_vla_trainer_gives_the_same_bits_without_the_nan_fill_of_new_tensors(tmp_path, monkeypatch, model):
+    """``seed_everything`` turns deterministic mode's NaN fill of new tensors off: the image encoder's
+    convolutions, the TokenLearner, the MoE and the Q objective write every element they read, so a
+    run with the fill forced back on trains the same weights."""
+    import quadforge.training.vla as vla_trainer
+
+    def weights(out, fill: bool) -> dict:
+        seeded = vla_trainer.seed_everything
+
+        def seed_then_fill(*args, **kwargs):
+            seeded(*args, **kwargs)
+            torch.utils.deterministic.fill_uninitialized_memory = fill
+        monkeypatch.setattr(vla_trainer, "seed_everything", seed_then_fill)
+        summary = train(_cfg(model, steps=2), ColourChoiceTask(image_size=16, history=2, seed=0), out)
+        monkeypatch.setattr(vla_trainer, "seed_everything", seeded)
+        return summary["model"].state_dict()
+
+    try:
+        with_fill, without = weights(tmp_path / "fill", True), weights(tmp_path / "no_fill", False)
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = False
+    assert with_fill.keys() == without.keys()
+    assert all(torch.equal(with_fill[k], without[k]) for k in with_fill), model
