@@ -263,7 +263,7 @@ def _check_array(group, root: Path, name: str, spec, n: int, manifest: dict, rec
         return
     _check_data(arr, name, n, chunk, recorded.get(name) if checksums else None,
                 stats_d if check_values else None, check_values, rep,
-                num_instructions if name == "instruction" and check_values else None)
+                num_instructions if name == "instruction" and check_values else None, bar)
 
 
 def _read_block(arr, lo: int, hi: int, chunk: int) -> tuple[np.ndarray | None, list[int]]:

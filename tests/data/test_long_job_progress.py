@@ -8,6 +8,7 @@ import quadforge.data.export_lerobot
 import quadforge.data.validate
 from quadforge.data.compaction import compact
 from quadforge.data.export import export_hdf5
+from quadforge.data.store import TrajectoryStore
 from quadforge.data.validate import validate
 
 
@@ -15,10 +16,11 @@ class _Bar:
     """What the jobs use of a tqdm bar, counting (a disabled tqdm counts nothing)."""
 
     def __init__(self, total, iterable=None):
-        self.total, self.n, self.iterable = total, 0, iterable
+        self.total, self.n, self.iterable, self.updates = total, 0, iterable, 0
 
     def update(self, k=1):
         self.n += k
+        self.updates += 1
 
     def close(self):
         pass
@@ -62,6 +64,9 @@ def test_compact_validate_and_export_bars_run_to_their_totals(tmp_path, write_ep
     rep = validate(store, check_values=True, progress=True)
     enabled, total, done = _finished(bars, "validate")
     assert rep.ok and enabled and total > 0 and done == total
+    # it moves while a feature's chunks are read, not only once each feature is done
+    [validate_bar] = [b for d, _, _, b in bars if d == "validate"]
+    assert validate_bar.updates > len(TrajectoryStore.open(store).schema.features)   # one catch-up per feature
     export_hdf5(store, tmp_path / "x.h5", progress=True)
     assert _finished(bars, "export-hdf5") == (True, 4, 4)
 
