@@ -435,14 +435,14 @@ def _write_tables(root: Path, appenders: dict[str, _Appender], new_table: Episod
 
 
 def _new_manifest(root: Path, state: _Committed, schema: StoreSchema, appenders: dict[str, _Appender],
-                  num_steps: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+                  num_steps: int, added: EpisodeTable) -> dict[str, Any]:
     """Step 6's record: generation + 1, lengths, stats, chunk CRCs and the digests of all metadata."""
     tasks, instructions = state.tasks, state.instructions
     # the new rows as a reader parses them back from the file just written (its encoding, then parsing)
-    new_rows = json.loads(json.dumps(EpisodeTable.from_rows(rows).to_lists()))
+    new_rows = json.loads(json.dumps(added.to_lists()))
     manifest = {
         "format_version": FORMAT_VERSION, "generation": int(state.manifest["generation"]) + 1,
-        "num_steps": num_steps, "num_episodes": len(state.table) + len(rows),
+        "num_steps": num_steps, "num_episodes": len(state.table) + len(added),
         "lengths": {name: app.pos for name, app in appenders.items()},
         "stats": {name: app.stats.to_dict() for name, app in appenders.items() if app.stats is not None},
         "chunks": {name: app.chunk for name, app in appenders.items()},
@@ -476,8 +476,9 @@ def _compact_locked(root: Path, append_mode: str, t0: float, progress: bool = Fa
     rows = _append_episodes(headers, appenders, schema, state, progress)
     start = int(state.manifest["num_steps"])
     end = start + sum(r["length"] for r in rows)
-    _write_tables(root, appenders, state.table.concat(rows), state)
-    manifest = _new_manifest(root, state, schema, appenders, end, rows)
+    added = EpisodeTable.from_rows(rows)
+    _write_tables(root, appenders, state.table.concat(added), state)
+    manifest = _new_manifest(root, state, schema, appenders, end, added)
     write_manifest(root, manifest)   # 6. the commit point
     _delete(todo + skipped, root)    # 7. the staged copies are now redundant
     return CompactionResult(manifest["generation"], [r["episode_id"] for r in rows],

@@ -148,9 +148,8 @@ class EpisodeTable:
         ``item()`` per value)."""
         return {c: _plain(self.data[c]) for c in COLUMNS}
 
-    def concat(self, rows: list[Mapping[str, Any]]) -> "EpisodeTable":
-        """This table with ``rows`` (every column each) appended: the table ``from_lists`` makes of both."""
-        new = EpisodeTable.from_rows(rows)
+    def concat(self, new: "EpisodeTable") -> "EpisodeTable":
+        """This table with ``new``'s rows appended: the table ``from_lists`` makes of both."""
         return EpisodeTable({c: np.concatenate([self.data[c], new.data[c]]) for c in COLUMNS})
 
 
