@@ -98,7 +98,7 @@ def summary(store_path: str | Path) -> dict[str, Any]:
         "path": str(store.root), "generation": store.generation, "episodes": store.num_episodes,
         "steps": store.num_steps, "hours": store.num_steps * store.schema.control_dt / 3600.0,
         "robot": store.schema.robot, "control_rate_hz": store.schema.control_rate_hz,
-        "format_version": store.schema.format_version,
+        "format_version": int(store.manifest["format_version"]), "table_segments": len(store.table_files),
         "success_rate": float(success.mean()) if len(t) else 0.0,
         "failure_reasons": dict(Counter(t["failure_reason"].tolist())),
         "terrains": per_terrain,

@@ -2,12 +2,14 @@
 
 Order of a compaction (under an exclusive ``fcntl.flock`` on ``<store>/.lock``):
 1. read the manifest (the trusted state) and truncate every array to its trusted length;
-2. list staging files by name; skip those whose episode id is already in the trusted table;
+2. list staging files by name; skip those whose episode id is already in the table's last segment
+   (where a crash after step 6 leaves them: the newest rows are always in the last segment);
 3. check every remaining file's header against the schema (before any write);
 4. append the episodes feature by feature in buffered, chunk-aligned blocks, updating running stats;
-5. fsync the chunks written, then write the episode table and tasks table (temp + fsync + rename);
+5. fsync the chunks written, then write the episode table's new segment (the new rows, merged with
+   trailing segments: data/episode_table.py) and the tasks table (temp + fsync + rename);
 6. write the new manifest (generation + 1) the same way - this is the commit point;
-7. delete the consumed staging files.
+7. delete the consumed staging files and the segments the new one merged (and any a crash left).
 A crash before 6 leaves the previous generation intact (the extra rows are ignored and overwritten
 next time); a crash after 6 leaves staging files whose ids are already in the table, which the next
 compaction deletes without appending them again.
@@ -15,7 +17,6 @@ compaction deletes without appending them again.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import time
 from contextlib import contextmanager
@@ -25,7 +26,9 @@ from typing import Any, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
-from quadforge.data.integrity import (INTEGRITY_VERSION, ChunkCrcs, TableText, array_meta_digest, chunk_crcs,
+from quadforge.data.episode_table import (SEGMENTS_KEY, committed_segments, encode_segment, merge_start,
+                                          read_segment, segment_file, segment_files_on_disk)
+from quadforge.data.integrity import (INTEGRITY_VERSION, ChunkCrcs, array_meta_digest, chunk_crcs,
                                      manifest_digest, read_array_meta, tasks_counts, tasks_digest, canonical_digest)
 from quadforge.data.images import frame_stride_of, image_chunk_frames, is_image
 from quadforge.data.instructions import InstructionTable
@@ -34,10 +37,10 @@ from quadforge.data.staging import (abandoned_partial_writes, episode_id_of, fsy
                                     quarantine_staged, read_staged, read_staged_header, remove_partial_writes)
 from quadforge.data.stats import RunningStats
 from quadforge.data.integrity import DIGEST_KEY
-from quadforge.data.store import (EPISODES_FILE, INSTRUCTIONS_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable,
-                                  TrajectoryStore, array_path, existing_store_dir, read_episode_table,
-                                  read_instructions, read_manifest, read_schema, read_tasks, verify_metadata,
-                                  write_json_atomic)
+from quadforge.data.json_files import write_json_atomic, write_text_atomic
+from quadforge.data.store import (INSTRUCTIONS_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable,
+                                  TrajectoryStore, array_path, existing_store_dir,
+                                  read_instructions, read_manifest, read_schema, read_tasks, verify_metadata)
 from quadforge.data.schema import FORMAT_VERSION
 from quadforge.errors import JobFailed, is_write_failure, os_reason
 from quadforge.output_paths import is_store_dir, listing
@@ -313,8 +316,8 @@ class _Committed:
     fresh: bool
     manifest: dict[str, Any]
     schema: StoreSchema | None
-    table: EpisodeTable
-    table_text: TableText          # the committed table's canonical text: the new table's digest appends to it
+    segments: list[dict[str, Any]]   # the episode table's committed segments
+    last: EpisodeTable               # the last segment's rows (the newest episodes)
     tasks: dict[str, list[str]]
     instructions: InstructionTable
 
@@ -323,22 +326,22 @@ def _read_committed(root: Path) -> _Committed:
     if not (root / MANIFEST).is_file():
         manifest = {"format_version": FORMAT_VERSION, "generation": 0, "num_steps": 0,
                     "num_episodes": 0, "lengths": {}, "stats": {}}
-        empty = EpisodeTable.from_rows([])
-        return _Committed(True, manifest, None, empty, TableText(empty.to_lists()), {}, InstructionTable())
+        return _Committed(True, manifest, None, [], EpisodeTable.from_rows([]), {}, InstructionTable())
     manifest = read_manifest(root)
     schema = read_schema(root)
-    table = read_episode_table(root, int(manifest["num_episodes"]))
+    segments = committed_segments(manifest)
+    last = read_segment(root, segments[-1]) if segments else EpisodeTable.from_rows([])
     tasks = read_tasks(root, required=bool(manifest.get("meta")))
-    table_text = TableText(table.to_lists())
-    # appending to a store whose committed metadata or chunks are damaged would bury the damage
-    verify_metadata(root, manifest, schema, table, tasks, table_text)
-    TrajectoryStore(root, manifest, schema, table, tasks)._check_arrays()
+    # appending to a store whose committed metadata or chunks are damaged would bury the damage (a damaged
+    # segment this compaction does not read stays as it is, under its digest, for readers to report)
+    verify_metadata(root, manifest, schema, tasks)
+    TrajectoryStore(root, manifest, schema, last, tasks)._check_arrays()
     counts = manifest.get("meta", {}).get("tasks_counts")
     if counts is not None:   # instructions beyond the committed ones are leftovers of a crash
         # in the manifest's order: a set's order is the process's string hashing, and tasks.json's bytes follow it
         tasks = {t: list(tasks.get(t, []))[:int(counts[t])] for t in counts}
     instructions = InstructionTable(read_instructions(root, manifest))   # the committed entries only
-    return _Committed(False, manifest, schema, table, table_text, tasks, instructions)
+    return _Committed(False, manifest, schema, segments, last, tasks, instructions)
 
 
 _Header = tuple[Path, dict[str, ArrayHeader], dict[str, Any]]
@@ -423,26 +426,40 @@ def _append_episodes(headers: list[_Header], appenders: dict[str, _Appender], sc
     return rows
 
 
-def _write_tables(root: Path, appenders: dict[str, _Appender], new_table: EpisodeTable, state: _Committed) -> None:
-    """Step 5: the written chunks fsynced, then the episode, tasks and instruction tables (not yet
-    committed: the manifest's digests and counts decide what a reader trusts)."""
+def _write_tables(root: Path, appenders: dict[str, _Appender], added: EpisodeTable,
+                  state: _Committed) -> list[dict[str, Any]]:
+    """Step 5: the written chunks fsynced, then the episode table's new segment, the tasks and instruction
+    tables (not yet committed: the manifest's segments, digests and counts decide what a reader trusts).
+    Returns the table's segments as the new manifest lists them."""
     for name, app in appenders.items():
         _fsync_written(root, name, app.first_chunk, max(app.pos - 1, 0) // app.chunk)
-    write_json_atomic(root / EPISODES_FILE, {"columns": new_table.to_lists()})
+    segments = _write_segment(root, state, added)
     write_json_atomic(root / TASKS_FILE, {"tasks": state.tasks})
     if len(state.instructions):
         write_json_atomic(root / INSTRUCTIONS_FILE, {"instructions": state.instructions.texts})
+    return segments
+
+
+def _write_segment(root: Path, state: _Committed, added: EpisodeTable) -> list[dict[str, Any]]:
+    """The new rows as one segment, merged with the trailing segments ``merge_start`` picks (each read and
+    checked against its digest first), named after the generation this compaction commits."""
+    i = merge_start([int(s["rows"]) for s in state.segments], len(added))
+    merged = [read_segment(root, s) for s in state.segments[i:-1]] + ([state.last] if i < len(state.segments) else [])
+    text, digest = encode_segment(EpisodeTable.joined(merged + [added]))
+    name = segment_file(int(state.manifest["generation"]) + 1)
+    write_text_atomic(root / name, text)
+    rows = sum(int(s["rows"]) for s in state.segments[i:]) + len(added)
+    return state.segments[:i] + [{"file": name, "rows": rows, "digest": digest}]
 
 
 def _new_manifest(root: Path, state: _Committed, schema: StoreSchema, appenders: dict[str, _Appender],
-                  num_steps: int, added: EpisodeTable) -> dict[str, Any]:
-    """Step 6's record: generation + 1, lengths, stats, chunk CRCs and the digests of all metadata."""
+                  num_steps: int, segments: list[dict[str, Any]]) -> dict[str, Any]:
+    """Step 6's record: generation + 1, lengths, stats, chunk CRCs, the episode table's segments and the
+    digests of all metadata."""
     tasks, instructions = state.tasks, state.instructions
-    # the new rows as a reader parses them back from the file just written (its encoding, then parsing)
-    new_rows = json.loads(json.dumps(added.to_lists()))
     manifest = {
         "format_version": FORMAT_VERSION, "generation": int(state.manifest["generation"]) + 1,
-        "num_steps": num_steps, "num_episodes": len(state.table) + len(added),
+        "num_steps": num_steps, "num_episodes": sum(int(s["rows"]) for s in segments), SEGMENTS_KEY: segments,
         "lengths": {name: app.pos for name, app in appenders.items()},
         "stats": {name: app.stats.to_dict() for name, app in appenders.items() if app.stats is not None},
         "chunks": {name: app.chunk for name, app in appenders.items()},
@@ -450,7 +467,7 @@ def _new_manifest(root: Path, state: _Committed, schema: StoreSchema, appenders:
         "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "integrity": INTEGRITY_VERSION,
         "checksums": {name: app.crcs.crcs for name, app in appenders.items()},
-        "meta": {"schema": canonical_digest(schema.to_dict()), "episodes": state.table_text.appended(new_rows).digest(),
+        "meta": {"schema": canonical_digest(schema.to_dict()),
                  "tasks_counts": tasks_counts(tasks), "tasks": tasks_digest(tasks, tasks_counts(tasks)),
                  "instructions": canonical_digest(instructions.texts),
                  "arrays": {name: array_meta_digest(read_array_meta(root / array_path(name)))
@@ -463,7 +480,7 @@ def _new_manifest(root: Path, state: _Committed, schema: StoreSchema, appenders:
 def _compact_locked(root: Path, append_mode: str, t0: float, progress: bool = False) -> CompactionResult:
     """The numbered steps of the module docstring, under the store's lock."""
     state = _read_committed(root)
-    known = set(state.table["episode_id"].tolist())
+    known = set(state.last["episode_id"].tolist())
     staged = list_staged(root)
     skipped = [p for p in staged if episode_id_of(p) in known]
     todo = [p for p in staged if episode_id_of(p) not in known]
@@ -477,10 +494,11 @@ def _compact_locked(root: Path, append_mode: str, t0: float, progress: bool = Fa
     start = int(state.manifest["num_steps"])
     end = start + sum(r["length"] for r in rows)
     added = EpisodeTable.from_rows(rows)
-    _write_tables(root, appenders, state.table.concat(added), state)
-    manifest = _new_manifest(root, state, schema, appenders, end, added)
+    segments = _write_tables(root, appenders, added, state)
+    manifest = _new_manifest(root, state, schema, appenders, end, segments)
     write_manifest(root, manifest)   # 6. the commit point
-    _delete(todo + skipped, root)    # 7. the staged copies are now redundant
+    _delete(todo + skipped, root)    # 7. the staged copies are now redundant, and so are merged segments
+    _delete([root / f for f in sorted(segment_files_on_disk(root) - {s["file"] for s in segments})], root)
     return CompactionResult(manifest["generation"], [r["episode_id"] for r in rows],
                             [episode_id_of(p) for p in skipped], end - start, time.perf_counter() - t0)
 
@@ -511,5 +529,5 @@ def staging_mismatch(schema: StoreSchema, headers: Mapping[str, ArrayHeader], in
 def _delete(paths: list[Path], root: Path) -> None:
     for p in paths:
         p.unlink(missing_ok=True)
-    if paths:
-        fsync_dir(paths[0].parent)
+    for folder in sorted({p.parent for p in paths}):
+        fsync_dir(folder)

@@ -63,37 +63,6 @@ def table_digest(columns: Mapping[str, list]) -> str:
     return canonical_digest(columns)
 
 
-class TableText:
-    """An episode table's canonical text (what ``table_digest`` hashes), kept column by column.
-
-    A compaction verifies the committed table's digest and then records the digest of that table with
-    its new rows appended. The canonical text of a column is ``[v0,v1,...]``, so the new table's text is
-    the committed one's with each new row's values spliced in before each ``]``: the digest of the new
-    table then costs its new rows, not a second encoding of every row (at 20k episodes that encoding was
-    a fifth of a compaction). ``columns``: values as JSON parsing gives them, as for ``table_digest``."""
-
-    def __init__(self, columns: Mapping[str, list]):
-        self.columns = {name: json.dumps(values, **_CANONICAL) for name, values in columns.items()}
-
-    def appended(self, rows: Mapping[str, list]) -> "TableText":
-        """This table's text with ``rows`` (the same columns, parsed values) appended."""
-        if set(rows) != set(self.columns):
-            raise ValueError(f"TableText.appended: columns {sorted(rows)} differ from the table's {sorted(self.columns)}")
-        out = TableText({})
-        for name, old in self.columns.items():
-            new = json.dumps(rows[name], **_CANONICAL)
-            out.columns[name] = new if old == "[]" else old if new == "[]" else f"{old[:-1]},{new[1:]}"
-        return out
-
-    def digest(self) -> str:
-        """``table_digest`` of the columns this text holds."""
-        names = sorted(self.columns)
-        parts = [b"{"]
-        for k, name in enumerate(names):
-            parts += [("," if k else "").encode() + json.dumps(name).encode() + b":", self.columns[name].encode()]
-        return _digest_of(*parts, b"}")
-
-
 def tasks_digest(tasks: Mapping[str, Any], counts: Mapping[str, int]) -> str:
     """Digest of the first ``counts[task]`` instructions of each task: the committed part of the tasks
     table (an interrupted compaction may have appended more, which are not part of the store yet)."""

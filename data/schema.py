@@ -16,7 +16,10 @@ import numpy as np
 from quadforge.data.images import IMAGE_PREFIX, frame_stride_of, image_dtype, is_image, num_frames
 from quadforge.terms import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, JOINT_NAMES, LEGS, TERM_DIMS
 
-FORMAT_VERSION = 1
+# 2: the episode table in append-only segments (data/episode_table.py); 1: in one file. Both read; a
+# compaction onto a format-1 store writes format 2 (its table file becomes the first segment).
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 TASK_PREFIX = "task_"
 
 _XYZ = ("x", "y", "z")

@@ -7,169 +7,49 @@
   images/<camera>             camera frames (uint8 (F, H, W, C) or float32 depth (F, H, W)), every
                               `stride`-th step of each episode (see data/images.py), when present
   meta/schema.json            per-feature dtype, shape, names, units, stride; robot; control rate; version
-  meta/episodes.json          the episode table, columnar JSON ({"columns": {name: [...]}})
+  meta/episodes/<gen>.json    the episode table's segments, columnar JSON ({"columns": {name: [...]}}),
+                              append-only (data/episode_table.py; a format-1 store: meta/episodes.json)
   meta/tasks.json             tasks and their instructions ({"tasks": {task: [instruction, ...]}})
   meta/instructions.json      the instruction table ({"instructions": [text, ...]}), append-only; the
                               per-step `instruction` feature and the `instruction_id` column index it
   manifest.json               the commit record: generation, steps, episodes, per-feature lengths
-                              (frames for images), stats, num_instructions
+                              (frames for images), stats, num_instructions, the table's segments
   staging/<id>.episode       episodes written by collectors, not yet compacted
   .lock                       compaction's exclusive flock
 ```
 
-Readers trust only ``manifest.json``: array rows beyond its per-feature lengths, episode-table rows
-beyond its episode count and instructions beyond ``num_instructions`` are leftovers of an interrupted
-compaction and are ignored (the next
-compaction overwrites them). ``compact`` (in ``data.compaction``) is the only writer.
+Readers trust only ``manifest.json``: array rows beyond its per-feature lengths, episode-table segments
+it does not list and instructions beyond ``num_instructions`` are leftovers of an interrupted compaction
+and are ignored (the next compaction overwrites or deletes them). ``compact`` (in ``data.compaction``) is
+the only writer.
 """
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from quadforge.data import integrity
+from quadforge.data.episode_table import (COLUMNS, DICT_COLUMNS, EpisodeTable, SegmentMissing,  # noqa: F401
+                                          committed_segments, read_table)
 from quadforge.data.images import IMAGE_PREFIX, frame_starts, num_frames
-from quadforge.data.schema import FORMAT_VERSION, StoreSchema
-from quadforge.data.staging import episode_id_of, fsync_dir, list_staged
+from quadforge.data.json_files import read_json
+from quadforge.data.schema import FORMAT_VERSION, READABLE_FORMATS, StoreSchema
+from quadforge.data.staging import episode_id_of, list_staged
 from quadforge.data.stats import RunningStats
 
 MANIFEST = "manifest.json"
 SCHEMA_FILE = "meta/schema.json"
-EPISODES_FILE = "meta/episodes.json"
 TASKS_FILE = "meta/tasks.json"
 INSTRUCTIONS_FILE = "meta/instructions.json"
 MANIFEST_KEYS = ("format_version", "generation", "num_steps", "num_episodes", "lengths", "stats")
-
-INT_COLUMNS = ("start", "end", "length", "terrain_level", "instruction_index", "seed", "instruction_id")
-BOOL_COLUMNS = ("success", "terminated")
-FLOAT_COLUMNS = ("return", "cmd_vx", "cmd_vy", "cmd_wz")
-STR_COLUMNS = ("failure_reason", "terrain_type", "task", "gait", "policy_id", "collector_id", "episode_id")
-DICT_COLUMNS = ("label", "extra", "task_params")
-COLUMNS = INT_COLUMNS + BOOL_COLUMNS + FLOAT_COLUMNS + STR_COLUMNS + DICT_COLUMNS
-# columns added after stores were first written: a table without them reads with these values
-LATER_COLUMNS = {"instruction_id": -1, "task_params": {}}
+OPEN_ATTEMPTS = 3     # a compaction may merge away a segment between reading the manifest and the segment
 
 
 def array_path(name: str) -> str:
     """Zarr path of a feature: images in their own group, everything else under data/."""
     return name if name.startswith(IMAGE_PREFIX) else f"data/{name}"
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """temp + fsync + rename + fsync(dir): the file is either the old one or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    # json.dumps, not json.dump: dump streams through the encoder's pure-Python path (~3x slower on a
-    # large episode table)
-    text = json.dumps(obj)
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def read_json(path: Path, what: str) -> Any:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing {what}")
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: corrupt {what} (not valid JSON: {err})") from err
-
-
-@dataclass
-class EpisodeTable:
-    """One row per episode, held as columns (numpy arrays); see ``COLUMNS``."""
-
-    data: dict[str, np.ndarray] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.data["end"]) if "end" in self.data else 0
-
-    def __getitem__(self, column: str) -> np.ndarray:
-        if column not in self.data:
-            raise KeyError(f"episode table has no column {column!r}; columns: {list(self.data)}")
-        return self.data[column]
-
-    def __contains__(self, column: str) -> bool:
-        return column in self.data
-
-    def columns(self) -> dict[str, np.ndarray]:
-        return dict(self.data)
-
-    def row(self, i: int) -> dict[str, Any]:
-        return {k: (v[i].item() if isinstance(v[i], np.generic) else v[i]) for k, v in self.data.items()}
-
-    def select(self, filters: Mapping[str, Any] | None = None) -> np.ndarray:
-        """Indices of the episodes passing the sampler filters (``data.episodes.FILTER_KEYS``)."""
-        from quadforge.data.episodes import filter_episodes
-        return filter_episodes(self.data, np.arange(len(self)), filters)
-
-    @classmethod
-    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> "EpisodeTable":
-        rows = list(rows)
-        return cls.from_lists({c: [r[c] for r in rows] for c in COLUMNS})
-
-    @classmethod
-    def from_lists(cls, cols: Mapping[str, list]) -> "EpisodeTable":
-        out: dict[str, np.ndarray] = {}
-        rows = len(cols.get("end", []))
-        for c in COLUMNS:
-            if c not in cols and c in LATER_COLUMNS:
-                values = [LATER_COLUMNS[c]] * rows
-            else:
-                values = list(cols.get(c, []))
-            if c in INT_COLUMNS:
-                out[c] = np.asarray(values, dtype=np.int64)
-            elif c in BOOL_COLUMNS:
-                out[c] = np.asarray(values, dtype=bool)
-            elif c in FLOAT_COLUMNS:
-                out[c] = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
-            elif c in STR_COLUMNS:
-                out[c] = np.asarray([str(v) for v in values], dtype=str) if values else np.zeros(0, dtype="<U1")
-            else:
-                arr = np.empty(len(values), dtype=object)
-                arr[:] = values
-                out[c] = arr
-        return cls(out)
-
-    def head(self, n: int) -> "EpisodeTable":
-        return EpisodeTable({k: v[:n] for k, v in self.data.items()})
-
-    def to_lists(self) -> dict[str, list]:
-        """Columns of plain Python values (numpy's ``tolist`` for typed columns: one C call, not an
-        ``item()`` per value)."""
-        return {c: _plain(self.data[c]) for c in COLUMNS}
-
-    def concat(self, new: "EpisodeTable") -> "EpisodeTable":
-        """This table with ``new``'s rows appended: the table ``from_lists`` makes of both."""
-        return EpisodeTable({c: np.concatenate([self.data[c], new.data[c]]) for c in COLUMNS})
-
-
-def _plain(column: np.ndarray) -> list:
-    if column.dtype != object:
-        return column.tolist()
-    return [x.item() if isinstance(x, np.generic) else x for x in column]
-
-
-def read_episode_table(root: Path, num_episodes: int) -> EpisodeTable:
-    raw = read_json(root / EPISODES_FILE, "episode table")
-    try:
-        cols = raw["columns"]
-        table = EpisodeTable.from_lists(cols)
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{root / EPISODES_FILE}: corrupt episode table ({err})") from err
-    if len(table) < num_episodes or any(len(v) != len(table) for v in table.data.values()):
-        raise ValueError(f"{root / EPISODES_FILE}: episode table has {len(table)} complete rows, "
-                         f"the manifest says {num_episodes}")
-    return table.head(num_episodes)
 
 
 def read_instructions(root: Path, manifest: Mapping[str, Any]) -> list[str]:
@@ -220,8 +100,9 @@ def read_manifest(root: Path, verify: bool = True) -> dict[str, Any]:
     missing = [k for k in MANIFEST_KEYS if not isinstance(m, dict) or k not in m]
     if missing:
         raise ValueError(f"{path}: corrupt manifest: missing keys {missing}")
-    if m["format_version"] != FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version {m['format_version']}; this code reads {FORMAT_VERSION}")
+    if m["format_version"] not in READABLE_FORMATS:
+        raise ValueError(f"{path}: format_version {m['format_version']}; this code reads "
+                         f"{' and '.join(map(str, READABLE_FORMATS))} (writes {FORMAT_VERSION})")
     if verify and integrity.DIGEST_KEY in m and m[integrity.DIGEST_KEY] != integrity.manifest_digest(m):
         raise ValueError(f"{path}: corrupt manifest (its digest does not match its content)")
     if "integrity" in m and integrity.DIGEST_KEY not in m:
@@ -249,21 +130,15 @@ def read_tasks(root: Path, required: bool = False) -> dict[str, list[str]]:
     return tasks
 
 
-def verify_metadata(root: Path, manifest: Mapping[str, Any], schema: StoreSchema, table: "EpisodeTable",
-                    tasks: Mapping[str, Any], table_text: integrity.TableText | None = None) -> None:
+def verify_metadata(root: Path, manifest: Mapping[str, Any], schema: StoreSchema, tasks: Mapping[str, Any]) -> None:
     """Compare the committed metadata with the digests in the manifest (``data.integrity``); a store
-    written before the digests existed passes (the validator notes it has none). ``table_text``: the
-    table's canonical text when the caller holds it (a compaction, which appends to it)."""
+    written before the digests existed passes (the validator notes it has none). The episode table's
+    segments are checked as they are read (``episode_table.read_segment``)."""
     meta = manifest.get("meta")
     if not meta:
         return
     if meta.get("schema") != integrity.canonical_digest(schema.to_dict()):
         raise ValueError(f"{root / SCHEMA_FILE}: schema differs from the one the manifest committed (damaged)")
-    if table_text is None:
-        table_text = integrity.TableText(table.to_lists())
-    if meta.get("episodes") != table_text.digest():
-        raise ValueError(f"{root / EPISODES_FILE}: episode table differs from the one the manifest committed "
-                         f"(damaged)")
     counts = meta.get("tasks_counts") or {}
     if meta.get("tasks") != integrity.tasks_digest(tasks, counts):
         raise ValueError(f"{root / TASKS_FILE}: tasks table differs from the one the manifest committed (damaged)")
@@ -272,6 +147,20 @@ def verify_metadata(root: Path, manifest: Mapping[str, Any], schema: StoreSchema
         if integrity.array_meta_digest(integrity.read_array_meta(where)) != digest:
             raise ValueError(f"{where / 'zarr.json'}: array metadata differs from what the manifest committed "
                              f"(damaged)")
+
+
+def read_manifest_and_table(root: Path) -> tuple[dict[str, Any], EpisodeTable]:
+    """The manifest and the episode table it commits. A segment missing because a compaction committed and
+    merged it away meanwhile: the newer manifest is read and the table again."""
+    manifest = read_manifest(root)
+    for attempt in range(1, OPEN_ATTEMPTS + 1):
+        try:
+            return manifest, read_table(root, manifest)
+        except SegmentMissing:
+            newer = read_manifest(root)
+            if attempt == OPEN_ATTEMPTS or newer["generation"] == manifest["generation"]:
+                raise
+            manifest = newer
 
 
 def refuse_file_as_store(path: str | Path, flag: str = "") -> None:
@@ -305,11 +194,10 @@ class TrajectoryStore:
     @classmethod
     def open(cls, path: str | Path) -> "TrajectoryStore":
         root = existing_store_dir(path)
-        manifest = read_manifest(root)
+        manifest, table = read_manifest_and_table(root)
         schema = read_schema(root)
-        table = read_episode_table(root, int(manifest["num_episodes"]))
         tasks = read_tasks(root, required=bool(manifest.get("meta")))
-        verify_metadata(root, manifest, schema, table, tasks)
+        verify_metadata(root, manifest, schema, tasks)
         store = cls(root, manifest, schema, table, tasks)
         store.instructions = read_instructions(root, manifest)
         store._check_arrays()
@@ -361,8 +249,7 @@ class TrajectoryStore:
         root = Path(path)
         ids = {episode_id_of(p) for p in list_staged(root)}
         if (root / MANIFEST).is_file():
-            m = read_manifest(root)
-            ids.update(read_episode_table(root, int(m["num_episodes"]))["episode_id"].tolist())
+            ids.update(read_manifest_and_table(root)[1]["episode_id"].tolist())
         return ids
 
     # --- contents -------------------------------------------------------------------------------
@@ -381,6 +268,11 @@ class TrajectoryStore:
     @property
     def episodes(self) -> EpisodeTable:
         return self._table
+
+    @property
+    def table_files(self) -> list[Path]:
+        """The episode table's files, in row order (its segments: ``data.episode_table``)."""
+        return [self.root / str(s["file"]) for s in committed_segments(self.manifest)]
 
     @property
     def episode_ids(self) -> list[str]:

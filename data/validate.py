@@ -22,13 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from quadforge.data.integrity import (DIGEST_KEY, array_meta_digest, bad_chunks, canonical_digest, manifest_digest,
-                                     missing_chunk_files, num_chunks, read_array_meta, table_digest, tasks_digest)
+                                     missing_chunk_files, num_chunks, read_array_meta, tasks_digest)
 from quadforge.data.images import is_image, num_frames
 from quadforge.data.schema import StoreSchema
 from quadforge.data.staging import abandoned_partial_writes, list_quarantined, list_staged
 from quadforge.data.stats import RunningStats
-from quadforge.data.store import (EPISODES_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, array_path, read_episode_table,
-                                  read_instructions, read_manifest, read_schema, read_tasks)
+from quadforge.data.episode_table import read_table
+from quadforge.data.store import (MANIFEST, SCHEMA_FILE, TASKS_FILE, array_path, read_instructions, read_manifest,
+                                  read_schema, read_tasks)
 from quadforge.progress import progress_bar
 
 
@@ -97,11 +98,11 @@ def _validate(root: Path, rep: ValidationReport, check_values: bool, checksums: 
         rep.problems.append(str(err))
         schema = None
 
-    n_steps, n_eps = int(manifest["num_steps"]), int(manifest["num_episodes"])
+    n_steps = int(manifest["num_steps"])
     if int(manifest["generation"]) < 1:
         rep.problems.append(f"{MANIFEST}: generation {manifest['generation']} < 1")
     meta = manifest.get("meta") or {}
-    table = _check_table(root, n_eps, n_steps, rep, meta.get("episodes"))
+    table = _check_table(root, manifest, rep)
     rows = _expected_rows(schema, table, n_steps)
     lengths = manifest["lengths"]
     for name, n in lengths.items():
@@ -157,15 +158,15 @@ def _check_instructions(root: Path, manifest: dict, table, rep: ValidationReport
     return n
 
 
-def _check_table(root: Path, n_eps: int, n_steps: int, rep: ValidationReport, digest: str | None):
-    """The episode table (None when unreadable), after reporting its broken invariants."""
+def _check_table(root: Path, manifest: dict, rep: ValidationReport):
+    """The episode table (None when unreadable), after reporting its broken invariants (a segment that
+    differs from its digest is reported and its rows checked all the same)."""
+    n_steps, n_eps = int(manifest["num_steps"]), int(manifest["num_episodes"])
     try:
-        table = read_episode_table(root, n_eps)
+        table = read_table(root, manifest, damaged=rep.problems)
     except (FileNotFoundError, ValueError) as err:
         rep.problems.append(str(err))
         return None
-    if digest is not None and digest != table_digest(table.to_lists()):
-        rep.problems.append(f"{EPISODES_FILE}: differs from the episode table the manifest committed")
     start, end, length = table["start"], table["end"], table["length"]
     if n_eps == 0:
         rep.problems.append("episode table: no episodes")

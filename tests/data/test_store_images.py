@@ -190,9 +190,10 @@ def test_store_without_images_is_unchanged(tmp_path):
     assert s.instructions == [] and s.task_params(0) == {} and s.image_features == ()
     assert "images" not in summary(store)
     # a table written before instruction_id/task_params existed still reads
-    t = json.loads((store / "meta" / "episodes.json").read_text())
+    table_file, = TrajectoryStore.open(store).table_files
+    t = json.loads(table_file.read_text())
     del t["columns"]["instruction_id"], t["columns"]["task_params"]
-    (store / "meta" / "episodes.json").write_text(json.dumps(t))
+    table_file.write_text(json.dumps(t))
     assert TrajectoryStore.open(store).episodes["instruction_id"].tolist() == [-1] and validate(store).ok
 
 

@@ -85,45 +85,30 @@ def test_swapped_chunks_are_detected_by_readers_and_validate(tmp_path, small_chu
 
 def test_edited_table_or_manifest_is_detected(tmp_path, write_episodes):
     store = _store(tmp_path, write_episodes)
-    path = store / "meta" / "episodes.json"
+    path = TrajectoryStore.open(store).table_files[-1]
     table = json.loads(path.read_text())
     table["columns"]["success"][0] = not table["columns"]["success"][0]   # valid JSON, wrong label
     path.write_text(json.dumps(table))
     with pytest.raises(ValueError, match="episode table differs"):
         TrajectoryStore.open(store)
-    assert any("episodes.json: differs" in p for p in validate(store).problems)
+    assert any(f"{path}: episode table differs" in p for p in validate(store).problems)
 
 
-def test_table_text_spliced_digest_equals_the_whole_tables_digest():
-    """A compaction digests the committed table's canonical text with the new rows spliced in; that must be
-    the digest of the whole new table, whatever the values (nested, non-ASCII, non-finite, empty)."""
-    from quadforge.data.integrity import TableText, table_digest
-    old = {"b": [1, 2], "a": [{"x": float("nan"), "\u00e9": [1, {"z": 2, "y": None}]}, {}], "c": ["q\u2028", ""],
-           "d": [0.1, -0.0]}
-    new = {"b": [3], "a": [{"k": float("inf")}], "c": ["s"], "d": [1e300]}
-    empty = {k: [] for k in old}
-    both = {k: old[k] + new[k] for k in old}
-    assert TableText(old).digest() == table_digest(old)
-    assert TableText(old).appended(new).digest() == table_digest(both)
-    assert TableText(empty).appended(new).digest() == table_digest(new)
-    assert TableText(old).appended(empty).digest() == table_digest(old)
-    with pytest.raises(ValueError, match="columns"):
-        TableText(old).appended({"b": [4]})
-
-
-def test_each_compactions_table_digest_is_the_digest_of_the_file_a_reader_parses(tmp_path, write_episodes):
+def test_each_compactions_segment_digest_is_the_digest_of_the_file_a_reader_parses(tmp_path, write_episodes):
+    from quadforge.data.episode_table import SEGMENTS_KEY
     from quadforge.data.integrity import table_digest
     from quadforge.data.store import EpisodeTable
     store = tmp_path / "s"
     for k in range(3):
         write_episodes(store, f"c{k}", n=2 + k, seed=k)
         compact(store)
-        columns = json.loads((store / "meta" / "episodes.json").read_text())["columns"]
         manifest = json.loads((store / "manifest.json").read_text())
-        assert manifest["num_episodes"] == len(columns["end"])
-        assert manifest["meta"]["episodes"] == table_digest(EpisodeTable.from_lists(columns).to_lists())
-    assert len(columns["end"]) == 2 + 3 + 4 and validate(store).ok
-
+        for segment in manifest[SEGMENTS_KEY]:
+            columns = json.loads((store / segment["file"]).read_text())["columns"]
+            assert segment["rows"] == len(columns["end"])
+            assert segment["digest"] == table_digest(EpisodeTable.from_lists(columns).to_lists())
+        assert manifest["num_episodes"] == sum(s["rows"] for s in manifest[SEGMENTS_KEY])
+    assert manifest["num_episodes"] == 2 + 3 + 4 and validate(store).ok
 
 def test_store_without_checksums_still_opens_and_gets_them_at_the_next_compaction(tmp_path, small_chunks,
                                                                                 write_episodes):
