@@ -18,6 +18,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from quadforge.tensors import row_ids, set_rows
+from quadforge.experts.policy import given_terms
 from quadforge.layout import JOINT_NAMES, LEGS, NUM_JOINTS, TERM_DIMS, ObsLayout
 
 # Terms indexed by joint (12, leg-major) or by foot (4) - what a joint-order change must permute.
@@ -131,7 +132,7 @@ class ActorPolicy:
         terms = {}
         for name in self.obs_terms:
             if name not in obs:
-                raise ValueError(f"policy {self.policy_id} needs observation term {name!r}; got {sorted(obs)}")
+                raise ValueError(f"policy {self.policy_id} needs observation term {name!r}; {given_terms(obs)}")
             x = obs[name]
             if tuple(x.shape) != (self.num_envs, TERM_DIMS[name]):
                 raise ValueError(f"observation term {name!r} has shape {tuple(x.shape)}; policy {self.policy_id} "

@@ -38,6 +38,7 @@ import torch
 from quadforge.envs.config import GAITS
 from quadforge.envs.kinematics import LegKinematics
 from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, LEGS, NUM_JOINTS
+from quadforge.experts.policy import given_terms
 from quadforge.tensors import device_constant, row_ids, set_rows
 
 _CMD = {name: i for i, name in enumerate(COMMAND_NAMES)}
@@ -434,7 +435,7 @@ class GaitController:
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         missing = [k for k in self.required_terms if k not in obs]
         if missing:
-            raise KeyError(f"GaitController needs observation terms {missing}; got {sorted(obs)}")
+            raise KeyError(f"GaitController needs observation terms {missing}; {given_terms(obs)}")
         term = {k: obs[k].to(self.device, torch.float32) for k in self.obs_terms if k in obs}
         if term["commands"].shape != (self.num_envs, len(COMMAND_NAMES)):
             raise ValueError(f"commands must be ({self.num_envs}, {len(COMMAND_NAMES)}), "

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from quadforge.experts.gait import GaitGains
-from quadforge.experts.policy import check_policy
+from quadforge.experts.policy import check_policy, given_terms
 from quadforge.layout import COMMAND_NAMES, NUM_JOINTS
 from quadforge.tensors import device_constant, row_ids, set_rows
 from quadforge.models.binning import ActionBinner
@@ -91,7 +91,7 @@ class HierarchicalPolicy:
     @torch.no_grad()
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         if "commands" not in obs:
-            raise KeyError(f"HierarchicalPolicy needs the 'commands' term; got {sorted(obs)}")
+            raise KeyError(f"HierarchicalPolicy needs the 'commands' term; {given_terms(obs)}")
         hl = self.high.act(obs)
         if hl.shape != (self.num_envs, HL_COMMAND_DIM):
             raise ValueError(f"high-level policy returned shape {tuple(hl.shape)}; "

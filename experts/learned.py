@@ -20,7 +20,7 @@ from quadforge.tensors import row_ids
 from quadforge.layout import TERM_DIMS, ObsLayout
 from quadforge.models.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, load_state
 from quadforge.models import build_model
-from quadforge.experts.policy import checkpoint_policy_id
+from quadforge.experts.policy import checkpoint_policy_id, given_terms
 
 
 class LearnedPolicy:
@@ -63,7 +63,7 @@ class LearnedPolicy:
     def check_terms(self, obs: Mapping[str, torch.Tensor]) -> None:
         for name in self.obs_terms:
             if name not in obs:
-                raise ValueError(f"policy {self.policy_id} needs observation term {name!r}; got {sorted(obs)}")
+                raise ValueError(f"policy {self.policy_id} needs observation term {name!r}; {given_terms(obs)}")
             shape = tuple(obs[name].shape)
             want = (self.num_envs, self.term_dims[name])
             if shape != want:

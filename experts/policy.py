@@ -38,6 +38,16 @@ class Policy(Protocol):
         """(num_envs, action_dim) actions for the batch of named terms, each (num_envs, term_dim)."""
 
 
+def given_terms(obs: Mapping[str, torch.Tensor]) -> str:
+    """What a policy was given, for its missing-term error: the keys, and the fix when they are the env's
+    rsl_rl observation (a TensorDict of ``policy``/``critic`` vectors, whose truth value and iteration
+    torch refuses) instead of its named terms."""
+    keys = sorted(str(k) for k in obs.keys())
+    if {"policy", "critic"} <= set(keys):
+        return f"got {keys}: the env's flat rsl_rl observation; policies act on its named terms (`env.terms`)"
+    return f"got {keys}"
+
+
 def check_policy(policy: object) -> Policy:
     """Raise a clear error when an object does not meet the protocol."""
     missing = [a for a in ("policy_id", "obs_terms", "action_space", "action_dim", "reset", "act")

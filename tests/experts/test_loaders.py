@@ -253,6 +253,19 @@ def test_term_shape_checked_at_act(tmp_path):
         policy.act(terms)
 
 
+def test_the_envs_rsl_rl_observation_given_to_a_policy_says_to_pass_its_terms(tmp_path):
+    """env.step's first value is rsl_rl's TensorDict of flat vectors; torch refuses its truth value, so
+    sorting it for the error message used to raise an unrelated RuntimeError."""
+    from tensordict import TensorDict
+    obs = TensorDict({"policy": torch.zeros(N, 48), "critic": torch.zeros(N, 48)}, batch_size=[N])
+    _save_v1(tmp_path / "m.pt", _mlp([48, 16, 12]), _mlp([48, 16, 1]))
+    hint = r"got \['critic', 'policy'\]: the env's flat rsl_rl observation; policies act on its named terms \(`env.terms`\)"
+    with pytest.raises(ValueError, match=hint):
+        load_expert(tmp_path / "m.pt", num_envs=N).act(obs)
+    with pytest.raises(KeyError, match=hint):
+        load_policy("gait", num_envs=N).act(obs)
+
+
 def test_load_policy_routes_experts_and_refuses_trained_models_in_load_expert(tmp_path):
     _save_v1(tmp_path / "m.pt", _mlp([48, 16, 12]), _mlp([48, 16, 1]))
     assert load_policy(tmp_path / "m.pt", num_envs=N).policy_id.startswith("rsl_rl_v1:")
