@@ -37,7 +37,7 @@ from quadforge.data.staging import (abandoned_partial_writes, episode_id_of, fsy
                                     quarantine_staged, read_staged, read_staged_header, remove_partial_writes)
 from quadforge.data.stats import RunningStats
 from quadforge.data.integrity import DIGEST_KEY
-from quadforge.data.json_files import write_json_atomic, write_text_atomic
+from quadforge.data.json_files import write_bytes_atomic, write_json_atomic
 from quadforge.data.store import (INSTRUCTIONS_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable,
                                   TrajectoryStore, array_path, existing_store_dir,
                                   read_instructions, read_manifest, read_schema, read_tasks, verify_metadata)
@@ -445,11 +445,11 @@ def _write_segment(root: Path, state: _Committed, added: EpisodeTable) -> list[d
     checked against its digest first), named after the generation this compaction commits."""
     i = merge_start([int(s["rows"]) for s in state.segments], len(added))
     merged = [read_segment(root, s) for s in state.segments[i:-1]] + ([state.last] if i < len(state.segments) else [])
-    text, digest = encode_segment(EpisodeTable.joined(merged + [added]))
+    data, digest = encode_segment(EpisodeTable.joined(merged + [added]))
     name = segment_file(int(state.manifest["generation"]) + 1)
-    write_text_atomic(root / name, text)
+    write_bytes_atomic(root / name, data)
     rows = sum(int(s["rows"]) for s in state.segments[i:]) + len(added)
-    return state.segments[:i] + [{"file": name, "rows": rows, "digest": digest}]
+    return state.segments[:i] + [{"file": name, "rows": rows, "sha256": digest}]
 
 
 def _new_manifest(root: Path, state: _Committed, schema: StoreSchema, appenders: dict[str, _Appender],

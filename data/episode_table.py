@@ -3,7 +3,7 @@
 On disk (format 2, what this code writes) the table is a list of *segments*: each
 ``meta/episodes/<generation:08d>.json`` holds consecutive rows as columnar JSON (``{"columns": {name:
 [...]}}``), and the manifest lists them in order under ``episode_segments`` as ``{"file", "rows",
-"digest"}`` (the digest of the rows as a reader parses them back, ``integrity.table_digest``). A
+"sha256"}`` (the digest of the file's bytes: a segment is written once, whole, and never changed). A
 compaction writes one segment, named after the generation it commits: its new rows, merged with the
 trailing segments shorter than ``MERGE_RATIO`` times the merged rows. Segment sizes then at least double
 along the list, so a table of E episodes compacted k at a time has at most about log2(E / k) + 1
@@ -12,9 +12,11 @@ compaction read, verified and rewrote the whole table (about 60 ms per 1,000 epi
 compactions cost grew with the square of its size). A segment a merge replaced is deleted after the
 commit; a reader that read the manifest before that reads it again (``SegmentMissing``).
 
-Format 1 (stores written before): the whole table in ``meta/episodes.json``, its digest (when the store
-has digests) under the manifest's ``meta.episodes``. It reads as the first and only segment, and the
-next compaction appends a segment after it (the file is rewritten only when a merge reaches it).
+Format 1 (stores written before): the whole table in ``meta/episodes.json``, its digest of the committed
+rows' values (``integrity.table_digest``; the file may hold a crash's extra rows after them), when the
+store has digests, under the manifest's ``meta.episodes``. It reads as the first and only segment,
+``{"file", "rows", "digest"}``, and the next compaction appends a segment after it (the file is
+rewritten, as a format-2 segment, only when a merge reaches it).
 """
 from __future__ import annotations
 
@@ -25,8 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from quadforge.data.integrity import table_digest
-from quadforge.data.json_files import read_json
+from quadforge.data.integrity import file_digest, table_digest
 
 INT_COLUMNS = ("start", "end", "length", "terrain_level", "instruction_index", "seed", "instruction_id")
 BOOL_COLUMNS = ("success", "terminated")
@@ -147,19 +148,25 @@ def read_segment(root: Path, segment: Mapping[str, Any], damaged: list[str] | No
     """A segment's committed rows, checked against its digest: a mismatch raises, or with ``damaged`` given
     (the validator) is appended there and the rows returned all the same."""
     path = root / str(segment["file"])
-    if not path.is_file():
-        raise SegmentMissing(f"{path}: missing episode table segment (the manifest lists it, {segment['rows']} rows)")
-    raw = read_json(path, "episode table")
     try:
-        table = EpisodeTable.from_lists(raw["columns"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{path}: corrupt episode table ({err})") from err
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SegmentMissing(f"{path}: missing episode table segment (the manifest lists it, {segment['rows']} "
+                             f"rows)") from None
+    legacy = "sha256" not in segment            # format 1: the committed rows, then maybe a crash's
+    differs = not legacy and file_digest(data) != segment["sha256"]
+    try:
+        table = EpisodeTable.from_lists(json.loads(data)["columns"])
+    except (KeyError, TypeError, ValueError) as err:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path}: corrupt episode table ({type(err).__name__}: {err})") from err
     rows = int(segment["rows"])
-    if len(table) < rows or any(len(v) != len(table) for v in table.data.values()):
+    short = len(table) < rows if legacy else len(table) != rows
+    if short or any(len(v) != len(table) for v in table.data.values()):
         raise ValueError(f"{path}: episode table has {len(table)} complete rows, the manifest says {rows}")
     table = table.head(rows)
-    digest = segment.get("digest")
-    if digest is not None and digest != table_digest(table.to_lists()):
+    if legacy and segment.get("digest") is not None:
+        differs = segment["digest"] != table_digest(table.to_lists())
+    if differs:
         problem = f"{path}: episode table differs from the one the manifest committed (damaged)"
         if damaged is None:
             raise ValueError(problem)
@@ -176,12 +183,11 @@ def read_table(root: Path, manifest: Mapping[str, Any], damaged: list[str] | Non
     return table
 
 
-def encode_segment(table: EpisodeTable) -> tuple[str, str]:
-    """A segment file's text and the digest a reader will compute from it (from its parsed rows, so that
-    the writer's and the reader's digests agree whatever JSON does to the values)."""
-    text = json.dumps({"columns": table.to_lists()})
-    parsed = EpisodeTable.from_lists(json.loads(text)["columns"])
-    return text, table_digest(parsed.to_lists())
+def encode_segment(table: EpisodeTable) -> tuple[bytes, str]:
+    """A segment file's bytes and their digest (json.dumps, not json.dump: dump streams through the
+    encoder's pure-Python path, ~3x slower on a large table)."""
+    data = json.dumps({"columns": table.to_lists()}).encode()
+    return data, file_digest(data)
 
 
 def merge_start(segment_rows: Sequence[int], new_rows: int) -> int:

@@ -58,9 +58,15 @@ def manifest_digest(manifest: Mapping[str, Any]) -> str:
 
 
 def table_digest(columns: Mapping[str, list]) -> str:
-    """Digest of an episode table, given as columns of the values JSON parsing gives (a table read from
-    its file, ``EpisodeTable.to_lists`` of one), so that the writer's and a reader's tables agree."""
+    """Digest of a format-1 episode table (one file, possibly with a crash's extra rows after the committed
+    ones), given as columns of the values JSON parsing gives, so that the writer's and a reader's agree."""
     return canonical_digest(columns)
+
+
+def file_digest(data: bytes) -> str:
+    """Digest of a file written once and never changed (an episode table segment): its bytes, which
+    hashing reads at memory speed, where a canonical re-encoding of its values cost more than parsing."""
+    return _digest_of(data)
 
 
 def tasks_digest(tasks: Mapping[str, Any], counts: Mapping[str, int]) -> str:

@@ -11,16 +11,15 @@ from quadforge.data.staging import fsync_dir
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """temp + fsync + rename + fsync(dir): the file is either the old one or the whole new one."""
-    write_text_atomic(path, json.dumps(obj))
+    write_bytes_atomic(path, json.dumps(obj).encode())
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """``write_json_atomic`` for text already encoded (json.dumps, not json.dump: dump streams through the
-    encoder's pure-Python path, ~3x slower on a large episode table)."""
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """``write_json_atomic`` for bytes already encoded."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

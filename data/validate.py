@@ -27,7 +27,7 @@ from quadforge.data.images import is_image, num_frames
 from quadforge.data.schema import StoreSchema
 from quadforge.data.staging import abandoned_partial_writes, list_quarantined, list_staged
 from quadforge.data.stats import RunningStats
-from quadforge.data.episode_table import read_table
+from quadforge.data.episode_table import committed_segments, read_table, segment_files_on_disk
 from quadforge.data.store import (MANIFEST, SCHEMA_FILE, TASKS_FILE, array_path, read_instructions, read_manifest,
                                   read_schema, read_tasks)
 from quadforge.progress import progress_bar
@@ -162,6 +162,10 @@ def _check_table(root: Path, manifest: dict, rep: ValidationReport):
     """The episode table (None when unreadable), after reporting its broken invariants (a segment that
     differs from its digest is reported and its rows checked all the same)."""
     n_steps, n_eps = int(manifest["num_steps"]), int(manifest["num_episodes"])
+    leftovers = sorted(segment_files_on_disk(root) - {str(s["file"]) for s in committed_segments(manifest)})
+    if leftovers:
+        rep.notes.append(f"{len(leftovers)} episode table segment file(s) the manifest does not list ({leftovers[:3]}): "
+                         f"an interrupted compaction's; the next compaction deletes them")
     try:
         table = read_table(root, manifest, damaged=rep.problems)
     except (FileNotFoundError, ValueError) as err:

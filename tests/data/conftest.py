@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -27,3 +29,24 @@ def write_episodes():
             out.append((w.write_episode(feats, info), feats, info))
         return out
     return _write
+
+
+@pytest.fixture
+def as_format_1():
+    """as_format_1(store): rewrite a compacted store as the code before table segments wrote it (the whole
+    episode table in meta/episodes.json, its values' digest under the manifest's meta.episodes)."""
+    from quadforge.data.episode_table import LEGACY_FILE, SEGMENTS_KEY, read_table
+    from quadforge.data.integrity import manifest_digest, table_digest
+
+    def _rewrite(store):
+        m = json.loads((store / "manifest.json").read_text())
+        table = read_table(store, m)
+        (store / LEGACY_FILE).write_text(json.dumps({"columns": table.to_lists()}))
+        for seg in m.pop(SEGMENTS_KEY, []):
+            if seg["file"] != LEGACY_FILE:
+                (store / seg["file"]).unlink()
+        m["format_version"] = 1
+        m["meta"]["episodes"] = table_digest(table.to_lists())
+        m["digest"] = manifest_digest(m)
+        (store / "manifest.json").write_text(json.dumps(m))
+    return _rewrite

@@ -94,19 +94,18 @@ def test_edited_table_or_manifest_is_detected(tmp_path, write_episodes):
     assert any(f"{path}: episode table differs" in p for p in validate(store).problems)
 
 
-def test_each_compactions_segment_digest_is_the_digest_of_the_file_a_reader_parses(tmp_path, write_episodes):
+def test_each_compactions_segment_digest_is_the_digest_of_the_file_a_reader_reads(tmp_path, write_episodes):
     from quadforge.data.episode_table import SEGMENTS_KEY
-    from quadforge.data.integrity import table_digest
-    from quadforge.data.store import EpisodeTable
+    from quadforge.data.integrity import file_digest
     store = tmp_path / "s"
     for k in range(3):
         write_episodes(store, f"c{k}", n=2 + k, seed=k)
         compact(store)
         manifest = json.loads((store / "manifest.json").read_text())
         for segment in manifest[SEGMENTS_KEY]:
-            columns = json.loads((store / segment["file"]).read_text())["columns"]
-            assert segment["rows"] == len(columns["end"])
-            assert segment["digest"] == table_digest(EpisodeTable.from_lists(columns).to_lists())
+            data = (store / segment["file"]).read_bytes()
+            assert segment["rows"] == len(json.loads(data)["columns"]["end"])
+            assert segment["sha256"] == file_digest(data)
         assert manifest["num_episodes"] == sum(s["rows"] for s in manifest[SEGMENTS_KEY])
     assert manifest["num_episodes"] == 2 + 3 + 4 and validate(store).ok
 
