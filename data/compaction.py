@@ -26,8 +26,8 @@ from typing import Any, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
-from quadforge.data.episode_table import (SEGMENTS_KEY, committed_segments, encode_segment, merge_start,
-                                          read_segment, segment_file, segment_files_on_disk)
+from quadforge.data.episode_table import (SEGMENTS_KEY, EpisodeTable, committed_segments, encode_segment,
+                                          merge_start, read_segment, segment_file, segment_files_on_disk)
 from quadforge.data.integrity import (INTEGRITY_VERSION, ChunkCrcs, array_meta_digest, chunk_crcs,
                                      manifest_digest, read_array_meta, tasks_counts, tasks_digest, canonical_digest)
 from quadforge.data.images import frame_stride_of, image_chunk_frames, is_image
@@ -38,9 +38,9 @@ from quadforge.data.staging import (abandoned_partial_writes, episode_id_of, fsy
 from quadforge.data.stats import RunningStats
 from quadforge.data.integrity import DIGEST_KEY
 from quadforge.data.json_files import write_bytes_atomic, write_json_atomic
-from quadforge.data.store import (INSTRUCTIONS_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, EpisodeTable,
-                                  TrajectoryStore, array_path, existing_store_dir,
-                                  read_instructions, read_manifest, read_schema, read_tasks, verify_metadata)
+from quadforge.data.store import (INSTRUCTIONS_FILE, MANIFEST, SCHEMA_FILE, TASKS_FILE, TrajectoryStore, array_path,
+                                  existing_store_dir, read_instructions, read_manifest, read_schema, read_tasks,
+                                  verify_metadata)
 from quadforge.data.schema import FORMAT_VERSION
 from quadforge.errors import JobFailed, is_write_failure, os_reason
 from quadforge.output_paths import is_store_dir, listing

@@ -40,7 +40,8 @@ from quadforge.data.instructions import InstructionTable
 from quadforge.data.locks import locked
 from quadforge.data.schema import TASK_PREFIX
 from quadforge.data.staging import write_staging_file, writer_lock_path
-from quadforge.data.store import COLUMNS, DICT_COLUMNS, TrajectoryStore
+from quadforge.data.episode_table import COLUMNS, DICT_COLUMNS
+from quadforge.data.store import TrajectoryStore
 from quadforge.terms import TERM_DIMS
 from quadforge.output_paths import check_output_dir, check_output_file, is_hdf5_file, is_store_dir
 from quadforge.progress import progress_bar

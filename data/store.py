@@ -31,8 +31,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from quadforge.data import integrity
-from quadforge.data.episode_table import (COLUMNS, DICT_COLUMNS, EpisodeTable, SegmentMissing,  # noqa: F401
-                                          committed_segments, read_table)
+from quadforge.data.episode_table import EpisodeTable, SegmentMissing, committed_segments, read_table
 from quadforge.data.images import IMAGE_PREFIX, frame_starts, num_frames
 from quadforge.data.json_files import read_json
 from quadforge.data.schema import FORMAT_VERSION, READABLE_FORMATS, StoreSchema

@@ -22,7 +22,8 @@ import numpy as np
 
 from quadforge.data.episodes import EpisodeArrays
 from quadforge.data.step_shards import LazyFeatures, ShardArray, ShardSource, StepShards, layout_key
-from quadforge.data.store import EpisodeTable, TrajectoryStore
+from quadforge.data.episode_table import EpisodeTable
+from quadforge.data.store import TrajectoryStore
 from quadforge.layout import ObsLayout
 
 PER_STORE_FEATURES = ("instruction",)          # values index the store's own instruction table
