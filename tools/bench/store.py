@@ -116,13 +116,22 @@ def _collection_info(i: int, rng: np.random.Generator) -> dict[str, Any]:
             **extra}
 
 
-def _table_growth(tmp: Path, quick: bool) -> Table:
-    """One compaction of 50 short episodes onto stores whose episode tables grow: the part of a compaction
-    that reads, verifies and rewrites the whole table (``meta/episodes.json``) grows with the store."""
-    sizes = (1_000, 5_000) if quick else (1_000, 10_000, 30_000)
+def _table_files(root: Path) -> list[Path]:
+    """The episode table's files on disk, whichever layout wrote them (one file, or segments)."""
+    return list((root / "meta").glob("episodes.json")) + list((root / "meta" / "episodes").glob("*.json"))
+
+
+def _table_growth(tmp: Path, quick: bool, sizes: tuple[int, ...] | None = None, runs: int | None = None) -> Table:
+    """Runs of compactions of 50 short episodes onto stores whose episode tables grow. A compaction that
+    rewrote the whole table grew with the store; with the table in segments (data/episode_table.py) a
+    run's median should not, and its slowest compaction is the one whose merge reached furthest. Then one
+    ``TrajectoryStore.open``, which reads and checks the whole table (linear in the store either way)."""
+    sizes = sizes or ((1_000, 5_000) if quick else (1_000, 10_000, 30_000, 100_000))
+    runs = runs or (5 if quick else 10)
     features = ("actions", "rewards", "terminated", "time_outs")
-    table = Table("compaction of 50 episodes (5 steps each) onto a store of N episodes (collection-sized rows)",
-                  ["table episodes", "wall s", "CPU s", "episodes.json MB", "wall s / the smallest's"])
+    table = Table(f"{runs} compactions of 50 episodes (5 steps each) onto a store of N episodes (collection-sized rows)",
+                  ["table episodes", "median wall s", "max wall s", "median CPU s", "table MB", "table files",
+                   "median / the smallest's", "open s"])
     root = tmp / "table_growth"
     rng = numpy_rng(0, "table_growth")
     have, first = 0, None
@@ -133,12 +142,20 @@ def _table_growth(tmp: Path, quick: bool) -> Table:
                     writer.write_episode(synthetic_episode(rng, 5, i % 4 != 3, features), _collection_info(i, rng))
                 have = min(size, have + 5_000)
                 compact(root)
-            for i in range(have, have + 50):
-                writer.write_episode(synthetic_episode(rng, 5, i % 4 != 3, features), _collection_info(i, rng))
-            _, wall, cpu = _timed(lambda: compact(root))
-            first = first or wall
-            table.add(have, wall, cpu, (root / "meta" / "episodes.json").stat().st_size / 1e6, wall / first)
-            have += 50
+            walls, cpus, start = [], [], have
+            for _ in range(runs):
+                for i in range(have, have + 50):
+                    writer.write_episode(synthetic_episode(rng, 5, i % 4 != 3, features), _collection_info(i, rng))
+                _, wall, cpu = _timed(lambda: compact(root))
+                walls.append(wall)
+                cpus.append(cpu)
+                have += 50
+            median = float(np.median(walls))
+            first = first or median
+            files = _table_files(root)
+            _, open_wall, _ = _timed(lambda: TrajectoryStore.open(root))   # reads and checks the whole table
+            table.add(start, median, max(walls), float(np.median(cpus)), sum(p.stat().st_size for p in files) / 1e6,
+                      len(files), median / first, open_wall)
     return table
 
 
