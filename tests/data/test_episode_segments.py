@@ -142,3 +142,46 @@ def test_an_unknown_format_is_refused_with_what_this_code_reads(tmp_path, write_
     (store / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ValueError, match=r"format_version 3; this code reads 1 and 2 \(writes 2\)"):
         TrajectoryStore.open(store)
+
+
+def _open_in_a_loop(root, stop, results):
+    """A reader process: open the store until told to stop; (opens, unexpected errors)."""
+    from quadforge.data.store import TrajectoryStore
+    opens, errors, last = 0, [], 0
+    while not stop.is_set():
+        try:
+            store = TrajectoryStore.open(root)
+            if store.num_episodes < last or len(store.episode_ids) != store.num_episodes:
+                errors.append(f"went back to {store.num_episodes} episodes from {last}")
+            last, opens = store.num_episodes, opens + 1
+        except FileNotFoundError as err:
+            if "no manifest" not in str(err):   # before the first compaction there is none yet
+                errors.append(str(err))
+        except Exception as err:   # anything else is a reader failing under the writer
+            errors.append(f"{type(err).__name__}: {err}")
+    results.put((opens, errors[:5]))
+
+
+def test_a_reader_never_fails_while_compactions_merge_and_delete_segments(tmp_path):
+    import multiprocessing as mp
+    from quadforge.data.synthetic import synthetic_episode, synthetic_info
+    from quadforge.data.writer import StagingWriter
+    root = tmp_path / "s"
+    ctx = mp.get_context("spawn")
+    stop, results = ctx.Event(), ctx.Queue()
+    reader = ctx.Process(target=_open_in_a_loop, args=(root, stop, results))
+    reader.start()
+    rng = np.random.default_rng(0)
+    writer = StagingWriter(root, "w")
+    try:
+        for _ in range(60):
+            for i in range(int(rng.integers(1, 6))):
+                writer.write_episode(synthetic_episode(rng, 3, True, ("actions", "rewards")), synthetic_info(i, True))
+            compact(root)
+    finally:
+        stop.set()
+        opens, errors = results.get(timeout=60)
+        reader.join(timeout=60)
+    assert errors == [] and opens > 0
+    m = _manifest(root)
+    assert m["generation"] == 60 and len(m[SEGMENTS_KEY]) < 10   # merges replaced (and deleted) most segments
