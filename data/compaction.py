@@ -445,11 +445,11 @@ def _write_segment(root: Path, state: _Committed, added: EpisodeTable) -> list[d
     checked against its digest first), named after the generation this compaction commits."""
     i = merge_start([int(s["rows"]) for s in state.segments], len(added))
     merged = [read_segment(root, s) for s in state.segments[i:-1]] + ([state.last] if i < len(state.segments) else [])
-    data, digest = encode_segment(EpisodeTable.joined(merged + [added]))
+    table = EpisodeTable.joined(merged + [added])
+    data, digest = encode_segment(table)
     name = segment_file(int(state.manifest["generation"]) + 1)
     write_bytes_atomic(root / name, data)
-    rows = sum(int(s["rows"]) for s in state.segments[i:]) + len(added)
-    return state.segments[:i] + [{"file": name, "rows": rows, "sha256": digest}]
+    return state.segments[:i] + [{"file": name, "rows": len(table), "sha256": digest}]
 
 
 def _new_manifest(root: Path, state: _Committed, schema: StoreSchema, appenders: dict[str, _Appender],
