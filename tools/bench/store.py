@@ -17,6 +17,7 @@ import torch
 import zarr.codecs  # noqa: F401  (zarr's ~0.3 s first import is start-up, not compaction throughput)
 
 from quadforge.data.compaction import compact
+from quadforge.data.episode_table import segment_files_on_disk
 from quadforge.data.samplers import TransitionSampler, WindowSampler
 from quadforge.data.writer import StagingWriter
 from quadforge.data.store import TrajectoryStore
@@ -116,11 +117,6 @@ def _collection_info(i: int, rng: np.random.Generator) -> dict[str, Any]:
             **extra}
 
 
-def _table_files(root: Path) -> list[Path]:
-    """The episode table's files on disk, whichever layout wrote them (one file, or segments)."""
-    return list((root / "meta").glob("episodes.json")) + list((root / "meta" / "episodes").glob("*.json"))
-
-
 def _table_growth(tmp: Path, quick: bool, sizes: tuple[int, ...] | None = None, runs: int | None = None) -> Table:
     """Runs of compactions of 50 short episodes onto stores whose episode tables grow. A compaction that
     rewrote the whole table grew with the store; with the table in segments (data/episode_table.py) a
@@ -152,7 +148,7 @@ def _table_growth(tmp: Path, quick: bool, sizes: tuple[int, ...] | None = None, 
                 have += 50
             median = float(np.median(walls))
             first = first or median
-            files = _table_files(root)
+            files = [root / f for f in segment_files_on_disk(root)]
             _, open_wall, _ = _timed(lambda: TrajectoryStore.open(root))   # reads and checks the whole table
             table.add(start, median, max(walls), float(np.median(cpus)), sum(p.stat().st_size for p in files) / 1e6,
                       len(files), median / first, open_wall)
