@@ -22,8 +22,8 @@ returns normalised joint actions. Per env and step:
    feet by weighted least squares, clipped to the friction cone, mapped to joint torques
    ``tau = -J^T f`` and sent as targets ``q + tau / Kp``. The PD legs (Kp 20) are only ~160 N/m stiff
    horizontally, so a purely kinematic stance sweep sags and slides instead of walking; forces do not;
-4. leg kinematics from ``envs.kinematics`` (FK/IK, Jacobians by central differences of the FK), for
-   Go1 and Aliengo alike (gains are per unit mass/inertia).
+4. leg kinematics from ``envs.kinematics`` (FK/IK, Jacobians by central differences of the FK, all
+   in one batched FK pass), for Go1 and Aliengo alike (gains are per unit mass/inertia).
 
 Every gain is a field of ``GaitGains`` with the reason for its value.
 """
@@ -41,7 +41,6 @@ from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, LEGS, 
 from quadforge.experts.policy import given_terms
 from quadforge.tensors import device_constant, row_ids, set_rows
 
-_CMD = {name: i for i, name in enumerate(COMMAND_NAMES)}
 _GRAVITY = 9.81
 
 
@@ -212,18 +211,9 @@ def tilt_matrix(roll: torch.Tensor, pitch: torch.Tensor) -> torch.Tensor:
     ], dim=-2)
 
 
-def leg_jacobian(legs: LegKinematics, q: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """(N, 12) joint angles -> (N, 4, 3, 3) per-leg Jacobians d foot_xyz / d (hip, thigh, calf).
-
-    Central differences of the analytic FK: a leg's foot depends only on its own three joints, so
-    three perturbations (one per joint slot, all legs at once) give every block."""
-    cols = []
-    for j in range(3):
-        dq = torch.zeros_like(q).view(-1, 4, 3)
-        dq[..., j] = eps
-        dq = dq.view_as(q)
-        cols.append((legs.forward(q + dq) - legs.forward(q - dq)) / (2 * eps))   # (N, 4, 3)
-    return torch.stack(cols, dim=-1)
+# command entries that cannot be zero: a zero there reads as "the default" (frequency, duty, swing height,
+# stance width and length), so a partly filled command still walks
+_ZERO_IS_DEFAULT = frozenset({"gait_frequency", "gait_duration", "foot_swing_height", "stance_width", "stance_length"})
 
 
 def resolve_params(commands: torch.Tensor, defaults: GaitDefaults, gait: str, nominal_height: float,
@@ -233,48 +223,65 @@ def resolve_params(commands: torch.Tensor, defaults: GaitDefaults, gait: str, no
     A row whose entries 3.. are all zero is a joystick command: it walks the controller's own gait
     with ``defaults``. Otherwise each entry is read as walk-these-ways defines it; entries that cannot
     be zero (frequency, duration, swing height, stance width/length) fall back to the default when
-    zero, so a partly filled command still walks."""
+    zero, so a partly filled command still walks. Each entry is then clamped to what the controller
+    can execute. All columns go through each operation together (a few calls, not a dozen per column)."""
     c = commands
-    joystick = (c[:, 3:] == 0).all(dim=-1)
     p0, o0, b0 = GAITS[gait]
+    fallback = {"body_height": 0.0, "gait_frequency": defaults.frequency, "gait_phase": p0, "gait_offset": o0,
+                "gait_bound": b0, "gait_duration": defaults.duration, "foot_swing_height": defaults.swing_height,
+                "body_pitch": 0.0, "body_roll": 0.0, "stance_width": width0, "stance_length": length0}
+    lin, yaw = gains.max_lin_vel, gains.max_yaw_rate
+    # body_height is an offset from the robot's nominal standing height (walk-these-ways)
+    bounds = {"lin_vel_x": (-lin, lin), "lin_vel_y": (-lin, lin), "ang_vel_yaw": (-yaw, yaw),
+              "body_height": (-0.15, 0.1), "gait_frequency": (1.0, 5.0), "gait_duration": (0.2, 0.8),
+              "foot_swing_height": (0.0, 0.3), "body_pitch": (-0.4, 0.4), "body_roll": (-0.4, 0.4),
+              "stance_width": (0.05, 0.6), "stance_length": (0.2, 0.7)}
+    unbounded = (-math.inf, math.inf)
 
-    def pick(name: str, default: float, zero_is_default: bool = False) -> torch.Tensor:
-        v = c[:, _CMD[name]]
-        use_default = joystick | (v == 0) if zero_is_default else joystick
-        return torch.where(use_default, torch.full_like(v, default), v)
+    def per_column(value, dtype=c.dtype) -> torch.Tensor:
+        return device_constant(tuple(value(name) for name in COMMAND_NAMES), dtype, c.device)
 
-    offsets = foot_offsets(pick("gait_phase", p0), pick("gait_offset", o0), pick("gait_bound", b0))
+    joystick = (c[:, 3:] == 0).all(dim=-1, keepdim=True)
+    use_default = (joystick & per_column(lambda k: k in fallback, torch.bool)) \
+        | ((c == 0) & per_column(lambda k: k in _ZERO_IS_DEFAULT, torch.bool))
+    read = torch.where(use_default, per_column(lambda k: fallback.get(k, 0.0)), c)
+    read = read.clamp(per_column(lambda k: bounds.get(k, unbounded)[0]), per_column(lambda k: bounds.get(k, unbounded)[1]))
+    col = dict(zip(COMMAND_NAMES, read.unbind(-1)))
     return GaitParams(
-        vx=c[:, 0].clamp(-gains.max_lin_vel, gains.max_lin_vel),
-        vy=c[:, 1].clamp(-gains.max_lin_vel, gains.max_lin_vel),
-        wz=c[:, 2].clamp(-gains.max_yaw_rate, gains.max_yaw_rate),
-        # body_height is an offset from the robot's nominal standing height (walk-these-ways)
-        height=nominal_height + pick("body_height", 0.0).clamp(-0.15, 0.1),
-        frequency=pick("gait_frequency", defaults.frequency, True).clamp(1.0, 5.0),
-        offsets=offsets,
-        duration=pick("gait_duration", defaults.duration, True).clamp(0.2, 0.8),
-        swing_height=pick("foot_swing_height", defaults.swing_height, True).clamp(0.0, 0.3),
-        pitch=pick("body_pitch", 0.0).clamp(-0.4, 0.4),
-        roll=pick("body_roll", 0.0).clamp(-0.4, 0.4),
-        stance_width=pick("stance_width", width0, True).clamp(0.05, 0.6),
-        stance_length=pick("stance_length", length0, True).clamp(0.2, 0.7),
+        vx=col["lin_vel_x"], vy=col["lin_vel_y"], wz=col["ang_vel_yaw"],
+        height=nominal_height + col["body_height"],
+        frequency=col["gait_frequency"],
+        offsets=foot_offsets(col["gait_phase"], col["gait_offset"], col["gait_bound"]),
+        duration=col["gait_duration"],
+        swing_height=col["foot_swing_height"],
+        pitch=col["body_pitch"],
+        roll=col["body_roll"],
+        stance_width=col["stance_width"],
+        stance_length=col["stance_length"],
     )
-
-
 
 
 def _scan_cells(scan: torch.Tensor, xy: torch.Tensor):
     """The height scan as a terrain grid and points in its cell units, for ``terrain_below``/``terrain_at``:
-    (top (N, 17, 11) terrain z relative to the base, u and v (N, P) fractional grid coordinates of the
-    points (unclamped), rows (N, 1) batch index)."""
-    nx, ny = len(HEIGHT_SCAN_X), len(HEIGHT_SCAN_Y)
+    (top (N, 187) terrain z relative to the base, x-major as the scan, u and v (N, P) fractional grid
+    coordinates of the points (unclamped))."""
     step = HEIGHT_SCAN_X[1] - HEIGHT_SCAN_X[0]
-    top = -scan.view(scan.shape[0], nx, ny)
     flat = xy.reshape(xy.shape[0], -1, 2)                                       # (N, P, 2)
     u = (flat[..., 0] - HEIGHT_SCAN_X[0]) / step
     v = (flat[..., 1] - HEIGHT_SCAN_Y[0]) / step
-    rows = torch.arange(scan.shape[0], device=scan.device).unsqueeze(-1)
-    return top, u, v, rows
+    return -scan, u, v
+
+
+def _four_cells(top: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The scan's samples at grid cells (row, col), (row, col+1), (row+1, col), (row+1, col+1), each
+    index clamped to the grid: ``top`` (N, 187), row and col (N, P) integer -> four (N, P). One gather
+    for all four, so a GPU launches one, not four."""
+    nx, ny = len(HEIGHT_SCAN_X), len(HEIGHT_SCAN_Y)
+    step = device_constant((0, 1), torch.int64, top.device)
+    rows = (row.unsqueeze(-1) + step).clamp(0, nx - 1).unsqueeze(-1)           # (N, P, 2, 1)
+    cols = (col.unsqueeze(-1) + step).clamp(0, ny - 1).unsqueeze(-2)           # (N, P, 1, 2)
+    cells = (rows * ny + cols).view(top.shape[0], -1)                           # (N, P*4)
+    return top.gather(1, cells).view(*row.shape, 4).unbind(-1)
 
 
 def terrain_below(scan: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
@@ -285,15 +292,9 @@ def terrain_below(scan: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
     relative to the base: the highest of the four grid samples around each point (conservative: the
     MuJoCo heightfield is piecewise linear between 0.1 m vertices, so an edge between two samples
     belongs to the higher one). Points off the grid take its border."""
-    top, u, v, rows = _scan_cells(scan, xy)
-    nx, ny = top.shape[1:]
-    ix, iy = u.floor().long(), v.floor().long()
-    best = None
-    for dx in (0, 1):
-        for dy in (0, 1):
-            h = top[rows, (ix + dx).clamp(0, nx - 1), (iy + dy).clamp(0, ny - 1)]
-            best = h if best is None else torch.maximum(best, h)
-    return best.view(xy.shape[:-1])
+    top, u, v = _scan_cells(scan, xy)
+    h00, h01, h10, h11 = _four_cells(top, u.floor().long(), v.floor().long())
+    return torch.maximum(torch.maximum(torch.maximum(h00, h01), h10), h11).view(xy.shape[:-1])
 
 
 def terrain_at(scan: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
@@ -302,14 +303,14 @@ def terrain_at(scan: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
     scan (N, 187) as for ``terrain_below``, xy (N, ..., 2); returns (N, ...). Unlike ``terrain_below``
     (the highest of the four samples, for clearance) this is the best estimate of the surface itself:
     exact on a plane, between the samples at an edge. Points off the grid take its border."""
-    top, u, v, rows = _scan_cells(scan, xy)
-    nx, ny = top.shape[1:]
+    nx, ny = len(HEIGHT_SCAN_X), len(HEIGHT_SCAN_Y)
+    top, u, v = _scan_cells(scan, xy)
     u, v = u.clamp(0, nx - 1), v.clamp(0, ny - 1)
     i, j = u.floor().clamp(max=nx - 2), v.floor().clamp(max=ny - 2)
     fu, fv = u - i, v - j
-    i, j = i.long(), j.long()
-    near = top[rows, i, j] * (1 - fv) + top[rows, i, j + 1] * fv
-    far = top[rows, i + 1, j] * (1 - fv) + top[rows, i + 1, j + 1] * fv
+    h00, h01, h10, h11 = _four_cells(top, i.long(), j.long())
+    near = h00 * (1 - fv) + h01 * fv
+    far = h10 * (1 - fv) + h11 * fv
     return (near * (1 - fu) + far * fu).view(xy.shape[:-1])
 
 
@@ -453,7 +454,7 @@ class GaitController:
         vel = (rot @ term["base_lin_vel"].unsqueeze(-1)).squeeze(-1)             # (N, 3)
         omega = (rot @ term["base_ang_vel"].unsqueeze(-1)).squeeze(-1)           # (N, 3)
         q_meas = term["dof_pos"] + self.default_q
-        feet_b = self.legs.forward(q_meas)                                       # (N, 4, 3)
+        feet_b, jac = self.legs.forward_and_jacobian(q_meas)                     # (N, 4, 3), (N, 4, 3, 3)
         feet_h = torch.einsum("nij,nfj->nfi", rot, feet_b)                       # (N, 4, 3)
 
         # gait clock: stand on four feet while settling after a reset, then run the oscillator
@@ -487,8 +488,7 @@ class GaitController:
             height = height + g.scan_body_height * (over_terrain - height)
 
         q_swing = self._swing_targets(prm, neutral, stance, swing_w, feet_h, vel, omega, rot, scan)
-        q_stance = self._stance_targets(prm, stance, feet_h, feet_b, q_meas, vel, omega, roll, pitch,
-                                        height, rot)
+        q_stance = self._stance_targets(prm, stance, feet_h, jac, q_meas, vel, omega, roll, pitch, height, rot)
         self.was_stance = stance
         q = torch.where(stance.repeat_interleave(3, dim=-1), q_stance, q_swing)
         q = torch.maximum(torch.minimum(q, self.q_high), self.q_low)
@@ -543,8 +543,9 @@ class GaitController:
             progress = torch.where(extra > 0, delayed, w)
         xy = self.liftoff_xy + (touchdown - self.liftoff_xy) * cycloid(progress).unsqueeze(-1)
         # heights from the measured ground, so body sag never eats the clearance
+        steep_lift = swing_lift(w, 0.5)                                          # for the extra lifts
         z = ground + prm.swing_height.unsqueeze(-1) * swing_lift(w, g.lift_sharpness) \
-            - g.touchdown_depth * w + extra * swing_lift(w, 0.5)
+            - g.touchdown_depth * w + extra * steep_lift
         # stumble reflex: a swing foot held back (an edge in its way) is lifted higher, by how far it lags
         # its path beyond the normal PD tracking lag; the lift is remembered for the rest of the swing
         if g.stumble_gain > 0:
@@ -554,7 +555,7 @@ class GaitController:
             active = ~stance & (w > 0.1) & (w < 0.8)
             self.stumble = torch.where(stance, torch.zeros_like(self.stumble),
                                        torch.maximum(self.stumble, (g.stumble_gain * lag * active).clamp(max=g.stumble_max)))
-            z = z + self.stumble * swing_lift(w, 0.5)
+            z = z + self.stumble * steep_lift
         foot_h = torch.cat([xy, z.unsqueeze(-1)], dim=-1)                        # (N, 4, 3)
         foot_b = torch.einsum("nji,nfj->nfi", rot, foot_h)                       # R^T p
         return self.legs.inverse(foot_b)
@@ -573,8 +574,9 @@ class GaitController:
         return (top + self.foot_radius + g.scan_clearance - apex).clamp(0.0, g.scan_max_extra)
 
     # -- stance: a virtual-model wrench, distributed over the stance feet, as joint torques ----------
-    def _stance_targets(self, prm: GaitParams, stance, feet_h, feet_b, q_meas, vel, omega, roll, pitch,
+    def _stance_targets(self, prm: GaitParams, stance, feet_h, jac, q_meas, vel, omega, roll, pitch,
                         height, rot) -> torch.Tensor:
+        """``jac`` (N, 4, 3, 3): the legs' Jacobians at ``q_meas``, from ``LegKinematics.forward_and_jacobian``."""
         g, dt, m = self.gains, self.dt, self.mass
         e_v = torch.stack([prm.vx, prm.vy], -1) - vel[:, :2]
         self.vel_integral = (self.vel_integral + e_v * dt).clamp(-g.vel_integral_limit, g.vel_integral_limit)
@@ -596,7 +598,6 @@ class GaitController:
         limit = (g.friction * fz / fxy.norm(dim=-1).clamp(min=1e-6)).clamp(max=1.0).unsqueeze(-1)
         f = torch.cat([fxy * limit, fz.unsqueeze(-1)], dim=-1) * stance.unsqueeze(-1)
         f_b = torch.einsum("nji,nfj->nfi", rot, f)                               # H -> body
-        jac = leg_jacobian(self.legs, q_meas)                                     # (N, 4, 3, 3)
         tau = -torch.einsum("nfji,nfj->nfi", jac, f_b).reshape(-1, NUM_JOINTS)   # motor torques, (N, 12)
         tau = torch.maximum(torch.minimum(tau, self.torque_limits), -self.torque_limits)
         # the actuator is a PD about the target: q_t = q + tau / Kp makes it apply tau (minus damping)

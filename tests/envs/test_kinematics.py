@@ -16,6 +16,14 @@ def _random_q(robot, n, seed):
     return rng.uniform(lo, hi, size=(n, 12))
 
 
+def _posed(m, d, q) -> None:
+    """The robot at joint angles q with its base at the origin, identity orientation (world = base frame)."""
+    d.qpos[:] = 0.0
+    d.qpos[3] = 1.0
+    d.qpos[7:] = q
+    mujoco.mj_kinematics(m, d)
+
+
 @pytest.mark.parametrize("name", ROBOTS)
 def test_fk_matches_mujoco_foot_sites(name):
     robot = get_robot(name)
@@ -24,10 +32,7 @@ def test_fk_matches_mujoco_foot_sites(name):
     qs = _random_q(robot, 64, seed=1)
     feet = forward_kinematics(robot, torch.tensor(qs, dtype=torch.float64)).numpy()  # (64, 4, 3)
     for q, foot in zip(qs, feet):
-        d.qpos[:] = 0.0
-        d.qpos[3] = 1.0   # base at the origin, identity orientation: world frame == base frame
-        d.qpos[7:] = q
-        mujoco.mj_kinematics(m, d)
+        _posed(m, d, q)
         sites = np.stack([d.site(s).xpos for s in robot.foot_sites])
         np.testing.assert_allclose(foot, sites, atol=1e-9)
 
@@ -87,3 +92,39 @@ def test_ik_unreachable_targets_are_safe_and_clamped(name):
     standing = kin.forward(torch.tensor(robot.default_joint_pos, dtype=torch.float64))
     assert (reached[:, 2] - hips[:, 2] < -0.3).all()
     assert ((reached - down).norm(dim=-1) < (standing - down).norm(dim=-1)).all()
+
+
+@pytest.mark.parametrize("name", ROBOTS)
+def test_jacobian_matches_mujoco_site_jacobians(name):
+    robot = get_robot(name)
+    m = robot.load_model()
+    d = mujoco.MjData(m)
+    qs = _random_q(robot, 16, seed=4)
+    feet, jac = LegKinematics(robot, dtype=torch.float64).forward_and_jacobian(torch.tensor(qs))
+    assert feet.shape == (16, 4, 3) and jac.shape == (16, 4, 3, 3)
+    jacp = np.zeros((3, m.nv))
+    for q, foot, blocks in zip(qs, feet.numpy(), jac.numpy()):
+        _posed(m, d, q)
+        mujoco.mj_comPos(m, d)
+        for leg, site in enumerate(robot.foot_sites):
+            mujoco.mj_jacSite(m, d, jacp, None, m.site(site).id)
+            np.testing.assert_allclose(foot[leg], d.site(site).xpos, atol=1e-9)
+            np.testing.assert_allclose(blocks[leg], jacp[:, 6 + 3 * leg: 9 + 3 * leg], atol=1e-6)
+
+
+def test_jacobian_pass_gives_the_bits_of_one_fk_per_perturbation():
+    """One FK pass over q and its six perturbations: the same arithmetic per element as seven passes,
+    so the gait expert's actions (and every number measured with it) are unchanged. -0.0 angles too."""
+    kin = LegKinematics(get_robot("go1"))
+    q = torch.tensor(_random_q(get_robot("go1"), 37, seed=5), dtype=torch.float32)
+    q[0, :3] = -0.0
+    feet, jac = kin.forward_and_jacobian(q)
+    assert torch.equal(feet, kin.forward(q)) and torch.equal(torch.signbit(feet), torch.signbit(kin.forward(q)))
+    eps = 1e-4
+    cols = []
+    for j in range(3):
+        dq = torch.zeros_like(q).view(-1, 4, 3)
+        dq[..., j] = eps
+        dq = dq.view_as(q)
+        cols.append((kin.forward(q + dq) - kin.forward(q - dq)) / (2 * eps))
+    assert torch.equal(jac, torch.stack(cols, dim=-1))

@@ -98,6 +98,24 @@ def test_joystick_rows_use_the_default_gait_and_full_rows_are_read():
     assert prm.stance_length.tolist() == pytest.approx([0.38, 0.42])
 
 
+def test_partly_filled_rows_default_only_the_entries_that_cannot_be_zero_and_everything_is_clamped():
+    names = list(COMMAND_NAMES)
+    cmd = torch.zeros(1, len(names))
+    cmd[0, names.index("gait_phase")] = 0.5                 # a non-joystick row: entries are read
+    cmd[0, names.index("lin_vel_x")] = 9.0                  # beyond max_lin_vel
+    cmd[0, names.index("body_height")] = -1.0               # beyond the -0.15 m offset
+    cmd[0, names.index("gait_duration")] = 0.95             # beyond the 0.8 duty
+    defaults = GaitDefaults(frequency=2.0, swing_height=0.07)
+    prm = resolve_params(cmd, defaults, "trot", 0.3, 0.28, 0.38, GaitGains(max_lin_vel=1.2))
+    # zero where zero cannot mean itself -> the default; zero pitch, roll, offset, bound stay zero
+    assert prm.frequency.item() == pytest.approx(2.0) and prm.swing_height.item() == pytest.approx(0.07)
+    assert prm.stance_width.item() == pytest.approx(0.28) and prm.stance_length.item() == pytest.approx(0.38)
+    assert prm.pitch.item() == 0.0 and prm.roll.item() == 0.0
+    assert prm.offsets[0].tolist() == pytest.approx(foot_offsets(*(torch.tensor([v]) for v in (0.5, 0.0, 0.0)))[0].tolist())
+    assert prm.vx.item() == pytest.approx(1.2) and prm.vy.item() == 0.0
+    assert prm.height.item() == pytest.approx(0.15) and prm.duration.item() == pytest.approx(0.8)
+
+
 def test_bad_input_is_a_clear_error():
     robot = get_robot("go1")
     with pytest.raises(ValueError, match="unknown gait 'gallop'"):
@@ -216,6 +234,33 @@ def test_terrain_below_takes_the_highest_of_the_surrounding_scan_cells():
     xy = torch.tensor([[[0.0, 0.0], [0.22, 0.0], [0.35, 0.1], [0.6, 0.0], [2.0, 0.0]]])
     got = terrain_below(scan, xy)
     assert torch.allclose(got, torch.tensor([[-0.3, -0.2, -0.2, -0.3, -0.3]]))
+
+
+def test_scan_lookups_match_a_point_by_point_reading_of_the_grid_on_and_off_it():
+    from quadforge.experts.gait import terrain_at, terrain_below
+    from quadforge.layout import HEIGHT_SCAN_X, HEIGHT_SCAN_Y
+    g = torch.Generator().manual_seed(3)
+    nx, ny = len(HEIGHT_SCAN_X), len(HEIGHT_SCAN_Y)
+    scan = torch.rand(3, nx * ny, generator=g)
+    lo = torch.tensor([HEIGHT_SCAN_X[0], HEIGHT_SCAN_Y[0]])
+    hi = torch.tensor([HEIGHT_SCAN_X[-1], HEIGHT_SCAN_Y[-1]])
+    xy = lo - 0.3 + torch.rand(3, 5, 4, 2, generator=g) * (hi - lo + 0.6)   # a margin off every side
+    step = HEIGHT_SCAN_X[1] - HEIGHT_SCAN_X[0]
+    grid = -scan.view(3, nx, ny)
+    below, at = terrain_below(scan, xy), terrain_at(scan, xy)
+    assert below.shape == at.shape == (3, 5, 4)
+    for b in range(3):
+        for k, (x, y) in enumerate(xy[b].reshape(-1, 2).tolist()):
+            u, v = (x - HEIGHT_SCAN_X[0]) / step, (y - HEIGHT_SCAN_Y[0]) / step
+            i, j = math.floor(u), math.floor(v)
+            cells = [grid[b, min(max(i + di, 0), nx - 1), min(max(j + dj, 0), ny - 1)] for di in (0, 1) for dj in (0, 1)]
+            assert below[b].reshape(-1)[k] == max(cells)
+            u, v = min(max(u, 0.0), nx - 1), min(max(v, 0.0), ny - 1)
+            i, j = min(math.floor(u), nx - 2), min(math.floor(v), ny - 2)
+            fu, fv = u - i, v - j
+            want = ((1 - fu) * ((1 - fv) * grid[b, i, j] + fv * grid[b, i, j + 1])
+                    + fu * ((1 - fv) * grid[b, i + 1, j] + fv * grid[b, i + 1, j + 1]))
+            assert at[b].reshape(-1)[k].item() == pytest.approx(want.item(), abs=1e-5)
 
 
 def test_height_scan_lifts_swing_feet_over_an_obstacle_and_changes_nothing_on_flat_ground():

@@ -31,6 +31,12 @@ fast paths off), in steps where no episode ends and in steps where some do (epis
 staggered so that about N/50 envs reset each step). On a GPU every call is a kernel launch and its
 Python, and at thousands of worlds some world resets in every step, so the second count, not the math,
 sets what the layer above the physics costs there (docs/scale.md).
+
+A fifth table puts the gait expert beside the env it drives, both built as ``quadforge collect`` builds
+them (the collection's terrain and commands, 4 s episodes, the expert reset where episodes end): the
+aten operations of one ``act`` (all of them, and those that are not views: on a GPU each of those is a
+kernel launch), its torch calls from Python, and per control step the wall ms of ``act`` and of
+``env.step`` and act's share of the two (median over steps).
 """
 from __future__ import annotations
 
@@ -40,8 +46,10 @@ from collections import defaultdict
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # the env and the raw-rollout layer exactly as `bench sim` builds them (team backend's module)
+from quadforge.collection.collect import CollectConfig, build_env, build_policy
 from quadforge.envs.backends import BACKENDS
 from quadforge.envs.fast_paths import torch_references
 from quadforge.tools.bench.sim import _make_env, _Raw
@@ -55,6 +63,19 @@ class _CountTorchCalls(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _CountAtenOps(TorchDispatchMode):
+    """Aten operations under the Python API: all of them, and those that are not views (kernels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = self.kernels = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        self.kernels += not func.is_view
         return func(*args, **(kwargs or {}))
 
 
@@ -214,6 +235,34 @@ def gpu_calls(terrain: str, n: int, steps: int = 100, backend: str = "mujoco_cpu
             "steps_with": len(calls[True]), "steps": len(calls[False]) + len(calls[True])}
 
 
+def expert_act(terrain: str, n: int, steps: int) -> dict[str, float]:
+    """The gait expert driving the env, both as ``quadforge collect`` builds them: ops and calls of one
+    ``act``, wall ms of ``act`` and of ``env.step`` per control step and act's share (medians over steps)."""
+    cfg = CollectConfig(out="", episodes=1, terrain=terrain, num_envs=n, max_episode_s=4.0, seed=0)
+    env = build_env(cfg, 0)
+    policy = build_policy(cfg, env)
+    policy.reset(torch.arange(n))
+    act_s, step_s = [], []
+    for t in range(20 + steps):   # the first 20 settle the drop
+        t0 = time.perf_counter()
+        actions = policy.act(env.terms)
+        t1 = time.perf_counter()
+        _, _, dones, _ = env.step(actions)
+        t2 = time.perf_counter()
+        if dones.any():
+            policy.reset(dones.nonzero().flatten())
+        if t >= 20:
+            act_s.append(t1 - t0)
+            step_s.append(t2 - t1)
+    aten, calls = _CountAtenOps(), _CountTorchCalls()
+    with calls, aten:
+        policy.act(env.terms)
+    env.close()
+    return {"aten ops": aten.ops, "kernels": aten.kernels, "torch calls": calls.calls,
+            "act ms": 1e3 * statistics.median(act_s), "step ms": 1e3 * statistics.median(step_s),
+            "act share": statistics.median(a / (a + b) for a, b in zip(act_s, step_s))}
+
+
 def main(quick: bool = False, json_path: str | None = None) -> int:
     torch.set_num_threads(1)
     work = 512 if quick else 2048
@@ -255,5 +304,15 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
             for n in ((64,) if quick or backend != "mujoco_cpu" else (64, 256)):
                 c = gpu_calls(terrain, n, backend=backend)
                 calls.add(backend, terrain, n, c["without"], c["with"], c["resets"], f"{c['steps_with']}/{c['steps']}")
-    report("env_step", [table, compiled, beside, calls], json_path, extra={"quick": quick})
+    expert = Table("env_step: the gait expert driving the env as `quadforge collect` builds both (its default: 1 physics thread): "
+                   "aten ops of one act (all, and not views: a GPU's kernel launches), its torch calls, and per "
+                   "control step wall ms of act and of env.step and act's share (medians)",
+                   ["terrain", "envs", "aten ops/act", "non-view ops/act", "torch calls/act", "act ms",
+                    "env.step ms", "act share"])
+    for terrain in ("flat", "mixed"):
+        for n in ((16,) if quick else (16, 64, 256)):
+            e = expert_act(terrain, n, max(20, work // n))
+            expert.add(terrain, n, e["aten ops"], e["kernels"], e["torch calls"], e["act ms"], e["step ms"],
+                       e["act share"])
+    report("env_step", [table, compiled, beside, calls, expert], json_path, extra={"quick": quick})
     return 0
