@@ -46,6 +46,7 @@ from quadforge.envs.config import EnvConfig
 from quadforge.envs.quard.instructions import quard_tasks
 from quadforge.envs.robots import ROBOTS
 from quadforge.envs.terrain import terrain_types
+from quadforge.experts.policy import compile_experts
 from quadforge.experts.registry import check_policy_spec, policy_for_env, task_blindness
 from quadforge.seeding import derive_seed, seed_everything
 from quadforge.output_paths import check_output_dir, is_store_dir
@@ -117,6 +118,9 @@ class CollectConfig:
     # the env's per-step task score through torch.compile (EnvConfig.compile_task; docs/scale.md): labels
     # equal to the eager env's within float rounding
     compile_task: bool = False
+    # the gait expert's control law through torch.compile (GaitController.compile_expert; docs/experts.md):
+    # actions equal to the eager expert's to ~1e-3, not bit for bit
+    compile_expert: bool = False
 
     def env_overrides(self) -> dict[str, Any]:
         """The ``EnvConfig`` fields every env of this collection gets besides its own settings."""
@@ -211,6 +215,8 @@ def build_policy(cfg: CollectConfig, env: Any, seed: int = 0) -> Any:
     if cfg.relabel:
         policy = RelabelledPolicy(policy, policy_for_env(cfg.relabel, env, cfg.robot), env.num_envs,
                                   expert_drive_prob=cfg.expert_drive_prob, seed=seed, device=env.device)
+    if cfg.compile_expert:
+        compile_experts(policy)
     blind = task_blindness(policy, env)
     if blind:
         flag = f"--relabel {cfg.relabel}" if cfg.relabel else f"--policy {spec}"

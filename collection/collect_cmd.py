@@ -64,6 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the env's per-step task score (rewards, terminations) through torch.compile: fewer, fused "
                         "kernels; labels equal to the eager env's within float rounding; the first step compiles "
                         "(docs/scale.md)")
+    p.add_argument("--compile-expert", action="store_true",
+                   help="the gait expert's control law through torch.compile: a few fused kernels instead of ~420 "
+                        "a step; actions equal to the eager expert's to ~1e-3, not bit for bit; the first step "
+                        "compiles (docs/experts.md)")
     add_backend_arguments(p)
 
 
@@ -78,7 +82,7 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
         num_threads=args.num_threads,
         progress=not args.no_progress, allow_robot_mismatch=args.allow_robot_mismatch, relabel=args.relabel,
         expert_drive_prob=args.expert_drive_prob, counterfactual=args.counterfactual,
-        compile_task=args.compile_task,
+        compile_task=args.compile_task, compile_expert=args.compile_expert,
         **dict(zip(("backend", "warp"), backend_from_args(args))),
     ).validate()
 

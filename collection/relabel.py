@@ -21,7 +21,7 @@ from typing import Mapping
 
 import torch
 
-from quadforge.experts.policy import check_policy
+from quadforge.experts.policy import check_policy, compile_experts
 from quadforge.seeding import torch_generator
 
 
@@ -57,6 +57,10 @@ class RelabelledPolicy:
         if self.expert_drive_prob > 0:
             draw = torch.rand(len(ids), generator=self._gen, device=self.device)
             self.expert_drives[ids] = draw < self.expert_drive_prob
+
+    def compile_expert(self) -> None:
+        """``--compile-expert``: the driver's and the labeller's model-based parts through torch.compile."""
+        compile_experts(self.driver, self.labeller)
 
     @property
     def hl_commands(self) -> torch.Tensor | None:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from quadforge.experts.gait import GaitGains
-from quadforge.experts.policy import check_policy, given_terms
+from quadforge.experts.policy import check_policy, compile_experts, given_terms
 from quadforge.layout import COMMAND_NAMES, NUM_JOINTS
 from quadforge.tensors import device_constant, row_ids, set_rows
 from quadforge.models.binning import ActionBinner
@@ -87,6 +87,10 @@ class HierarchicalPolicy:
         # act() replaces both each step: under a caller's torch.inference_mode they are made there
         self.hl_commands = set_rows(self.hl_commands, ids.to(self.hl_commands.device), 0.0)
         self.terminate = set_rows(self.terminate, ids.to(self.terminate.device), False)
+
+    def compile_expert(self) -> None:
+        """``--compile-expert``: the parts that can (the gait controller below) run through torch.compile."""
+        compile_experts(self.high, self.low)
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -48,6 +48,19 @@ def given_terms(obs: Mapping[str, torch.Tensor]) -> str:
     return f"got {keys}"
 
 
+def compile_experts(*policies: object) -> None:
+    """Run the model-based experts among ``policies`` through ``torch.compile`` (``--compile-expert``):
+    each that has ``compile_expert`` compiles, wrappers (a hierarchical policy, DAgger's relabelling) pass
+    it on to their parts. A RuntimeError when none of them has anything to compile."""
+    able = [p for p in policies if callable(getattr(p, "compile_expert", None))]
+    if not able:
+        ids = ", ".join(str(getattr(p, "policy_id", type(p).__name__)) for p in policies)
+        raise ValueError(f"--compile-expert: {ids} has nothing to compile; it applies to the gait expert "
+                         "(gait:<gait>) and the policies built over it (quard_expert, DAgger's --relabel gait)")
+    for p in able:
+        p.compile_expert()
+
+
 def check_policy(policy: object) -> Policy:
     """Raise a clear error when an object does not meet the protocol."""
     missing = [a for a in ("policy_id", "obs_terms", "action_space", "action_dim", "reset", "act")

@@ -51,11 +51,19 @@ def row_ids(ids, n: int, device: torch.device | str, what: str = "env_ids", chec
     return t
 
 
-@functools.lru_cache(maxsize=1024)
 def device_constant(values: tuple, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """``torch.tensor(values)`` on ``device``, made once per (values, dtype, device) and shared: read-only.
     For the small constants a policy or layout uses every control step, which made afresh each time cost
-    a blocking host-to-device copy each on a GPU. Made outside inference mode, so autograd can use it too."""
+    a blocking host-to-device copy each on a GPU. Made outside inference mode, so autograd can use it too.
+    Under ``torch.compile`` the tensor itself, a constant of the traced graph (Dynamo would trace past
+    the cache anyway, with a warning)."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(values, dtype=dtype, device=device)
+    return _cached_constant(values, dtype, device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_constant(values: tuple, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     with torch.inference_mode(False):
         return torch.tensor(values, dtype=dtype, device=device)
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -235,32 +236,52 @@ def gpu_calls(terrain: str, n: int, steps: int = 100, backend: str = "mujoco_cpu
             "steps_with": len(calls[True]), "steps": len(calls[False]) + len(calls[True])}
 
 
-def expert_act(terrain: str, n: int, steps: int) -> dict[str, float]:
+def expert_act(terrain: str, n: int, steps: int, compiled_twin: bool = True) -> dict[str, float]:
     """The gait expert driving the env, both as ``quadforge collect`` builds them: ops and calls of one
-    ``act``, wall ms of ``act`` and of ``env.step`` per control step and act's share (medians over steps)."""
+    ``act``, wall ms of ``act`` and of ``env.step`` per control step and act's share (medians over steps).
+    Beside it a second expert built with ``--compile-expert`` acts on the same states (its actions are
+    not applied): its ms per act and the seconds of its first act (the compile, or loading torch's cache);
+    NaN without a C++ compiler or ``compiled_twin``."""
     cfg = CollectConfig(out="", episodes=1, terrain=terrain, num_envs=n, max_episode_s=4.0, seed=0)
     env = build_env(cfg, 0)
     policy = build_policy(cfg, env)
-    policy.reset(torch.arange(n))
-    act_s, step_s = [], []
+    compiled = None
+    if compiled_twin:
+        try:
+            compiled = build_policy(replace(cfg, compile_expert=True), env)
+        except RuntimeError:   # no C++ compiler: the eager columns only
+            pass
+    experts = [p for p in (policy, compiled) if p is not None]
+    for p in experts:
+        p.reset(torch.arange(n))
+    act_s, step_s, compiled_s, first_s = [], [], [], float("nan")
     for t in range(20 + steps):   # the first 20 settle the drop
         t0 = time.perf_counter()
         actions = policy.act(env.terms)
         t1 = time.perf_counter()
-        _, _, dones, _ = env.step(actions)
+        if compiled is not None:
+            compiled.act(env.terms)
         t2 = time.perf_counter()
+        _, _, dones, _ = env.step(actions)
+        t3 = time.perf_counter()
         if dones.any():
-            policy.reset(dones.nonzero().flatten())
+            for p in experts:
+                p.reset(dones.nonzero().flatten())
+        if t == 0:
+            first_s = t2 - t1 if compiled is not None else float("nan")
         if t >= 20:
             act_s.append(t1 - t0)
-            step_s.append(t2 - t1)
+            compiled_s.append(t2 - t1)
+            step_s.append(t3 - t2)
     aten, calls = _CountAtenOps(), _CountTorchCalls()
     with calls, aten:
         policy.act(env.terms)
     env.close()
+    compiled_ms = 1e3 * statistics.median(compiled_s) if compiled is not None else float("nan")
     return {"aten ops": aten.ops, "kernels": aten.kernels, "torch calls": calls.calls,
             "act ms": 1e3 * statistics.median(act_s), "step ms": 1e3 * statistics.median(step_s),
-            "act share": statistics.median(a / (a + b) for a, b in zip(act_s, step_s))}
+            "act share": statistics.median(a / (a + b) for a, b in zip(act_s, step_s)),
+            "compiled act ms": compiled_ms, "compiled first act s": first_s}
 
 
 def main(quick: bool = False, json_path: str | None = None) -> int:
@@ -306,13 +327,15 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
                 calls.add(backend, terrain, n, c["without"], c["with"], c["resets"], f"{c['steps_with']}/{c['steps']}")
     expert = Table("env_step: the gait expert driving the env as `quadforge collect` builds both (its default: 1 physics thread): "
                    "aten ops of one act (all, and not views: a GPU's kernel launches), its torch calls, and per "
-                   "control step wall ms of act and of env.step and act's share (medians)",
+                   "control step wall ms of act and of env.step and act's share (medians); a --compile-expert "
+                   "twin acting on the same states: its ms per act and its first act's s (the compile)",
                    ["terrain", "envs", "aten ops/act", "non-view ops/act", "torch calls/act", "act ms",
-                    "env.step ms", "act share"])
+                    "env.step ms", "act share", "compiled act ms", "compiled/eager", "compiled first act s"])
     for terrain in ("flat", "mixed"):
         for n in ((16,) if quick else (16, 64, 256)):
             e = expert_act(terrain, n, max(20, work // n))
             expert.add(terrain, n, e["aten ops"], e["kernels"], e["torch calls"], e["act ms"], e["step ms"],
-                       e["act share"])
+                       e["act share"], e["compiled act ms"], e["compiled act ms"] / e["act ms"],
+                       e["compiled first act s"])
     report("env_step", [table, compiled, beside, calls, expert], json_path, extra={"quick": quick})
     return 0
