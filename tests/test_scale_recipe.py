@@ -161,3 +161,24 @@ def test_a_variant_that_cannot_run_keeps_the_options_table(monkeypatch, capsys):
     assert by_label["defaults"]["env/backend"] == 0.5 and by_label["resets: step1"]["env steps/s"] == 2.0
     assert math.isnan(by_label["task compiled"]["env steps/s"])
     assert "'task compiled' failed: RuntimeError: Cannot find a working triton" in capsys.readouterr().out
+
+
+def test_bench_scale_times_the_gait_expert_driving_the_env():
+    from quadforge.tools.bench.scale import expert_rates
+    r = expert_rates("mujoco_cpu", 2, 3, 1, lambda: None, compiled=False)
+    assert r["rate"] > 0 and r["act ms"] > 0 and 0 < r["act share"] < 1 and r["first s"] > 0
+
+
+def test_a_compiled_expert_that_cannot_run_is_a_row_of_nan(monkeypatch, capsys):
+    """A GPU machine without Triton cannot compile the expert: the eager row stays measured."""
+    import math
+
+    from quadforge.tools.bench import scale
+
+    def no_triton(*policies):
+        raise RuntimeError("Cannot find a working triton installation")
+    monkeypatch.setattr(scale, "compile_experts", no_triton)
+    eager, compiled = scale.expert_table({"mujoco_cpu": [2, 4]}, 2, 1, lambda: None).records()
+    assert eager["worlds"] == compiled["worlds"] == 2 and eager["control steps x worlds /s"] > 0
+    assert math.isnan(compiled["control steps x worlds /s"]) and math.isnan(compiled["compiled/eager rate"])
+    assert "--compile-expert failed: RuntimeError: Cannot find a working triton" in capsys.readouterr().out

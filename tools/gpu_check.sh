@@ -21,7 +21,7 @@
 # (later calls on the same warm machine, within its 30 s idle window: carry [".gpu/unpack.sh"], command
 #  `QF_REINSTALL=1 bash .gpu/unpack.sh && GPU_CHECK_STAGES="..." bash tools/gpu_check.sh`).
 #
-# Stages (GPU_CHECK_STAGES, default "warm tests scale profile vla_eval quard ppo 16384 32768"), in this order:
+# Stages (GPU_CHECK_STAGES, default "warm tests scale profile vla_eval quard expert ppo 16384 32768"), in this order:
 #   warm     MuJoCo Warp's kernels compile cold in ~4-5 min when one process builds flat, rough and the
 #            QUARD scene in turn (H100, 2026-11-26). Here three processes compile them side by side
 #            (16 cores; Warp's kernel cache is shared), beside the trainers' GPU tests (torch only, ~40 s),
@@ -46,6 +46,9 @@
 #   ppo_rough  (not default) the same on legged_gym's mixed terrain with its curriculum, for
 #            GPU_CHECK_PPO_ROUGH_S (default 420) seconds: Curriculum/level/mean against time
 #   quard    bench quard_gpu --quick: QUARD on Warp with the batch renderer, VLA training samples/s
+#   expert   (after quard) bench scale's expert table at 4096 worlds on Warp: the gait expert
+#            driving the env (a collection's control step) eager and with --compile-expert (torch.compile
+#            needs Triton there: without it that row is NaN and the reason is in the output); into summary.txt
 #   16384, 32768   bench scale --num-envs N: the large world counts
 # Only the GPU's measuring stages run one at a time; compiles overlap.
 # At most 8 files come back per call: summary.txt, pytest_train.txt, pytest_warp.txt, scale_4096.txt,
@@ -84,7 +87,7 @@ python3 -c "import pytest" 2>/dev/null || log "pytest is not installed here: add
 pytest_gpu() {   # pytest -m gpu over the given test modules, the project's ini, no cache
   python3 -m pytest "$@" -m gpu -v -rs -p no:cacheprovider --rootdir="$proj" -c "$proj/pyproject.toml"
 }
-stages=" ${GPU_CHECK_STAGES:-warm tests scale profile vla_eval quard ppo 16384 32768} "
+stages=" ${GPU_CHECK_STAGES:-warm tests scale profile vla_eval quard expert ppo 16384 32768} "
 want() { [[ "$stages" == *" $1 "* ]]; }
 
 # builds one scene on cuda:0 and steps it through captures and resets, so its kernels land in the cache
@@ -190,6 +193,20 @@ if want quard; then
   timeout "$(limit 120)" python3 -m quadforge.tools.cli bench quard_gpu --quick \
     --json /tmp/gpu_check_json/quard_gpu.json > "$out/quard_gpu.txt" 2>&1
   log "quard exit $? ($(tail -1 "$out/quard_gpu.txt"))"
+fi
+# bench scale's expert table alone (its --num-envs runs leave it out): a collection's control step on Warp
+expert_py='
+import sys
+from quadforge.tools.bench.common import device_sync, report
+from quadforge.tools.bench.scale import expert_table
+report("scale_expert", [expert_table({"mujoco_warp": [int(sys.argv[1])]}, 10, 3, device_sync)], sys.argv[2])
+'
+if want expert; then
+  log "expert: the gait expert driving 4096 Warp worlds, eager and --compile-expert (limit $(limit 240) s)"
+  timeout "$(limit 240)" python3 -c "$expert_py" 4096 /tmp/gpu_check_json/expert.json \
+    > /tmp/gpu_check_json/expert.txt 2>&1
+  log "expert exit $?"
+  cat /tmp/gpu_check_json/expert.txt >> "$out/summary.txt"
 fi
 for n in 16384 32768; do
   if want "$n"; then scale "$n" 120; cat "/tmp/gpu_check_json/scale_$n.txt" >> "$out/summary.txt"; fi

@@ -20,6 +20,13 @@ one rare world does not stop a sweep of 16384). At the first Warp world count th
 (the solver's budget, what a reset recomputes) are measured against the defaults, with the Newton
 iterations the worlds' substeps took.
 
+A collection's control step: the gait expert driving the env (``env.step(expert.act(env.terms))``, the
+expert reset where episodes end, nothing recorded) at each backend's first world count, eager and with
+``--compile-expert`` (``expert_table``; not with ``--num-envs``): worlds x control steps per second, ms per
+act and act's share of the step (timed between device synchronisations in a second pass), the compiled
+expert's first step (its compile). A compiled run that cannot (no C++ compiler; on a GPU, no Triton) is
+a row of NaN with its reason printed.
+
 The full (non-quick) run also measures a cold compile: a fresh process with an empty Warp kernel cache
 (``WARP_CACHE_PATH`` in a temporary folder) builds the backend and steps it once. On a GPU the sweep is
 4096 / 16384 / 32768 worlds (quick: 4096) and the targets (issue 23) are >= 250k env steps/s at 4096
@@ -37,6 +44,8 @@ import time
 import torch
 
 from quadforge.envs.backends.base import WarpConfig
+from quadforge.experts.policy import compile_experts
+from quadforge.experts.registry import policy_for_env
 from quadforge.tools.bench.common import Table, device_sync, rate_per_second, report, timed_method
 
 GPU_TARGET = 250_000      # env steps/s at 4096 worlds, Go1 rough terrain, one H100-class GPU (issue 23)
@@ -151,15 +160,20 @@ PARTS = (("backend", "backend", "step"), ("task", "task", "post_step"), ("resets
 NESTED = (("resets: backend", "backend", "reset"),)
 
 
+def _synced_clock(sync):
+    """A clock that waits for the device's queued work first (``sync``), so a timed call pays its kernels."""
+    def clock() -> float:
+        sync()
+        return time.perf_counter()
+    return clock
+
+
 def step_breakdown(env, actions: torch.Tensor, steps: int, sync) -> dict[str, float]:
     """Milliseconds per env step in each of ``PARTS`` and the rest, over ``steps`` steps. The timers
     synchronise the device around every part, which serialises what would overlap: the parts sum to a
     little more than an unsynchronised step, and their shares are what this is for."""
     spent = {name: 0.0 for name, _, _ in PARTS + NESTED}
-
-    def synced_clock() -> float:
-        sync()
-        return time.perf_counter()
+    synced_clock = _synced_clock(sync)
     undos = [timed_method(env if owner is None else getattr(env, owner), method, spent, name, synced_clock)
              for name, owner, method in PARTS + NESTED]
     try:
@@ -221,6 +235,60 @@ def measure(sweeps: dict[str, list[int]], steps: int, rounds: int, records: dict
     return table
 
 
+def expert_rates(backend: str, n: int, steps: int, rounds: int, sync, compiled: bool) -> dict[str, float]:
+    """The gait expert driving a fresh env of ``n`` worlds (see the module's docstring)."""
+    env, _ = _env(backend, n)
+    try:
+        policy = policy_for_env("gait", env)
+        if compiled:
+            compile_experts(policy)
+
+        def control_step() -> None:
+            _, _, dones, _ = env.step(policy.act(env.terms))
+            ended = dones.nonzero().flatten()   # the host read a collection makes too (its episode ends)
+            if len(ended):
+                policy.reset(ended)
+        sync()
+        t0 = time.perf_counter()
+        control_step()   # the compiled expert compiles here
+        sync()
+        first = time.perf_counter() - t0
+        for _ in range(2):
+            control_step()
+        rate = rate_per_second(control_step, n, steps, rounds, sync)
+        synced_clock = _synced_clock(sync)
+        spent = {"act": 0.0}
+        undo = timed_method(policy, "act", spent, "act", synced_clock)
+        try:
+            t0 = synced_clock()
+            for _ in range(steps):
+                control_step()
+            total = synced_clock() - t0
+        finally:
+            undo()
+    finally:
+        env.close()
+    return {"rate": rate, "act ms": 1e3 * spent["act"] / steps, "act share": spent["act"] / total, "first s": first}
+
+
+def expert_table(sweeps: dict[str, list[int]], steps: int, rounds: int, sync) -> Table:
+    table = Table("the gait expert driving the env (a collection's control step, nothing recorded), Go1 rough "
+                  "terrain, eager and --compile-expert; act ms and share timed between device synchronisations",
+                  ["backend", "worlds", "expert", "control steps x worlds /s", "act ms", "act share",
+                   "first step s", "compiled/eager rate"])
+    for backend, counts in sweeps.items():
+        n = counts[0]
+        eager = expert_rates(backend, n, steps, rounds, sync, compiled=False)
+        table.add(backend, n, "eager", eager["rate"], eager["act ms"], eager["act share"], eager["first s"], 1.0)
+        try:
+            c = expert_rates(backend, n, steps, rounds, sync, compiled=True)
+        except Exception as err:   # no C++ compiler; no Triton on a GPU machine
+            print(f"  {backend} {n} worlds: --compile-expert failed: {type(err).__name__}: {err}")
+            c = {k: float("nan") for k in ("rate", "act ms", "act share", "first s")}
+        table.add(backend, n, "compiled", c["rate"], c["act ms"], c["act share"], c["first s"], c["rate"] / eager["rate"])
+    return table
+
+
 def main(quick: bool = False, json_path: str | None = None, num_envs: int | None = None) -> int:
     from quadforge.envs.backends.mujoco_warp import available
 
@@ -242,6 +310,8 @@ def main(quick: bool = False, json_path: str | None = None, num_envs: int | None
     table = measure(sweeps, steps, rounds, records)
 
     tables = [table]
+    if num_envs is None:
+        tables.append(expert_table(sweeps, steps, rounds, device_sync))
     if "mujoco_warp" in sweeps:
         first = sweeps["mujoco_warp"][0]
         tables.append(variant_table(first, records[("mujoco_warp", first)], steps, rounds, device_sync))
