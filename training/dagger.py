@@ -1,7 +1,8 @@
 """`quadforge dagger`: imitation with the expert relabelling the learner's own states (DAgger).
 
     quadforge dagger --out DIR [--store STORE] [--iterations 2] [--episodes-per-iter 96]
-                     [--train-steps 4000] [--finetune-steps 0] [--expert-drive-prob 0] [key=value ...]
+                     [--train-steps 4000] [--finetune-steps 0] [--expert-drive-prob 0] [--compile-expert]
+                     [key=value ...]
 
 Iteration 0 is the demo's recipe (``tools/demo.py``): the gait expert's data on the demo's terrain
 mix, the model's ``cpu`` preset trained ``train_steps`` steps. Iteration i >= 1 (Ross et al. 2011):
@@ -89,6 +90,9 @@ class DaggerConfig:
     overrides: list[str] = field(default_factory=list)   # key=value for the train config (e.g. context=64)
     init_from: str | None = None     # an iteration-0 checkpoint to start from (not retrained, not re-evaluated)
     device: str = "cpu"              # the trainer's device (collection and evaluation run the CPU envs)
+    # the gait expert's control law through torch.compile while it collects and labels (collect
+    # --compile-expert, docs/experts.md): labels equal to the eager expert's to ~1e-3, not bit for bit
+    compile_expert: bool = False
 
     def validate(self) -> "DaggerConfig":
         """Everything that can be checked is, before the expert's episodes are collected (minutes to hours)."""
@@ -137,6 +141,9 @@ class DaggerConfig:
         if recorded is None:
             return
         now = asdict(self)
+        # a ladder recorded before an option existed was made with its default
+        default = asdict(DaggerConfig(out=""))
+        recorded = {**default, **recorded}
         differ = [k for k in now if k not in RESUMABLE_CHANGES and recorded.get(k) != now[k]]
         if differ:
             what = ", ".join(f"{flag(k)} {recorded.get(k)!r} there, {now[k]!r} now" for k in differ)
@@ -192,7 +199,8 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
         log(f"[dagger] collecting {cfg.expert_episodes} gait-expert episodes on {cfg.terrain} -> {expert_store}")
         run_local(CollectConfig(out=expert_store, episodes=cfg.expert_episodes, policy="gait", terrain=cfg.terrain,
                                 skills="walking", num_envs=cfg.num_envs, seed=cfg.seed,
-                                max_episode_s=cfg.max_episode_s, compact_every=0, progress=False))
+                                max_episode_s=cfg.max_episode_s, compact_every=0, progress=False,
+                                compile_expert=cfg.compile_expert))
     if "expert_eval" not in res:
         log("[dagger] evaluating the gait expert")
         res["expert_eval"] = evaluate_policy("gait", "gait")
@@ -214,7 +222,7 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
                 out=relabelled, episodes=target, policy=previous, relabel="gait",
                 expert_drive_prob=cfg.expert_drive_prob, terrain=cfg.terrain, skills="walking",
                 num_envs=cfg.num_envs, seed=cfg.seed, max_episode_s=cfg.max_episode_s,
-                collector_id=f"dagger{it}", compact_every=0, progress=False))
+                collector_id=f"dagger{it}", compact_every=0, progress=False, compile_expert=cfg.compile_expert))
             driven_success = collected.get("run", {}).get("success_ratio")
             stores.append(relabelled)
         # the stores as one: the trainer reads them in RAM when they fit its ram_budget, else out of core
@@ -264,6 +272,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="evaluation episodes per terrain type x level")
     p.add_argument("--init-from", default=None, help="iteration-0 checkpoint to start from instead of training one")
     p.add_argument("--device", default=d.device, help="the trainer's device: cpu | cuda (the envs run on the CPU)")
+    p.add_argument("--compile-expert", action="store_true",
+                   help="the gait expert collects and labels through torch.compile (collect --compile-expert): "
+                        "labels equal to the eager expert's to ~1e-3, not bit for bit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="train config overrides, e.g. context=64")
 
 
@@ -273,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
                        train_steps=args.train_steps, batch_size=args.batch_size, finetune_steps=args.finetune_steps,
                        expert_drive_prob=args.expert_drive_prob, seed=args.seed, eval_episodes=args.episodes_per_cell,
                        overrides=list(args.overrides), init_from=args.init_from,
-                       device=args.device)
+                       device=args.device, compile_expert=args.compile_expert)
     res = run_dagger(cfg)
     print(json.dumps({"expert": res["expert_eval"]["success"],
                       "ladder": [(r["iteration"], r.get("success")) for r in res["ladder"]]}))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from quadforge.tools.cli import main as cli_main
+from quadforge.tools.cli import build_parser, main as cli_main
 from quadforge.data.store_set import concat_episodes
 from quadforge.training.dagger import DaggerConfig, run_dagger
 from quadforge.training.presets import PRESETS
@@ -204,3 +204,29 @@ def test_dagger_errors_name_the_flag_passed(capsys, tmp_path):
     err = _refused(["dagger", "--out", out, "--iterations", "-1"], capsys, "--iterations=-1")
     assert "--finetune-steps" not in err and "--episodes-per-iter" not in err
     _refused(["dagger", "--out", out, "--finetune-steps", "-1"], capsys, "--finetune-steps=-1")
+
+
+def test_dagger_collects_with_the_compiled_expert_when_asked(tmp_path, monkeypatch):
+    from quadforge.training import dagger
+
+    class Collected(Exception):
+        pass
+    seen = []
+
+    def run_local(cfg):
+        seen.append(cfg)
+        raise Collected
+    monkeypatch.setattr(dagger, "run_local", run_local)
+    args = build_parser(with_subcommand="dagger").parse_args(["dagger", "--out", str(tmp_path / "d"), "--compile-expert"])
+    with pytest.raises(Collected):
+        dagger.run(args)
+    assert seen[0].compile_expert and seen[0].policy == "gait"
+
+
+def test_a_dagger_ladder_recorded_before_an_option_existed_resumes_with_its_default(tmp_path):
+    from dataclasses import asdict
+    cfg = DaggerConfig(out=str(tmp_path / "d"))
+    older = {k: v for k, v in asdict(cfg).items() if k != "compile_expert"}
+    cfg.check_resume(older)                                   # made eagerly, as it would be now
+    with pytest.raises(ValueError, match="--compile-expert False there, True now"):
+        DaggerConfig(out=str(tmp_path / "d"), compile_expert=True).check_resume(older)
