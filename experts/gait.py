@@ -39,7 +39,7 @@ from quadforge.envs.config import GAITS
 from quadforge.envs.kinematics import LegKinematics
 from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, LEGS, NUM_JOINTS
 from quadforge.experts.policy import given_terms
-from quadforge.tensors import check_cpp_compiler, device_constant, row_ids, set_rows
+from quadforge.tensors import check_compiler, device_constant, row_ids, set_rows
 
 _GRAVITY = 9.81
 
@@ -453,9 +453,9 @@ class GaitController:
         2e-4 and so magnify a fused kernel's last-bit rounding; every number in the docs is the eager
         expert's. The first act compiles (~30 s on 2 cores from an empty inductor cache, a few s from a
         warm one); Dynamo keeps one graph per controller and grad mode, and past its recompile limit (8
-        per process) a further controller acts eagerly, with Dynamo's warning."""
-        if self.device.type == "cpu":
-            check_cpp_compiler("--compile-expert")
+        per process) a further controller acts eagerly, with Dynamo's warning. Without the device's kernel
+        compiler (C++ on the CPU, Triton on a GPU) a clear error now."""
+        check_compiler("--compile-expert", self.device)
         self._control = torch.compile(self._control_law, dynamic=False, options={"size_asserts": False})
 
     def _control_law(self, term: dict[str, torch.Tensor]) -> torch.Tensor:

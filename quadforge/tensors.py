@@ -96,3 +96,17 @@ def check_cpp_compiler(what: str) -> None:
     except Exception as e:   # torch's InvalidCxxCompiler, or a torch without this check
         raise RuntimeError(f"{what} compiles with torch.compile, which on the CPU needs a C++ compiler: {e}. "
                            f"Install one (g++, or set CXX) or leave it off.") from e
+
+
+def check_compiler(what: str, device: torch.device | str) -> None:
+    """``torch.compile``'s kernel compiler for ``device``: a C++ compiler on the CPU
+    (``check_cpp_compiler``), Triton on a GPU; a RuntimeError naming ``what`` asked for it when it is
+    missing, before any work, not torch's own error at the first compiled call."""
+    if torch.device(device).type == "cpu":
+        check_cpp_compiler(what)
+        return
+    from torch.utils._triton import has_triton
+    if not has_triton():
+        raise RuntimeError(f"{what} compiles with torch.compile, which on a GPU needs Triton (torch "
+                           f"{torch.__version__} names the version it wants) and found none: install it or leave "
+                           f"it off.")

@@ -18,7 +18,7 @@ from quadforge.envs.reward_manager import RewardManager
 from quadforge.envs.rewards import FeetAirTime, RewardView
 from quadforge.envs.terminations import Terminations, contact_body_indices
 from quadforge.envs.view_cache import ViewCache
-from quadforge.tensors import check_cpp_compiler, into
+from quadforge.tensors import check_compiler, into
 
 _FREQ = COMMAND_NAMES.index("gait_frequency")
 
@@ -138,10 +138,10 @@ class LocomotionTask:
     def compile_score(self) -> None:
         """Run ``score`` through ``torch.compile`` from now on (``EnvConfig.compile_task``). Its Python
         per step shrinks to the compiled call's guards and launch; the arithmetic is fused, so the results
-        equal the eager step's within float rounding (tests/envs/test_compile_task.py). Without a C++
-        compiler (on the CPU) a clear error now, not a cryptic one at the first step."""
-        if torch.device(self.device).type == "cpu":
-            check_cpp_compiler("EnvConfig.compile_task=True")
+        equal the eager step's within float rounding (tests/envs/test_compile_task.py). Without the
+        device's kernel compiler (C++ on the CPU, Triton on a GPU) a clear error now, not a cryptic one at
+        the first step."""
+        check_compiler("EnvConfig.compile_task=True", self.device)
         self.rewards.prepare(self.cfg.rewards.tracking_sigma)
         self._score = torch.compile(self.score, dynamic=False, options={"size_asserts": False})
 

@@ -113,3 +113,16 @@ def test_the_benchmarks_time_the_compiled_task_beside_the_eager_one():
     before = _graphs()
     row = measure_one("mujoco_cpu", 2, 2, 1, lambda: None, env_overrides={"compile_task": True})   # bench scale's variant
     assert _graphs() > before and row["env"] > 0 and row["task"] > 0
+
+
+def test_a_gpu_without_triton_is_named_before_any_compile(monkeypatch):
+    """On a GPU torch.compile builds Triton kernels: without Triton the check says so up front (a GPU
+    machine carried without it met torch's own error at the first compiled step)."""
+    import torch.utils._triton as triton_probe
+
+    from quadforge.tensors import check_compiler
+    monkeypatch.setattr(triton_probe, "has_triton", lambda: False)
+    with pytest.raises(RuntimeError, match="--compile-expert compiles with torch.compile, which on a GPU needs Triton"):
+        check_compiler("--compile-expert", "cuda:0")
+    monkeypatch.setattr(triton_probe, "has_triton", lambda: True)
+    check_compiler("--compile-expert", "cuda:0")
