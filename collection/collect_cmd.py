@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from quadforge.collection.collect import CollectConfig, collect_tasks, run_local
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, add_store, require
@@ -89,6 +90,10 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    compiled = [flag for flag, on in (("--compile-task", cfg.compile_task), ("--compile-expert", cfg.compile_expert)) if on]
+    if compiled:   # else a silent first minute: the first control step compiles
+        print(f"collect: {' and '.join(compiled)}: the first control step compiles (~15-35 s on 2 cores from an "
+              f"empty torch.compile cache, a few s from a warm one)", file=sys.stderr, flush=True)
     if cfg.workers:
         from quadforge.collection.distributed import run_distributed
         summary = run_distributed(cfg)

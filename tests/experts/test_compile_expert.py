@@ -71,3 +71,14 @@ def test_a_missing_cpp_compiler_is_named(monkeypatch):
     monkeypatch.setattr(builder, "get_cpp_compiler", no_compiler)
     with pytest.raises(RuntimeError, match="--compile-expert compiles with torch.compile.*C\\+\\+ compiler"):
         GaitController(get_robot("go1"), 2).compile_expert()
+
+
+def test_collect_says_that_its_first_step_compiles(monkeypatch, capsys, tmp_path):
+    from quadforge.collection import collect_cmd
+    from quadforge.tools.cli import main as cli_main
+    monkeypatch.setattr(collect_cmd, "run_local", lambda cfg: {"compile_expert": cfg.compile_expert})
+    assert cli_main(["collect", "--store", str(tmp_path / "s"), "--episodes", "2", "--compile-expert"]) == 0
+    out = capsys.readouterr()
+    assert "--compile-expert: the first control step compiles" in out.err and '"compile_expert": true' in out.out
+    assert cli_main(["collect", "--store", str(tmp_path / "s"), "--episodes", "2"]) == 0
+    assert "compiles" not in capsys.readouterr().err
