@@ -39,7 +39,7 @@ from quadforge.envs.config import GAITS
 from quadforge.envs.kinematics import LegKinematics
 from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, LEGS, NUM_JOINTS
 from quadforge.experts.policy import given_terms
-from quadforge.tensors import check_compiler, device_constant, row_ids, set_rows
+from quadforge.tensors import check_compiler, constant_cache, device_constant, row_ids, set_rows
 
 _GRAVITY = 9.81
 
@@ -216,16 +216,12 @@ def tilt_matrix(roll: torch.Tensor, pitch: torch.Tensor) -> torch.Tensor:
 _ZERO_IS_DEFAULT = frozenset({"gait_frequency", "gait_duration", "foot_swing_height", "stance_width", "stance_length"})
 
 
-def resolve_params(commands: torch.Tensor, defaults: GaitDefaults, gait: str, nominal_height: float,
-                   width0: float, length0: float, gains: GaitGains) -> GaitParams:
-    """(N, 15) commands -> per-env gait parameters.
-
-    A row whose entries 3.. are all zero is a joystick command: it walks the controller's own gait
-    with ``defaults``. Otherwise each entry is read as walk-these-ways defines it; entries that cannot
-    be zero (frequency, duration, swing height, stance width/length) fall back to the default when
-    zero, so a partly filled command still walks. Each entry is then clamped to what the controller
-    can execute. All columns go through each operation together (a few calls, not a dozen per column)."""
-    c = commands
+@constant_cache
+def _command_columns(defaults: GaitDefaults, gait: str, width0: float, length0: float,
+                     gains: GaitGains) -> tuple[tuple, ...]:
+    """Per command column (``COMMAND_NAMES`` order): whether a joystick row reads the default there,
+    whether a zero there reads as the default, the default, and the clamp's low and high bounds. The
+    same for every step of a controller: made once, not at every ``act``."""
     p0, o0, b0 = GAITS[gait]
     fallback = {"body_height": 0.0, "gait_frequency": defaults.frequency, "gait_phase": p0, "gait_offset": o0,
                 "gait_bound": b0, "gait_duration": defaults.duration, "foot_swing_height": defaults.swing_height,
@@ -237,15 +233,29 @@ def resolve_params(commands: torch.Tensor, defaults: GaitDefaults, gait: str, no
               "foot_swing_height": (0.0, 0.3), "body_pitch": (-0.4, 0.4), "body_roll": (-0.4, 0.4),
               "stance_width": (0.05, 0.6), "stance_length": (0.2, 0.7)}
     unbounded = (-math.inf, math.inf)
+    return (tuple(k in fallback for k in COMMAND_NAMES), tuple(k in _ZERO_IS_DEFAULT for k in COMMAND_NAMES),
+            tuple(fallback.get(k, 0.0) for k in COMMAND_NAMES),
+            tuple(bounds.get(k, unbounded)[0] for k in COMMAND_NAMES),
+            tuple(bounds.get(k, unbounded)[1] for k in COMMAND_NAMES))
 
-    def per_column(value, dtype=c.dtype) -> torch.Tensor:
-        return device_constant(tuple(value(name) for name in COMMAND_NAMES), dtype, c.device)
 
+def resolve_params(commands: torch.Tensor, defaults: GaitDefaults, gait: str, nominal_height: float,
+                   width0: float, length0: float, gains: GaitGains) -> GaitParams:
+    """(N, 15) commands -> per-env gait parameters.
+
+    A row whose entries 3.. are all zero is a joystick command: it walks the controller's own gait
+    with ``defaults``. Otherwise each entry is read as walk-these-ways defines it; entries that cannot
+    be zero (frequency, duration, swing height, stance width/length) fall back to the default when
+    zero, so a partly filled command still walks. Each entry is then clamped to what the controller
+    can execute. All columns go through each operation together (a few calls, not a dozen per column)."""
+    c = commands
+    dtypes = (torch.bool, torch.bool, c.dtype, c.dtype, c.dtype)
+    reads_default, zero_is_default, fallback, low, high = (
+        device_constant(values, dtype, c.device)
+        for values, dtype in zip(_command_columns(defaults, gait, width0, length0, gains), dtypes))
     joystick = (c[:, 3:] == 0).all(dim=-1, keepdim=True)
-    use_default = (joystick & per_column(lambda k: k in fallback, torch.bool)) \
-        | ((c == 0) & per_column(lambda k: k in _ZERO_IS_DEFAULT, torch.bool))
-    read = torch.where(use_default, per_column(lambda k: fallback.get(k, 0.0)), c)
-    read = read.clamp(per_column(lambda k: bounds.get(k, unbounded)[0]), per_column(lambda k: bounds.get(k, unbounded)[1]))
+    use_default = (joystick & reads_default) | ((c == 0) & zero_is_default)
+    read = torch.where(use_default, fallback, c).clamp(low, high)
     col = dict(zip(COMMAND_NAMES, read.unbind(-1)))
     return GaitParams(
         vx=col["lin_vel_x"], vy=col["lin_vel_y"], wz=col["ang_vel_yaw"],

@@ -51,19 +51,23 @@ def row_ids(ids, n: int, device: torch.device | str, what: str = "env_ids", chec
     return t
 
 
+def constant_cache(fn):
+    """``functools.lru_cache`` for a function of hashable arguments that makes constants, made to run under
+    ``torch.compile`` too: there the function itself runs (traced into the graph once), since Dynamo would
+    trace past the cache anyway, with a warning."""
+    cached = functools.lru_cache(maxsize=1024)(fn)
+
+    @functools.wraps(fn)
+    def call(*args):
+        return fn(*args) if torch.compiler.is_compiling() else cached(*args)
+    return call
+
+
+@constant_cache
 def device_constant(values: tuple, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """``torch.tensor(values)`` on ``device``, made once per (values, dtype, device) and shared: read-only.
     For the small constants a policy or layout uses every control step, which made afresh each time cost
-    a blocking host-to-device copy each on a GPU. Made outside inference mode, so autograd can use it too.
-    Under ``torch.compile`` the tensor itself, a constant of the traced graph (Dynamo would trace past
-    the cache anyway, with a warning)."""
-    if torch.compiler.is_compiling():
-        return torch.tensor(values, dtype=dtype, device=device)
-    return _cached_constant(values, dtype, device)
-
-
-@functools.lru_cache(maxsize=1024)
-def _cached_constant(values: tuple, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    a blocking host-to-device copy each on a GPU. Made outside inference mode, so autograd can use it too."""
     with torch.inference_mode(False):
         return torch.tensor(values, dtype=dtype, device=device)
 
