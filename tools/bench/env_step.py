@@ -264,9 +264,10 @@ def expert_act(terrain: str, n: int, steps: int, compiled_twin: bool = True) -> 
         t2 = time.perf_counter()
         _, _, dones, _ = env.step(actions)
         t3 = time.perf_counter()
-        if dones.any():
+        ended = dones.nonzero().flatten()
+        if len(ended):
             for p in experts:
-                p.reset(dones.nonzero().flatten())
+                p.reset(ended)
         if t == 0:
             first_s = t2 - t1 if compiled is not None else float("nan")
         if t >= 20:
