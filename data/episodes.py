@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from quadforge.data.deferred_column import DeferredColumn
 from quadforge.seeding import numpy_rng
 
 SPLITS = ("train", "val", "all")
@@ -62,7 +63,8 @@ class EpisodeArrays(EpisodeSpans):
             if len(arr) != ends[-1]:
                 raise ValueError(f"EpisodeArrays: feature {name!r} has {len(arr)} steps, "
                                  f"episode_ends says {int(ends[-1])}")
-        info = {k: np.asarray(v) for k, v in self.episode_info.items()}
+        # a store's dict columns stay undecoded until read (data.episode_table.DeferredColumn)
+        info = {k: v if isinstance(v, DeferredColumn) else np.asarray(v) for k, v in self.episode_info.items()}
         for name, col in info.items():
             if len(col) != len(ends):
                 raise ValueError(f"EpisodeArrays: episode_info column {name!r} has {len(col)} rows, "

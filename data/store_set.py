@@ -22,7 +22,7 @@ import numpy as np
 
 from quadforge.data.episodes import EpisodeArrays
 from quadforge.data.step_shards import LazyFeatures, ShardArray, ShardSource, StepShards, layout_key
-from quadforge.data.episode_table import EpisodeTable
+from quadforge.data.episode_table import EpisodeTable, joined_column
 from quadforge.data.store import TrajectoryStore
 from quadforge.layout import ObsLayout
 
@@ -123,7 +123,7 @@ def concat_episodes(parts: list[EpisodeArrays]) -> EpisodeArrays:
 def _joined_column(parts: list[np.ndarray], name: str, offsets: Sequence[int]) -> np.ndarray:
     if name in SHIFTED_COLUMNS:
         return np.concatenate([np.asarray(p, dtype=np.int64) + int(o) for p, o in zip(parts, offsets)])
-    return np.concatenate([np.asarray(p) for p in parts])
+    return joined_column(parts)
 
 
 # --- out of core --------------------------------------------------------------------------------------

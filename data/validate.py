@@ -167,7 +167,7 @@ def _check_table(root: Path, manifest: dict, rep: ValidationReport):
         rep.notes.append(f"{len(leftovers)} episode table segment file(s) the manifest does not list ({leftovers[:3]}): "
                          f"an interrupted compaction's; the next compaction deletes them")
     try:
-        table = read_table(root, manifest, damaged=rep.problems)
+        table = read_table(root, manifest, damaged=rep.problems).decode()
     except (FileNotFoundError, ValueError) as err:
         rep.problems.append(str(err))
         return None
