@@ -47,7 +47,7 @@ from quadforge.envs.quard.instructions import quard_tasks
 from quadforge.envs.robots import ROBOTS
 from quadforge.envs.terrain import terrain_types
 from quadforge.experts.policy import compile_experts
-from quadforge.experts.registry import check_policy_spec, policy_for_env, task_blindness
+from quadforge.experts.registry import check_compile_expert, check_policy_spec, policy_for_env, task_blindness
 from quadforge.seeding import derive_seed, seed_everything
 from quadforge.output_paths import check_output_dir, is_store_dir
 
@@ -167,6 +167,8 @@ class CollectConfig:
             if self.relabel == self.policy:
                 raise ValueError(f"--relabel {self.relabel!r} is --policy itself: it would relabel its own actions; "
                                  "give the driving checkpoint as --policy and the expert as --relabel")
+        if self.compile_expert:
+            check_compile_expert([self.policy, self.relabel])
         if not 0.0 <= self.expert_drive_prob <= 1.0:
             raise bad("expert_drive_prob", "a number in [0, 1]")
         if self.expert_drive_prob and not self.relabel:

@@ -48,15 +48,19 @@ def given_terms(obs: Mapping[str, torch.Tensor]) -> str:
     return f"got {keys}"
 
 
+def nothing_to_compile(names: str) -> str:
+    """The refusal of ``--compile-expert`` for policies (``names``) that run no gait controller."""
+    return (f"--compile-expert: {names} has nothing to compile; it applies to the gait expert (gait:<gait>) "
+            "and the policies built over it (quard_expert, command-space checkpoints, DAgger's --relabel gait)")
+
+
 def compile_experts(*policies: object) -> None:
     """Run the model-based experts among ``policies`` through ``torch.compile`` (``--compile-expert``):
     each that has ``compile_expert`` compiles, wrappers (a hierarchical policy, DAgger's relabelling) pass
     it on to their parts. A RuntimeError when none of them has anything to compile."""
     able = [p for p in policies if callable(getattr(p, "compile_expert", None))]
     if not able:
-        ids = ", ".join(str(getattr(p, "policy_id", type(p).__name__)) for p in policies)
-        raise ValueError(f"--compile-expert: {ids} has nothing to compile; it applies to the gait expert "
-                         "(gait:<gait>) and the policies built over it (quard_expert, DAgger's --relabel gait)")
+        raise ValueError(nothing_to_compile(", ".join(str(getattr(p, "policy_id", type(p).__name__)) for p in policies)))
     for p in able:
         p.compile_expert()
 

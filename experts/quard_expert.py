@@ -179,4 +179,4 @@ def _load_for_registry(arg: str, ctx: LoadContext) -> QuardExpert:
 # `--policy quard_expert` on collect/eval/rollout: a command policy, run over the gait controller
 register_policy_kind("quard_expert", _load_for_registry,
                      "the privileged scripted QUARD expert (reads the task_* terms: QUARD tasks only)",
-                     needs_path=False)
+                     needs_path=False, compiles_expert=True)

@@ -33,6 +33,7 @@ from quadforge.experts.germ_policy import load_germ
 from quadforge.experts.hierarchical import HierarchicalPolicy
 from quadforge.experts.learned import check_robot, load_learned
 from quadforge.experts.loaders import detect_kind, load_expert
+from quadforge.experts.policy import nothing_to_compile
 from quadforge.layout import NUM_JOINTS
 from quadforge.models.checkpoint import load_checkpoint
 from quadforge.models.registry import model_spec
@@ -60,6 +61,9 @@ class PolicyKind:
     load: Callable[[str, LoadContext], Any]   # (argument after "kind:", context) -> Policy
     help: str
     needs_path: bool = True                   # the argument is a file or directory that must exist
+    # whether its policies run the gait controller that --compile-expert compiles: True, False (joint-space
+    # policies), None (the checkpoint's action space decides, known once it is loaded)
+    compiles_expert: bool | None = None
 
 
 POLICY_KINDS: dict[str, PolicyKind] = {}
@@ -70,13 +74,13 @@ POLICY_KIND_MODULES: dict[str, str] = {"vla": "quadforge.experts.vla",
 
 
 def register_policy_kind(name: str, load: Callable[[str, LoadContext], Any], help: str,
-                         needs_path: bool = True) -> None:
+                         needs_path: bool = True, compiles_expert: bool | None = None) -> None:
     """Make ``name`` / ``name:ARG`` a policy spec everywhere a ``--policy`` is accepted."""
     if not name.isidentifier():
         raise ValueError(f"policy kind {name!r}: use letters, digits and '_'")
     if name in POLICY_KINDS:
         raise ValueError(f"policy kind {name!r} is already registered")
-    POLICY_KINDS[name] = PolicyKind(name, load, help, needs_path)
+    POLICY_KINDS[name] = PolicyKind(name, load, help, needs_path, compiles_expert)
 
 
 def _registered_kind(kind: str) -> PolicyKind:
@@ -141,13 +145,16 @@ def _expert(kind: str) -> Callable[[str, LoadContext], Any]:
     return load
 
 
-register_policy_kind("gait", _gait, "the gait controller expert (gait:trot, gait:pace, ...)", needs_path=False)
+register_policy_kind("gait", _gait, "the gait controller expert (gait:trot, gait:pace, ...)", needs_path=False,
+                     compiles_expert=True)
 register_policy_kind("zero", lambda arg, ctx: ZeroPolicy(ctx.num_envs, ctx.device), "zero joint actions",
-                     needs_path=False)
+                     needs_path=False, compiles_expert=False)
 register_policy_kind("model", _model, "a model trained by `quadforge train` (imitation or GeRM)")
-register_policy_kind("rsl_rl", _expert("rsl_rl"), "an rsl_rl PPO checkpoint (v1-3 or v5; `train-expert` writes these)")
-register_policy_kind("torchscript", _expert("torchscript"), "a scripted actor (legged_gym policy_1.pt)")
-register_policy_kind("wtw", _expert("wtw"), "walk-these-ways body + adaptation module")
+register_policy_kind("rsl_rl", _expert("rsl_rl"), "an rsl_rl PPO checkpoint (v1-3 or v5; `train-expert` writes these)",
+                     compiles_expert=False)
+register_policy_kind("torchscript", _expert("torchscript"), "a scripted actor (legged_gym policy_1.pt)",
+                     compiles_expert=False)
+register_policy_kind("wtw", _expert("wtw"), "walk-these-ways body + adaptation module", compiles_expert=False)
 
 
 # --- the entry points --------------------------------------------------------------------------------
@@ -177,6 +184,15 @@ def check_policy_spec(spec: str, flag: str = "--policy") -> None:
     kind, arg = parse_policy_spec(spec, flag)
     if kind == "gait" and arg and arg not in GAITS:
         raise ValueError(f"{flag} {spec!r}: unknown gait {arg!r}; allowed: {', '.join(GAITS)}")
+
+
+def check_compile_expert(specs: Sequence[str]) -> None:
+    """``--compile-expert`` refused at validation, before any work, when no policy ``specs`` names could run
+    the gait controller it compiles (kinds whose ``compiles_expert`` is False); a checkpoint whose action
+    space decides is checked when loaded (``experts.policy.compile_experts``)."""
+    named = [str(s) for s in specs if s]
+    if named and all(_registered_kind(parse_policy_spec(s)[0]).compiles_expert is False for s in named):
+        raise ValueError(nothing_to_compile(", ".join(named)))
 
 
 def load_policy(spec: str | Path, num_envs: int, device: str | torch.device = "cpu", robot: str | None = None,

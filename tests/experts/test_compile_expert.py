@@ -63,6 +63,23 @@ def test_a_policy_with_nothing_to_compile_is_named():
         compile_experts(load_policy("zero", 2))
 
 
+def test_collect_refuses_nothing_to_compile_before_any_work(tmp_path, capsys):
+    """Refused by the config's validation: no store folder made, no "first step compiles" note printed;
+    a checkpoint's action space decides when it is loaded, so a checkpoint spec passes validation."""
+    from quadforge.tools.cli import main
+    store = tmp_path / "s"
+    assert main(["collect", "--store", str(store), "--episodes", "2", "--compile-expert", "--policy", "zero"]) == 2
+    err = capsys.readouterr().err
+    assert "--compile-expert: zero has nothing to compile" in err and "compiles" not in err.split("nothing")[0]
+    assert not store.exists()
+    parse = build_parser(with_subcommand="collect").parse_args
+    for ok in (["--policy", "zero", "--relabel", "gait"], ["--policy", "gait:pace"], ["--task", "quard:stop"]):
+        assert config_from_args(parse(["collect", "--store", str(store), "--episodes", "2", "--compile-expert", *ok])).compile_expert
+    ckpt = tmp_path / "m.pt"
+    ckpt.write_bytes(b"not read at validation")
+    assert config_from_args(parse(["collect", "--store", str(store), "--episodes", "2", "--compile-expert", "--policy", f"model:{ckpt}"]))
+
+
 def test_a_missing_cpp_compiler_is_named(monkeypatch):
     import torch._inductor.cpp_builder as builder
 
