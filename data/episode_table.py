@@ -66,8 +66,10 @@ class _SegmentDicts:
 
     def column(self, name: str) -> np.ndarray:
         if self.columns is None:
-            self.columns = _decode_dict_columns(b"{" + self.text, self.rows, self.source)
-            self.text = b""
+            text = self.text
+            if text:   # else another thread decoded it meanwhile: it sets ``columns`` before it drops the text
+                self.columns = _decode_dict_columns(b"{" + text, self.rows, self.source)
+                self.text = b""
         return self.columns[name]
 
 

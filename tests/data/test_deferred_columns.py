@@ -128,3 +128,28 @@ def test_a_deferred_table_pickles_and_joins():
     both = EpisodeTable.joined([table, again])
     assert isinstance(both["label"], DeferredColumn) and [d["k"] for d in both["label"]] == [0, 1, 2, 0, 1, 2]
     assert both.head(2)["extra"].tolist() == [{"i": 0}, {"i": 1}] and both.head(6) is both
+
+
+def test_threads_reading_a_deferred_column_at_once_all_get_it(tmp_path, write_episodes):
+    """The image sampler's prefetch threads may read the table together: each gets the decoded column,
+    none meets the text another dropped."""
+    import threading
+    store = _store(tmp_path, write_episodes, sizes=(30, 10))
+    expected = read_table(store, _manifest(store), defer_dicts=False).to_lists()
+    for _ in range(20):
+        table = TrajectoryStore.open(store).episodes
+        got, errors = {}, []
+        start = threading.Barrier(6)
+
+        def read(i):
+            try:
+                start.wait()
+                got[i] = [list(table["label"]), list(table["extra"])]
+            except Exception as err:   # noqa: BLE001 - any failure is the finding
+                errors.append(err)
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and all(v == [expected["label"], expected["extra"]] for v in got.values())
