@@ -14,9 +14,11 @@ commit; a reader that read the manifest before that reads it again (``SegmentMis
 
 Opening a store reads only the typed columns: a format-2 segment's dict columns (``DICT_COLUMNS``: the
 label, the collector's extras, the task parameters; two thirds of its bytes and nearly all of its decoding)
-stay the JSON text they were written as until something reads one (``DeferredColumn``). Training reads none
-of them, so a table of E episodes opens in about a quarter of the time and half the RAM (``bench store``'s
-"opening the episode table" rows). The segment's digest, checked at open, already covers that text.
+stay in the segment file, mapped read-only, until something reads one (``DeferredColumn``); that read
+checks the file against its digest again and decodes them. Training reads none of them, so a table opens
+in about a quarter of the time and holds a sixth of the heap (``bench store``'s "opening the episode
+table" rows). The map holds the file's inode: a compaction that merges the segment away after the open
+leaves the text readable.
 
 Format 1 (stores written before): the whole table in ``meta/episodes.json``, its digest of the committed
 rows' values (``integrity.table_digest``; the file may hold a crash's extra rows after them), when the
@@ -27,6 +29,8 @@ rewritten, as a format-2 segment, only when a merge reaches it).
 from __future__ import annotations
 
 import json
+import mmap
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -52,12 +56,17 @@ MERGE_RATIO = 2
 
 
 class _SegmentDicts:
-    """One segment's dict columns as the JSON text of its file (``"label": [...], "extra": [...], ...}``:
-    the object of columns but for its opening brace, so that opening copies the text once), decoded on the
-    first read of any of them and then dropped."""
+    """One segment's dict columns, left in the segment file's bytes until first read: ``data[start:stop]`` is
+    the object of columns but for its opening brace (``"label": [...], "extra": [...], ...}``). ``data`` is
+    a read-only map of the file, so the text costs no RAM until read (its pages are handed back after the
+    open, and come back from the page cache) and stays readable after a compaction deletes the file (the
+    map holds its inode). The first read of any of the columns checks the file against ``sha256`` (the
+    manifest's digest, as at open), decodes all of them, and drops the map."""
 
-    def __init__(self, text: bytes, rows: int, source: str):
-        self.text, self.rows, self.source = text, int(rows), source
+    def __init__(self, data: bytes | mmap.mmap, start: int, stop: int, rows: int, source: str,
+                 sha256: str | None = None):
+        self.data, self.start, self.stop = data, int(start), int(stop)
+        self.rows, self.source, self.sha256 = int(rows), source, sha256
         self.columns: dict[str, np.ndarray] | None = None
 
     @property
@@ -66,11 +75,21 @@ class _SegmentDicts:
 
     def column(self, name: str) -> np.ndarray:
         if self.columns is None:
-            text = self.text
-            if text:   # else another thread decoded it meanwhile: it sets ``columns`` before it drops the text
-                self.columns = _decode_dict_columns(b"{" + text, self.rows, self.source)
-                self.text = b""
+            data = self.data
+            if data is not None:   # else another thread decoded it meanwhile: it sets ``columns`` before it drops the map
+                if self.sha256 is not None and file_digest(data) != self.sha256:
+                    raise ValueError(f"{self.source}: the episode table segment changed since the store was opened "
+                                     f"(its digest differs; a compaction never rewrites a segment in place): open the "
+                                     f"store again, and run `quadforge dataset validate`")
+                self.columns = _decode_dict_columns(b"{" + data[self.start:self.stop], self.rows, self.source)
+                self.data = None
         return self.columns[name]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if isinstance(state["data"], mmap.mmap):   # a map does not pickle: its bytes travel instead
+            state["data"] = state["data"][:]
+        return state
 
 
 def _decode_dict_columns(text: bytes, rows: int, source: str) -> dict[str, np.ndarray]:
@@ -216,15 +235,17 @@ def read_segment(root: Path, segment: Mapping[str, Any], damaged: list[str] | No
     (the validator) is appended there and the rows returned all the same. With ``defer_dicts`` a format-2
     segment's dict columns are left undecoded until read (``DeferredColumn``)."""
     path = root / str(segment["file"])
+    legacy = "sha256" not in segment            # format 1: the committed rows, then maybe a crash's
+    defer_dicts = defer_dicts and not legacy    # format 1's digest is over its values: every one is read
     try:
-        data = path.read_bytes()
+        data = _map_file(path) if defer_dicts else path.read_bytes()
     except FileNotFoundError:
         raise SegmentMissing(f"{path}: missing episode table segment (the manifest lists it, {segment['rows']} "
                              f"rows)") from None
-    legacy = "sha256" not in segment            # format 1: the committed rows, then maybe a crash's
     differs = not legacy and file_digest(data) != segment["sha256"]
     try:
-        table = _parse_segment(data, str(path), defer_dicts and not legacy)
+        # a damaged segment (the validator reads on) is decoded whole, now
+        table = _parse_segment(data, str(path), defer_dicts and not differs, segment.get("sha256"))
     except (KeyError, TypeError, ValueError) as err:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ValueError(f"{path}: corrupt episode table ({type(err).__name__}: {err})") from err
     rows = int(segment["rows"])
@@ -249,16 +270,28 @@ _DICT_COLUMNS_BEGIN = f', "{DICT_COLUMNS[0]}": ['.encode()
 _SEGMENT_END = b"]}}"
 
 
-def _parse_segment(data: bytes, source: str, defer_dicts: bool) -> EpisodeTable:
-    """A segment file's table; with ``defer_dicts`` its typed columns parsed and its dict columns kept as
-    text (any other layout - a file not written by ``encode_segment`` - is parsed whole)."""
-    cut = data.find(_DICT_COLUMNS_BEGIN) if defer_dicts and data.endswith(_SEGMENT_END) else -1
+def _map_file(path: Path) -> bytes | mmap.mmap:
+    """A read-only map of the file (its bytes when it is empty: an empty file cannot be mapped)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def _parse_segment(data: bytes | mmap.mmap, source: str, defer_dicts: bool, sha256: str | None = None
+                   ) -> EpisodeTable:
+    """A segment file's table; with ``defer_dicts`` its typed columns parsed and its dict columns left in
+    ``data`` (any other layout - a file not written by ``encode_segment`` - is parsed whole)."""
+    laid_out = defer_dicts and data[-len(_SEGMENT_END):] == _SEGMENT_END
+    cut = data.find(_DICT_COLUMNS_BEGIN) if laid_out else -1
     if cut < 0:
-        return EpisodeTable.from_lists(json.loads(data)["columns"])
+        return EpisodeTable.from_lists(json.loads(data[:])["columns"])
     typed = json.loads(data[:cut] + b"}}")["columns"]
     if any(c in typed for c in DICT_COLUMNS):
-        return EpisodeTable.from_lists(json.loads(data)["columns"])
-    dicts = _SegmentDicts(data[cut + 2:-1], len(typed.get("end", [])), source)
+        return EpisodeTable.from_lists(json.loads(data[:])["columns"])
+    dicts = _SegmentDicts(data, cut + 2, len(data) - 1, len(typed.get("end", [])), source, sha256)
+    if isinstance(data, mmap.mmap):   # the pages the open read go back to the page cache until the text is read
+        data.madvise(mmap.MADV_DONTNEED)
     return EpisodeTable.from_lists(typed, dicts)
 
 

@@ -18,6 +18,8 @@ def test_table_open_times_both_reads_of_the_same_table(tmp_path):
     rows = {r["read"].strip(): r for r in _table_open(tmp_path / "table_growth", rounds=2).records()}
     eager, deferred = rows["all columns decoded"], rows["dict columns deferred"]
     assert eager["/ all decoded"] == 1 and eager["ms per 1k rows"] > 0 and deferred["ms per 1k rows"] > 0
-    # what the deferred table holds is the typed columns and the text: less than the decoded dicts
-    assert 0 < deferred["RAM B per row"] < eager["RAM B per row"]
+    # what the deferred table holds is its typed columns (the text stays in the file): less than the dicts
+    assert 0 < deferred["heap B per row"] < eager["heap B per row"]
+    # a child process's resident growth (at 200 rows it is mostly the allocator's pages: not compared here)
+    assert all(r["RSS B per row"] >= 0 for r in (eager, deferred))
     assert rows["then its first read of the dict columns"]["ms per 1k rows"] > 0

@@ -153,3 +153,32 @@ def test_threads_reading_a_deferred_column_at_once_all_get_it(tmp_path, write_ep
         for t in threads:
             t.join()
         assert not errors and all(v == [expected["label"], expected["extra"]] for v in got.values())
+
+
+def test_the_text_stays_readable_after_a_compaction_deletes_its_segment(tmp_path, write_episodes):
+    """The dict columns stay in a read-only map of their segment file: a compaction that merges the segment
+    away (and deletes its file) after the open leaves them readable, as they were committed."""
+    import pickle
+    store = _store(tmp_path, write_episodes, sizes=(6, 2))
+    before = _manifest(store)[SEGMENTS_KEY]
+    expected = read_table(store, _manifest(store), defer_dicts=False).to_lists()
+    table = TrajectoryStore.open(store).episodes
+    write_episodes(store, "late", n=8, seed=9)
+    compact(store)                                               # merges every earlier segment into one
+    assert not any((store / seg["file"]).exists() for seg in before)
+    shipped = pickle.loads(pickle.dumps(table))                  # a map does not pickle: its bytes do
+    assert table.to_lists() == expected and shipped.to_lists() == expected
+
+
+def test_a_segment_rewritten_in_place_after_the_open_is_an_error(tmp_path, write_episodes):
+    store = _store(tmp_path, write_episodes, sizes=(4,))
+    seg = _manifest(store)[SEGMENTS_KEY][0]
+    table = TrajectoryStore.open(store).episodes
+    with open(store / seg["file"], "r+b") as f:                 # same length, one byte changed, same inode
+        data = bytearray(f.read())
+        i = data.index(b'"label": [') + 12
+        data[i:i + 1] = b" " if data[i:i + 1] != b" " else b"\n"
+        f.seek(0)
+        f.write(bytes(data))
+    with pytest.raises(ValueError, match="changed since the store was opened"):
+        table["label"][0]

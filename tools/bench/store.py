@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -157,37 +159,64 @@ def _table_growth(tmp: Path, quick: bool, sizes: tuple[int, ...] | None = None, 
     return table
 
 
+# a child process reading the table once its imports are warm: how much its resident memory grew, per row
+_RSS_PROBE = """
+import gc, json, sys
+from pathlib import Path
+from quadforge.data.episode_table import read_table
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * __import__("resource").getpagesize()
+root, defer = Path(sys.argv[1]), sys.argv[2] == "deferred"
+manifest = json.loads((root / "manifest.json").read_text())
+read_table(root, manifest, defer_dicts=defer)
+gc.collect()
+before = rss()
+table = read_table(root, manifest, defer_dicts=defer)
+gc.collect()
+print((rss() - before) / len(table))
+"""
+
+
+def _rss_per_row(root: Path, mode: str) -> float:
+    """Resident bytes per row a table read adds to a fresh process (after a first read warmed its imports
+    and allocator): what each DDP rank pays, allocator slack and mapped pages included."""
+    out = subprocess.run([sys.executable, "-c", _RSS_PROBE, str(root), mode], capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def _table_open(root: Path, rounds: int = 5) -> Table:
     """Reading a store's episode table (what every ``TrajectoryStore.open`` does, in each process): all its
-    columns decoded, as before, against the dict columns left as text until read (``DeferredColumn``);
-    then that first read of them. Rounds alternate the two; the best round of each is kept (the host's
-    noise only ever adds). RAM is what the table holds once read (tracemalloc, one more read each)."""
+    columns decoded, as before, against the dict columns left in the segment files until read
+    (``DeferredColumn``); then that first read of them. Rounds alternate the two; the best round of each is
+    kept (the host's noise only ever adds). Memory: the heap the table holds (tracemalloc, one more read
+    each) and the resident memory a read adds to a process of its own."""
     manifest = json.loads((root / "manifest.json").read_text())
     rows = int(manifest["num_episodes"])
     table = Table(f"opening the episode table ({rows:,} collection-sized rows, {len(manifest.get('episode_segments', []))} "
                   f"segments; best of {rounds} alternating rounds)",
-                  ["read", "ms per 1k rows", "RAM B per row", "/ all decoded"])
-    read = {"all columns decoded": lambda: read_table(root, manifest, defer_dicts=False),
-            "dict columns deferred": lambda: read_table(root, manifest),
-            "  then its first read of the dict columns": None}
-    best = {k: float("inf") for k in read}
+                  ["read", "ms per 1k rows", "heap B per row", "RSS B per row", "/ all decoded"])
+    eager, deferred, later = "all columns decoded", "dict columns deferred", "  then its first read of the dict columns"
+    read = {eager: lambda: read_table(root, manifest, defer_dicts=False), deferred: lambda: read_table(root, manifest)}
+    best = {eager: float("inf"), deferred: float("inf"), later: float("inf")}
     for _ in range(rounds):
-        for name in ("all columns decoded", "dict columns deferred"):
+        for name in (eager, deferred):
             t, wall, _ = _timed(read[name])
             best[name] = min(best[name], wall)
-            if name == "dict columns deferred":
+            if name == deferred:
                 _, wall, _ = _timed(t.decode)
-                best["  then its first read of the dict columns"] = min(best["  then its first read of the dict columns"], wall)
-    ram = {}
-    for name in ("all columns decoded", "dict columns deferred"):
+                best[later] = min(best[later], wall)
+    heap = {}
+    for name in (eager, deferred):
         tracemalloc.start()
         t = read[name]()
-        ram[name] = tracemalloc.get_traced_memory()[0] / rows
+        heap[name] = tracemalloc.get_traced_memory()[0] / rows
         tracemalloc.stop()
         del t
-    base = best["all columns decoded"]
+    rss = {eager: _rss_per_row(root, "eager"), deferred: _rss_per_row(root, "deferred")}
     for name, wall in best.items():
-        table.add(name, 1e3 * wall / rows * 1e3, ram.get(name, float("nan")), wall / base)
+        table.add(name, 1e3 * wall / rows * 1e3, heap.get(name, float("nan")), rss.get(name, float("nan")),
+                  wall / best[eager])
     return table
 
 
