@@ -57,7 +57,7 @@ def nothing_to_compile(names: str) -> str:
 def compile_experts(*policies: object) -> None:
     """Run the model-based experts among ``policies`` through ``torch.compile`` (``--compile-expert``):
     each that has ``compile_expert`` compiles, wrappers (a hierarchical policy, DAgger's relabelling) pass
-    it on to their parts. A RuntimeError when none of them has anything to compile."""
+    it on to their parts. A ValueError when none of them has anything to compile."""
     able = [p for p in policies if callable(getattr(p, "compile_expert", None))]
     if not able:
         raise ValueError(nothing_to_compile(", ".join(str(getattr(p, "policy_id", type(p).__name__)) for p in policies)))
