@@ -68,6 +68,15 @@ def timed_method(obj: Any, name: str, acc: dict[str, float], label: str,
     return undo
 
 
+def process_memory(key: str) -> int:
+    """A /proc/self/status size of this process in bytes (VmRSS: resident now; VmHWM: the peak)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
 def device_sync() -> None:
     """Wait for the GPU's queued work where there is a GPU (a no-op on the CPU): what ``sync`` arguments take."""
     if torch.cuda.is_available():

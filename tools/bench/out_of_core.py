@@ -27,22 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quadforge.tools.bench.common import Table, report
+from quadforge.tools.bench.common import Table, process_memory, report
 
 STORE_DIR = Path("runs/bench_out_of_core")
 CONTEXT, BATCH = 16, 256
 # (store that fits both paths, large store, sampled batches, training steps)
 FULL = (2_000_000, 50_000_000, 400, 60)
 QUICK = (100_000, 400_000, 50, 12)
-
-
-def _status(key: str) -> int:
-    """A /proc/self/status size in bytes (VmRSS: now; VmHWM: the peak)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 def _child(kind: str, store_paths: list[str], budget: str, batches: int, train_steps: int, out: str, queue) -> None:
@@ -59,7 +50,7 @@ def _child(kind: str, store_paths: list[str], budget: str, batches: int, train_s
     from quadforge.layout import get_layout
     from quadforge.training.imitation import train
     from quadforge.training.presets import preset
-    base = _status("VmRSS")
+    base = process_memory("VmRSS")
     store = StoreSet.open(store_paths) if len(store_paths) > 1 else TrajectoryStore.open(store_paths[0])
     layout = get_layout("proprio")
     res: dict[str, Any] = {"steps": store.num_steps}
@@ -90,7 +81,7 @@ def _child(kind: str, store_paths: list[str], budget: str, batches: int, train_s
         res["train_s"] = time.perf_counter() - t0
         rows = [r["windows_per_s"] for r in result.history[1:]] or [result.history[-1]["windows_per_s"]]
         res["windows_per_s"] = float(np.median(rows))
-    res["peak_rss"], res["base_rss"] = _status("VmHWM"), base
+    res["peak_rss"], res["base_rss"] = process_memory("VmHWM"), base
     queue.put(res)
 
 

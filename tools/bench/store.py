@@ -7,9 +7,8 @@ RAM window sampling >= 100k windows/s at n = 64, B = 1024; collection >= 0.85 x 
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import tracemalloc
@@ -27,7 +26,7 @@ from quadforge.data.writer import StagingWriter
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.synthetic import synthetic_episode, synthetic_info
 from quadforge.layout import get_layout
-from quadforge.tools.bench.common import Table, report
+from quadforge.tools.bench.common import Table, process_memory, report
 from quadforge.seeding import numpy_rng
 
 
@@ -159,30 +158,30 @@ def _table_growth(tmp: Path, quick: bool, sizes: tuple[int, ...] | None = None, 
     return table
 
 
-# a child process reading the table once its imports are warm: how much its resident memory grew, per row
-_RSS_PROBE = """
-import gc, json, sys
-from pathlib import Path
-from quadforge.data.episode_table import read_table
-def rss():
-    return int(open("/proc/self/statm").read().split()[1]) * __import__("resource").getpagesize()
-root, defer = Path(sys.argv[1]), sys.argv[2] == "deferred"
-manifest = json.loads((root / "manifest.json").read_text())
-read_table(root, manifest, defer_dicts=defer)
-gc.collect()
-before = rss()
-table = read_table(root, manifest, defer_dicts=defer)
-gc.collect()
-print((rss() - before) / len(table))
-"""
+def _table_rss_child(root: str, defer_dicts: bool, queue) -> None:
+    """In a fresh process: read the table once (imports, allocator), then again; the resident bytes the second
+    read added, per row."""
+    import gc
+    manifest = json.loads((Path(root) / "manifest.json").read_text())
+    read_table(Path(root), manifest, defer_dicts=defer_dicts)
+    gc.collect()
+    before = process_memory("VmRSS")
+    table = read_table(Path(root), manifest, defer_dicts=defer_dicts)
+    gc.collect()
+    queue.put((process_memory("VmRSS") - before) / len(table))
 
 
-def _rss_per_row(root: Path, mode: str) -> float:
+def _rss_per_row(root: Path, defer_dicts: bool) -> float:
     """Resident bytes per row a table read adds to a fresh process (after a first read warmed its imports
     and allocator): what each DDP rank pays, allocator slack and mapped pages included."""
-    out = subprocess.run([sys.executable, "-c", _RSS_PROBE, str(root), mode], capture_output=True, text=True,
-                         check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_table_rss_child, args=(str(root), defer_dicts, queue))
+    child.start()
+    try:
+        return float(queue.get(timeout=600))
+    finally:
+        child.join()
 
 
 def _table_open(root: Path, rounds: int = 5) -> Table:
@@ -213,7 +212,7 @@ def _table_open(root: Path, rounds: int = 5) -> Table:
         heap[name] = tracemalloc.get_traced_memory()[0] / rows
         tracemalloc.stop()
         del t
-    rss = {eager: _rss_per_row(root, "eager"), deferred: _rss_per_row(root, "deferred")}
+    rss = {eager: _rss_per_row(root, False), deferred: _rss_per_row(root, True)}
     for name, wall in best.items():
         table.add(name, 1e3 * wall / rows * 1e3, heap.get(name, float("nan")), rss.get(name, float("nan")),
                   wall / best[eager])
