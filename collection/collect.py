@@ -18,6 +18,7 @@ already has.
 from __future__ import annotations
 
 import math
+import shutil
 import socket
 import time
 from dataclasses import dataclass, field, replace
@@ -37,8 +38,8 @@ from quadforge.collection.skills import SkillCommandSampler, parse_skills
 from quadforge.data.admission import check_store_accepts, features_the_store_predates
 from quadforge.data.compaction import compact as compact_staged
 from quadforge.data.locks import acquire
-from quadforge.data.staging import list_quarantined
-from quadforge.data.store import TrajectoryStore
+from quadforge.data.staging import COLLECTOR_ID_RE, COLLECTOR_ID_RULE, list_quarantined, list_staged
+from quadforge.data.store import MANIFEST, TrajectoryStore
 from quadforge.data.writer import StagingWriter
 from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.builder import get_task, make_env
@@ -143,12 +144,16 @@ class CollectConfig:
             raise bad("push_interval_s", "> 0 seconds")
         if not (self.max_episode_s > 0 and math.isfinite(self.max_episode_s)):
             raise bad("max_episode_s", "a finite number > 0 (seconds)")
+        if self.robot in ROBOTS and self.max_episode_s < (dt := EnvConfig.flat(robot=self.robot).dt):
+            raise bad("max_episode_s", f">= the control dt {dt:g} s (an episode of one control step at least)")
         if self.compact_every < 0:
             raise bad("compact_every", "an integer >= 0")
         if not (self.compact_every_s >= 0 and math.isfinite(self.compact_every_s)):
             raise bad("compact_every_s", "a finite number of seconds >= 0 (0: compact by count only)")
         if self.num_threads < 1:
             raise bad("num_threads", "an integer >= 1")
+        if not COLLECTOR_ID_RE.match(str(self.collector_id)):
+            raise bad("collector_id", COLLECTOR_ID_RULE)
         if self.robot not in ROBOTS:
             raise bad("robot", ", ".join(ROBOTS))
         terrain_types(self.terrain)
@@ -156,6 +161,7 @@ class CollectConfig:
             raise bad("task", ", ".join(collect_tasks()))
         if not self.images and self.task == "locomotion":
             raise ValueError("--no-images applies to camera tasks (--task quard:...); the locomotion task has no camera")
+        _refuse_flags_the_task_ignores(self)
         if not isinstance(self.frame_stride, int) or self.frame_stride < 1:
             raise bad("frame_stride", "an integer >= 1 (control steps per camera frame; 10 = 5 Hz at 50 Hz)")
         parse_skills(self.skills)
@@ -174,11 +180,33 @@ class CollectConfig:
         if self.expert_drive_prob and not self.relabel:
             raise ValueError(f"--expert-drive-prob {self.expert_drive_prob}: the share of episodes the --relabel expert "
                              "drives itself; it needs --relabel")
+        if self.address and not self.workers:
+            raise ValueError(f"--address {self.address}: the Ray cluster that --workers K collectors run on; give "
+                             f"--workers (without it the collection runs in this process)")
         if self.workers and self.address:
             check_ray_address(self.address)
         check_ratio(self.counterfactual, self.task, self.workers)
         check_store_accepts(self.out, robot=self.robot, what=f"--robot {self.robot}")
+        if self.task != "locomotion" and self.images:
+            check_store_accepts(self.out, frame_stride=self.frame_stride, what="--frame-stride asks for")
         return self
+
+
+# the settings of one kind of task only: given to the other, they would be dropped without a word
+LOCOMOTION_ONLY = ("skills", "max_episode_s", "push", "push_interval_s")
+CAMERA_TASK_ONLY = ("frame_stride",)
+
+
+def _refuse_flags_the_task_ignores(cfg: CollectConfig) -> None:
+    """A setting changed from its default that ``cfg.task`` does not use is refused, naming its flag."""
+    ignored = CAMERA_TASK_ONLY if cfg.task == "locomotion" else LOCOMOTION_ONLY
+    default = CollectConfig(out="", episodes=1)
+    changed = [field_flag(name) for name in ignored if getattr(cfg, name) != getattr(default, name)]
+    if changed:
+        why = ("applies to the camera tasks (--task quard:...)" if cfg.task == "locomotion" else
+               "applies to --task locomotion: a QUARD family sets its own episodes (20 s, 15 s for go_through), "
+               "commands and start")
+        raise ValueError(f"{', '.join(changed)} {why}; --task {cfg.task} does not use it: drop it")
 
 
 def build_task_env(cfg: CollectConfig, seed: int) -> Any:
@@ -339,17 +367,48 @@ def collect_lock(out: str):
                         "or collect into another --store")
 
 
+# rounds of collection after the first that replace episodes a compaction quarantined (see run_to_target)
+MAX_TOP_UPS = 3
+
+
 def run_to_target(cfg: CollectConfig, collect_missing: Callable[[int, int], dict[str, Any]]) -> dict[str, Any]:
     """The job around a collector, local or Ray: the store's collect lock, the count of missing
-    episodes, ``collect_missing(missing, done) -> summary entries``, the final compaction and the summary."""
+    episodes, ``collect_missing(missing, done) -> summary entries``, the final compaction and the summary.
+    A run that made the store folder and fails before its first episode (an error found once the env or
+    the policy is built) removes it again: no empty store is left to be taken for one."""
+    made_here = not Path(cfg.out).exists()
+    try:
+        return _run_to_target(cfg, collect_missing)
+    except BaseException:
+        if made_here and _holds_no_episode(Path(cfg.out)):
+            shutil.rmtree(cfg.out, ignore_errors=True)
+        raise
+
+
+def _holds_no_episode(store: Path) -> bool:
+    """Nothing committed, staged or set aside: only the folder skeleton a collection makes before its first episode."""
+    return not ((store / MANIFEST).exists() or list_staged(store) or list_quarantined(store))
+
+
+def _run_to_target(cfg: CollectConfig, collect_missing: Callable[[int, int], dict[str, Any]]) -> dict[str, Any]:
     with collect_lock(cfg.out):
         done = store_count(cfg.out)
-        missing = max(cfg.episodes - done, 0)
         summary: dict[str, Any] = {"target": cfg.episodes, "already": done, "collected": 0}
-        if missing:
-            summary.update(collect_missing(missing, done))
-        compact_store(cfg.out)
-        summary["in_store"] = store_count(cfg.out)
+        for _ in range(1 + MAX_TOP_UPS):
+            missing = max(cfg.episodes - done, 0)
+            if missing:
+                collected = summary["collected"]
+                summary.update(collect_missing(missing, done))
+                summary["collected"] += collected
+            compact_store(cfg.out)
+            in_store = store_count(cfg.out)
+            # a compaction quarantines staged files it cannot merge (damaged by a crash before this run, or
+            # refused): they counted as done, so collect again what they leave missing - unless this round's
+            # own episodes got the store no nearer its target (then another round would fare the same)
+            if in_store >= cfg.episodes or (missing and in_store <= done):
+                break
+            done = in_store
+        summary["in_store"] = in_store
         quarantined = list_quarantined(cfg.out)
         if quarantined:   # set aside by compaction (docs/data.md): say so, the target counts only merged episodes
             summary["quarantined"] = [str(p) for p, _ in quarantined]

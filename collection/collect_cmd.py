@@ -9,6 +9,8 @@ import json
 import sys
 
 from quadforge.collection.collect import CollectConfig, collect_tasks, run_local
+from quadforge.data.staging import list_staged
+from quadforge.errors import Interrupted
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, add_store, require
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.terrain import TERRAIN_SPEC_HELP
@@ -94,10 +96,25 @@ def run(args: argparse.Namespace) -> int:
     if compiled:   # else a silent first minute: the first control step compiles
         print(f"collect: {' and '.join(compiled)}: the first control step compiles (~15-35 s on 2 cores from an "
               f"empty torch.compile cache, a few s from a warm one)", file=sys.stderr, flush=True)
-    if cfg.workers:
-        from quadforge.collection.distributed import run_distributed
-        summary = run_distributed(cfg)
-    else:
-        summary = run_local(cfg)
+    try:
+        if cfg.workers:
+            from quadforge.collection.distributed import run_distributed
+            summary = run_distributed(cfg)
+        else:
+            summary = run_local(cfg)
+    except KeyboardInterrupt:
+        raise Interrupted(interrupted_note(cfg.out)) from None
     print(json.dumps(summary, indent=None, default=float))
+    if summary["in_store"] < cfg.episodes:   # episodes quarantined, and collecting again did not replace them
+        print(f"quadforge collect: {cfg.out} holds {summary['in_store']} of the {cfg.episodes} episodes asked for: "
+              f"{len(summary.get('quarantined', []))} staged file(s) could not be merged (the reasons are in "
+              f"{cfg.out}/quarantine/*.reason.txt)", file=sys.stderr)
+        return 1
     return 0
+
+
+def interrupted_note(store: str) -> str:
+    """What a Ctrl-C left: every episode written whole is kept (committed or staged), and how to go on."""
+    staged = len(list_staged(store))
+    return (f"the episodes written whole are kept ({staged} staged in {store}/staging, not yet merged): run the "
+            f"same command again to resume and top up, or `quadforge dataset compact --store {store}` to merge them")

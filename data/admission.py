@@ -1,5 +1,5 @@
 """Will a store accept these episodes? Asked before a collection or an import starts, so a mismatch
-(another robot, control rate or feature set) is a one-line error up front - not a failure at the final
+(another robot, control rate, image rate or feature set) is a one-line error up front - not a failure at the final
 merge after the work is done (compaction still checks every file, and quarantines what it cannot merge).
 """
 from __future__ import annotations
@@ -34,8 +34,10 @@ def features_the_store_predates(store_path: str | Path) -> frozenset[str]:
 
 
 def check_store_accepts(store_path: str | Path, *, robot: str | None = None, control_dt: float | None = None,
-                        features: Mapping[str, Any] | None = None, what: str = "this collection") -> None:
-    """Raise ValueError naming the store, what differs and what to do; a new store accepts anything."""
+                        frame_stride: int | None = None, features: Mapping[str, Any] | None = None,
+                        what: str = "this collection") -> None:
+    """Raise ValueError naming the store, what differs and what to do; a new store accepts anything.
+    ``frame_stride``: the steps per camera frame of episodes that record images (None: they record none)."""
     schema = committed_schema(store_path)
     if schema is None:
         return
@@ -46,6 +48,9 @@ def check_store_accepts(store_path: str | Path, *, robot: str | None = None, con
     if control_dt is not None and schema.control_dt and abs(float(control_dt) - schema.control_dt) > 1e-9:
         raise ValueError(f"{store_path}: the store runs at {schema.control_rate_hz:g} Hz (control_dt "
                          f"{schema.control_dt}), {what} at control_dt {control_dt}; {fix}")
+    if frame_stride is not None and schema.image_features and frame_stride != schema.frame_stride:
+        raise ValueError(f"{store_path}: the store records a camera frame every {schema.frame_stride} steps, {what} "
+                         f"one every {frame_stride} (one image rate per store); {fix}")
     if features is not None:
         where = f"{what} (store {store_path})"
         try:

@@ -103,7 +103,8 @@ def summary(store_path: str | Path) -> dict[str, Any]:
         "failure_reasons": dict(Counter(t["failure_reason"].tolist())),
         "terrains": per_terrain,
         "policies": dict(Counter(t["policy_id"].tolist())),
-        "tasks": {k: len(v) for k, v in store.tasks.items()},
+        "tasks": dict(Counter(t["task"].tolist())),   # episodes per task, as policies and collectors count
+        "instructions_per_task": {k: len(v) for k, v in store.tasks.items()},
         "collectors": dict(Counter(t["collector_id"].tolist())),
         "mean_length": float(t["length"].mean()) if len(t) else 0.0,
         "features": {k: {"dtype": v.dtype, "shape": list(v.shape)} for k, v in sorted(store.schema.features.items())},
@@ -146,6 +147,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     print("terrains: " + ", ".join(f"{k} {v['episodes']} ({100 * v['success_rate']:.0f}%)"
                                    for k, v in s["terrains"].items()))
     print("policies: " + ", ".join(f"{k or '?'} {v}" for k, v in s["policies"].items()))
+    print("tasks: " + ", ".join(f"{k or '?'} {v}" for k, v in s["tasks"].items()))
     print("failure reasons: " + ", ".join(f"{k} {v}" for k, v in s["failure_reasons"].items()))
     print("features: " + ", ".join(f"{k}{tuple(v['shape'])}" for k, v in s["features"].items()))
     for name, im in s.get("images", {}).items():
@@ -159,6 +161,15 @@ def _print_summary(s: dict[str, Any]) -> None:
                                        for k, v in s["families"].items()))
     for q in s["quarantined"]:
         print(f"WARNING: quarantined staging file {q['file']} (not merged): {q['reason']}")
+
+
+def _warn_staged(store: str, action: str) -> None:
+    """An export writes the committed episodes: say so when a collection left some staged, not merged."""
+    from quadforge.data.staging import list_staged
+    staged = len(list_staged(store))
+    if staged:
+        print(f"WARNING: {staged} staged episode(s) of {store} are not merged yet and not in this {action}: run "
+              f"`quadforge dataset compact --store {store}` first to include them", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -187,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
         for partial in r.removed_partial:
             print(f"removed {partial} (a partial staging write of a writer that is gone: no episode)")
         return 0
+    if args.action in ("export-hdf5", "export-lerobot"):
+        _warn_staged(args.store, args.action)
     if args.action == "export-hdf5":
         require(args, "output", "--output")
         from quadforge.data.export import export_hdf5

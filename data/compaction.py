@@ -28,7 +28,7 @@ import numpy as np
 
 from quadforge.data.episode_table import (SEGMENTS_KEY, EpisodeTable, committed_segments, encode_segment,
                                           merge_start, read_segment, segment_file, segment_files_on_disk)
-from quadforge.data.integrity import (INTEGRITY_VERSION, ChunkCrcs, array_meta_digest, chunk_crcs,
+from quadforge.data.integrity import (INTEGRITY_VERSION, ChunkCrcs, array_meta_digest, chunk_crcs, crc_rows,
                                      manifest_digest, read_array_meta, tasks_counts, tasks_digest, canonical_digest)
 from quadforge.data.images import frame_stride_of, image_chunk_frames, is_image
 from quadforge.data.instructions import InstructionTable
@@ -383,10 +383,16 @@ def _open_appenders(root: Path, state: _Committed, schema: StoreSchema, headers:
         write_json_atomic(root / SCHEMA_FILE, schema.to_dict())
         _create_arrays(group, schema)
     committed_crcs = {} if state.fresh else _check_integrity_start(root, state.manifest, schema, group)
+    arrays, crcs_of = {}, {}
+    for name in schema.features:   # every check before any resize: a refused append changes nothing
+        arrays[name] = arr = group[array_path(name)]
+        n0 = int(state.manifest["lengths"].get(name, 0))
+        crcs_of[name] = ChunkCrcs(arr.chunks[0], committed_crcs.get(name, []), n0)
+        _check_partial_chunk(root, name, arr, crcs_of[name])
     appenders: dict[str, _Appender] = {}
     for name, spec in schema.features.items():
-        arr = group[array_path(name)]
-        n0 = int(state.manifest["lengths"].get(name, 0))
+        arr, crcs = arrays[name], crcs_of[name]
+        n0 = crcs.n
         if arr.shape[0] != n0:
             arr.resize((n0,) + spec.shape)
         if append_mode == "chunked":   # rows to come: steps, or frames for images
@@ -395,9 +401,28 @@ def _open_appenders(root: Path, state: _Committed, schema: StoreSchema, headers:
         if not is_image(name):
             stats = (RunningStats.from_dict(state.manifest["stats"][name]) if name in state.manifest["stats"]
                      else RunningStats.empty(spec.shape))
-        crcs = ChunkCrcs(arr.chunks[0], committed_crcs.get(name, []), n0)
         appenders[name] = _Appender(arr, n0, arr.chunks[0], append_mode, stats, crcs)
     return appenders
+
+
+def _check_partial_chunk(root: Path, name: str, arr, crcs: ChunkCrcs) -> None:
+    """The committed rows of the last chunk, which the append reads back and rewrites, against their recorded
+    CRC: appending to a damaged chunk would hide the damage under a new generation's checksums."""
+    n0, chunk = crcs.n, crcs.chunk
+    lo = (n0 // chunk) * chunk
+    if lo == n0:   # the committed rows end on a chunk boundary: the append starts a new chunk
+        return
+    where = f"{root}: {name!r} chunk {n0 // chunk} (rows {lo}-{n0 - 1})"
+    try:
+        rows = np.asarray(arr[lo:n0])
+    except Exception as err:   # the codec's checksum, or a chunk file that does not decode
+        raise ValueError(f"{where} does not read back ({type(err).__name__}: {err}); appending rewrites that chunk, "
+                         f"so nothing was appended (the staged episodes stay staged): `quadforge dataset validate "
+                         f"--store {root}` lists the damage") from err
+    if crc_rows(rows) != crcs.crcs[-1]:
+        raise ValueError(f"{where} differs from its recorded checksum; appending rewrites that chunk, so nothing "
+                         f"was appended (the staged episodes stay staged): `quadforge dataset validate --store "
+                         f"{root}` lists the damage")
 
 
 def _append_episodes(headers: list[_Header], appenders: dict[str, _Appender], schema: StoreSchema,

@@ -43,7 +43,8 @@ from quadforge.data.staging import write_staging_file, writer_lock_path
 from quadforge.data.episode_table import COLUMNS, DICT_COLUMNS
 from quadforge.data.store import TrajectoryStore
 from quadforge.terms import TERM_DIMS
-from quadforge.output_paths import check_output_dir, check_output_file, is_hdf5_file, is_store_dir
+from quadforge.output_paths import (check_output_dir, check_output_file, file_written_whole, is_hdf5_file,
+                                   is_store_dir)
 from quadforge.progress import progress_bar
 
 FORMAT = "quadforge-robomimic-2"
@@ -81,6 +82,12 @@ def _masks(table, names: list[str]) -> dict[str, list[str]]:
     return masks
 
 
+def _dataset(group, name: str, data: np.ndarray, compression: str | None):
+    """Every dataset with HDF5's Fletcher-32 checksum per chunk: a reader (the import, h5py, robomimic) gets
+    an error at a damaged chunk, never its bytes as data."""
+    return group.create_dataset(name, data=data, compression=compression, fletcher32=True)
+
+
 def _write_demo(d, store: TrajectoryStore, data: dict[str, np.ndarray], i: int, compression: str | None) -> None:
     table = store.episodes
     lo, hi = int(table["start"][i]), int(table["end"][i])
@@ -97,18 +104,18 @@ def _write_demo(d, store: TrajectoryStore, data: dict[str, np.ndarray], i: int, 
         if _is_obs(feat):
             obs[obs_key(feat)] = value
         else:
-            d.create_dataset(feat, data=value, compression=compression)
+            _dataset(d, feat, value, compression)
     for group, shift in (("obs", 0), ("next_obs", 1)):
         rows = np.minimum(np.arange(n) + shift, n - 1)
         for key in sorted(obs):
-            d.create_dataset(f"{group}/{key}", data=obs[key][rows] if shift else obs[key], compression=compression)
+            _dataset(d, f"{group}/{key}", obs[key][rows] if shift else obs[key], compression)
     terms = [t for t in sorted(store.feature_names) if t in TERM_DIMS]
-    states = d.create_dataset("states", data=np.concatenate([obs[t].reshape(n, -1) for t in terms], axis=1)
-                              .astype(np.float32), compression=compression)
+    states = _dataset(d, "states", np.concatenate([obs[t].reshape(n, -1) for t in terms], axis=1)
+                      .astype(np.float32), compression)
     states.attrs["terms"] = json.dumps(terms)
     dones = np.zeros(n, dtype=np.uint8)
     dones[-1] = 1
-    d.create_dataset("dones", data=dones)
+    _dataset(d, "dones", dones, None)
     d.attrs["num_samples"] = n
     if store.image_features:
         d.attrs["frame_stride"] = stride
@@ -131,7 +138,7 @@ def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | 
     table = store.episodes
     names = [f"demo_{i}" for i in range(len(table))]
     out.parent.mkdir(parents=True, exist_ok=True)
-    with h5py.File(out, "w", track_order=True) as f:
+    with file_written_whole(out, "export-hdf5 --output") as partial, h5py.File(partial, "w", track_order=True) as f:
         g = f.create_group("data", track_order=True)
         g.attrs["format"] = FORMAT
         g.attrs["total"] = store.num_steps
@@ -149,7 +156,7 @@ def export_hdf5(store_path: str | Path, h5_path: str | Path, compression: str | 
         m = f.create_group("mask", track_order=True)
         masks = _masks(table, names)
         for key in sorted(masks):
-            m.create_dataset(key, data=np.asarray(masks[key], dtype="S"))
+            _dataset(m, key, np.asarray(masks[key], dtype="S"), None)
     return len(table)
 
 
@@ -174,8 +181,10 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
             if "data" not in f or _attr(f["data"].attrs.get("format")) not in FORMATS:
                 raise ValueError(f"{src}: not a quadforge HDF5 export (want /data with format in {FORMATS})")
             env_args = json.loads(_attr(f["data"].attrs["env_args"]))
+            cameras = json.loads(_attr(f["data"].attrs.get("cameras", "{}")))
+            stride = int(_attr(f["data"].attrs.get("frame_stride", 1))) if cameras else None
             check_store_accepts(store_path, robot=env_args.get("robot"), control_dt=env_args.get("control_dt"),
-                                what=f"{src}")
+                                frame_stride=stride, what=f"{src}")
     except (KeyError, OSError, TypeError) as err:
         raise ValueError(f"{src}: damaged or not a quadforge HDF5 export ({type(err).__name__}: {err})") from err
     Path(store_path).mkdir(parents=True, exist_ok=True)
@@ -211,7 +220,12 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
             if eid < last_id:  # compaction consumes staging files by name: keep the demo order
                 compact(store_path)
             last_id = eid
-            features = _demo_features(d, cameras)
+            try:
+                features = _demo_features(d, cameras)
+            except OSError as err:   # a chunk failing its checksum, or a file cut short
+                compact(store_path)   # what came before it is whole: merged, so a rerun starts after it
+                raise ValueError(f"{src}: demo {name} is damaged ({err}); the {imported} demo(s) before it are in "
+                                 f"{store_path}, and a rerun of this import skips them") from err
             info = {k: v for k, v in attrs.items() if k not in DERIVED_COLUMNS + DICT_COLUMNS + ("num_samples",)}
             info.update(json.loads(attrs.get("extra", "{}")))
             info["label"] = json.loads(attrs.get("label", "{}"))

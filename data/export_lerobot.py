@@ -14,8 +14,10 @@ DIR/data/chunk-CCC/file-FFF.parquet              one row per control step (files
 ```
 
 Rows (one per step, ``fps`` = the store's control rate):
-- ``observation.state``: every raw observation term of the store concatenated in schema order (names
-  ``<term>.<entry>``), plus each term on its own as ``observation.<term>``;
+- ``observation.state``: the store's raw observation terms a deployed robot has, concatenated in schema
+  order (names ``<term>.<entry>``); ``observation.environment_state``: the privileged ones
+  (``quadforge.terms.PRIVILEGED_TERMS``: every ``task_*`` term, base height, height scan, friction, added
+  mass), the same way; and each term on its own as ``observation.<term>``;
 - ``observation.images.<camera>``: the camera frame as a PNG (LeRobot's ``image`` dtype, lossless); the
   store records a frame every ``frame_stride`` steps, so a step carries the latest frame taken (frame
   ``t // frame_stride``): new frames at the steps with ``t % frame_stride == 0`` (info.json says the stride);
@@ -38,8 +40,8 @@ import numpy as np
 
 from quadforge.data.images import IMAGE_PREFIX, hold_frames
 from quadforge.data.store import TrajectoryStore
-from quadforge.terms import TERM_DIMS
-from quadforge.output_paths import check_output_dir
+from quadforge.terms import PRIVILEGED_TERMS, TERM_DIMS
+from quadforge.output_paths import check_output_dir, folder_written_whole
 from quadforge.progress import progress_bar
 
 CODEBASE_VERSION = "v3.0"
@@ -86,13 +88,17 @@ class _Layout:
 
     def __init__(self, store: TrajectoryStore, action: str):
         self.terms = [n for n in store.schema.features if n in TERM_DIMS]
+        # LeRobot's split: what the robot itself senses, and what only the simulator knows (the task's
+        # targets, the terrain under it, its mass and friction), which a policy trained on the state must not get
+        self.vectors = {"observation.state": [t for t in self.terms if t not in PRIVILEGED_TERMS],
+                        "observation.environment_state": [t for t in self.terms if t in PRIVILEGED_TERMS]}
+        self.vectors = {key: terms for key, terms in self.vectors.items() if terms}
         self.cameras = list(store.image_features)
         self.action = action_feature(store, action)
         f32 = lambda shape, names: {"dtype": "float32", "shape": list(shape), "names": names}  # noqa: E731
         features: dict[str, Any] = {
-            "observation.state": f32([sum(TERM_DIMS[t] for t in self.terms)],
-                                     [f"{t}.{n}" for t in self.terms for n in _names(store, t)]),
-        }
+            key: f32([sum(TERM_DIMS[t] for t in terms)], [f"{t}.{n}" for t in terms for n in _names(store, t)])
+            for key, terms in self.vectors.items()}
         for t in self.terms:
             features[f"observation.{t}"] = f32([TERM_DIMS[t]], _names(store, t))
         for cam in self.cameras:
@@ -178,8 +184,8 @@ def _episode_rows(store: TrajectoryStore, layout: _Layout, data: dict[str, np.nd
     n = hi - lo
     stride = store.schema.frame_stride or 1
     cols: dict[str, Any] = {}
-    state = np.concatenate([data[term][lo:hi].reshape(n, -1) for term in layout.terms], axis=1)
-    cols["observation.state"] = state
+    for key, terms in layout.vectors.items():
+        cols[key] = np.concatenate([data[term][lo:hi].reshape(n, -1) for term in terms], axis=1)
     for term in layout.terms:
         cols[f"observation.{term}"] = data[term][lo:hi].reshape(n, -1)
     for cam in layout.cameras:
@@ -205,7 +211,7 @@ def _episode_rows(store: TrajectoryStore, layout: _Layout, data: dict[str, np.nd
     cols["episode_index"] = np.full(n, i, dtype=np.int64)
     cols["index"] = first_index + steps
     cols["task_index"] = np.full(n, task_index, dtype=np.int64)
-    for key in ("observation.state", "action", "next.reward", *(f"observation.{x}" for x in layout.terms)):
+    for key in (*layout.vectors, "action", "next.reward", *(f"observation.{x}" for x in layout.terms)):
         stats.add(key, np.asarray(cols[key]).reshape(n, -1) if key != "next.reward" else cols[key][:, None], (0,))
     return cols
 
@@ -304,38 +310,39 @@ def export_lerobot(store_path: str | Path, out_dir: str | Path, action: str = "a
     images = set(store.image_features)
     data = store.load([n for n in store.feature_names if n not in images])
     tasks: list[str] = []
-    stats, files = _Stats(), _DataFiles(out, pq, schema)
-    episode_rows, index = [], 0
-    try:
-        for i in progress_bar(store.num_episodes, desc="export-lerobot", unit="episode", enabled=progress,
-                              iterable=range(store.num_episodes)):
-            task = _task_of(store, i)
-            if task not in tasks:
-                tasks.append(task)
-            cols = _episode_rows(store, layout, data, i, index, tasks.index(task), stats)
-            n = len(cols["index"])
-            chunk, file = files.write(_arrow_table(pa, schema, cols))
-            episode_rows.append({"episode_index": i, "tasks": [task], "length": n,
-                                 "data/chunk_index": chunk, "data/file_index": file,
-                                 "dataset_from_index": index, "dataset_to_index": index + n,
-                                 "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0,
-                                 **_episode_metadata(store, i)})
-            index += n
-    finally:
-        files.close()
-    (out / "meta" / "episodes" / "chunk-000").mkdir(parents=True, exist_ok=True)
-    pq.write_table(_episodes_table(pa, episode_rows), out / EPISODES_PATH)
-    pq.write_table(_tasks_table(pa, tasks), out / "meta" / "tasks.parquet")
-    shapes = {k: ((3, 1, 1) if v["dtype"] == "image" else None) for k, v in layout.features.items()}
-    (out / "meta" / "stats.json").write_text(json.dumps(stats.to_json(shapes), indent=2))
-    info = {"codebase_version": CODEBASE_VERSION, "robot_type": store.schema.robot or None,
-            "total_episodes": store.num_episodes, "total_frames": index, "total_tasks": len(tasks),
-            "chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": 200,
-            "fps": int(round(fps)), "splits": {"train": f"0:{store.num_episodes}"},
-            "data_path": DATA_PATH, "video_path": None, "features": layout.features,
-            "quadforge": {"store": store.root.name, "generation": store.generation,
-                          "action_feature": layout.action, "frame_stride": store.schema.frame_stride,
-                          "frames": "a step carries the latest camera frame: frame t // frame_stride, "
-                                    "new at steps with t % frame_stride == 0"}}
-    (out / "meta" / "info.json").write_text(json.dumps(info, indent=2))
+    with folder_written_whole(out, "export-lerobot --output"):   # a failed export leaves no half dataset
+        stats, files = _Stats(), _DataFiles(out, pq, schema)
+        episode_rows, index = [], 0
+        try:
+            for i in progress_bar(store.num_episodes, desc="export-lerobot", unit="episode", enabled=progress,
+                                  iterable=range(store.num_episodes)):
+                task = _task_of(store, i)
+                if task not in tasks:
+                    tasks.append(task)
+                cols = _episode_rows(store, layout, data, i, index, tasks.index(task), stats)
+                n = len(cols["index"])
+                chunk, file = files.write(_arrow_table(pa, schema, cols))
+                episode_rows.append({"episode_index": i, "tasks": [task], "length": n,
+                                     "data/chunk_index": chunk, "data/file_index": file,
+                                     "dataset_from_index": index, "dataset_to_index": index + n,
+                                     "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0,
+                                     **_episode_metadata(store, i)})
+                index += n
+        finally:
+            files.close()
+        (out / "meta" / "episodes" / "chunk-000").mkdir(parents=True, exist_ok=True)
+        pq.write_table(_episodes_table(pa, episode_rows), out / EPISODES_PATH)
+        pq.write_table(_tasks_table(pa, tasks), out / "meta" / "tasks.parquet")
+        shapes = {k: ((3, 1, 1) if v["dtype"] == "image" else None) for k, v in layout.features.items()}
+        (out / "meta" / "stats.json").write_text(json.dumps(stats.to_json(shapes), indent=2))
+        info = {"codebase_version": CODEBASE_VERSION, "robot_type": store.schema.robot or None,
+                "total_episodes": store.num_episodes, "total_frames": index, "total_tasks": len(tasks),
+                "chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": 200,
+                "fps": int(round(fps)), "splits": {"train": f"0:{store.num_episodes}"},
+                "data_path": DATA_PATH, "video_path": None, "features": layout.features,
+                "quadforge": {"store": store.root.name, "generation": store.generation,
+                              "action_feature": layout.action, "frame_stride": store.schema.frame_stride,
+                              "frames": "a step carries the latest camera frame: frame t // frame_stride, "
+                                        "new at steps with t % frame_stride == 0"}}
+        (out / "meta" / "info.json").write_text(json.dumps(info, indent=2))
     return info

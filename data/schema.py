@@ -14,13 +14,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from quadforge.data.images import IMAGE_PREFIX, frame_stride_of, image_dtype, is_image, num_frames
-from quadforge.terms import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, JOINT_NAMES, LEGS, TERM_DIMS
+from quadforge.terms import (COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, JOINT_NAMES, LEGS, TASK_TERM_PREFIX,
+                             TERM_DIMS)
 
 # 2: the episode table in append-only segments (data/episode_table.py); 1: in one file. Both read; a
 # compaction onto a format-1 store writes format 2 (its table file becomes the first segment).
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)
-TASK_PREFIX = "task_"
+TASK_PREFIX = TASK_TERM_PREFIX   # a task term of the env is a per-step feature of the same name
 
 _XYZ = ("x", "y", "z")
 _TERM_INFO: dict[str, tuple[tuple[str, ...], str]] = {

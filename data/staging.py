@@ -36,7 +36,10 @@ QUARANTINE_DIR = "quarantine"
 SUFFIX = ".episode"
 MAGIC = b"QFEPISODE1\n"
 _ALIGN = 64
-COLLECTOR_ID_RE = re.compile(r"^[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*$")
+# not starting with "." : staging and compaction skip hidden files (a writer's temp files and locks), so
+# the episodes of such a collector would never be merged
+COLLECTOR_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.]*(-[A-Za-z0-9_.]+)*$")
+COLLECTOR_ID_RULE = "letters, digits, '_', '.', '-', starting with a letter, digit or '_'"
 TMP_PREFIX = ".tmp-"
 # .tmp-<collector_id>-<counter>-<pid>.episode
 _PARTIAL_RE = re.compile(r"^\.tmp-(?P<collector>.+)-\d+-\d+\.episode$")
@@ -217,7 +220,9 @@ def read_staged_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], np.
         with open(path, "rb") as f:
             raw = f.read(len(MAGIC) + 8)
             if raw.startswith(MAGIC) and len(raw) == len(MAGIC) + 8:
-                raw += f.read(int.from_bytes(raw[len(MAGIC):], "little"))
+                # no more than the file holds: a damaged length field must not ask for exabytes
+                rest = os.fstat(f.fileno()).st_size - len(raw)
+                raw += f.read(min(int.from_bytes(raw[len(MAGIC):], "little"), rest))
     except OSError as err:
         raise ValueError(f"staging file {path}: unreadable ({err})") from err
     info, feats, _ = _parse_header(raw, path)

@@ -11,8 +11,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from quadforge.data.locks import acquire
-from quadforge.data.staging import (COLLECTOR_ID_RE, partial_writes, remove_partial_writes, staging_dir,
-                                    write_staging_file, writer_lock_path)
+from quadforge.data.staging import (COLLECTOR_ID_RE, COLLECTOR_ID_RULE, partial_writes, remove_partial_writes,
+                                    staging_dir, write_staging_file, writer_lock_path)
 from quadforge.data.store import TrajectoryStore
 
 
@@ -24,7 +24,7 @@ class StagingWriter:
 
     def __init__(self, store_path: str | Path, collector_id: str):
         if not COLLECTOR_ID_RE.match(str(collector_id)):
-            raise ValueError(f"collector_id={collector_id!r}: use letters, digits, '_', '.', '-' only")
+            raise ValueError(f"collector_id={collector_id!r}: use {COLLECTOR_ID_RULE}")
         self.store_path = Path(store_path)
         self.collector_id = str(collector_id)
         self.dir = staging_dir(self.store_path)

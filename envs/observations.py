@@ -18,7 +18,7 @@ import torch
 from quadforge.envs.backends.base import RobotState
 from quadforge.envs.fast_paths import cpu_arrays
 from quadforge.envs.rotations import yaw_from_quat
-from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, TERM_DIMS
+from quadforge.layout import COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, TASK_TERM_PREFIX, TERM_DIMS
 from quadforge.envs.view_cache import ViewCache
 
 _C = {n: i for i, n in enumerate(COMMAND_NAMES)}
@@ -146,7 +146,7 @@ def make_term_fns(points_b: torch.Tensor) -> dict[str, Callable[[TaskView], torc
         "added_mass": lambda v: _param(v, "added_mass"),
     }
     for name in TERM_DIMS:
-        if name.startswith("task_"):
+        if name.startswith(TASK_TERM_PREFIX):
             fns[name] = functools.partial(_task_term, name=name)
     assert set(fns) == set(TERM_DIMS), "every layout term needs an observation function"
     return fns

@@ -34,7 +34,7 @@ from quadforge.experts.hierarchical import HierarchicalPolicy
 from quadforge.experts.learned import check_robot, load_learned
 from quadforge.experts.loaders import detect_kind, load_expert
 from quadforge.experts.policy import nothing_to_compile
-from quadforge.layout import NUM_JOINTS
+from quadforge.layout import NUM_JOINTS, TASK_TERM_PREFIX
 from quadforge.models.checkpoint import load_checkpoint
 from quadforge.models.registry import model_spec
 
@@ -219,7 +219,13 @@ def task_blindness(policy: Any, env: Any) -> str | None:
     target); a policy reading none of them (a locomotion policy) cannot know which object is named."""
     context = env.policy_context() if callable(getattr(env, "policy_context", None)) else {}
     needed = tuple(context.get("task_terms") or ())
-    if not needed or set(needed) & set(policy.obs_terms):
+    if not needed:   # the other way round: a task's policy on an env with no task, whose task terms are zero
+        steers_by = sorted(t for t in policy.obs_terms if t.startswith(TASK_TERM_PREFIX))
+        if steers_by:
+            return (f"policy {policy.policy_id} steers by task terms ({', '.join(steers_by)}) that this env's "
+                    f"{context.get('task', 'locomotion')} task leaves at zero: it has no target to go to")
+        return None
+    if set(needed) & set(policy.obs_terms):
         return None
     return (f"policy {policy.policy_id} reads none of the terms that say what {context.get('task', 'the task')} "
             f"asks ({', '.join(needed)}): it cannot know the target and can never succeed there")

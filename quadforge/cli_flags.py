@@ -6,8 +6,12 @@ deprecated aliases that print a one-line warning on stderr and set the same valu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from typing import Any
+from typing import Any, Iterator, TextIO
+
+# where ``--json -`` writes while ``json_alone_on_stdout`` holds stdout for it (None: sys.stdout)
+_json_stream: TextIO | None = None
 
 
 class _Deprecated(argparse.Action):
@@ -78,7 +82,8 @@ def check_counts(args: argparse.Namespace) -> None:
 
 
 def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:
-    p.add_argument("--json", default=None, metavar="PATH", help=f"also write {what} as JSON to PATH ('-': stdout)")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help=f"also write {what} as JSON to PATH (no PATH or '-': stdout, the text report on stderr)")
 
 
 def add_resume(p: argparse.ArgumentParser, what: str) -> None:
@@ -94,16 +99,32 @@ def add_num_envs(p: argparse.ArgumentParser, default: int | None, what: str = "p
                    help=f"{what}" + (f" (default {default})" if default is not None else ""))
 
 
-def write_json(path: str | None, obj: Any) -> None:
-    """``--json PATH``: write ``obj`` there ('-': stdout)."""
+@contextlib.contextmanager
+def json_alone_on_stdout(path: str | None) -> Iterator[None]:
+    """With ``--json -`` stdout carries the JSON alone, so a pipe into a JSON reader works: while the
+    command runs, what it prints for people goes to stderr, and ``write_json`` to the real stdout."""
+    global _json_stream
+    if path != "-":
+        yield
+        return
+    _json_stream = sys.stdout
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _json_stream = None
+
+
+def write_json(path: str | None, obj: Any, **dump: Any) -> None:
+    """``--json PATH``: write ``obj`` there ('-': stdout), the parent folders made as needed."""
     import json
     from pathlib import Path
 
     if not path:
         return
-    text = json.dumps(obj, indent=2, default=str)
+    text = json.dumps(obj, **{"indent": 2, "default": str, **dump})
     if path == "-":
-        print(text)
+        print(text, file=_json_stream or sys.stdout)
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text)

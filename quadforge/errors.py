@@ -8,6 +8,8 @@ prints that line (exit 1) instead of a traceback. The original error stays chain
 from __future__ import annotations
 
 import errno
+import os
+import re
 
 # write failures that are the machine's, not the data's: the disk, the quota, the file system
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
@@ -15,6 +17,11 @@ WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, 
 
 class JobFailed(RuntimeError):
     """A job stopped for an outside reason; ``str(err)`` is the whole message for the user."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a job that can say what it kept and how to go on: ``str(err)`` says it (the CLI prints
+    it after ``interrupted``, exit 130 as for any interruption)."""
 
 
 def is_write_failure(err: BaseException) -> bool:
@@ -27,3 +34,15 @@ def os_reason(err: OSError) -> str:
     name = errno.errorcode.get(err.errno or -1, "")
     text = err.strerror or str(err)
     return f"{text} ({name})" if name else text
+
+
+def write_failure_reason(err: BaseException) -> str | None:
+    """``os_reason`` of a write failure, also one a library reported in its own words (HDF5 raises
+    ``RuntimeError: ... errno = 28, error message = 'No space left on device' ...``); None for any other error."""
+    if is_write_failure(err):
+        return os_reason(err)
+    found = re.search(r"errno = (\d+)", str(err)) if isinstance(err, (OSError, RuntimeError)) else None
+    code = int(found.group(1)) if found else None
+    if code in WRITE_ERRNOS:
+        return f"{os.strerror(code)} ({errno.errorcode[code]})"
+    return None

@@ -16,7 +16,7 @@ from quadforge.tensors import device_constant
 
 # the catalogue lives in quadforge.terms (no torch); its names are this module's too
 from quadforge.terms import (COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, JOINT_NAMES, LEGS, NUM_FEET,  # noqa: F401
-                             NUM_JOINTS, PRIVILEGED_TERMS, TERM_DIMS)
+                             NUM_JOINTS, PRIVILEGED_TERMS, TASK_TERM_PREFIX, TERM_DIMS)
 
 
 @dataclass(frozen=True)

@@ -12,16 +12,23 @@ hour of work, never writes its files among someone else's, and never replaces fi
   that ``--resume`` continues or ``--overwrite`` replaces; otherwise refused (a finished 3000-step
   model is not silently replaced by a 5-step one).
 Errors are ``ValueError``s naming the flag, the path and what to do, so the CLI prints one line.
+- ``file_written_whole(path, flag)`` / ``folder_written_whole(path, flag)``: an output written whole or
+  not at all - a failed write (a full disk, Ctrl-C) leaves no partial file or folder behind, and an earlier
+  output in place; a full disk is a one-line ``JobFailed``.
 - ``check_train_out(out_dir, resume, overwrite)``: ``check_run_dir`` for the trainers' Python ``train``
   functions (their arguments named in the error), on the main process only (under torchrun the other
   ranks would see the files the main one has begun to write).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
+
+from quadforge.errors import JobFailed, write_failure_reason
 
 RUN_FILES = ("last.pt", "best.pt")
 # held by a training while it writes its --out (training.loop.RunLog): one training per folder at a time;
@@ -72,11 +79,37 @@ def is_text_file(p: Path) -> bool:
         return False
 
 
+def _is_store_root(p: Path) -> bool:
+    """A folder that is a trajectory store for certain (``is_store_dir`` also takes a folder that merely
+    holds a ``meta/`` or ``staging/``, which a folder above one's output may well do): a committed store,
+    or one a collection has begun."""
+    return ((p / "manifest.json").is_file() and (p / "zarr.json").is_file()) or (p / ".collect.lock").exists()
+
+
+def _enclosing_store(p: Path) -> Path | None:
+    """The trajectory store ``p`` would be written into; None if none. Symlinks are followed: the write
+    would follow them too."""
+    return next((parent for parent in p.resolve().parents if _is_store_root(parent)), None)
+
+
+def table_marker(command: str) -> str:
+    """The line a command's ``--table FILE`` ends with (a Markdown comment: invisible when rendered), by which
+    a rerun knows the file as its own; a user's notes, text as well, never carry it."""
+    return f"<!-- written by `quadforge {command}`: a rerun replaces this file -->"
+
+
+def written_by(command: str) -> Callable[[Path], bool]:
+    """``owns`` for ``--table``: a text file that ends with ``table_marker(command)``."""
+    def owns(p: Path) -> bool:
+        return is_text_file(p) and p.stat().st_size <= MAX_JSON_BYTES and \
+            p.read_text(encoding="utf-8").rstrip().endswith(table_marker(command))
+    return owns
+
+
 def _enclosing_store_or_run(p: Path) -> str | None:
-    """The trajectory store or training run folder ``p`` would be written into, described; None if none.
-    Symlinks are followed: the write would follow them too."""
+    """The trajectory store or training run folder ``p`` would be written into, described; None if none."""
     for parent in p.resolve().parents:
-        if parent.is_dir() and is_store_dir(parent):
+        if _is_store_root(parent):
             return f"inside the trajectory store {parent}"
         if holds_run(parent) or any(parent.glob("model_*.pt")):   # `train`'s or `train-expert`'s (rsl_rl's)
             return f"inside the training run folder {parent}"
@@ -119,8 +152,13 @@ def check_output_dir(path: str | os.PathLike, kind: str, owns: Callable[[Path], 
     if p.exists() and not p.is_dir():
         raise ValueError(f"{flag} {p}: is a file; give a folder for the {kind} (created if missing)")
     _check_parents(p, flag)
+    store = _enclosing_store(p)
+    if store is not None:   # its files would sit among the store's arrays and be lost to a compaction's rewrite
+        raise ValueError(f"{flag} {p}: inside the trajectory store {store}; writing there would damage it: "
+                         f"choose a path outside it")
     if p.is_dir() and any(p.iterdir()) and not (owns is not None and owns(p)):
-        raise ValueError(f"{flag} {p}: a non-empty folder that is not a {kind} (it holds {listing(p)}); "
+        article = "an" if kind[:1] in "aeiou" else "a"
+        raise ValueError(f"{flag} {p}: a non-empty folder that is not {article} {kind} (it holds {listing(p)}); "
                          f"give a new or empty folder")
     return p
 
@@ -129,6 +167,16 @@ def holds_run(path: str | os.PathLike) -> bool:
     """A folder with a training run's checkpoint in it (last.pt, best.pt or step_*.pt)."""
     p = Path(path)
     return p.is_dir() and (any((p / f).is_file() for f in RUN_FILES) or any(p.glob("step_*.pt")))
+
+
+# what a trainer writes into its --out before the first checkpoint (training.loop.RunLog, the trainers'
+# train_config.json): a folder holding only these is a run stopped before any checkpoint - nothing to
+# resume or lose - which a rerun starts afresh
+RUN_START_FILES = frozenset({RUN_LOCK, "tb", "train_config.json", "val.jsonl"})
+
+
+def _only_run_start_files(p: Path) -> bool:
+    return p.is_dir() and all(x.name in RUN_START_FILES for x in p.iterdir())
 
 
 def check_run_dir(path: str | os.PathLike, resume: bool = False, overwrite: bool = False,
@@ -143,12 +191,19 @@ def check_run_dir(path: str | os.PathLike, resume: bool = False, overwrite: bool
     if p.exists() and not p.is_dir():
         raise ValueError(f"{flag} {p}: is a file; give a folder for the run (created if missing)")
     _check_parents(p, flag)
+    store = _enclosing_store(p)
+    if store is not None:
+        raise ValueError(f"{flag} {p}: inside the trajectory store {store}; writing there would damage it: "
+                         f"choose a path outside it")
     has_run = holds_run(p)
     if resume:
         if not has_run:
-            raise ValueError(f"{resume_opt}: {p} holds no checkpoint (last.pt, best.pt or step_*.pt) to resume")
+            started = " (a run stopped before its first checkpoint: run it again without " + resume_opt + ")" \
+                if _only_run_start_files(p) else ""
+            raise ValueError(f"{resume_opt}: {p} holds no checkpoint (last.pt, best.pt or step_*.pt) to "
+                             f"resume{started}")
         return p
-    if p.is_dir() and any(x.name != RUN_LOCK for x in p.iterdir()):
+    if p.is_dir() and not _only_run_start_files(p):
         if has_run and overwrite:
             return p
         if has_run:
@@ -168,7 +223,8 @@ def is_store_dir(p: Path) -> bool:
 
 
 def is_eval_dir(p: Path) -> bool:
-    return (p / "eval.json").is_file() or (p / "report.md").is_file()
+    """An ``eval`` report, or an ``eval-expert`` one (its ``expert_report.*`` beside a folder per expert)."""
+    return any((p / name).is_file() for name in ("eval.json", "report.md", "expert_report.json", "expert_report.md"))
 
 
 def check_train_out(out_dir: str | os.PathLike | None, resume: bool, overwrite: bool) -> None:
@@ -177,3 +233,47 @@ def check_train_out(out_dir: str | os.PathLike | None, resume: bool, overwrite: 
     if out_dir is None or int(os.environ.get("RANK", "0")) != 0:
         return
     check_run_dir(out_dir, resume, overwrite, flag="out_dir", options=("resume=True", "overwrite=True"))
+
+
+def _failed_write(err: BaseException, flag: str, path: Path) -> None:
+    reason = write_failure_reason(err)
+    if reason is not None:
+        raise JobFailed(f"{flag} {path}: {reason}; nothing was written (the partial output is removed), "
+                        f"the source is unchanged: free space or choose another path, and run it again") from err
+
+
+@contextlib.contextmanager
+def file_written_whole(path: str | os.PathLike, flag: str) -> Iterator[Path]:
+    """Yields a hidden path beside ``path`` to write; it replaces ``path`` when the block ends, and is
+    removed when the block fails (an earlier file at ``path`` stays as it was)."""
+    out = Path(path)
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        yield partial
+        os.replace(partial, out)
+    except BaseException as err:
+        partial.unlink(missing_ok=True)
+        _failed_write(err, flag, out)
+        raise
+
+
+@contextlib.contextmanager
+def folder_written_whole(path: str | os.PathLike, flag: str) -> Iterator[Path]:
+    """The folder ``path`` (new or empty: ``check_output_dir``) to write into; when the block fails,
+    what it added is removed, and the folder too if the block made it."""
+    out = Path(path)
+    existed = out.is_dir()
+    before = set(out.iterdir()) if existed else set()
+    try:
+        yield out
+    except BaseException as err:
+        if not existed:
+            shutil.rmtree(out, ignore_errors=True)
+        elif out.is_dir():
+            for entry in set(out.iterdir()) - before:
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        _failed_write(err, flag, out)
+        raise

@@ -51,6 +51,9 @@ TERM_DIMS: dict[str, int] = {
     "task_tunnel_entry": 3,     # go_through: the centre of the named tunnel's entrance, else 0
     "task_info": 4,             # family, speed word, gait word (codes into envs.quard.instructions), has obstacle
 }
-# Terms a deployable policy does not get by default; every ``task_*`` term is privileged.
+# A task's own terms (its targets and what it asks) are named ``task_<name>``; an env without such a task
+# fills them with zeros.
+TASK_TERM_PREFIX = "task_"
+# Terms a deployable policy does not get by default; every task term is privileged.
 PRIVILEGED_TERMS = frozenset({"base_height", "height_scan", "friction", "added_mass"}
-                             | {name for name in TERM_DIMS if name.startswith("task_")})
+                             | {name for name in TERM_DIMS if name.startswith(TASK_TERM_PREFIX)})

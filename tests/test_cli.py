@@ -183,8 +183,21 @@ def test_info_reports_versions_devices_and_every_registry(tmp_path, capsys):
     assert list(r["models"]) == list(model_names())
     for name in (*BACKENDS, *ROBOTS, *model_names()):
         assert name in printed
-    assert main(["info", "--json", "-"]) == 0                   # stdout: the JSON alone
-    assert json.loads(capsys.readouterr().out)["quadforge"] == r["quadforge"]
+    assert main(["info", "--json", "-"]) == 0                   # stdout: the JSON alone, the report on stderr
+    both = capsys.readouterr()
+    assert json.loads(both.out)["quadforge"] == r["quadforge"] and "robots: " in both.err
+    assert main(["info", "--json"]) == 0                        # no PATH: stdout, as `dataset info --json`
+    assert json.loads(capsys.readouterr().out)["robots"] == r["robots"]
+    nested = tmp_path / "not" / "yet" / "info.json"             # parent folders made, as every --json makes them
+    assert main(["info", "--json", str(nested)]) == 0 and json.loads(nested.read_text())["robots"] == r["robots"]
+
+
+def test_json_on_stdout_is_the_json_alone_for_a_command_with_a_text_report(capsys):
+    """`rollout --json -` printed its summary and then the JSON on stdout, which no JSON reader parses."""
+    import json
+    assert main(["rollout", "--num-envs", "2", "--seconds", "0.2", "--json", "-"]) == 0
+    both = capsys.readouterr()
+    assert json.loads(both.out)["num_envs"] == 2 and "env steps/s" in both.err
 
 
 def test_the_recorded_commit_is_the_codes_not_the_callers_directorys(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from quadforge.cli_flags import check_counts
+from quadforge.cli_flags import check_counts, json_alone_on_stdout
 from quadforge.tools.bench.cli import BENCHMARKS
 
 # what a Unix tool killed by SIGPIPE exits with (128 + 13), e.g. `quadforge dataset info | head -1`
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quadforge: error: {what} (commands: {', '.join(COMMANDS)}; see quadforge --help)",
               file=sys.stderr)
         return 2
-    from quadforge.errors import JobFailed
+    from quadforge.errors import JobFailed, is_write_failure, os_reason
     from quadforge.tools.parent_watch import watch_parent
     watch_parent()   # a step of `quadforge reproduce`: end with the runner, even one killed by SIGKILL
     args, unknown = build_parser(with_subcommand=name).parse_known_args(argv)
@@ -84,13 +84,15 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(json_out, str) and json_out != "-":   # --json PATH: checked before the work, not after
             from quadforge.output_paths import check_output_file, is_json_file
             check_output_file(json_out, flag="--json", owns=is_json_file)   # replaces only an earlier JSON
-        code = int(module.run(args) or 0)
+        with json_alone_on_stdout(json_out):
+            code = int(module.run(args) or 0)
         sys.stdout.flush()   # inside the try: a reader that left early fails the flush here, not at exit
         return code
     except BrokenPipeError:
         return _stdout_closed()
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        kept = str(err)   # an ``Interrupted`` says what was kept and how to go on
+        print(f"interrupted: {kept}" if kept else "interrupted", file=sys.stderr)
         return 130
     except JobFailed as err:
         # a job stopped for an outside reason (disk full, a worker died): its message says what is safe and how
@@ -101,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         # Bad input (or a missing optional package) is a one-line error naming what is wrong, not a traceback.
         print(f"quadforge {name}: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        if not is_write_failure(err):
+            raise
+        # the disk filled, or the target is read-only, where no job said more: one line, not a traceback
+        where = f" {err.filename}" if err.filename else ""
+        print(f"quadforge {name}: error: cannot write{where}: {os_reason(err)}", file=sys.stderr)
+        return 1
 
 
 def _stdout_closed() -> int:

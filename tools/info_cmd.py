@@ -13,11 +13,12 @@ import argparse
 import importlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import platform
 import sys
 from typing import Any
+
+from quadforge.cli_flags import add_json, write_json
 
 # the packages the platform stands on (required), then the optional ones and what each enables
 REQUIRED = ("torch", "mujoco", "numpy", "zarr", "h5py", "rsl-rl-lib", "tensordict", "tensorboard")
@@ -31,7 +32,7 @@ OPTIONAL = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warp", action="store_true",
                    help="also initialise Warp and list the devices it sees (loads the CUDA driver where there is one)")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON to PATH ('-': stdout)")
+    add_json(p, "the report")
 
 
 def _version(dist: str) -> str | None:
@@ -131,11 +132,6 @@ def _print(r: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     report = collect(warp=args.warp)
-    if args.json == "-":
-        print(json.dumps(report, indent=1))
-        return 0
-    _print(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    _print(report)   # on stderr with --json - (tools/cli.py), so stdout is the JSON alone
+    write_json(args.json, report, indent=1)
     return 0

@@ -123,8 +123,14 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def backend_from_args(args: argparse.Namespace) -> tuple[str, WarpConfig]:
-    """(backend name, WarpConfig) from the arguments ``add_backend_arguments`` added."""
-    return getattr(args, "backend", "mujoco_cpu"), WarpConfig(
+    """(backend name, WarpConfig) from the arguments ``add_backend_arguments`` added; a ``--warp-*`` option
+    given with another backend is refused (it would be ignored without a word)."""
+    name = getattr(args, "backend", "mujoco_cpu")
+    given = [f"--{k.replace('_', '-')}" for k, v in vars(args).items() if k.startswith("warp_") and v is not None]
+    if given and name != "mujoco_warp":
+        raise ValueError(f"{', '.join(sorted(given))}: option(s) of --backend mujoco_warp; this run's backend is "
+                         f"{name}: drop them or add --backend mujoco_warp")
+    return name, WarpConfig(
         device=getattr(args, "warp_device", None), nconmax=getattr(args, "warp_nconmax", None),
         njmax=getattr(args, "warp_njmax", None),
         solver_iterations=getattr(args, "warp_solver_iterations", None),

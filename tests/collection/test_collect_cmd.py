@@ -70,6 +70,16 @@ def test_collects_to_a_target_and_resumes_without_replaying(tmp_path, capsys):
     (["--workers", "1", "--address", "127.0.0.1:1"], "no Ray cluster answers there"),   # ray.init retried minutes
     (["--workers", "1", "--address", "headnode"], "give HOST:PORT"),
     (["--policy", "gait", "--relabel", "nosuch"], "--relabel 'nosuch' is unknown"),
+    # staging and compaction skip hidden files: a ".x" collector's episodes would never be merged
+    (["--collector-id", ".x"], "--collector-id='.x' is invalid"),
+    (["--collector-id", "a/b"], "--collector-id='a/b' is invalid"),
+    (["--max-episode-s", "0.001"], "--max-episode-s=0.001 is invalid; allowed: >= the control dt 0.02 s"),
+    # settings of the other kind of task are refused, not dropped without a word
+    (["--task", "quard:go_to", "--skills", "running=1"], "--skills applies to --task locomotion"),
+    (["--task", "quard:go_to", "--max-episode-s", "1"], "--max-episode-s applies to --task locomotion"),
+    (["--frame-stride", "3"], "--frame-stride applies to the camera tasks"),
+    (["--address", "127.0.0.1:1"], "give --workers"),
+    (["--warp-nconmax", "5"], "--warp-nconmax: option(s) of --backend mujoco_warp; this run's backend is mujoco_cpu"),
 ])
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys, args, match):
     argv = ["collect", "--store", str(tmp_path / "s"), "--episodes", "2", *args]
@@ -216,3 +226,38 @@ def test_compile_task_collects_the_eager_episodes_within_rounding(tmp_path, caps
         assert list(eager.episodes[column]) == list(compiled.episodes[column]), column
     np.testing.assert_allclose(compiled.episodes["return"], eager.episodes["return"], rtol=1e-5, atol=1e-6)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+
+
+def test_a_policy_steering_by_task_terms_is_refused_on_the_locomotion_task(tmp_path, capsys):
+    """The reverse of task blindness: the QUARD expert on --task locomotion, whose task terms are zero, would
+    write episodes of a robot heading for the origin; refused once the env is built, leaving no store folder."""
+    out = tmp_path / "s"
+    assert main(["collect", "--store", str(out), "--episodes", "1", *SMALL, "--policy", "quard_expert"]) == 2
+    err = capsys.readouterr().err
+    assert "leaves at zero" in err and "task_target_pos" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_episodes_a_compaction_quarantines_are_collected_again(tmp_path, capsys):
+    """A staged file damaged before this run counts toward the target until compaction sets it aside: the run
+    collects again what that leaves missing, and the summary names the quarantined file."""
+    out = tmp_path / "store"
+    collect(capsys, out, 2)
+    (out / "staging" / "main-00000007.episode").write_bytes(b"QFEPISODE1\n not an episode")
+    summary = collect(capsys, out, 3)
+    assert summary["in_store"] == 3 and summary["collected"] == 1
+    assert [p.rsplit("/", 1)[-1] for p in summary["quarantined"]] == ["main-00000007.episode"]
+    assert TrajectoryStore.open(out).num_episodes == 3 and validate(out).ok
+
+
+def test_ctrl_c_says_what_was_kept_and_how_to_go_on(tmp_path, capsys, monkeypatch):
+    import quadforge.collection.collect_cmd as collect_cmd
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(collect_cmd, "run_local", interrupted)
+    out = tmp_path / "s"
+    assert main(["collect", "--store", str(out), "--episodes", "4", *SMALL]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted: the episodes written whole are kept (0 staged")
+    assert "run the same command again to resume" in err and f"dataset compact --store {out}" in err

@@ -1,7 +1,10 @@
+import errno
 import json
+import os
 
 import h5py
 import numpy as np
+import pytest
 
 from quadforge.data.compaction import compact
 from quadforge.data.export import export_hdf5, import_hdf5
@@ -147,3 +150,103 @@ def test_dataset_paths_of_the_wrong_kind_say_what_they_are(tmp_path, write_episo
     assert f"import-hdf5 --input {store}: is a folder, not an HDF5 file" in err and len(err.splitlines()) == 1, err
     assert {**_files(store), str(h5): h5.read_bytes()} == before
     assert not (tmp_path / "new").exists() and not (tmp_path / "x").exists()
+
+
+def _compacted(tmp_path, write_episodes, n=4):
+    store = tmp_path / "s"
+    write_episodes(store, "c0", n=n, seed=0)
+    compact(store)
+    return store
+
+
+def test_every_exported_dataset_carries_a_checksum_and_a_damaged_demo_stops_the_import(tmp_path, write_episodes,
+                                                                                        capsys):
+    """HDF5's Fletcher-32 on every dataset: bytes changed in a demo are an error naming it (before, the import
+    took them as data and `validate` passed the copy); the demos before it are merged, a rerun skips them."""
+    store = _compacted(tmp_path, write_episodes)
+    h5 = tmp_path / "e.h5"
+    export_hdf5(store, h5)
+    with h5py.File(h5, "r") as f:
+        assert all(f[name].fletcher32 for name in _h5_contents(h5) if isinstance(f.get(name), h5py.Dataset))
+        offset = f["data/demo_2/actions"].id.get_chunk_info(0).byte_offset
+    raw = bytearray(h5.read_bytes())
+    raw[offset + 8] ^= 0xFF
+    h5.write_bytes(bytes(raw))
+    copy = tmp_path / "copy"
+    assert main(["dataset", "import-hdf5", "--input", str(h5), "--store", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "demo demo_2 is damaged" in err and "the 2 demo(s) before it are in" in err
+    assert len(err.strip().splitlines()) == 1
+    assert TrajectoryStore.open(copy).num_episodes == 2 and validate(copy).ok
+
+
+@pytest.mark.parametrize("failure", [OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+                                     RuntimeError("Can't decrement id ref count (file write failed: time = x, "
+                                                  "errno = 28, error message = 'No space left on device')")])
+def test_an_export_that_fills_the_disk_leaves_the_earlier_file_and_no_partial_one(tmp_path, write_episodes, capsys,
+                                                                                  monkeypatch, failure):
+    """The file is written beside its path and moved onto it at the end: a full disk (said by the OS, or in
+    HDF5's own words) is one line, the earlier export is unchanged and no partial file is left."""
+    import quadforge.data.export as export
+    store = _compacted(tmp_path, write_episodes)
+    h5 = tmp_path / "out" / "e.h5"
+    export_hdf5(store, h5)
+    earlier = h5.read_bytes()
+    calls = []
+
+    def fills_up(*args, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise failure
+        return write_demo(*args, **kw)
+    write_demo = export._write_demo
+    monkeypatch.setattr(export, "_write_demo", fills_up)
+    assert main(["dataset", "export-hdf5", "--store", str(store), "--output", str(h5)]) == 1
+    err = capsys.readouterr().err
+    assert f"export-hdf5 --output {h5}: No space left on device (ENOSPC); nothing was written" in err
+    assert len(err.strip().splitlines()) == 1
+    assert h5.read_bytes() == earlier and sorted(p.name for p in h5.parent.iterdir()) == ["e.h5"]
+
+
+def test_a_disk_or_file_system_failure_is_one_line_from_any_command(tmp_path, write_episodes, capsys, monkeypatch):
+    """A read-only store met by compaction's lock (the write failure no job wraps itself) is one line, exit 1."""
+    import quadforge.data.compaction as compaction
+    store = _compacted(tmp_path, write_episodes)
+
+    def read_only(*args, **kw):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(store / ".lock"))
+    monkeypatch.setattr(compaction, "compact", read_only)
+    assert main(["dataset", "compact", "--store", str(store)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"quadforge dataset: error: cannot write {store / '.lock'}: Read-only file system (EROFS)\n"
+
+
+def test_exports_say_when_staged_episodes_are_left_out(tmp_path, write_episodes, capsys):
+    store = _compacted(tmp_path, write_episodes)
+    write_episodes(store, "c1", n=2, seed=1)
+    assert main(["dataset", "export-hdf5", "--store", str(store), "--output", str(tmp_path / "e.h5")]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: 2 staged episode(s)" in err and f"quadforge dataset compact --store {store}" in err
+
+
+def test_dataset_info_counts_episodes_per_task(tmp_path, write_episodes, capsys):
+    """``tasks`` counts episodes, as ``policies`` and ``collectors`` do (it counted each task's instructions)."""
+    store = _compacted(tmp_path, write_episodes, n=6)
+    assert main(["dataset", "info", "--store", str(store), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    t = TrajectoryStore.open(store).episodes
+    assert info["tasks"] == {k: int((t["task"] == k).sum()) for k in set(t["task"].tolist())}
+    assert sum(info["tasks"].values()) == 6
+
+
+def test_no_output_folder_inside_a_store(tmp_path, write_episodes, capsys):
+    store = _compacted(tmp_path, write_episodes)
+    for argv in (["dataset", "export-lerobot", "--store", str(store), "--output", str(store / "lr")],
+                 ["collect", "--store", str(store / "data" / "inner"), "--episodes", "1"],
+                 ["dataset", "import-hdf5", "--input", str(tmp_path / "x.h5"), "--store", str(store / "meta" / "i")]):
+        if argv[1] == "import-hdf5":
+            export_hdf5(store, tmp_path / "x.h5")
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"inside the trajectory store {store}" in err, argv
+    assert not (store / "lr").exists() and not (store / "data" / "inner").exists()

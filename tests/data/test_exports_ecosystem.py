@@ -11,6 +11,7 @@ from quadforge.data.images import hold_frames
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.synthetic import SYNTHETIC_INSTRUCTIONS, write_synthetic_image_store
 from quadforge.data.validate import validate
+from quadforge.terms import PRIVILEGED_TERMS
 from quadforge.tools.cli import main
 
 TABLE = list(SYNTHETIC_INSTRUCTIONS)
@@ -108,10 +109,17 @@ def test_lerobot_v3_layout(tmp_path, capsys):
     assert [e["tasks"] for e in eps] == [[store.instruction_text(i)] for i in range(5)]
     assert [r["index"] for r in rows] == list(range(store.num_steps))
     np.testing.assert_array_equal(np.asarray([r["action"] for r in rows], np.float32), data["hl_commands"])
-    # a one-entry term is a scalar column (LeRobot's shape [1]), inside observation.state too
+    # a one-entry term is a scalar column (LeRobot's shape [1]), inside its vector too; privileged terms (the
+    # task's targets, the base height) are in observation.environment_state, never in observation.state
     np.testing.assert_array_equal(np.asarray([r["observation.base_height"] for r in rows], np.float32),
                                   data["base_height"][:, 0])
-    assert "base_height.z" in info["features"]["observation.state"]["names"]
+    state, env_state = (info["features"][k]["names"] for k in ("observation.state", "observation.environment_state"))
+    assert "base_height.z" in env_state and not any(n.startswith(("task_", "base_height")) for n in state)
+    privileged = [t for t in store.schema.features if t in PRIVILEGED_TERMS]
+    assert {n.split(".")[0] for n in env_state} == set(privileged)
+    np.testing.assert_array_equal(
+        np.asarray([r["observation.environment_state"] for r in rows], np.float32).reshape(len(rows), -1),
+        np.concatenate([data[t].reshape(len(rows), -1) for t in privileged], axis=1))
     for i in range(5):
         lo, hi = int(t["start"][i]), int(t["end"][i])
         frames = np.stack([np.asarray(Image.open(io.BytesIO(r["observation.images.front_rgb"]["bytes"])))
@@ -128,3 +136,43 @@ def test_lerobot_v3_layout(tmp_path, capsys):
                  "--action", "joint"]) == 0
     assert json.loads((tmp_path / "j/meta/info.json").read_text())["quadforge"]["action_feature"] == "actions"
     del pa
+
+
+def test_a_failed_lerobot_export_leaves_no_half_dataset(tmp_path, capsys, monkeypatch):
+    """A full disk mid-export: one line, and the folder the export made is gone (a rerun into it would
+    otherwise be refused as a non-empty folder that is not a LeRobot dataset)."""
+    import errno
+    import os
+
+    import quadforge.data.export_lerobot as export_lerobot
+    pytest.importorskip("pyarrow")
+    store = image_store(tmp_path / "s")
+    rows = export_lerobot._episode_rows
+
+    def fills_up(store, layout, data, i, *args):
+        if i == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return rows(store, layout, data, i, *args)
+    monkeypatch.setattr(export_lerobot, "_episode_rows", fills_up)
+    out = tmp_path / "lr"
+    assert main(["dataset", "export-lerobot", "--store", str(store.root), "--output", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "No space left on device (ENOSPC); nothing was written" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+    monkeypatch.undo()
+    assert main(["dataset", "export-lerobot", "--store", str(store.root), "--output", str(out)]) == 0
+
+
+def test_another_image_rate_is_refused_before_the_work(tmp_path, capsys):
+    """One image rate per store: a collection or an import at another --frame-stride was quarantined whole
+    after the work; it is refused up front now, naming both rates."""
+    store = image_store(tmp_path / "s")   # a frame every 10 steps
+    other = write_synthetic_image_store(tmp_path / "o", episodes=2, stride=5)
+    export_hdf5(other, tmp_path / "o.h5")
+    assert main(["dataset", "import-hdf5", "--input", str(tmp_path / "o.h5"), "--store", str(store.root)]) == 2
+    err = capsys.readouterr().err
+    assert "records a camera frame every 10 steps" in err and "one every 5" in err
+    assert main(["collect", "--store", str(store.root), "--episodes", "9", "--task", "quard:go_to",
+                 "--frame-stride", "20"]) == 2
+    assert "--frame-stride asks for one every 20" in capsys.readouterr().err
+    assert TrajectoryStore.open(store.root).num_episodes == 5 and not (store.root / "quarantine").exists()

@@ -237,3 +237,38 @@ def test_an_import_tells_episodes_of_equal_length_and_run_seed_apart(tmp_path):
     with pytest.raises(ValueError, match=r"already holds for a different episode .*record differs"):
         import_hdf5(tmp_path / "b.h5", a)
     assert TrajectoryStore.open(a).num_episodes == 1
+
+
+def _last_chunk_partial(store, feature):
+    """The last chunk file of ``feature`` when the committed rows end inside it (what the next append rewrites)."""
+    m = json.loads((store / "manifest.json").read_text())
+    import zarr
+    arr = zarr.open_group(str(store), mode="r")[f"data/{feature}"]
+    n, chunk = int(m["lengths"][feature]), arr.chunks[0]
+    assert n % chunk, "the test needs a partial last chunk"
+    return store / "data" / feature / "c" / str(n // chunk) / "0"
+
+
+@pytest.mark.parametrize("damage", ["flipped bytes", "another chunk's valid bytes"])
+def test_an_append_onto_a_damaged_last_chunk_is_refused_naming_it(tmp_path, small_chunks, write_episodes, damage):
+    """Compaction rewrites the partial last chunk with the new rows after the old: it checks the old rows
+    against their recorded CRC first, so the damage is named, not hidden under a new generation's checksums
+    (or a codec error naming no array), and nothing changes: the staged episodes wait for a repaired store."""
+    store = tmp_path / "s"
+    write_episodes(store, "c0", n=3, seed=0, lengths=[5, 6, 7])   # 18 rows: chunks of 4 end inside one
+    compact(store)
+    last = _last_chunk_partial(store, "dof_pos")
+    if damage == "flipped bytes":
+        raw = bytearray(last.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        last.write_bytes(bytes(raw))
+    else:
+        last.write_bytes(_chunk_files(store, "dof_pos")[0].read_bytes())
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file() and "staging" not in p.parts}
+    write_episodes(store, "c2", n=2, seed=2)
+    with pytest.raises(ValueError, match=r"'dof_pos' chunk \d+ \(rows \d+-\d+\) (does not read back|differs from its "
+                                         r"recorded checksum).*nothing was appended.*dataset validate"):
+        compact(store)
+    after = {p: p.read_bytes() for p in store.rglob("*") if p.is_file() and "staging" not in p.parts}
+    assert after == before   # no array resized, no chunk written, the manifest as it was
+    assert len(list((store / "staging").glob("c2-*.episode"))) == 2

@@ -90,9 +90,12 @@ def test_backend_arguments_parse_into_name_and_warp_config():
     name, warp = backend_from_args(p.parse_args(["--backend", "mujoco_warp", "--warp-nconmax", "300",
                                                  "--warp-device", "cpu"]))
     assert name == "mujoco_warp" and warp == WarpConfig(device="cpu", nconmax=300)
-    _, capped = backend_from_args(p.parse_args(["--warp-solver-iterations", "10", "--warp-ls-iterations", "20"]))
+    _, capped = backend_from_args(p.parse_args(["--backend", "mujoco_warp", "--warp-solver-iterations", "10",
+                                                "--warp-ls-iterations", "20"]))
     assert (capped.solver_iterations, capped.ls_iterations) == (10, 20)
     assert backend_from_args(p.parse_args([]))[0] == "mujoco_cpu"
+    with pytest.raises(ValueError, match="--warp-ls-iterations, --warp-solver-iterations: option"):
+        backend_from_args(p.parse_args(["--warp-solver-iterations", "10", "--warp-ls-iterations", "20"]))
     with pytest.raises(SystemExit):
         p.parse_args(["--backend", "bullet"])
 

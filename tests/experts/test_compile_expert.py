@@ -93,7 +93,8 @@ def test_a_missing_cpp_compiler_is_named(monkeypatch):
 def test_collect_says_that_its_first_step_compiles(monkeypatch, capsys, tmp_path):
     from quadforge.collection import collect_cmd
     from quadforge.tools.cli import main as cli_main
-    monkeypatch.setattr(collect_cmd, "run_local", lambda cfg: {"compile_expert": cfg.compile_expert})
+    monkeypatch.setattr(collect_cmd, "run_local", lambda cfg: {"compile_expert": cfg.compile_expert,
+                                                                "in_store": cfg.episodes})
     assert cli_main(["collect", "--store", str(tmp_path / "s"), "--episodes", "2", "--compile-expert"]) == 0
     out = capsys.readouterr()
     assert "--compile-expert: the first control step compiles" in out.err and '"compile_expert": true' in out.out

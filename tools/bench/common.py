@@ -5,7 +5,6 @@ numbers against constants from another day.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from quadforge.cli_flags import write_json
 
 
 # The bar `quadforge bench` shows while a benchmark runs (rows measured, elapsed time); None outside it.
@@ -134,10 +135,7 @@ def report(name: str, tables: list[Table], json_path: str | None, extra: dict[st
     record = {"benchmark": name, "machine": machine_info(), "tables": {t.title: t.records() for t in tables}}
     if extra:
         record.update(extra)
-    if json_path == "-":   # docs/cli.md: --json - is stdout
-        print(json.dumps(record, indent=2, default=float))
-    elif json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(record, indent=2, default=float))
+    write_json(json_path, record, default=float)   # '-': stdout, the tables on stderr then (docs/cli.md)
+    if json_path and json_path != "-":
         print(f"wrote {json_path}")
     return record
