@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 from quadforge.cli_flags import add_json, write_json
 from quadforge.evaluation.metrics import fisher_exact_p, holm_significant
 from quadforge.evaluation.reports import fmt, markdown_table
-from quadforge.output_paths import check_output_file, is_text_file
+from quadforge.output_paths import check_output_file, table_marker, written_by
 
 KINDS = {"locomotion": ("commands", "terrain", "level"), "quard": ("instructions", "colours", "family")}
 # config keys left out of "not like for like": they do not change what is measured (the policy is the point
@@ -217,12 +217,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--labels {args.labels}: {len(labels)} names for {len(files)} evaluations "
                          f"({', '.join(map(str, files))})")
     if args.table:
-        check_output_file(args.table, flag="--table", owns=is_text_file)   # before any reading, not after
+        check_output_file(args.table, flag="--table", owns=written_by("compare"))   # before any reading
     result = compare([load_evaluation(f, lab) for f, lab in zip(files, labels)], alpha=args.alpha)
     text = compare_markdown(result)
     print(text, end="")
     if args.table:
         Path(args.table).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.table).write_text(text)
+        Path(args.table).write_text(text + "\n" + table_marker("compare") + "\n")
     write_json(args.json, result)
     return 0

@@ -280,6 +280,23 @@ def evaluate(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, A
     }
 
 
+# what one `quadforge eval` writes into its --out (write_outputs, write_task_outputs, the video, the QUARD frames)
+EVAL_OUTPUTS = ("eval.json", "report.md", "episode.gif", "*_vs_level.png", "frames_*.png")
+
+
+def replace_earlier_report(out: str | Path, who: str = "eval") -> None:
+    """An --out holding an earlier evaluation is replaced (docs/evaluation.md): say so, and remove its files
+    first, so none of them (a GIF, a family's frames) stays beside the new report as if it were its own."""
+    out = Path(out)
+    earlier = sorted({p for pattern in EVAL_OUTPUTS for p in out.glob(pattern) if p.is_file()
+                      and not p.name.startswith("experts_")})
+    if earlier:
+        print(f"{who}: replacing the earlier evaluation in {out} ({', '.join(p.name for p in earlier[:4])}"
+              f"{' ...' if len(earlier) > 4 else ''})", flush=True)
+        for p in earlier:
+            p.unlink()
+
+
 def write_outputs(result: dict[str, Any], out: str | Path, title: str | None = None) -> dict[str, Path]:
     """eval.json, report.md and the PNG plots into ``out``; the paths written."""
     out = Path(out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, deprecated
-from quadforge.evaluation.evaluate import EvalConfig, evaluate, write_outputs
+from quadforge.evaluation.evaluate import EvalConfig, evaluate, replace_earlier_report, write_outputs
 from quadforge.evaluation.reports import cells_table
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.builder import get_task
@@ -78,6 +78,7 @@ def run_task(args: argparse.Namespace) -> int:
                          episodes=args.episodes, num_envs=args.num_envs, seed=args.seed,
                          num_threads=args.num_threads, allow_robot_mismatch=args.allow_robot_mismatch,
                          **dict(zip(("backend", "warp"), backend_from_args(args)))).validate()
+    replace_earlier_report(cfg.out)
     paths = write_task_outputs(evaluate_task(cfg), cfg.out)
     print(f"report: {paths['report']}  json: {paths['json']}")
     return 0
@@ -100,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if args.colours != TASK_DEFAULTS["colours"]:
         raise ValueError(f"--colours {args.colours}: colour sets apply to --task quard:... only")
     cfg = config_from_args(args).validate()
+    replace_earlier_report(cfg.out)
     result = evaluate(cfg)
     paths = write_outputs(result, cfg.out)
     print(cells_table([result]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,11 @@ def expert_report(cfg: ev.EvalConfig, experts: list[str], labels: list[str] | No
     if not experts:
         raise ValueError("--experts is empty; give 'gait' and/or checkpoint paths, comma-separated")
     out = Path(cfg.out)
+    earlier = sorted(p for p in out.glob("[0-9]*_*") if p.is_dir() and (p / "eval.json").is_file())
+    if earlier:   # an earlier report's experts: this one writes its own (docs/evaluation.md)
+        print(f"eval-expert: replacing the earlier report in {out} ({', '.join(p.name for p in earlier)})", flush=True)
+    for stale in earlier:
+        shutil.rmtree(stale)
     results, names, paths = [], [], []
     for k, expert in enumerate(experts):
         sub = replace(cfg, policy=expert, out=str(out / f"{k}_{_slug(expert)}")).validate()

@@ -29,7 +29,7 @@ from quadforge.cli_flags import add_json, add_num_threads, add_robot, add_seed, 
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.evaluation.reports import markdown_table
 from quadforge.collection.rollout import Rollout, RolloutConfig
-from quadforge.envs.builder import make_env
+from quadforge.envs.builder import make_env, make_env_config
 from quadforge.envs.terrain import TERRAIN_TYPES
 from quadforge.experts.registry import check_policy_spec, policy_for_env, spec_help
 from quadforge.overrides import parse_overrides
@@ -91,6 +91,11 @@ def evaluate(policy_spec: str, robot: str = "go1", level: int = 0, envs_per_type
     (default: the ones the checkpoint was trained with, e.g. its command ranges); ``backend``: (name,
     WarpConfig or None) of the physics backend."""
     overrides = training_overrides(policy_spec) if overrides is None else overrides
+    env_overrides = {k[len("env."):]: v for k, v in overrides.items() if k.startswith("env.")}
+    levels = make_env_config(robot, ",".join(TERRAIN_TYPES), one_column_per_type=True,
+                             overrides=env_overrides).terrain.num_levels
+    if not (isinstance(level, int) and 0 <= level < levels):   # before the first rollout, naming the flag
+        raise ValueError(f"--level={level!r} is invalid; allowed: an integer in [0, {levels - 1}] (the grid's levels)")
 
     results: dict[str, dict[str, float]] = {}
     env = _env("plane", envs_per_type, robot, seed, episode_s, num_threads, overrides, backend)

@@ -131,15 +131,18 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path:
     return steps[-1]
 
 
-def check_model(ckpt: Checkpoint, model_name: str, model_config: Mapping[str, Any] | None = None) -> None:
-    """Refuse to resume/load into a different model or a differently shaped one."""
+def check_model(ckpt: Checkpoint, model_name: str, model_config: Mapping[str, Any] | None = None,
+                where: str | os.PathLike | None = None) -> None:
+    """Refuse to resume/load into a different model or a differently shaped one; ``where``: the checkpoint's
+    path, named in the error."""
+    which = f"checkpoint {where}" if where is not None else "checkpoint"
     if ckpt.model_name != model_name:
-        raise ValueError(f"checkpoint holds model {ckpt.model_name!r}, not {model_name!r}")
+        raise ValueError(f"{which} holds model {ckpt.model_name!r}, not {model_name!r}")
     if model_config is not None:
         diff = {k: (ckpt.model_config.get(k), v) for k, v in model_config.items()
                 if ckpt.model_config.get(k) != v}
         if diff:
-            raise ValueError(f"checkpoint model config differs (checkpoint, requested): {diff}")
+            raise ValueError(f"{which}: model config differs (checkpoint, requested): {diff}")
 
 
 def load_state(model: nn.Module, ckpt: Checkpoint) -> None:

@@ -66,7 +66,7 @@ def test_outputs_are_checked_before_any_work(tmp_path, capsys, monkeypatch):
     assert main(["eval", "--out", str(tmp_path / "file" / "sub")]) == 2
     _one_line_error(capsys, "is a file, not a folder")
     assert main(["eval", "--out", str(docs)]) == 2
-    _one_line_error(capsys, "not a evaluation report")
+    _one_line_error(capsys, "not an evaluation report")
     store = _store(tmp_path / "s")
     assert main(["dataset", "export-hdf5", "--store", str(store), "--output", str(tmp_path / "file" / "x.h5")]) == 2
     _one_line_error(capsys, "is a file, not a folder")
@@ -235,3 +235,26 @@ def test_a_lone_compaction_lock_is_no_store(tmp_path, capsys, monkeypatch):
     assert main(["collect", "--store", str(other), "--episodes", "2"]) == 2
     _one_line_error(capsys, f"--store {other}", "not a trajectory store", "notes.txt")
     assert _snapshot(other) == before
+
+
+def test_run_folders_never_inside_a_store_and_a_run_stopped_before_its_first_checkpoint_reruns(tmp_path):
+    """`train --out STORE/data/run` wrote a run among a store's arrays; a run killed before its first
+    checkpoint left train_config.json, val.jsonl, tb/ and its lock, and then every rerun (plain, --resume,
+    --overwrite) was refused. Such a folder is a run not begun: a plain rerun starts it afresh."""
+    from quadforge.output_paths import check_run_dir
+    store = tmp_path / "s"
+    store.mkdir()
+    (store / "manifest.json").write_text("{}")
+    (store / "zarr.json").write_text("{}")
+    with pytest.raises(ValueError, match=f"inside the trajectory store {store}"):
+        check_run_dir(store / "data" / "run")
+    run = tmp_path / "run"
+    (run / "tb").mkdir(parents=True)
+    for name in ("train_config.json", "val.jsonl", ".train.lock"):
+        (run / name).write_text("")
+    assert check_run_dir(run) == run
+    with pytest.raises(ValueError, match="a run stopped before its first checkpoint: run it again without --resume"):
+        check_run_dir(run, resume=True)
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not a training run"):
+        check_run_dir(run)

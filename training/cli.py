@@ -78,6 +78,9 @@ def default_preset(device: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     spec = resolve_model(args)
+    if getattr(args, "layout", None) and spec.trainer != "imitation":   # refused, not dropped without a word
+        raise ValueError(f"--layout {args.layout}: the observation layout of the imitation models; {spec.name} "
+                         f"(the {spec.trainer} trainer) does not take it")
     set_cpu_threads(getattr(args, "num_threads", None))
     if getattr(args, "ram_budget", None) is not None:   # every trainer's config has the field: one override
         from quadforge.data.ram_budget import parse_ram_budget

@@ -123,8 +123,9 @@ class DaggerConfig:
         if self.init_from is not None:
             try:
                 init = load_checkpoint(self.init_from)   # a text file or a damaged archive: one line, now
-                if self.iterations and self.finetune_steps:   # iteration 1 continues from its weights
-                    check_model(init, self.model, model.config)
+                # iteration 0 of this model's ladder; iteration 1 continues from its weights (same shape then)
+                finetunes = self.iterations and self.finetune_steps
+                check_model(init, self.model, model.config if finetunes else None, where=self.init_from)
             except (ValueError, FileNotFoundError) as err:
                 raise ValueError(f"--init-from: {err}") from None
         if self.data is not None:

@@ -290,13 +290,20 @@ def upcycling_hint() -> str:
                      if (dst := [n for n in names if upcycles(src, n)]))
 
 
+def check_vla_init(init: Checkpoint, path: Any) -> None:
+    """``init_from`` must be a VLA checkpoint: checked before its config is read (a locomotion model's has no
+    vocabulary, which would be the error otherwise)."""
+    if (init.extra or {}).get("policy_kind") != POLICY_KIND:
+        raise ValueError(f"init_from={path}: not a VLA checkpoint: it holds model {init.model_name!r} (policy kind "
+                         f"{(init.extra or {}).get('policy_kind')!r}); a VLA fine-tune starts from a VLA's last.pt")
+
+
 def load_init_weights(model: torch.nn.Module, init: Checkpoint, vla: Any, model_name: str, path: Any) -> None:
     """Start a fine-tune from ``init``'s weights. The config must equal the run's, except that a
     language-blind run (``BLIND_VOCAB``) starting from a reading model keeps only the word table's
     padding and unknown rows (what every word becomes), and that a dense checkpoint upcycles into an MoE
     run (``upcycles``: the same config with ``moe`` on)."""
-    if (init.extra or {}).get("policy_kind") != POLICY_KIND:
-        raise ValueError(f"init_from={path}: not a VLA checkpoint (policy kind {(init.extra or {}).get('policy_kind')!r})")
+    check_vla_init(init, path)
     want = vla.to_dict()
     blind = tuple(want.get("vocab", ())) == BLIND_VOCAB and tuple(init.model_config.get("vocab", ())) != BLIND_VOCAB
     upcycle = upcycles(init.model_name, model_name)

@@ -206,7 +206,7 @@ class ImitationRun:
     def _init_from(self, path: str) -> None:
         """Fine-tune: the weights and the input scaling they were trained with."""
         init = load_checkpoint(path)
-        check_model(init, self.cfg.model, self.model.config)
+        check_model(init, self.cfg.model, self.model.config, where=path)
         load_state(self.model, init)
         self.obs_mean, self.obs_std = init.obs_stats["mean"], init.obs_stats["std"]
         self.provenance["init_from"] = str(path)
@@ -215,7 +215,7 @@ class ImitationRun:
         if self.out is None:
             raise ValueError("--resume needs --out (the run directory holding last.pt)")
         ckpt = load_checkpoint(self.out / "last.pt")
-        check_model(ckpt, self.cfg.model, self.model.config)
+        check_model(ckpt, self.cfg.model, self.model.config, where=self.out / "last.pt")
         check_resume_provenance(self.out, ckpt, self.provenance, ("store", "generation", "episodes"),
                                 self.cfg.to_dict(), RESUME_DEFINES)
         load_state(self.model, ckpt)

@@ -21,6 +21,7 @@ trainer's store batches restart from such a stream at every checkpoint.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,8 @@ class RunLog:
         self._lock = acquire(Path(out) / RUN_LOCK, f"training {who}",
                              hint="one training per --out at a time: wait for it to finish, or train into another --out")
         self.curve = restart_val_curve(Path(out), resumed_at)
+        if not resumed_at:   # a fresh run (an --overwrite, or a rerun of one stopped before its first checkpoint)
+            shutil.rmtree(Path(out) / "tb", ignore_errors=True)   # logs no curves of the run it replaces
         if not enabled:
             return
         try:
@@ -155,20 +158,25 @@ def set_rng_state(saved: Mapping[str, Any] | None, info: DistInfo,
 
 
 def check_resume_provenance(out: Path, ckpt: Checkpoint, provenance: Mapping[str, Any], data_keys: Sequence[str],
-                            config: Mapping[str, Any], config_keys: Sequence[str]) -> None:
+                            config: Mapping[str, Any], config_keys: Sequence[str], takes_init_from: bool = True) -> None:
     """A resume continues the batches the interrupted run would have drawn only on the same data and
     draws: a store that has grown since re-splits train and validation (validation episodes become
     training ones) and changes the counts in ``data_keys`` both provenances record; another value of a
-    ``config_keys`` field (seed, batch size, split, ...) draws other batches. Refused, naming what changed."""
+    ``config_keys`` field (seed, batch size, split, ...) draws other batches. Refused, naming what changed
+    (and, for a trainer that ``takes_init_from``, the override that starts a new run from the weights)."""
+    total = config.get("max_steps")
+    if isinstance(total, int) and ckpt.step > total:   # equal: the finished run's rerun, which saves it again
+        raise ValueError(f"--resume {out}: --max-steps {total} is below the checkpoint's step {ckpt.step}; "
+                         f"--max-steps is the run's total, so a resume gives one >= {ckpt.step}")
     was, then = ckpt.provenance or {}, ckpt.train_config or {}
     differ = [f"{key} {was[key]!r} then, {provenance[key]!r} now" for key in data_keys
               if key in was and key in provenance and was[key] != provenance[key]]
     differ += [f"{key} {then[key]!r} then, {config[key]!r} now" for key in config_keys
                if key in then and key in config and then[key] != config[key]]
     if differ:
+        start = f" (init_from={Path(out) / 'last.pt'} starts from its weights)" if takes_init_from else ""
         raise ValueError(f"--resume {out}: the run was made on other data or draws ({'; '.join(differ)}); a resume "
-                         f"would not continue it. Train into a new --out (--init-from {Path(out) / 'last.pt'} "
-                         f"starts from its weights)")
+                         f"would not continue it. Train into a new --out{start}")
 
 
 def resume_from(ckpt: Checkpoint, optimizer: torch.optim.Optimizer, scheduler: Any, info: DistInfo,

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 
 import argparse
+import contextlib
 import os
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed
+from quadforge.data.locks import acquire
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.builder import make_env
@@ -39,7 +42,7 @@ from quadforge.envs.terrain import TERRAIN_SPEC_HELP
 from quadforge.experts.loaders import RSL_RL_PREFIX, _torch_load, latest_rsl_rl_checkpoint
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
-from quadforge.output_paths import check_output_dir
+from quadforge.output_paths import RUN_LOCK, check_output_dir
 from quadforge.training.distributed import DistInfo, barrier, cleanup, init_distributed
 
 PRESETS_HELP = "legged_gym (the paper's PPO settings, 4096 envs) or cpu (scaled to a 2-core machine)"
@@ -213,7 +216,23 @@ def train(cfg: TrainExpertConfig) -> Path:
     preset = apply_preset_overrides(preset, cfg.overrides).validate()
     if loaded_iteration is not None:
         check_resume_writes(cfg.out, loaded_iteration, cfg.iterations, preset.save_interval)
+        check_continues_run(cfg, preset)
+    # one training per --out at a time (rank 0 writes the checkpoints): a second run resuming from the
+    # first's checkpoints while it writes would replace them under the same names
+    made_here = not Path(cfg.out).exists()
+    lock = acquire(Path(cfg.out) / RUN_LOCK, "train-expert",
+                   hint="one training per --out at a time: wait for it to finish, or train into another --out") \
+        if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext()
+    try:
+        with lock:
+            return _train(cfg, preset)
+    except BaseException:
+        if made_here and Path(cfg.out).is_dir() and all(x.name == RUN_LOCK for x in Path(cfg.out).iterdir()):
+            shutil.rmtree(cfg.out, ignore_errors=True)   # stopped before writing anything: no folder left
+        raise
 
+
+def _train(cfg: TrainExpertConfig, preset: Any) -> Path:
     torch.set_num_threads(max(1, cfg.num_threads))
     seed_everything(cfg.seed)
     env = build_env(cfg, preset)
@@ -293,10 +312,32 @@ def check_resume_writes(out: str, loaded_iteration: int, iterations: int, save_i
                          f"(--resume-from PATH --out NEW_DIR) or move those files away first")
 
 
+# what a continued run (--resume in its own --out) must share with the run it continues: another terrain,
+# seed, preset or batch of envs would train on under the first run's name and iteration count
+CONTINUES = ("terrain", "seed", "preset", "num_envs")
+
+
+def check_continues_run(cfg: TrainExpertConfig, preset: Any) -> None:
+    """A resume from a checkpoint in ``--out`` continues that run: refused, naming what differs, when the
+    run was made with other settings (``--resume-from PATH --out NEW`` trains on from its weights)."""
+    if Path(cfg.resume).resolve().parent != Path(cfg.out).resolve():
+        return   # --resume-from into another folder: a new run that starts from those weights
+    meta = ((_torch_load(Path(cfg.resume)).get("infos") or {}).get("quadforge") or {})
+    was = {"terrain": meta.get("terrain"), "seed": meta.get("seed"), "preset": meta.get("preset"),
+           "num_envs": (meta.get("preset_config") or {}).get("num_envs")}
+    now = {"terrain": cfg.terrain, "seed": cfg.seed, "preset": cfg.preset, "num_envs": preset.num_envs}
+    differ = [f"--{k.replace('_', '-')} {was[k]!r} then, {now[k]!r} now" for k in CONTINUES
+              if was[k] is not None and was[k] != now[k]]
+    if differ:
+        raise ValueError(f"--resume {cfg.out}: the run was made with other settings ({'; '.join(differ)}); a resume "
+                         f"would not continue it. Start a new run from its weights: --resume-from {cfg.resume} "
+                         f"--out NEW_DIR")
+
+
 def check_expert_out(out: str, resume: bool, overwrite: bool) -> None:
     """A new/empty folder, or one holding a run that --resume continues or --overwrite replaces."""
     p = check_output_dir(out, "PPO expert run", owns=lambda d: any(d.glob(f"{RSL_RL_PREFIX}*.pt"))
-                         or any(d.glob("events.out.tfevents*")))
+                         or any(d.glob("events.out.tfevents*")) or all(x.name == RUN_LOCK for x in d.iterdir()))
     if p.is_dir() and any(p.glob(f"{RSL_RL_PREFIX}*.pt")):
         if not (resume or overwrite):
             raise ValueError(f"--out {out}: already holds a PPO run ({RSL_RL_PREFIX}<it>.pt); pass --resume "

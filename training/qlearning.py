@@ -134,7 +134,8 @@ def paper_model() -> GeRMConfig:
     return GeRMConfig(obs_dim=0, context=6, d_model=512, num_layers=8, num_heads=8, ffn_hidden=2048)
 
 
-PRESETS = {"small": small_model, "paper": paper_model}
+# "cpu" is what `train --help` and the other trainers call their CPU-sized preset: the same one here
+PRESETS = {"small": small_model, "cpu": small_model, "paper": paper_model}
 
 
 def default_config(model_name: str, preset: str | None = None) -> GeRMTrainConfig:
@@ -283,8 +284,9 @@ class GeRMRun:
         self.model = build_model(cfg).to(info.device)
         ckpt = None
         if resume:
-            ckpt = load_checkpoint(latest_checkpoint(out), map_location="cpu")
-            check_model(ckpt, cfg.model_name, self.model.cfg.to_dict())
+            path = latest_checkpoint(out)
+            ckpt = load_checkpoint(path, map_location="cpu")
+            check_model(ckpt, cfg.model_name, self.model.cfg.to_dict(), where=path)
             binner = ActionBinner.from_dict(ckpt.extra["binner"])
             load_state(self.model, ckpt)
         else:
@@ -303,7 +305,7 @@ class GeRMRun:
                      "train_transitions": len(self.sampler) * info.world_size, **dict(provenance or {})}
         if ckpt is not None:
             check_resume_provenance(out, ckpt, self.prov, ("data", "episodes", "steps", "train_transitions"),
-                                    dataclasses.asdict(cfg), RESUME_DEFINES)
+                                    dataclasses.asdict(cfg), RESUME_DEFINES, takes_init_from=False)
         self.log = RunLog(out, info.is_main, cfg.tensorboard, who=cfg.model_name, resumed_at=self.start)
         self.val_history: list[dict[str, float]] = []
 

@@ -43,7 +43,7 @@ import torch
 from quadforge.cli_flags import add_out, add_seed, add_store, field_flag, require
 from quadforge.collection.collect import CollectConfig, run_local
 from quadforge.data.store import refuse_file_as_store
-from quadforge.output_paths import check_output_dir, check_output_file, is_text_file
+from quadforge.output_paths import check_output_dir, check_output_file, table_marker, written_by
 from quadforge.overrides import apply_overrides
 from quadforge.training.imitation import train
 from quadforge.models.registry import model_names
@@ -110,7 +110,7 @@ class SweepConfig:
         refuse_file_as_store(self.data, "--store")   # the store may not exist yet: not existing_store_dir
         check_output_dir(self.out, "train-sweep run", owns=lambda p: (p / "sweep.json").is_file())
         if self.table:
-            check_output_file(self.table, flag="--table", owns=is_text_file)   # before the sweep, not after it
+            check_output_file(self.table, flag="--table", owns=written_by("train-sweep"))   # before the sweep
         return self
 
     def recorded(self) -> dict[str, Any]:
@@ -218,7 +218,7 @@ def run_sweep(cfg: SweepConfig, log: Callable[[str], None] = print) -> dict[str,
     text = sweep_table(results, cfg.models)
     print(text)
     if cfg.table:
-        Path(cfg.table).write_text(text + "\n")
+        Path(cfg.table).write_text(text + "\n\n" + table_marker("train-sweep") + "\n")
     return results
 
 

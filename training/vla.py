@@ -55,8 +55,9 @@ from quadforge.models.vla import VLAConfig, images_to_float
 from quadforge.models.registry import build_vla_model, model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
 from quadforge.training.vla_data import SAMPLING_MODES, ImageWindowSource, check_batch, open_image_source
-from quadforge.training.grounding import (DECISION_FRAMES, TARGET_TERMS, blank_colours, GroundingProbe, TargetAuxLoss, append_row, load_init_weights,
-                                         null_instruction, upcycles, vocabulary_for)
+from quadforge.training.grounding import (DECISION_FRAMES, TARGET_TERMS, blank_colours, GroundingProbe, TargetAuxLoss,
+                                         append_row, check_vla_init, load_init_weights, null_instruction, upcycles,
+                                         vocabulary_for)
 from quadforge.training.distributed import (DistInfo, broadcast_object, cleanup, init_distributed, unwrap,
                                             wrap_model)
 from quadforge.training.loop import (RunLog, TrainLoop, apply_trainer_args, check_amp, check_resume_provenance,
@@ -513,6 +514,8 @@ class VLARun:
         # a fine-tune's config comes partly from its init (vocabulary, an upcycled expert's width), resumed
         # or not; only a fresh run loads the init's weights (_starting_weights prefers its own last.pt)
         init = load_checkpoint(str(cfg.init_from), map_location="cpu") if cfg.init_from else None
+        if init is not None:
+            check_vla_init(init, cfg.init_from)
         self.vla = model_config(cfg, tuple(source.image_size), self.instructions, init)
         if self.vla.history != int(source.history):
             raise ValueError(f"the source gives {source.history}-frame windows, the model's history is "

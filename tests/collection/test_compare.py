@@ -5,6 +5,7 @@ import pytest
 
 from quadforge.evaluation.compare import compare, evaluation_files, load_evaluation
 from quadforge.evaluation.metrics import fisher_exact_p, holm_significant
+from quadforge.output_paths import table_marker
 from quadforge.tools.cli import main
 
 
@@ -57,7 +58,13 @@ def test_compare_pools_common_cells_and_stars_only_what_survives_holm(tmp_path, 
     assert rows[("walking", "stairs_up", 0)]["results"][1] is None and rows[("walking", "stairs_up", 0)]["versus"] == [None]
     assert result["different_settings"] == {"seed": [0, 3]}
     assert "not like for like: `seed`" in printed and "| walking | flat | 0 | 20/20 (1) | 5/20 (0.25) | -0.750 * |" in printed
-    assert (tmp_path / "cmp.md").read_text() == printed
+    assert (tmp_path / "cmp.md").read_text() == printed + "\n" + table_marker("compare") + "\n"
+    # a rerun replaces its own table; a user's text (notes.md) is no table of compare's, whatever its name
+    assert main(["compare", str(a), str(b), "--table", str(tmp_path / "cmp.md")]) == 0
+    notes = tmp_path / "notes.md"
+    notes.write_text("# My thesis notes\n")
+    assert main(["compare", str(a), str(b), "--table", str(notes)]) == 2
+    assert "not an earlier output" in capsys.readouterr().err and notes.read_text() == "# My thesis notes\n"
 
 
 def test_an_eval_expert_folder_expands_to_its_policies_in_order(tmp_path):

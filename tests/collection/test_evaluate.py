@@ -218,3 +218,25 @@ def test_episodes_for_power_matches_the_textbook_sample_size_and_simulation():
     assert 0.75 < float((np.abs(z) > 1.96).mean()) < 0.85
     with pytest.raises(ValueError, match="must differ"):
         episodes_for_power(0.5, 0.5)
+
+
+def test_a_rerun_into_an_earlier_report_says_so_and_leaves_none_of_its_files(tmp_path, capsys):
+    """`eval --video` then `eval --out` the same folder without it left the first policy's GIF beside the
+    second's report; `eval-expert` refused its own earlier folder. Both replace it now, and say so."""
+    from quadforge.evaluation.evaluate import replace_earlier_report
+    from quadforge.output_paths import check_output_dir, is_eval_dir
+    for name in ("eval.json", "report.md", "episode.gif", "success_vs_level.png", "frames_go_to_train.png",
+                 "experts_success_vs_level.png", "notes.txt"):
+        (tmp_path / name).write_text("earlier")
+    replace_earlier_report(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["experts_success_vs_level.png", "notes.txt"]
+    assert "eval: replacing the earlier evaluation in" in capsys.readouterr().out
+    report = tmp_path / "expert"
+    (report / "0_gait").mkdir(parents=True)
+    (report / "expert_report.json").write_text("{}")
+    assert is_eval_dir(report) and check_output_dir(report, "evaluation report", owns=is_eval_dir) == report
+
+
+def test_eval_tracking_checks_its_level_before_any_rollout(capsys):
+    assert cli_main(["eval-tracking", "--policy", "gait", "--level", "10"]) == 2
+    assert "--level=10 is invalid; allowed: an integer in [0, 9]" in capsys.readouterr().err

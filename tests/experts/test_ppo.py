@@ -173,3 +173,24 @@ def test_shipped_checkpoint_walks_forward_on_command(name):
         assert forward.min() > 1.2, forward
     finally:
         env.close()
+
+
+def test_a_resume_in_place_keeps_the_runs_settings_and_one_training_writes_a_folder(tmp_path):
+    """`--resume` in its own --out continues that run: another terrain, seed or number of envs is refused
+    (the checkpoints would carry the first run's name and count); `--resume-from` into a new folder is a
+    new run and may change them. While a run writes its --out it holds the folder's training lock."""
+    from quadforge.data.locks import acquire
+    from quadforge.output_paths import RUN_LOCK
+    first = _train(tmp_path / "run", iterations=1)
+    for change, match in ((dict(seed=3), "--seed 0 then, 3 now"), (dict(terrain="slope_up"), "--terrain 'flat' then")):
+        cfg = TrainExpertConfig(out=str(tmp_path / "run"), num_envs=4, iterations=1, resume=str(first),
+                                overrides=dict(TINY), **{"seed": 0, **change})
+        with pytest.raises(ValueError, match=match):
+            train(cfg)
+    cfg = TrainExpertConfig(out=str(tmp_path / "run"), num_envs=8, iterations=1, resume=str(first), overrides=dict(TINY))
+    with pytest.raises(ValueError, match="--num-envs 4 then, 8 now"):
+        train(cfg)
+    assert _train(tmp_path / "branch", iterations=1, resume=str(first), seed=3).is_file()   # a new run: allowed
+    with acquire(tmp_path / "run" / RUN_LOCK, "another training"):   # a run still writing the folder
+        with pytest.raises(ValueError, match="another training"):
+            _train(tmp_path / "run", iterations=1, resume=str(first))

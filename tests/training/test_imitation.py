@@ -100,11 +100,24 @@ def test_resume_refuses_a_grown_store_or_other_draws(tmp_path):
     or batch size draws other batches: the resumed run would not continue the interrupted one."""
     data = learnable_arrays(num_episodes=6)
     train(_cfg(steps=4), data, tmp_path)
-    with pytest.raises(ValueError, match=r"other data or draws \(episodes 6 then, 8 now\).*--init-from"):
+    with pytest.raises(ValueError, match=r"other data or draws \(episodes 6 then, 8 now\).*init_from="):
         train(_cfg(steps=8), learnable_arrays(num_episodes=8), tmp_path, resume=True)
     with pytest.raises(ValueError, match=r"seed 0 then, 1 now"):
         train(dataclasses.replace(_cfg(steps=8), seed=1), data, tmp_path, resume=True)
+    # --max-steps is the run's total: a resume asking for fewer than the checkpoint holds rewrote the run
+    with pytest.raises(ValueError, match=r"--max-steps 2 is below the checkpoint's step 4"):
+        train(_cfg(steps=2), data, tmp_path, resume=True)
     assert train(_cfg(steps=8), data, tmp_path, resume=True).history[-1]["step"] == 8
+
+
+def test_a_fresh_run_clears_the_tensorboard_logs_of_the_one_it_replaces(tmp_path):
+    """A rerun of a run stopped before its first checkpoint (or an --overwrite) logged its curves beside the
+    stopped run's: TensorBoard showed both as one."""
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "events.out.tfevents.old").write_bytes(b"stale")
+    (tmp_path / "train_config.json").write_text("{}")
+    train(_cfg(steps=2), learnable_arrays(num_episodes=6), tmp_path)
+    assert not (tmp_path / "tb" / "events.out.tfevents.old").exists() and (tmp_path / "last.pt").is_file()
 
 
 @pytest.mark.parametrize("model", ["transformer", "convformer", "starformer", "mlp"])

@@ -75,6 +75,9 @@ def test_train_command_on_a_real_store(tmp_path, capsys):
     assert main(["train", "--model", "mlp", "--store", str(store), "--out", str(out), "--layout", "bogus",
                  "--overwrite"]) == 2
     assert "unknown observation layout 'bogus'" in capsys.readouterr().err
+    assert main(["train", "--model", "germ", "--store", str(store), "--out", str(out), "--layout", "proprio",
+                 "--overwrite"]) == 2   # a flag the model's trainer has no use for: refused, not dropped
+    assert "--layout proprio: the observation layout of the imitation models; germ" in capsys.readouterr().err
     assert main(["train", "--model", "mlp", "--store", str(store), "--out", str(out), "bogus=1", "--overwrite"]) == 2
     assert "has no field 'bogus'" in capsys.readouterr().err
 

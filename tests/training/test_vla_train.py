@@ -602,3 +602,16 @@ def test_the_vla_trainer_gives_the_same_bits_without_the_nan_fill_of_new_tensors
         torch.utils.deterministic.fill_uninitialized_memory = False
     assert with_fill.keys() == without.keys()
     assert all(torch.equal(with_fill[k], without[k]) for k in with_fill), model
+
+
+def test_init_from_a_locomotion_checkpoint_is_named_as_one(tmp_path):
+    """An FCNet checkpoint as a VLA's init_from failed on its missing vocabulary; it is named now."""
+    from quadforge.models.checkpoint import Checkpoint
+    from quadforge.training.grounding import check_vla_init
+    with pytest.raises(ValueError, match=r"init_from=x.pt: not a VLA checkpoint: it holds model 'fcnet'"):
+        check_vla_init(Checkpoint(model_name="fcnet", model_config={}, state_dict={}, layout={}), "x.pt")
+
+
+def test_germ_takes_the_cpu_preset_name_every_trainer_takes():
+    from quadforge.training.qlearning import default_config
+    assert default_config("germ", "cpu").model == default_config("germ", "small").model
