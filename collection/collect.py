@@ -164,7 +164,10 @@ class CollectConfig:
         _refuse_flags_the_task_ignores(self)
         if not isinstance(self.frame_stride, int) or self.frame_stride < 1:
             raise bad("frame_stride", "an integer >= 1 (control steps per camera frame; 10 = 5 Hz at 50 Hz)")
-        parse_skills(self.skills)
+        try:
+            parse_skills(self.skills)
+        except ValueError as err:   # the mix's own words, after the flag they are about
+            raise ValueError(f"--skills {self.skills!r}: {err}") from None
         check_output_dir(self.out, "trajectory store", owns=is_store_dir, flag="--store")
         self.policy = self.policy or default_policy(self.task)
         check_policy_spec(self.policy)

@@ -198,6 +198,9 @@ def test_json_on_stdout_is_the_json_alone_for_a_command_with_a_text_report(capsy
     assert main(["rollout", "--num-envs", "2", "--seconds", "0.2", "--json", "-"]) == 0
     both = capsys.readouterr()
     assert json.loads(both.out)["num_envs"] == 2 and "env steps/s" in both.err
+    # a flag of the locomotion task on a QUARD task is refused, not ignored
+    assert main(["rollout", "--task", "quard:go_to", "--command", "1,0,0"]) == 2
+    assert "--command 1,0,0: the locomotion task's joystick" in capsys.readouterr().err
 
 
 def test_the_recorded_commit_is_the_codes_not_the_callers_directorys(tmp_path, monkeypatch):

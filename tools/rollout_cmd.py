@@ -148,6 +148,9 @@ def format_summary(s: dict, policy: str, terrain: str) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.task != "locomotion":
         get_task(args.task)            # a one-line error naming the tasks for a bad name
+        if args.command is not None:   # refused, not dropped without a word
+            raise ValueError(f"--command {args.command}: the locomotion task's joystick; on --task {args.task} the "
+                             f"policy's high level commands the gait (leave it out)")
         return run_quard(args)
     if args.images or args.colours != "train":   # the QUARD camera's flags: refused, not dropped without a word
         raise ValueError("--images/--colours: the QUARD tasks' camera and objects; the locomotion task has neither "

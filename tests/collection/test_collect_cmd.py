@@ -57,7 +57,7 @@ def test_collects_to_a_target_and_resumes_without_replaying(tmp_path, capsys):
 @pytest.mark.parametrize("args,match", [
     (["--episodes", "0"], "--episodes"),
     (["--robot", "spot"], "go1"),
-    (["--skills", "flying=1"], "unknown skills"),
+    (["--skills", "flying=1"], "--skills 'flying=1': unknown skills"),
     (["--terrain", "lava"], "terrain"),
     (["--policy", "/no/such/ckpt.pt"], "no such checkpoint"),
     (["--action-noise", "-1"], "--action-noise"),
