@@ -86,10 +86,13 @@ def _is_store_root(p: Path) -> bool:
     return ((p / "manifest.json").is_file() and (p / "zarr.json").is_file()) or (p / ".collect.lock").exists()
 
 
-def _enclosing_store(p: Path) -> Path | None:
-    """The trajectory store ``p`` would be written into; None if none. Symlinks are followed: the write
-    would follow them too."""
-    return next((parent for parent in p.resolve().parents if _is_store_root(parent)), None)
+def _refuse_inside_a_store(p: Path, flag: str) -> None:
+    """An output folder is never inside a trajectory store: its files would sit among the store's arrays (a
+    compaction's rewrite, a validate, a copy of the store meet them). Symlinks are followed, as the write would."""
+    store = next((parent for parent in p.resolve().parents if _is_store_root(parent)), None)
+    if store is not None:
+        raise ValueError(f"{flag} {p}: inside the trajectory store {store}; writing there would damage it: "
+                         f"choose a path outside it")
 
 
 def table_marker(command: str) -> str:
@@ -152,10 +155,7 @@ def check_output_dir(path: str | os.PathLike, kind: str, owns: Callable[[Path], 
     if p.exists() and not p.is_dir():
         raise ValueError(f"{flag} {p}: is a file; give a folder for the {kind} (created if missing)")
     _check_parents(p, flag)
-    store = _enclosing_store(p)
-    if store is not None:   # its files would sit among the store's arrays and be lost to a compaction's rewrite
-        raise ValueError(f"{flag} {p}: inside the trajectory store {store}; writing there would damage it: "
-                         f"choose a path outside it")
+    _refuse_inside_a_store(p, flag)
     if p.is_dir() and any(p.iterdir()) and not (owns is not None and owns(p)):
         article = "an" if kind[:1] in "aeiou" else "a"
         raise ValueError(f"{flag} {p}: a non-empty folder that is not {article} {kind} (it holds {listing(p)}); "
@@ -191,10 +191,7 @@ def check_run_dir(path: str | os.PathLike, resume: bool = False, overwrite: bool
     if p.exists() and not p.is_dir():
         raise ValueError(f"{flag} {p}: is a file; give a folder for the run (created if missing)")
     _check_parents(p, flag)
-    store = _enclosing_store(p)
-    if store is not None:
-        raise ValueError(f"{flag} {p}: inside the trajectory store {store}; writing there would damage it: "
-                         f"choose a path outside it")
+    _refuse_inside_a_store(p, flag)
     has_run = holds_run(p)
     if resume:
         if not has_run:
