@@ -82,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("import-hdf5", help="append an exported HDF5 file's demos to a store")
     p.add_argument("--input", default=None, metavar="FILE", help="the HDF5 file to read (required)")
     _store(p, "appended to (created if missing)")
+    p.add_argument("--collector-id", default=None, metavar="ID",
+                   help="stage the demos under this collector's next ids, each keeping its own as source_episode_id "
+                        "(to merge stores whose ids collide, e.g. two collections under the default 'main')")
 
 
 def summary(store_path: str | Path) -> dict[str, Any]:
@@ -218,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"dataset import-hdf5 --input {args.input}: is a folder, not an HDF5 file; give the "
                              f".h5 file `quadforge dataset export-hdf5` wrote")
         from quadforge.data.export import import_hdf5
-        n = import_hdf5(args.input, args.store)
+        n = import_hdf5(args.input, args.store, collector_id=args.collector_id)
         print(f"imported {n} demos into {args.store}")
         return 0
     raise ValueError(f"dataset action {args.action!r}; allowed: {ACTIONS}")

@@ -39,7 +39,8 @@ from quadforge.data.images import IMAGE_PREFIX, hold_frames, is_image, subsample
 from quadforge.data.instructions import InstructionTable
 from quadforge.data.locks import locked
 from quadforge.data.schema import TASK_PREFIX
-from quadforge.data.staging import write_staging_file, writer_lock_path
+from quadforge.data.staging import COLLECTOR_ID_RE, COLLECTOR_ID_RULE, write_staging_file, writer_lock_path
+from quadforge.data.writer import StagingWriter
 from quadforge.data.episode_table import COLUMNS, DICT_COLUMNS
 from quadforge.data.store import TrajectoryStore
 from quadforge.terms import TERM_DIMS
@@ -166,8 +167,11 @@ def _attr(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
-def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
-    """Append the demos of an exported file to a store (created if absent); returns demos imported."""
+def import_hdf5(h5_path: str | Path, store_path: str | Path, collector_id: str | None = None) -> int:
+    """Append the demos of an exported file to a store (created if absent); returns demos imported.
+    ``collector_id``: stage every demo under this collector's next ids instead of its own (merging stores
+    whose ids collide: two collections under the default ``main``), its own id kept as ``source_episode_id``
+    in the episode's record; a demo whose id this collector already imported is skipped."""
     import h5py
     src = Path(h5_path)
     if not src.is_file():
@@ -176,6 +180,8 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
         raise ValueError(f"{src}: not an HDF5 file (no HDF5 signature); import-hdf5 reads files written by "
                          f"`quadforge dataset export-hdf5`")
     check_output_dir(store_path, "trajectory store", owns=is_store_dir, flag="import-hdf5 --store")
+    if collector_id is not None and not COLLECTOR_ID_RE.match(str(collector_id)):
+        raise ValueError(f"import-hdf5 --collector-id={collector_id!r} is invalid; allowed: {COLLECTOR_ID_RULE}")
     try:
         with h5py.File(src, "r") as f:
             if "data" not in f or _attr(f["data"].attrs.get("format")) not in FORMATS:
@@ -195,6 +201,8 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
     # like a collector's writer, the import holds the writer lock of each collector id it stages under:
     # a compaction meanwhile then knows its temp files are live, and a running collector of that id refuses it
     with h5py.File(src, "r") as f, ExitStack() as writer_locks:
+        writer = None if collector_id is None else writer_locks.enter_context(StagingWriter(store_path, collector_id))
+        sources = set() if collector_id is None else _imported_sources(store_path, collector_id)
         g = f["data"]
         env_args = json.loads(_attr(g.attrs["env_args"]))
         tasks = json.loads(_attr(g.attrs.get("tasks", "{}")))
@@ -206,7 +214,10 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
             d = g[name]
             attrs = {k: _attr(v) for k, v in d.attrs.items()}
             eid = str(attrs["episode_id"])
-            if eid in known:
+            if writer is not None:
+                if eid in sources:   # imported under this collector id before
+                    continue
+            elif eid in known:
                 # the same id is the same episode (a re-import) - unless another store's ids collide
                 # with this one's: skipping that would silently drop a different episode
                 row, mine = known_rows.get(eid), _identity(int(attrs.get("num_samples", -1)),
@@ -215,9 +226,10 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
                     raise ValueError(f"{src}: demo {name} has episode id {eid!r}, which {store_path} already holds "
                                      f"for a different episode (length {row[0]} vs {mine[0]}, seed {row[1]} vs "
                                      f"{mine[1]}, per-episode record {'equal' if row[2] == mine[2] else 'differs'}); "
-                                     f"import into a new store")
+                                     f"import into a new store, or under new ids with --collector-id NEW "
+                                     f"(merging two stores collected under one id)")
                 continue
-            if eid < last_id:  # compaction consumes staging files by name: keep the demo order
+            if writer is None and eid < last_id:  # compaction consumes staging files by name: keep the demo order
                 compact(store_path)
             last_id = eid
             try:
@@ -245,6 +257,11 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
             if text is not None:
                 info["instruction"] = text
             info.update(robot=env_args.get("robot", ""), control_dt=env_args.get("control_dt", 0.02))
+            if writer is not None:   # new ids follow the demo order: no reordering to guard against
+                info["source_episode_id"] = eid
+                writer.write_episode(features, info)
+                imported += 1
+                continue
             cid = str(attrs["collector_id"])
             if cid not in held:
                 held.add(cid)
@@ -257,6 +274,22 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path) -> int:
         raise ValueError(f"{src}: {len(result.quarantined)} demo(s) could not join {store_path} and were "
                          f"quarantined: {result.quarantined[:3]} (see the .reason.txt files)")
     return imported
+
+
+def _imported_sources(store_path: str | Path, collector_id: str) -> set[str]:
+    """The ``source_episode_id`` of every episode ``collector_id`` holds in the store (committed or staged)."""
+    from quadforge.data.staging import list_staged, read_staged_header
+    sources: set[str] = set()
+    if (Path(store_path) / "manifest.json").is_file():
+        t = TrajectoryStore.open(store_path).episodes
+        sources |= {str(x["source_episode_id"]) for c, x in zip(t["collector_id"], t["extra"])
+                    if c == collector_id and "source_episode_id" in x}
+    for p in list_staged(store_path):
+        if p.stem.startswith(collector_id + "-"):
+            info = read_staged_header(p)[1]
+            if "source_episode_id" in info:
+                sources.add(str(info["source_episode_id"]))
+    return sources
 
 
 def _identity(length: int, seed: int, extra) -> tuple[int, int, str | None]:

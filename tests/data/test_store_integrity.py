@@ -217,9 +217,38 @@ def test_import_of_colliding_ids_from_another_store_is_refused_not_skipped(tmp_p
     export_hdf5(a, tmp_path / "a.h5")
     assert import_hdf5(tmp_path / "a.h5", tmp_path / "fresh") == 2
     assert import_hdf5(tmp_path / "a.h5", tmp_path / "fresh") == 0          # a re-import: same episodes
-    with pytest.raises(ValueError, match=r"episode id 'c0-00000000', which .* already holds for a different episode"):
+    with pytest.raises(ValueError, match=r"episode id 'c0-00000000', which .* already holds for a different episode"
+                                         r".*--collector-id NEW"):
         import_hdf5(tmp_path / "a.h5", b)
     assert TrajectoryStore.open(b).num_episodes == 2
+
+
+def test_stores_collected_under_one_id_merge_under_a_new_collector_id(tmp_path, write_episodes, capsys):
+    """Two collections under the same collector id collide on import; `import-hdf5 --collector-id NEW` stages
+    the demos under NEW's next ids, each keeping its own as source_episode_id, and a re-import skips them."""
+    from quadforge.data.export import export_hdf5
+    from quadforge.tools.cli import main
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_episodes(a, "main", n=2, seed=0)
+    compact(a)
+    write_episodes(b, "main", n=3, seed=1, lengths=[7, 9, 11])
+    compact(b)
+    export_hdf5(a, tmp_path / "a.h5")
+    for _ in range(2):   # the second time: every demo was imported under "from_a" already
+        assert main(["dataset", "import-hdf5", "--input", str(tmp_path / "a.h5"), "--store", str(b),
+                     "--collector-id", "from_a"]) == 0
+    merged = TrajectoryStore.open(b)
+    t = merged.episodes
+    assert list(t["episode_id"]) == ["main-00000000", "main-00000001", "main-00000002", "from_a-00000000",
+                                     "from_a-00000001"]
+    assert [x.get("source_episode_id") for x in t["extra"]][3:] == ["main-00000000", "main-00000001"]
+    original = TrajectoryStore.open(a)
+    for k in ("actions", "dof_pos"):
+        np.testing.assert_array_equal(merged.load([k])[k][-original.num_steps:], original.load([k])[k])
+    assert validate(b).ok
+    assert main(["dataset", "import-hdf5", "--input", str(tmp_path / "a.h5"), "--store", str(b),
+                 "--collector-id", ".x"]) == 2
+    assert "--collector-id='.x' is invalid" in capsys.readouterr().err
 
 
 def test_an_import_tells_episodes_of_equal_length_and_run_seed_apart(tmp_path):
