@@ -111,8 +111,9 @@ class VLAPolicy:
             if name not in obs:
                 # a VLA reads a QUARD task's camera and instruction: the usual cause is a locomotion env
                 raise ValueError(f"policy {self.policy_id} needs observation term {name!r}, which only the QUARD "
-                                 f"tasks give (run it with --task quard:<family> or quard:all); this env gives "
-                                 f"{len(obs)} terms without it")
+                                 f"task envs give (`eval`, `collect` or `rollout` with --task quard:<family> or "
+                                 f"quard:all; eval-tracking and eval-expert sweep the locomotion terrains); this env "
+                                 f"gives {len(obs)} terms without it")
         img, ins = obs[IMAGE_TERM], obs[INSTRUCTION_TERM]
         h, w = self.image_size
         if tuple(img.shape) != (self.num_envs, h, w, 3):

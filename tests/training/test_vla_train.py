@@ -94,7 +94,8 @@ def test_checkpoint_refuses_a_task_or_camera_mismatch(tmp_path):
     policy = registry.load_policy(tmp_path, 2, task="synthetic:colour_choice", camera={"height": 16, "width": 16})
     with pytest.raises(ValueError, match=r"trained on \(num_envs=2, 16, 16, 3\)"):
         policy.act({"images/front_rgb": torch.zeros(2, 32, 32, 3, dtype=torch.uint8), "instruction": torch.zeros(2)})
-    with pytest.raises(ValueError, match="needs observation term 'instruction'"):
+    with pytest.raises(ValueError, match="needs observation term 'instruction'.*`eval`, `collect` or `rollout` with "
+                                         "--task quard"):
         policy.act({"images/front_rgb": torch.zeros(2, 16, 16, 3, dtype=torch.uint8)})
     with pytest.raises(ValueError, match=r"indices must be in \[0, 4\)"):
         policy.act({"images/front_rgb": torch.zeros(2, 16, 16, 3, dtype=torch.uint8),
