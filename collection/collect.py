@@ -18,7 +18,6 @@ already has.
 from __future__ import annotations
 
 import math
-import shutil
 import socket
 import time
 from dataclasses import dataclass, field, replace
@@ -50,7 +49,7 @@ from quadforge.envs.terrain import terrain_types
 from quadforge.experts.policy import compile_experts
 from quadforge.experts.registry import check_compile_expert, check_policy_spec, policy_for_env, task_blindness
 from quadforge.seeding import derive_seed, seed_everything
-from quadforge.output_paths import check_output_dir, is_store_dir
+from quadforge.output_paths import check_output_dir, is_store_dir, made_folder_removed_on_failure
 
 
 
@@ -379,18 +378,13 @@ def run_to_target(cfg: CollectConfig, collect_missing: Callable[[int, int], dict
     episodes, ``collect_missing(missing, done) -> summary entries``, the final compaction and the summary.
     A run that made the store folder and fails before its first episode (an error found once the env or
     the policy is built) removes it again: no empty store is left to be taken for one."""
-    made_here = not Path(cfg.out).exists()
-    try:
+    with made_folder_removed_on_failure(cfg.out, holds_work=_holds_an_episode):
         return _run_to_target(cfg, collect_missing)
-    except BaseException:
-        if made_here and _holds_no_episode(Path(cfg.out)):
-            shutil.rmtree(cfg.out, ignore_errors=True)
-        raise
 
 
-def _holds_no_episode(store: Path) -> bool:
-    """Nothing committed, staged or set aside: only the folder skeleton a collection makes before its first episode."""
-    return not ((store / MANIFEST).exists() or list_staged(store) or list_quarantined(store))
+def _holds_an_episode(store: Path) -> bool:
+    """Committed, staged or set aside: more than the skeleton a collection makes before its first episode."""
+    return bool((store / MANIFEST).exists() or list_staged(store) or list_quarantined(store))
 
 
 def _run_to_target(cfg: CollectConfig, collect_missing: Callable[[int, int], dict[str, Any]]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ hour of work, never writes its files among someone else's, and never replaces fi
 Errors are ``ValueError``s naming the flag, the path and what to do, so the CLI prints one line.
 - ``file_written_whole(path, flag)`` / ``folder_written_whole(path, flag)``: an output written whole or
   not at all - a failed write (a full disk, Ctrl-C) leaves no partial file or folder behind, and an earlier
-  output in place; a full disk is a one-line ``JobFailed``.
+  output in place; a full disk is a one-line ``JobFailed``. ``made_folder_removed_on_failure(path,
+  holds_work)``: a job that fails before any of its work leaves no folder it made.
 - ``check_train_out(out_dir, resume, overwrite)``: ``check_run_dir`` for the trainers' Python ``train``
   functions (their arguments named in the error), on the main process only (under torchrun the other
   ranks would see the files the main one has begun to write).
@@ -251,6 +252,21 @@ def file_written_whole(path: str | os.PathLike, flag: str) -> Iterator[Path]:
     except BaseException as err:
         partial.unlink(missing_ok=True)
         _failed_write(err, flag, out)
+        raise
+
+
+@contextlib.contextmanager
+def made_folder_removed_on_failure(path: str | os.PathLike, holds_work: Callable[[Path], bool]) -> Iterator[None]:
+    """A job that may create the folder ``path``: when it fails, a folder it made that holds none of its work
+    (``holds_work`` False: only what a job writes before its first result) is removed, so no empty store or
+    run is left to be taken for one."""
+    out = Path(path)
+    made_here = not out.exists()
+    try:
+        yield
+    except BaseException:
+        if made_here and out.is_dir() and not holds_work(out):
+            shutil.rmtree(out, ignore_errors=True)
         raise
 
 

@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import os
 import shlex
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -42,7 +41,7 @@ from quadforge.envs.terrain import TERRAIN_SPEC_HELP
 from quadforge.experts.loaders import RSL_RL_PREFIX, _torch_load, latest_rsl_rl_checkpoint
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
-from quadforge.output_paths import RUN_LOCK, check_output_dir
+from quadforge.output_paths import RUN_LOCK, check_output_dir, made_folder_removed_on_failure
 from quadforge.training.distributed import DistInfo, barrier, cleanup, init_distributed
 
 PRESETS_HELP = "legged_gym (the paper's PPO settings, 4096 envs) or cpu (scaled to a 2-core machine)"
@@ -208,7 +207,7 @@ def train(cfg: TrainExpertConfig) -> Path:
     """Train; returns the path of the last checkpoint. TensorBoard logs and checkpoints go to ``cfg.out``."""
     if cfg.iterations < 1:
         raise ValueError(f"--iterations={cfg.iterations} is invalid; allowed: an integer >= 1")
-    loaded_iteration = check_resume_checkpoint(cfg.resume, cfg.robot) if cfg.resume is not None else None
+    loaded_iteration, meta = check_resume_checkpoint(cfg.resume, cfg.robot) if cfg.resume is not None else (None, {})
     check_expert_out(cfg.out, resume=cfg.resume is not None, overwrite=cfg.overwrite)
     preset = get_preset(cfg.preset)
     if cfg.num_envs is not None:
@@ -216,20 +215,15 @@ def train(cfg: TrainExpertConfig) -> Path:
     preset = apply_preset_overrides(preset, cfg.overrides).validate()
     if loaded_iteration is not None:
         check_resume_writes(cfg.out, loaded_iteration, cfg.iterations, preset.save_interval)
-        check_continues_run(cfg, preset)
+        check_continues_run(cfg, preset, meta)
     # one training per --out at a time (rank 0 writes the checkpoints): a second run resuming from the
     # first's checkpoints while it writes would replace them under the same names
-    made_here = not Path(cfg.out).exists()
-    lock = acquire(Path(cfg.out) / RUN_LOCK, "train-expert",
-                   hint="one training per --out at a time: wait for it to finish, or train into another --out") \
-        if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext()
-    try:
+    with made_folder_removed_on_failure(cfg.out, holds_work=lambda d: any(x.name != RUN_LOCK for x in d.iterdir())):
+        lock = acquire(Path(cfg.out) / RUN_LOCK, "train-expert",
+                       hint="one training per --out at a time: wait for it to finish, or train into another --out") \
+            if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext()
         with lock:
             return _train(cfg, preset)
-    except BaseException:
-        if made_here and Path(cfg.out).is_dir() and all(x.name == RUN_LOCK for x in Path(cfg.out).iterdir()):
-            shutil.rmtree(cfg.out, ignore_errors=True)   # stopped before writing anything: no folder left
-        raise
 
 
 def _train(cfg: TrainExpertConfig, preset: Any) -> Path:
@@ -273,9 +267,10 @@ def _train(cfg: TrainExpertConfig, preset: Any) -> Path:
     return last
 
 
-def check_resume_checkpoint(path: str, robot: str) -> int:
+def check_resume_checkpoint(path: str, robot: str) -> tuple[int, dict[str, Any]]:
     """``--resume-from`` (or the run's last checkpoint under --resume) must be an rsl_rl 5 PPO checkpoint
-    (what train-expert writes) for this robot. Returns the update index it was saved after (``iter``)."""
+    (what train-expert writes) for this robot. Returns the update index it was saved after (``iter``) and
+    the run's record (``infos["quadforge"]``: terrain, seed, preset, ...; empty for another writer's)."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"--resume-from {path!r}: no such checkpoint file")
@@ -287,10 +282,11 @@ def check_resume_checkpoint(path: str, robot: str) -> int:
         found = sorted(raw)[:6] if isinstance(raw, dict) else type(raw).__name__
         raise ValueError(f"--resume-from {path}: not an rsl_rl 5 PPO checkpoint (no 'actor_state_dict'; found {found}); "
                          f"train-expert --resume-from takes a model_<it>.pt written by train-expert")
-    trained = ((raw.get("infos") or {}).get("quadforge") or {}).get("robot")
+    meta = (raw.get("infos") or {}).get("quadforge") or {}
+    trained = meta.get("robot")
     if trained and trained != robot:
         raise ValueError(f"--resume-from {path}: trained for robot {trained!r}, this run is for --robot {robot!r}")
-    return int(raw.get("iter", 0))
+    return int(raw.get("iter", 0)), meta
 
 
 def written_checkpoints(start: int, iterations: int, save_interval: int) -> list[int]:
@@ -317,12 +313,12 @@ def check_resume_writes(out: str, loaded_iteration: int, iterations: int, save_i
 CONTINUES = ("terrain", "seed", "preset", "num_envs")
 
 
-def check_continues_run(cfg: TrainExpertConfig, preset: Any) -> None:
-    """A resume from a checkpoint in ``--out`` continues that run: refused, naming what differs, when the
-    run was made with other settings (``--resume-from PATH --out NEW`` trains on from its weights)."""
+def check_continues_run(cfg: TrainExpertConfig, preset: Any, meta: dict[str, Any]) -> None:
+    """A resume from a checkpoint in ``--out`` continues that run: refused, naming what differs from its
+    record ``meta``, when the run was made with other settings (``--resume-from PATH --out NEW`` trains on
+    from its weights)."""
     if Path(cfg.resume).resolve().parent != Path(cfg.out).resolve():
         return   # --resume-from into another folder: a new run that starts from those weights
-    meta = ((_torch_load(Path(cfg.resume)).get("infos") or {}).get("quadforge") or {})
     was = {"terrain": meta.get("terrain"), "seed": meta.get("seed"), "preset": meta.get("preset"),
            "num_envs": (meta.get("preset_config") or {}).get("num_envs")}
     now = {"terrain": cfg.terrain, "seed": cfg.seed, "preset": cfg.preset, "num_envs": preset.num_envs}
