@@ -194,15 +194,15 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path, collector_id: str |
     except (KeyError, OSError, TypeError) as err:
         raise ValueError(f"{src}: damaged or not a quadforge HDF5 export ({type(err).__name__}: {err})") from err
     Path(store_path).mkdir(parents=True, exist_ok=True)
-    known = TrajectoryStore.existing_episode_ids(store_path)
-    known_rows = _known_rows(store_path)
+    stored = _stored_episodes(store_path)
+    known, known_rows = {row[0] for row in stored}, _known_rows(stored)
     imported = 0
     held: set[str] = set()
     # like a collector's writer, the import holds the writer lock of each collector id it stages under:
     # a compaction meanwhile then knows its temp files are live, and a running collector of that id refuses it
     with h5py.File(src, "r") as f, ExitStack() as writer_locks:
         writer = None if collector_id is None else writer_locks.enter_context(StagingWriter(store_path, collector_id))
-        sources = set() if collector_id is None else _imported_sources(store_path, collector_id)
+        sources = set() if collector_id is None else _imported_sources(stored, collector_id)
         g = f["data"]
         env_args = json.loads(_attr(g.attrs["env_args"]))
         tasks = json.loads(_attr(g.attrs.get("tasks", "{}")))
@@ -276,22 +276,6 @@ def import_hdf5(h5_path: str | Path, store_path: str | Path, collector_id: str |
     return imported
 
 
-def _imported_sources(store_path: str | Path, collector_id: str) -> set[str]:
-    """The ``source_episode_id`` of every episode ``collector_id`` holds in the store (committed or staged)."""
-    from quadforge.data.staging import list_staged, read_staged_header
-    sources: set[str] = set()
-    if (Path(store_path) / "manifest.json").is_file():
-        t = TrajectoryStore.open(store_path).episodes
-        sources |= {str(x["source_episode_id"]) for c, x in zip(t["collector_id"], t["extra"])
-                    if c == collector_id and "source_episode_id" in x}
-    for p in list_staged(store_path):
-        if p.stem.startswith(collector_id + "-"):
-            info = read_staged_header(p)[1]
-            if "source_episode_id" in info:
-                sources.add(str(info["source_episode_id"]))
-    return sources
-
-
 def _identity(length: int, seed: int, extra) -> tuple[int, int, str | None]:
     """What tells two episodes under one id apart: length, the run's seed (shared by every episode of a
     collection run, so not enough alone) and the episode's own record (``extra``: its distances, tracking
@@ -305,18 +289,34 @@ def _same_episode(a: tuple, b: tuple) -> bool:
     return all(x == y for x, y in zip(a, b) if x is not None and y is not None)
 
 
-def _known_rows(store_path: str | Path) -> dict[str, tuple[int, int, str | None]]:
-    """``_identity`` of every episode a store holds (committed or staged), by id."""
+def _stored_episodes(store_path: str | Path) -> list[tuple[str, str, int, int, dict[str, Any], bool]]:
+    """(episode id, collector id, length, run seed, record, staged) of every episode a store holds: the
+    record is a committed episode's ``extra``, a staged one's info (its header: the data is not read)."""
     from quadforge.data.staging import list_staged, read_staged_header
-    rows: dict[str, tuple[int, int, str | None]] = {}
+    rows = []
     if (Path(store_path) / "manifest.json").is_file():
         t = TrajectoryStore.open(store_path).episodes
-        rows = {str(e): _identity(int(n), int(sd), x)
-                for e, n, sd, x in zip(t["episode_id"], t["length"], t["seed"], t["extra"])}
+        rows += [(str(e), str(c), int(n), int(sd), x, False) for e, c, n, sd, x in
+                 zip(t["episode_id"], t["collector_id"], t["length"], t["seed"], t["extra"])]
     for p in list_staged(store_path):
         _, info = read_staged_header(p)
-        rows.setdefault(p.stem, _identity(int(info.get("length", -1)), int(info.get("seed", -1)), None))
+        rows.append((p.stem, str(info.get("collector_id", "")), int(info.get("length", -1)),
+                     int(info.get("seed", -1)), info, True))
     return rows
+
+
+def _known_rows(stored: list[tuple]) -> dict[str, tuple[int, int, str | None]]:
+    """``_identity`` of every stored episode, by id (a staged one's record is not yet its ``extra``: unknown)."""
+    rows: dict[str, tuple[int, int, str | None]] = {}
+    for eid, _, length, seed, record, staged in stored:
+        rows.setdefault(eid, _identity(length, seed, None if staged else record))
+    return rows
+
+
+def _imported_sources(stored: list[tuple], collector_id: str) -> set[str]:
+    """The ``source_episode_id`` of every stored episode of ``collector_id`` (an import under a new id)."""
+    return {str(record["source_episode_id"]) for _, cid, _, _, record, _ in stored
+            if cid == collector_id and "source_episode_id" in record}
 
 
 def _walk(group, prefix: str = "") -> list[str]:
