@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quadforge: error: {what} (commands: {', '.join(COMMANDS)}; see quadforge --help)",
               file=sys.stderr)
         return 2
-    from quadforge.errors import JobFailed, is_write_failure, os_reason
+    from quadforge.errors import JobFailed, write_failure_reason
     from quadforge.tools.parent_watch import watch_parent
     watch_parent()   # a step of `quadforge reproduce`: end with the runner, even one killed by SIGKILL
     args, unknown = build_parser(with_subcommand=name).parse_known_args(argv)
@@ -104,11 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quadforge {name}: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:
-        if not is_write_failure(err):
+        reason = write_failure_reason(err)
+        if reason is None:
             raise
         # the disk filled, or the target is read-only, where no job said more: one line, not a traceback
         where = f" {err.filename}" if err.filename else ""
-        print(f"quadforge {name}: error: cannot write{where}: {os_reason(err)}", file=sys.stderr)
+        print(f"quadforge {name}: error: cannot write{where}: {reason}", file=sys.stderr)
         return 1
 
 
