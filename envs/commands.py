@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from quadforge.envs.config import GAITS, CommandsConfig
+from quadforge.envs.config import COMMAND_LIMITS, GAITS, CommandsConfig, command_outside_limits
 from quadforge.envs.fast_paths import numpy_path
 from quadforge.envs.rotations import yaw_from_quat
 from quadforge.layout import COMMAND_NAMES
@@ -54,6 +54,8 @@ class CommandManager:
         self._uses_heading = cfg.mode == "joystick" and cfg.heading_command
         self._yaw_limits = cfg.range("ang_vel_yaw")
         self._yaw_col = self.commands[:, 2]          # a view: the steering writes the yaw command in place
+        limits = torch.tensor([COMMAND_LIMITS[n] for n in COMMAND_NAMES], device=self.device)
+        self._limit_lo, self._limit_hi = limits[:, 0], limits[:, 1]
 
     # --- drawing -------------------------------------------------------------------------------------
     def _uniform(self, k: int, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -111,6 +113,12 @@ class CommandManager:
         if commands.shape != (env_ids.numel(), NUM_COMMANDS):
             raise ValueError(f"set_commands: commands shape {tuple(commands.shape)}; "
                              f"expected ({env_ids.numel()}, {NUM_COMMANDS}) in quadforge.layout.COMMAND_NAMES order")
+        # the limits the config's ranges are held to: a typo (vx 30, a NaN) is an error, not a flying robot
+        outside = ~((commands >= self._limit_lo) & (commands <= self._limit_hi))
+        if outside.any():
+            row, col = outside.nonzero()[0].tolist()
+            why = command_outside_limits(COMMAND_NAMES[col], commands[row, col].item())
+            raise ValueError(f"set_commands: row {row}: {why}")
         self.commands[env_ids] = commands
         self.pinned[env_ids] = True
         self.due_at[env_ids] = _NEVER

@@ -44,6 +44,16 @@ COMMAND_LIMITS: dict[str, tuple[float, float]] = {
     "body_pitch": (-0.8, 0.8), "body_roll": (-0.8, 0.8),
     "stance_width": (0.05, 0.6), "stance_length": (0.2, 0.7), "aux": (-1.0, 1.0),
 }
+
+
+def command_outside_limits(name: str, value: float) -> str | None:
+    """Why ``value`` is no command ``name`` can take (outside ``COMMAND_LIMITS``, or NaN); None when it is."""
+    lo, hi = COMMAND_LIMITS[name]
+    if lo <= value <= hi:
+        return None
+    return f"{name} = {value:g} lies outside its limits [{lo:g}, {hi:g}] (quadforge.envs.config.COMMAND_LIMITS)"
+
+
 # The default trot that fills entries 3.. of the command in joystick mode.
 DEFAULT_GAIT_COMMAND: dict[str, float] = {
     "body_height": 0.0, "gait_frequency": 3.0, "gait_phase": 0.5, "gait_offset": 0.0, "gait_bound": 0.0,

@@ -14,7 +14,7 @@ import torch
 from quadforge.cli_flags import add_json, add_num_envs, add_num_threads, add_robot, add_seed, write_json
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.builder import get_task, make_env
-from quadforge.envs.config import RandomizationConfig
+from quadforge.envs.config import RandomizationConfig, command_outside_limits
 from quadforge.envs.terminations import TERMINATION_REASONS
 from quadforge.envs.terrain import TERRAIN_SPEC_HELP
 from quadforge.experts.registry import check_policy_spec, policy_for_env, spec_help, task_blindness
@@ -57,6 +57,10 @@ def _command(text: str | None):
         vals = []
     if len(vals) != 3:
         raise ValueError(f"--command {text!r}: expected three numbers VX,VY,WZ (m/s, m/s, rad/s)")
+    for name, value in zip(COMMAND_NAMES, vals):
+        why = command_outside_limits(name, value)
+        if why:
+            raise ValueError(f"--command {text!r}: {why}")
     return vals
 
 

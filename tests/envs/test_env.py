@@ -106,7 +106,7 @@ def test_falls_terminate_with_reason():
 
 def test_commands_pinned_and_sampler_hook():
     env = _env()
-    cmd = torch.zeros(2, 15)
+    cmd = env.commands[[1, 3]].clone()   # the drawn joystick and the default trot in entries 3..
     cmd[:, 0] = 0.7
     cmd[:, 4] = 2.5
     env.set_commands(torch.tensor([1, 3]), cmd)
@@ -116,6 +116,14 @@ def test_commands_pinned_and_sampler_hook():
     assert env.get_observations()["policy"][1, 9].item() == pytest.approx(1.4)  # vx * 2 in legged_gym_48
     with pytest.raises(ValueError, match="expected"):
         env.set_commands(torch.tensor([0]), torch.zeros(1, 3))
+    # values the config's ranges could not hold either (COMMAND_LIMITS) are refused, naming the entry
+    for col, value, name in ((0, 30.0, "lin_vel_x = 30 lies outside"), (4, 0.0, "gait_frequency = 0 "),
+                             (2, float("nan"), "ang_vel_yaw = nan")):
+        bad = cmd.clone()
+        bad[1, col] = value
+        with pytest.raises(ValueError, match=f"row 1: {name}"):
+            env.set_commands(torch.tensor([1, 3]), bad)
+    torch.testing.assert_close(env.terms["commands"][[1, 3]], cmd)   # nothing changed
 
     calls = []
 
@@ -259,6 +267,8 @@ def test_rollout_command_summary_and_errors(capsys):
     assert main(["rollout", "--terrain", "lava"]) == 2
     assert "lava" in capsys.readouterr().err
     assert main(["rollout", "--command", "1,2"]) == 2
+    assert main(["rollout", "--command", "100,0,0"]) == 2   # a typo is an error before any env is built
+    assert "--command '100,0,0': lin_vel_x = 100 lies outside its limits [-3, 3]" in capsys.readouterr().err
     assert main(["rollout", "--images"]) == 2       # the QUARD camera's flag, refused on locomotion
     assert "the locomotion task has neither" in capsys.readouterr().err
 
@@ -365,7 +375,7 @@ def test_scan_grid_turns_with_the_base_yaw_and_commands_resample_on_time():
     cm = CommandManager(CommandsConfig(resampling_time=0.1, heading_command=False), 3, 0.02,
                         torch.Generator().manual_seed(0))
     cm.reset(torch.arange(3))
-    cm.set_commands(torch.tensor([2]), torch.full((1, 15), 0.5))
+    cm.set_commands(torch.tensor([2]), torch.full((1, 15), 0.25))
     first = cm.commands.clone()
     quat = torch.tensor([[1.0, 0, 0, 0]] * 3)
     for _ in range(4):

@@ -161,7 +161,7 @@ def test_in_place_heading_steering_is_the_yaw_command_formula():
     g = torch.Generator().manual_seed(4)
     cm = CommandManager(cfg, 64, 0.02, g)
     cm.reset(torch.arange(64))
-    cm.set_commands(torch.arange(5), torch.ones(5, 15))           # pinned envs keep their yaw command
+    cm.set_commands(torch.arange(5), torch.full((5, 15), 0.25))           # pinned envs keep their yaw command
     for _ in range(3):
         q = torch.nn.functional.normalize(torch.randn(64, 4, generator=g), dim=1)
         before = cm.commands.clone()
@@ -171,7 +171,7 @@ def test_in_place_heading_steering_is_the_yaw_command_formula():
         steer = (cfg.heading_gain * wrap_to_pi(cm.heading - yaw)).clamp(lo, hi)
         expected = torch.where(cm.pinned, before[:, 2], steer)
         assert torch.equal(cm.commands[:, 2], expected)
-        assert torch.equal(cm.commands[:, 2][:5], torch.ones(5))
+        assert torch.equal(cm.commands[:, 2][:5], torch.full((5,), 0.25))
 
 
 def test_heading_steering_fast_path_equals_its_torch_reference():
@@ -183,7 +183,7 @@ def test_heading_steering_fast_path_equals_its_torch_reference():
     twins = [CommandManager(CommandsConfig(), 4096, 0.02, torch.Generator().manual_seed(1)) for _ in range(2)]
     for cm in twins:
         cm.reset(torch.arange(4096))
-        cm.set_commands(torch.arange(3), torch.ones(3, 15))
+        cm.set_commands(torch.arange(3), torch.full((3, 15), 0.25))
         cm.heading[3:9] = torch.tensor([math.pi, -math.pi, 0.0, 1.0, -3.0, 3.14159])
     for _ in range(3):
         q = torch.nn.functional.normalize(torch.randn(4096, 4, generator=g), dim=1)

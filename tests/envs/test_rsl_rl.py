@@ -123,7 +123,7 @@ def test_the_env_stays_usable_outside_inference_mode_after_steps_inside_it():
         assert all(torch.equal(a, b) for a, b in zip(first, _drive(plain, 12)))
         for env in (inside, plain):
             env.reset()
-            env.set_commands(torch.tensor([0, 1]), torch.zeros(2, 15))
+            env.set_commands(torch.tensor([0, 1]), env.commands[:2].clone().index_fill_(1, torch.arange(3), 0.0))
             env.set_terrain_levels(torch.tensor([2]), torch.tensor([0]))
         assert all(torch.equal(a, b) for a, b in zip(_drive(inside, 12), _drive(plain, 12)))
     finally:
