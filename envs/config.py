@@ -2,7 +2,8 @@
 
 Defaults follow legged_gym (dt 0.005 x 4, 20 s episodes, its reward scales, noise scales, pushes and
 friction range) and walk-these-ways for the gait-conditioned command ranges. ``validate()`` turns every
-bad value into a one-line ``ValueError`` naming the field and what is allowed; ``LeggedEnv`` calls it.
+bad value into a one-line ``ValueError`` naming the field and what is allowed (every value first against
+its annotation: ``quadforge.config_types``); ``LeggedEnv`` calls it.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from quadforge.config_types import check_field_types
 from quadforge.envs.backends.base import BackendConfig
 from quadforge.envs.backends.base import RandomizationConfig as PhysicsRandomizationConfig
 from quadforge.layout import COMMAND_NAMES, LAYOUTS, TERM_DIMS
@@ -290,6 +292,7 @@ class EnvConfig:
         return replace(self.backend, terrain=self.terrain, randomization=self.randomization.physics)
 
     def validate(self) -> "EnvConfig":
+        check_field_types(self)   # NaN, inf, a bool or a string where a number belongs: before the comparisons below
         b = self.backend
         if not isinstance(b.num_envs, int) or b.num_envs < 1:
             raise _err("backend.num_envs", b.num_envs, "an integer >= 1")

@@ -81,10 +81,19 @@ def coerce(key: str, value: Any, current: Any, annotation: Any = None) -> Any:
     if kind == "tuple":
         if isinstance(value, str) and "," in value:   # bare words: families=go_to,stop
             return tuple(v.strip() for v in value.split(",") if v.strip())
+        if _is_number_pair_or_more(current) and not isinstance(value, (list, tuple)) and "..." not in str(annotation):
+            # a (min, max) range given one number would become (x,): refused, not unpacked later (a
+            # tuple[int, ...] such as a network's layer sizes may take one number: one layer)
+            raise bad(f"a tuple of {len(current)} numbers like the current one")
         return tuple(value) if isinstance(value, (list, tuple)) else (value,)
     if kind == "dict" and not isinstance(value, dict):
         raise bad("a dict literal, or set its entries with key.<name>=value")
     return tuple(value) if isinstance(value, list) else value
+
+
+def _is_number_pair_or_more(current: Any) -> bool:
+    return (isinstance(current, tuple) and len(current) >= 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in current))
 
 
 def _fields(obj: Any) -> dict[str, dataclasses.Field]:
@@ -110,6 +119,9 @@ def _set(obj: Any, parts: list[str], value: Any, key: str, done: list[str]) -> A
             child = obj.setdefault(part, {})
             obj[part] = _set(child, parts[1:], value, key, done + [part])
         return obj
+    if obj is None and done:   # e.g. terrain.num_levels on a flat env, whose terrain is None
+        raise ValueError(f"override {key!r} sets a field of {where}, which is None in this config (nothing to set "
+                         f"a field of: give {where} a value first, e.g. a terrain for a flat env's terrain)")
     fields = _fields(obj)
     if part not in fields:
         allowed = sorted(fields)

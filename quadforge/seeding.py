@@ -17,14 +17,23 @@ import numpy as np
 # export-hdf5`, ...) draw numpy streams only and then start without torch (about 1.7 s)
 
 
+def check_seed(seed: object) -> int:
+    """``seed`` as an int; a ValueError for anything else (``1.5`` would run seed 1's run, ``True`` seed 1's)."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed={seed!r} is invalid; allowed: an integer")
+    return int(seed)
+
+
 def derive_seed(seed: int, name: str) -> int:
     """A stable 63-bit seed for the named sub-stream of ``seed``."""
+    check_seed(seed)
     digest = hashlib.sha256(f"{int(seed)}:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 def seed_everything(seed: int, deterministic: bool = True) -> None:
     import torch
+    seed = check_seed(seed)
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)

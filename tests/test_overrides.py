@@ -38,6 +38,17 @@ def test_bad_values_are_one_line_errors(item, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_range_given_one_number_is_refused_and_a_flat_envs_terrain_is_named():
+    from quadforge.envs.builder import make_env
+    with pytest.raises(ValueError, match=r"lin_vel_x=1.0 is invalid; allowed: a tuple of 2 numbers"):
+        make_env(overrides={"commands.ranges.lin_vel_x": 1.0})   # was stored as (1.0,), then failed to unpack
+    with pytest.raises(ValueError, match="sets a field of terrain, which is None in this config"):
+        make_env(overrides={"terrain.num_levels": 3})
+    from quadforge.training.ppo import PPOPreset
+    cfg = apply_overrides(PPOPreset(), {"actor_hidden_dims": [64, 32], "critic_hidden_dims": 64})
+    assert cfg.actor_hidden_dims == (64, 32) and cfg.critic_hidden_dims == (64,)   # layer sizes: any count
+
+
 def test_values_take_the_field_type():
     cfg = apply_overrides(_Cfg(), parse_overrides(["optim.lr=1", "dims=[8, 4]", "layout=fcnet", "tensorboard=False"]))
     assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)

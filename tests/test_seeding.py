@@ -1,4 +1,6 @@
 """The one place seeds come from: named sub-streams and the data-parallel ranks' seeds."""
+import pytest
+
 from quadforge.seeding import derive_seed, rank_seed
 
 
@@ -47,3 +49,15 @@ def test_the_nan_fill_seeding_turns_off_changes_no_trained_bit():
             assert all(torch.equal(a, b) for a, b in zip(with_fill, without)), name
     finally:
         torch.utils.deterministic.fill_uninitialized_memory = False
+
+
+def test_a_seed_must_be_an_integer():
+    import numpy as np
+
+    from quadforge.seeding import derive_seed, seed_everything
+    for bad in (1.5, True, "3", None):   # 1.5 ran seed 1's run, True seed 1's, silently
+        with pytest.raises(ValueError, match="seed=.* is invalid; allowed: an integer"):
+            seed_everything(bad)
+        with pytest.raises(ValueError, match="allowed: an integer"):
+            derive_seed(bad, "x")
+    assert derive_seed(np.int64(3), "x") == derive_seed(3, "x")

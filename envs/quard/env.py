@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from quadforge.config_types import check_field_types
 from quadforge.envs.backends import make_backend, require_capabilities
 from quadforge.envs.commands import yaw_from_quat
 from quadforge.envs.config import CommandsConfig, EnvConfig, InitConfig, RandomizationConfig
@@ -86,6 +87,7 @@ class QuardConfig:
         return task_families(self.task)
 
     def validate(self) -> "QuardConfig":
+        check_field_types(self, "QuardConfig.")
         task_families(self.task)
         if self.colours not in COLOUR_SETS:
             raise ValueError(f"QuardConfig.colours={self.colours!r}; allowed: {', '.join(COLOUR_SETS)}")

@@ -102,3 +102,46 @@ def test_terrain_errors():
     _raises(cfg, "terrain.proportions", "lava", "stairs_up")
     cfg.terrain.proportions = {"stairs_up": 0.5, "gaps": 0.2}
     _raises(cfg, "terrain.proportions", "summing to 1")
+
+
+@pytest.mark.parametrize("change, fragments", [
+    # every one of these passed validate() and ran: NaN fails every comparison written as a negative test
+    (lambda c: c.rewards.scales.__setitem__("tracking_lin_vel", float("nan")),
+     ("rewards.scales['tracking_lin_vel']=nan", "a finite number")),
+    (lambda c: c.commands.ranges.__setitem__("lin_vel_x", (float("nan"), float("nan"))),
+     ("commands.ranges['lin_vel_x'][0]=nan",)),
+    (lambda c: setattr(c.commands, "heading_gain", float("nan")), ("commands.heading_gain=nan",)),
+    (lambda c: setattr(c.observations, "noise_level", float("nan")), ("observations.noise_level=nan",)),
+    (lambda c: setattr(c.init, "root_vel", float("nan")), ("init.root_vel=nan",)),
+    (lambda c: setattr(c, "episode_length_s", float("inf")), ("episode_length_s=inf",)),
+    (lambda c: setattr(c.backend, "num_envs", True), ("backend.num_envs=True", "an integer")),
+    (lambda c: setattr(c.backend, "seed", 1.5), ("backend.seed=1.5", "an integer")),
+    (lambda c: setattr(c.backend, "seed", "abc"), ("backend.seed='abc'",)),
+    (lambda c: setattr(c.randomization, "action_latency_steps", (0.5, 1)),
+     ("randomization.action_latency_steps[0]=0.5", "an integer")),
+    (lambda c: setattr(c.commands, "heading_range", (0.0,)), ("commands.heading_range=(0.0,)", "tuple[float, float]")),
+    (lambda c: setattr(c.commands, "gaits", ("trot", 3)), ("commands.gaits[1]=3", "a string")),
+    (lambda c: setattr(c.backend.warp, "nconmax", 2.5), ("backend.warp.nconmax=2.5", "an integer or None")),
+])
+def test_values_are_checked_against_their_annotations(change, fragments):
+    cfg = _flat()
+    change(cfg)
+    _raises(cfg, *fragments)
+
+
+def test_a_terrain_and_a_quard_config_are_checked_too():
+    import math
+
+    from quadforge.envs.quard.env import QuardConfig
+    from quadforge.envs.terrain import TerrainConfig
+    cfg = EnvConfig.rough(num_envs=2, terrain=TerrainConfig.mixed())
+    cfg.terrain.border = math.nan   # the terrain's own check (>= 0) lets a NaN through
+    _raises(cfg, "terrain.border=nan")
+    q = QuardConfig.make("quard:go_to", num_envs=2)
+    q.validate()
+    q.image_every = 2.0
+    with pytest.raises(ValueError, match=r"QuardConfig.image_every=2.0 is invalid; allowed: an integer"):
+        q.validate()
+    for defaults in (EnvConfig(), EnvConfig.rough(), EnvConfig.flat(randomization=RandomizationConfig.off()),
+                     QuardConfig.make("quard:all")):
+        defaults.validate()
