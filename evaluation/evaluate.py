@@ -80,11 +80,16 @@ class EvalConfig:
     allow_robot_mismatch: bool = False        # a checkpoint trained for another robot (refused otherwise)
     label_rule: LabelRule = field(default_factory=LabelRule)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.commands, str):   # one command set by name: a list of one, not of its letters
+            self.commands = [self.commands]
+
     def validate(self) -> "EvalConfig":
         def bad(name: str, allowed: str) -> ValueError:
             return ValueError(f"{field_flag(name, FLAGS)}={getattr(self, name)!r} is invalid; allowed: {allowed}")
         for name in ("episodes", "num_envs", "num_levels", "num_threads"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad(name, "an integer >= 1")
         if not (self.max_episode_s > 0 and math.isfinite(self.max_episode_s)):
             raise bad("max_episode_s", "a finite number > 0 (seconds)")

@@ -125,7 +125,7 @@ class ActorPolicy:
         self.joint_order = joint_order or JointOrder()
 
     def reset(self, env_ids: torch.Tensor) -> None:
-        self.adapter.reset(row_ids(env_ids, self.num_envs, self.device, check_range=False))
+        self.adapter.reset(row_ids(env_ids, self.num_envs, self.device, check_range="host"))
 
     def observation(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The adapted network input (advances the history of a ``HistoryObs``)."""

@@ -432,7 +432,7 @@ class GaitController:
 
     # -- Policy protocol ----------------------------------------------------------------------------
     def reset(self, env_ids: torch.Tensor | None = None) -> None:
-        ids = row_ids(env_ids, self.num_envs, self.device, check_range=False)   # None: all; a mask: its rows
+        ids = row_ids(env_ids, self.num_envs, self.device, check_range="host")   # None: all; a mask: its rows
         # act() replaces most of these each step: under a caller's torch.inference_mode they are made there
         self.clock = set_rows(self.clock, ids, 0.0)
         self.elapsed = set_rows(self.elapsed, ids, 0.0)

@@ -81,7 +81,7 @@ class HierarchicalPolicy:
     def reset(self, env_ids: torch.Tensor | None) -> None:
         # None: all; a mask: its rows; kept where the caller has them (a CUDA rollout's ids make no host trip)
         where = env_ids.device if isinstance(env_ids, torch.Tensor) else self.hl_commands.device
-        ids = row_ids(env_ids, self.num_envs, where, check_range=False)
+        ids = row_ids(env_ids, self.num_envs, where, check_range="host")
         self.high.reset(ids)
         self.low.reset(ids)
         # act() replaces both each step: under a caller's torch.inference_mode they are made there

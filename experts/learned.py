@@ -55,9 +55,11 @@ class LearnedPolicy:
             self.cache = self.model.init_cache(self.num_envs, self.device)
 
     def reset(self, env_ids: torch.Tensor | None) -> None:
-        ids = torch.as_tensor(env_ids, device=self.device) if env_ids is not None else None
+        ids = torch.as_tensor(env_ids) if env_ids is not None else None
         if ids is None or ids.dtype != torch.bool:   # a mask goes as it is: reset_cache writes it through
-            ids = row_ids(ids, self.num_envs, self.device, check_range=False)
+            ids = row_ids(ids, self.num_envs, self.device, check_range="host")
+        else:
+            ids = ids.to(self.device)
         self.model.reset_cache(self.cache, ids)
 
     def check_terms(self, obs: Mapping[str, torch.Tensor]) -> None:
@@ -67,8 +69,9 @@ class LearnedPolicy:
             shape = tuple(obs[name].shape)
             want = (self.num_envs, self.term_dims[name])
             if shape != want:
-                raise ValueError(f"observation term {name!r} has shape {shape}; the checkpoint was trained "
-                                 f"on (num_envs={self.num_envs}, {self.term_dims[name]})")
+                raise ValueError(f"observation term {name!r} has shape {shape}; this policy was loaded for "
+                                 f"{self.num_envs} envs and its checkpoint reads {self.term_dims[name]} values of "
+                                 f"the term: expected {want}")
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -73,7 +73,7 @@ class QuardExpert:
         self._gaits = torch.tensor([GAITS[GAIT_OF_WORD[w]] for w in GAIT_WORDS], device=self.device)
 
     def reset(self, env_ids: torch.Tensor | None) -> None:
-        ids = row_ids(env_ids, self.num_envs, self.device, check_range=False)   # None: all; a mask: its rows
+        ids = row_ids(env_ids, self.num_envs, self.device, check_range="host")   # None: all; a mask: its rows
         # act() replaces or makes these: under a caller's torch.inference_mode they are made there
         self.speed_integral = set_rows(self.speed_integral, ids, 0.0)
         for flags in self.memory.values():

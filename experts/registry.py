@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from quadforge.envs.robots import ROBOTS, get_robot
@@ -37,6 +38,7 @@ from quadforge.experts.policy import nothing_to_compile
 from quadforge.layout import NUM_JOINTS, TASK_TERM_PREFIX
 from quadforge.models.checkpoint import load_checkpoint
 from quadforge.models.registry import model_spec
+from quadforge.tensors import check_device
 
 DEFAULT_CONTROL_DT = 0.02  # s; the env's default (sim dt 0.005 x decimation 4)
 
@@ -203,10 +205,11 @@ def load_policy(spec: str | Path, num_envs: int, device: str | torch.device = "c
     that records another robot than ``robot`` is refused unless ``allow_robot_mismatch``. ``task`` and
     ``camera`` (the env's) are checked by policies trained on a task's camera frames (VLAs);
     ``instructions`` is the env's instruction table, which such a policy reads its indices against."""
-    if int(num_envs) < 1:
-        raise ValueError(f"num_envs={num_envs}; must be >= 1")
+    if isinstance(num_envs, (bool, np.bool_)) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+        raise ValueError(f"num_envs={num_envs!r} is invalid; allowed: an integer >= 1")
     if robot is not None and robot not in ROBOTS:
         raise ValueError(f"robot={robot!r} is invalid; allowed: {', '.join(ROBOTS)}")
+    check_device(device)
     kind, arg = parse_policy_spec(str(spec))
     ctx = LoadContext(int(num_envs), str(device), robot, float(control_dt), bool(allow_robot_mismatch), task, camera,
                       None if instructions is None else tuple(instructions))

@@ -100,7 +100,7 @@ class VLAPolicy:
         self.command = torch.zeros(n, HL_COMMAND_DIM, device=self.device)  # held between frames
 
     def reset(self, env_ids: torch.Tensor | None = None) -> None:
-        ids = row_ids(env_ids, self.num_envs, self.device, check_range=False)   # None: all; a mask: its rows
+        ids = row_ids(env_ids, self.num_envs, self.device, check_range="host")   # None: all; a mask: its rows
         self.frame_tokens[ids] = 0.0
         self.frame_mask[ids] = False
         self.steps[ids] = 0

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from quadforge.checkpoint_sniff import load_error, sniff
+from quadforge.tensors import check_device
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_KIND = "quadforge-policy"
@@ -111,6 +112,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     sniff(path)  # a text file, random bytes or a truncated archive: one line before torch sees it
+    if isinstance(map_location, (str, torch.device)):   # (a callable or a dict map is torch's to read)
+        check_device(map_location, f"{path}: map_location")
     try:
         raw = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # corrupt / not a torch file: one clear line, not a pickle traceback

@@ -1,5 +1,5 @@
-"""Small tensor helpers every layer shares: a range check of integer tensors a user's data or checkpoint
-hands in (a one-line ``ValueError``), the row ids a caller hands an env or a policy (indices or a bool
+"""Small tensor helpers every layer shares: the device a caller names checked against this machine, a range
+check of integer tensors a user's data or checkpoint hands in (a one-line ``ValueError``), the row ids a caller hands an env or a policy (indices or a bool
 mask), the row write of a state buffer that ``torch.inference_mode`` may have made, the small
 constants made once per device, a host-to-GPU copy that does not wait for the GPU, and what
 torch.compile needs from the code it traces (writes into views, a C++ compiler on the CPU)."""
@@ -8,6 +8,27 @@ from __future__ import annotations
 import functools
 
 import torch
+
+
+DEVICE_KINDS = ("cpu", "cuda")
+
+
+def check_device(device: str | torch.device, what: str = "device") -> torch.device:
+    """``device`` as a torch.device this machine has; otherwise a one-line ValueError naming ``what``
+    (torch would say "Torch not compiled with CUDA enabled" from deep inside the first copy)."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        d = None
+    if d is None or d.type not in DEVICE_KINDS:
+        raise ValueError(f"{what} {str(device)!r} is unknown; allowed: cpu, cuda, cuda:N")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{what} {str(device)!r}: this machine has no CUDA GPU torch can use "
+                             f"(torch.cuda.is_available() is False); use cpu")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"{what} {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return d
 
 
 def check_index_range(idx: torch.Tensor, size: int, what: str, of: str = "") -> None:
@@ -30,25 +51,30 @@ def set_rows(buf: torch.Tensor, rows, value) -> torch.Tensor:
     return buf
 
 
-def row_ids(ids, n: int, device: torch.device | str, what: str = "env_ids", check_range: bool = True) -> torch.Tensor:
+def row_ids(ids, n: int, device: torch.device | str, what: str = "env_ids",
+            check_range: bool | str = True) -> torch.Tensor:
     """Rows of an (n, ...) batch as a (k,) int64 tensor on ``device``, from what a caller may hand in:
     None (every row), an int, a list, a numpy array or a tensor of integer indices, or an (n,) bool mask
     (its True rows; torch would otherwise read a mask as the indices 0 and 1). Fractional ids are a
-    ValueError; ``check_range``: so are ids outside [0, n) (one host read; a negative id would otherwise
-    wrap to the batch's end)."""
+    ValueError; ``check_range``: so are ids outside [0, n) (a negative id would otherwise wrap to the
+    batch's end). ``check_range="host"``: checked when the ids are on the host (a list, numpy, a CPU
+    tensor), where it is free, not when they are already on a GPU, where it is a host read (a policy's
+    reset in a rollout's loop gets the done envs' ids there each step)."""
     if ids is None:
         return torch.arange(n, device=device)
-    t = torch.as_tensor(ids, device=device)
+    t = torch.as_tensor(ids)
     if t.dtype == torch.bool:
         if tuple(t.shape) != (n,):
             raise ValueError(f"{what}: a bool mask must have shape ({n},), got {tuple(t.shape)}")
-        return t.nonzero(as_tuple=True)[0]
+        return t.to(device).nonzero(as_tuple=True)[0]
+    if t.numel() == 0:   # [] reads as an empty float tensor: no rows, not a dtype error
+        return torch.zeros(0, dtype=torch.long, device=device)
     if t.is_floating_point() or t.is_complex():
         raise ValueError(f"{what} must be integer indices or a ({n},) bool mask, got dtype {t.dtype}")
     t = t.reshape(-1).long()
-    if check_range:
+    if check_range is True or (check_range == "host" and t.device.type == "cpu"):
         check_index_range(t, n, what)
-    return t
+    return t.to(device)
 
 
 def constant_cache(fn):

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-DEVICES = ("cpu", "cuda")
+from quadforge.tensors import check_device
 
 
 @dataclass(frozen=True)
@@ -35,13 +35,7 @@ class DistInfo:
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    device = str(device)   # a torch.device as well as its name
-    kind = device.split(":")[0]
-    if kind not in DEVICES:
-        raise ValueError(f"--device {device!r} unknown; allowed: {DEVICES}")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda requested but torch.cuda.is_available() is False on this machine")
-    return torch.device(device)
+    return check_device(device, "--device")
 
 
 def init_distributed(device: str = "cpu") -> DistInfo:

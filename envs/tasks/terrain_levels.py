@@ -84,7 +84,10 @@ class TerrainState:
             self.type_idx[env_ids] = self.col_type_idx[cols]
 
     def _per_env(self, env_ids: torch.Tensor, values, name: str, size: int) -> torch.Tensor:
-        v = torch.as_tensor(values, dtype=torch.long, device=self.device).reshape(-1)
+        v = torch.as_tensor(values, device=self.device).reshape(-1)
+        if v.dtype == torch.bool or v.is_floating_point() or v.is_complex():   # 1.5 would move to tile 1
+            raise ValueError(f"set_terrain_levels: {name} must be integers; got dtype {v.dtype}")
+        v = v.long()
         if v.numel() == 1:
             v = v.expand(env_ids.numel())
         if v.numel() != env_ids.numel():

@@ -73,6 +73,9 @@ def test_config_errors_name_the_flag(tmp_path):
         EvalConfig(episodes=0).validate()
     with pytest.raises(ValueError, match="unknown skill|allowed"):
         EvalConfig(commands=["flying"]).validate()
+    with pytest.raises(ValueError, match="--episodes"):
+        EvalConfig(episodes=True).validate()            # a bool is no count
+    assert EvalConfig(commands="walking", out=str(tmp_path / "w")).validate().commands == ["walking"]   # not w,a,l,..
     with pytest.raises(FileNotFoundError, match="--policy"):
         EvalConfig(policy=str(tmp_path / "missing.pt")).validate()
     assert cli_main(["eval", "--out", str(tmp_path), "--levels", "x"]) == 2

@@ -419,7 +419,11 @@ def test_env_ids_may_be_a_bool_mask_and_bad_ids_change_nothing():
                 env.set_terrain_levels(bad, 0)
             with pytest.raises(ValueError, match=match):
                 env.reset_envs(bad)
+        with pytest.raises(ValueError, match="levels must be integers"):
+            env.set_terrain_levels([0], [1.5])                         # was tile 1, silently
         assert torch.equal(env.terrain.levels, levels) and env.episode_length_buf.tolist() == [3, 3, 0, 0]
+        env.reset_envs([])                                             # no rows: nothing to do, no dtype error
+        assert env.episode_length_buf.tolist() == [3, 3, 0, 0]
         env.set_commands([1], env.commands[1:2])        # rows of the live buffer: no aliasing error
     finally:
         env.close()

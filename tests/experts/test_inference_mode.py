@@ -73,6 +73,10 @@ def test_policy_reset_takes_none_indices_or_a_bool_mask_alike(name):
         pols[0].reset(None)
         pols[1].reset(torch.arange(3))
         assert torch.equal(pols[0].act(envs[0].terms), pols[1].act(envs[1].terms))
+        for bad in ([-1], [3], torch.tensor([5])):   # -1 wrapped to the last env, silently; 3 an IndexError
+            with pytest.raises(ValueError, match=r"env_ids must be in \[0, 3\)"):
+                pols[0].reset(bad)
+        pols[0].reset([])                            # no rows: nothing to do
     finally:
         for e in envs:
             e.close()

@@ -1,5 +1,7 @@
 """Outside-checkpoint loaders: files built with torch in each format (the real key names and shapes) load
 as Policies whose actions equal a direct forward pass on the adapted observations; mismatches are errors."""
+from pathlib import Path
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -227,6 +229,20 @@ def test_bad_names_and_files(tmp_path):
     (tmp_path / "junk.pt").write_text("not a checkpoint")
     with pytest.raises(ValueError, match=r"junk.pt: not a quadforge/rsl_rl checkpoint \(a text file\)"):
         load_expert(tmp_path / "junk.pt", num_envs=N)
+
+
+def test_a_device_this_machine_lacks_and_a_fractional_batch_are_named(tmp_path):
+    from quadforge.models.checkpoint import load_checkpoint
+    with pytest.raises(ValueError, match="device 'gpu' is unknown; allowed: cpu, cuda, cuda:N"):
+        load_policy("gait", 2, device="gpu")
+    with pytest.raises(ValueError, match="num_envs=2.7 is invalid; allowed: an integer >= 1"):
+        load_policy("gait", 2.7)                       # was a policy for 2 envs
+    ckpt = Path(__file__).resolve().parents[2] / "experts" / "checkpoints" / "vla_rt1.pt"
+    with pytest.raises(ValueError, match="map_location 'gpu' is unknown"):   # was "truncated or damaged"
+        load_checkpoint(ckpt, map_location="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device 'cuda': this machine has no CUDA GPU"):
+            load_policy("gait", 2, device="cuda")   # was torch's "Torch not compiled with CUDA enabled"
 
 
 def test_wtw_body_width_mismatch(tmp_path):

@@ -82,7 +82,7 @@ def test_a_flipped_byte_is_damage_and_a_missing_device_is_not(tmp_path):
     model = nn.Linear(3, 4)
     path = save_checkpoint(tmp_path / "last.pt", _ckpt(model))
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="the checkpoint is fine, but map_location"):
+        with pytest.raises(ValueError, match="map_location .cuda.: this machine has no CUDA GPU"):
             load_checkpoint(path, map_location="cuda")
     data = bytearray(path.read_bytes())
     offset = data.index(model.weight.detach().numpy().tobytes()) + 5    # inside the weight's stored bytes
