@@ -138,3 +138,44 @@ def test_make_env_config_takes_typed_terrain_and_adjust():
     dotted = builder.make_env_config(overrides={"curriculum": False, "episode_length_s": 7.0,
                                                 "commands.resample": False, "randomization.push_robots": False})
     assert typed == dotted
+
+
+# ------------------------------------------------------------------ robots (envs.robots.register_robot)
+@pytest.fixture
+def go1_copy():
+    """A registered robot 'go1_copy': go1's spec under another name, unregistered afterwards."""
+    from dataclasses import replace
+
+    from quadforge.envs import robots
+    robots.register_robot("go1_copy", lambda: replace(robots.get_robot("go1"), name="go1_copy"))
+    yield "go1_copy"
+    robots.ROBOTS.pop("go1_copy", None)
+    robots._CACHE.pop("go1_copy", None)
+
+
+def test_a_registered_robot_is_taken_everywhere(go1_copy, tmp_path, capsys):
+    import json
+
+    from quadforge.collection.collect import CollectConfig
+    from quadforge.envs.robots import get_robot, register_robot
+    from quadforge.evaluation.evaluate import EvalConfig
+    from quadforge.tools.cli import main
+    env = builder.make_env(robot=go1_copy, num_envs=2)
+    try:
+        assert env.robot.name == go1_copy and env.step(torch.zeros(2, 12))[0] is not None
+    finally:
+        env.close()
+    policy = registry.load_policy("gait", 2, robot=go1_copy)
+    assert policy.act  # the gait expert of the new robot
+    assert CollectConfig(out=str(tmp_path / "s"), episodes=1, robot=go1_copy).validate().robot == go1_copy
+    assert EvalConfig(out=str(tmp_path / "e"), robot=go1_copy).validate().robot == go1_copy
+    assert main(["info", "--json", str(tmp_path / "info.json")]) == 0
+    assert go1_copy in json.loads((tmp_path / "info.json").read_text())["robots"]
+    assert go1_copy in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["rollout", "--help"])
+    assert f"go1 | aliengo | {go1_copy}" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="robot 'go1_copy' is already registered"):
+        register_robot(go1_copy, lambda: get_robot("go1"))
+    with pytest.raises(ValueError, match="robot=.spot. is invalid; allowed: go1, aliengo, go1_copy"):
+        registry.load_policy("gait", 2, robot="spot")

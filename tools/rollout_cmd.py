@@ -11,7 +11,8 @@ from dataclasses import replace
 
 import torch
 
-from quadforge.cli_flags import add_json, add_num_envs, add_num_threads, add_robot, add_seed, write_json
+from quadforge.cli_flags import add_json, add_num_envs, add_num_threads, add_seed, write_json
+from quadforge.envs.robots import add_robot
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.builder import get_task, make_env
 from quadforge.envs.config import RandomizationConfig, command_outside_limits
