@@ -179,3 +179,18 @@ def test_a_registered_robot_is_taken_everywhere(go1_copy, tmp_path, capsys):
         register_robot(go1_copy, lambda: get_robot("go1"))
     with pytest.raises(ValueError, match="robot=.spot. is invalid; allowed: go1, aliengo, go1_copy"):
         registry.load_policy("gait", 2, robot="spot")
+
+
+def test_register_task_refuses_a_name_taken_or_inside_a_prefix(monkeypatch):
+    """register_task('quard:go_to', ...) shadowed the real QUARD task and task_names() listed it twice."""
+    monkeypatch.setattr(builder, "TASKS", dict(builder.TASKS))
+    real = builder.get_task("quard:go_to")   # the prefix's module loaded
+    with pytest.raises(ValueError, match="the prefix 'quard:' belongs to the task family"):
+        builder.register_task("quard:go_to", lambda cfg: cfg, "mine")
+    with pytest.raises(ValueError, match="task 'locomotion' is already registered"):
+        builder.register_task("locomotion", lambda cfg: cfg, "mine")
+    assert builder.get_task("quard:go_to").help == real.help and builder.task_names().count("quard:go_to") == 1
+    builder.register_task("test:fast", lambda cfg: cfg, "fast walking", default_policy="zero")
+    assert builder.get_task("test:fast").default_policy == "zero"
+    with pytest.raises(ValueError, match="the registered tasks \\['test:fast'\\] are inside it"):
+        builder.register_task_prefix("test", builder.get_task, lambda: ())
