@@ -37,6 +37,11 @@ class Task:
     make: Callable[..., LeggedEnv] | None = None  # the env of a task with its own class (QUARD): make(cfg, **options)
     default_policy: str = "gait"                  # the policy spec a job runs when none is named: one that can succeed here
 
+    @property
+    def own_env(self) -> bool:
+        """Whether the task builds its own env class (``make``, e.g. QUARD's), which alone takes ``task_options``."""
+        return self.make is not None
+
 
 @dataclass(frozen=True)
 class TaskPrefix:
@@ -75,6 +80,10 @@ def register_task_prefix(prefix: str, resolve: Callable[[str], Task], names: Cal
 
 
 def task_names() -> tuple[str, ...]:
+    """Every registered task now, the prefixed ones too (their modules, ``TASK_MODULES``, imported first)."""
+    for prefix, module in TASK_MODULES.items():
+        if prefix not in TASK_PREFIXES:
+            importlib.import_module(module)
     return tuple(TASKS) + tuple(n for p in TASK_PREFIXES.values() for n in p.names())
 
 
@@ -134,7 +143,7 @@ def make_env(robot: str = "go1", terrain: str | TerrainConfig | None = "flat", t
     cfg = make_env_config(robot, terrain, task, num_envs, seed, num_threads, overrides, one_column_per_type,
                           terrain_grid, backend, warp, adjust)
     make = get_task(task).make
-    if make is None:
+    if make is None:   # Task.own_env
         if task_options:
             raise ValueError(f"task {task!r} takes no task options; got {sorted(task_options)} "
                              f"(only tasks with their own env class, e.g. quard:*, do)")

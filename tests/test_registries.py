@@ -194,3 +194,43 @@ def test_register_task_refuses_a_name_taken_or_inside_a_prefix(monkeypatch):
     assert builder.get_task("test:fast").default_policy == "zero"
     with pytest.raises(ValueError, match="the registered tasks \\['test:fast'\\] are inside it"):
         builder.register_task_prefix("test", builder.get_task, lambda: ())
+
+
+@pytest.fixture
+def fast_walk(monkeypatch):
+    """A registered LeggedEnv task 'fast_walk' (forward commands only), its configure calls counted."""
+    from dataclasses import replace
+    monkeypatch.setattr(builder, "TASKS", dict(builder.TASKS))
+    calls = []
+
+    def fast(cfg):
+        calls.append(cfg.num_envs)
+        return replace(cfg, commands=replace(cfg.commands, ranges={**cfg.commands.ranges, "lin_vel_x": (1.0, 1.5)}))
+
+    builder.register_task("fast_walk", fast, "fast forward walking", default_policy="gait")
+    return calls
+
+
+def test_a_registered_task_collects_and_rolls_out(fast_walk, tmp_path, capsys):
+    """collect refused it (its task list was locomotion + quard:*), rollout handed it QUARD's task options."""
+    import json
+
+    from quadforge.collection.collect import CollectConfig, collect_tasks, run_local
+    from quadforge.data.store import TrajectoryStore
+    from quadforge.tools.cli import main
+    assert "fast_walk" in collect_tasks()
+    cfg = CollectConfig(out=str(tmp_path / "s"), episodes=2, task="fast_walk", num_envs=2, max_episode_s=0.2,
+                        progress=False).validate()
+    assert cfg.policy == "gait"                                 # the task's registered default policy
+    assert run_local(cfg)["in_store"] == 2 and fast_walk        # its configure built the collector's env
+    assert TrajectoryStore.open(tmp_path / "s").num_episodes == 2
+    with pytest.raises(ValueError, match="--frame-stride applies to the camera tasks"):
+        CollectConfig(out=str(tmp_path / "t"), episodes=1, task="fast_walk", frame_stride=3).validate()
+    fast_walk.clear()
+    out = tmp_path / "r.json"
+    assert main(["rollout", "--task", "fast_walk", "--num-envs", "2", "--seconds", "0.2", "--json", str(out)]) == 0
+    assert "policy=gait" in capsys.readouterr().out and fast_walk == [2]
+    assert json.loads(out.read_text())["mean_command"]["lin_vel_x"] >= 1.0   # the task's own commands
+    with pytest.raises(SystemExit):
+        main(["rollout", "--help"])
+    assert "fast_walk" in capsys.readouterr().out

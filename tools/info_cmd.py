@@ -10,7 +10,6 @@ second or two). ``--json PATH`` ('-': stdout) writes the same as JSON.
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.metadata
 import importlib.util
 import os
@@ -69,11 +68,9 @@ def _rendering() -> dict[str, Any]:
 
 def _registries() -> dict[str, Any]:
     from quadforge.envs.backends import BACKENDS, PLANNED
-    from quadforge.envs.builder import TASK_MODULES, task_names
+    from quadforge.envs.builder import task_names
     from quadforge.envs.robots import ROBOTS
     from quadforge.models.registry import MODEL_SPECS
-    for module in TASK_MODULES.values():      # prefixed tasks (quard:...) register on import
-        importlib.import_module(module)
     backends = {name: {"help": spec.help, "devices": list(spec.devices), "capabilities": sorted(spec.capabilities),
                        "installed": spec.installed()} for name, spec in BACKENDS.items()}
     models: dict[str, list[str]] = {}
