@@ -52,6 +52,10 @@ class ModelSpec:
             if getattr(self, field_name) not in allowed:
                 raise ValueError(f"model {self.name!r}: {field_name}={getattr(self, field_name)!r}; "
                                  f"allowed: {allowed}")
+        module, colon, cls = str(self.cls).partition(":")
+        if not (module and colon and cls) or ":" in cls:
+            raise ValueError(f"model {self.name!r}: cls={self.cls!r}; give 'module:Class', e.g. "
+                             f"'quadforge.models.mlp:HistoryMLP'")
 
     def model_class(self) -> type:
         module, cls = self.cls.split(":")
