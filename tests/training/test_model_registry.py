@@ -59,3 +59,9 @@ def test_germ_loads_weights_saved_before_the_decoder_was_shared():
     fresh.load_state_dict(old)
     assert torch.equal(fresh.heads.weight, model.heads.weight + 1.0)
     assert torch.equal(fresh.decoder.ln_f.bias, model.decoder.ln_f.bias + 1.0)
+    with pytest.raises(ValueError, match="presets= are the imitation trainer's; the qlearning trainer keeps its own"):
+        ModelSpec("x", "proprio", "m:C", reads="transitions", trainer="qlearning", policy="germ",
+                  presets={"cpu": {"optim": {}}})
+    with pytest.raises(ValueError, match="presets \\['cpu'\\]: give each preset name a dict of TrainConfig fields"):
+        ModelSpec("x", "proprio", "m:C", reads="windows", trainer="imitation", policy="learned",
+                  presets={"cpu": {"context": 8}})
