@@ -234,3 +234,27 @@ def test_a_registered_task_collects_and_rolls_out(fast_walk, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["rollout", "--help"])
     assert "fast_walk" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ observation terms (envs.observations.register_term)
+def test_a_new_term_without_a_function_is_named_and_one_registers_its_function(monkeypatch):
+    """A TERM_DIMS entry without a function failed every env with a bare AssertionError (gone under python -O)."""
+    from quadforge.envs import observations
+    from quadforge.layout import TERM_DIMS
+    monkeypatch.setattr(observations, "TERM_FUNCTIONS", {})
+    monkeypatch.setitem(TERM_DIMS, "foot_load", 4)
+    with pytest.raises(ValueError, match=r"observation terms \['foot_load'\] of quadforge.terms.TERM_DIMS have no "
+                                         r"function: register one with envs.observations.register_term"):
+        builder.make_env(num_envs=2)
+    observations.register_term("foot_load", lambda v: 2.0 * v.state.foot_contact.to(torch.float32))
+    monkeypatch.setitem(TERM_DIMS, "task_mine", 2)        # a task's term: no function, zeros outside its task
+    env = builder.make_env(num_envs=2)
+    try:
+        assert torch.equal(env.terms["foot_load"], 2.0 * env.terms["foot_contacts"])
+        assert torch.equal(env.terms["task_mine"], torch.zeros(2, 2))
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="register_term\\('nope'\\): no such term"):
+        observations.register_term("nope", lambda v: None)
+    with pytest.raises(ValueError, match="already has a registered function"):
+        observations.register_term("foot_load", lambda v: None)
