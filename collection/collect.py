@@ -41,9 +41,8 @@ from quadforge.data.staging import COLLECTOR_ID_RE, COLLECTOR_ID_RULE, list_quar
 from quadforge.data.store import MANIFEST, TrajectoryStore
 from quadforge.data.writer import StagingWriter
 from quadforge.envs.backends.base import WarpConfig
-from quadforge.envs.builder import get_task, make_env
+from quadforge.envs.builder import get_task, make_env, task_names
 from quadforge.envs.config import EnvConfig
-from quadforge.envs.quard.instructions import quard_tasks
 from quadforge.envs.robots import ROBOTS
 from quadforge.envs.terrain import terrain_types
 from quadforge.experts.policy import compile_experts
@@ -61,9 +60,18 @@ def default_policy(task: str) -> str:
 
 
 def collect_tasks() -> tuple[str, ...]:
-    """The tasks ``collect --task`` takes: locomotion, and a QUARD task per registered family
-    (``envs.quard.families``) plus ``quard:all`` (the families mixed per episode)."""
-    return ("locomotion",) + quard_tasks()
+    """The tasks ``collect --task`` takes: every registered task (``envs.builder.task_names``, read when asked):
+    locomotion and any task registered on ``LeggedEnv`` (collected with skills, ``--max-episode-s`` and pushes),
+    a QUARD task per registered family (``envs.quard.families``) plus ``quard:all`` (the families mixed per
+    episode), and any other task with its own env class (``camera_task``)."""
+    return task_names()
+
+
+def camera_task(task: str) -> bool:
+    """Whether ``task`` builds its own env class (``Task.make``: QUARD's, with its camera, scenes and own
+    commands) - collected with ``--frame-stride`` and ``--images`` - rather than a ``LeggedEnv`` under the
+    collection's settings (skills, ``--max-episode-s``, pushes)."""
+    return get_task(task).own_env
 
 
 def check_ray_address(address: str) -> None:
@@ -99,7 +107,7 @@ class CollectConfig:
     push_interval_s: float = 2.0
     max_episode_s: float = 4.0          # FCNet's dataset averages 192 steps (3.8 s at 50 Hz)
     collector_id: str = "main"
-    task: str = "locomotion"            # locomotion (skills over the gait command) | quard:<family> | quard:all
+    task: str = "locomotion"            # locomotion (skills over the gait command) | quard:<family> | quard:all | any registered task
     frame_stride: int = 10              # control steps per recorded camera frame (10: 5 Hz at 50 Hz)
     images: bool = True                 # task envs: render the camera (False: proprioception + task terms only)
     compact_every: int = 100            # episodes between compactions (0: not by count)
@@ -158,7 +166,7 @@ class CollectConfig:
         terrain_types(self.terrain)
         if self.task not in collect_tasks():
             raise bad("task", ", ".join(collect_tasks()))
-        if not self.images and self.task == "locomotion":
+        if not self.images and not camera_task(self.task):
             raise ValueError("--no-images applies to camera tasks (--task quard:...); the locomotion task has no camera")
         _refuse_flags_the_task_ignores(self)
         if not isinstance(self.frame_stride, int) or self.frame_stride < 1:
@@ -189,7 +197,7 @@ class CollectConfig:
             check_ray_address(self.address)
         check_ratio(self.counterfactual, self.task, self.workers)
         check_store_accepts(self.out, robot=self.robot, what=f"--robot {self.robot}")
-        if self.task != "locomotion" and self.images:
+        if camera_task(self.task) and self.images:
             check_store_accepts(self.out, frame_stride=self.frame_stride, what="--frame-stride asks for")
         return self
 
@@ -201,11 +209,12 @@ CAMERA_TASK_ONLY = ("frame_stride",)
 
 def _refuse_flags_the_task_ignores(cfg: CollectConfig) -> None:
     """A setting changed from its default that ``cfg.task`` does not use is refused, naming its flag."""
-    ignored = CAMERA_TASK_ONLY if cfg.task == "locomotion" else LOCOMOTION_ONLY
+    legged = not camera_task(cfg.task)
+    ignored = CAMERA_TASK_ONLY if legged else LOCOMOTION_ONLY
     default = CollectConfig(out="", episodes=1)
     changed = [field_flag(name) for name in ignored if getattr(cfg, name) != getattr(default, name)]
     if changed:
-        why = ("applies to the camera tasks (--task quard:...)" if cfg.task == "locomotion" else
+        why = ("applies to the camera tasks (--task quard:...)" if legged else
                "applies to --task locomotion: a QUARD family sets its own episodes (20 s, 15 s for go_through), "
                "commands and start")
         raise ValueError(f"{', '.join(changed)} {why}; --task {cfg.task} does not use it: drop it")
@@ -224,9 +233,9 @@ def build_task_env(cfg: CollectConfig, seed: int) -> Any:
 
 def build_env(cfg: CollectConfig, seed: int) -> Any:
     """The env for one collector: commands fixed per episode (one skill each), optional pushes."""
-    if cfg.task != "locomotion":
+    if camera_task(cfg.task):
         return build_task_env(cfg, seed)
-    return make_env(cfg.robot, cfg.terrain, num_envs=cfg.num_envs, seed=seed, num_threads=cfg.num_threads,
+    return make_env(cfg.robot, cfg.terrain, cfg.task, num_envs=cfg.num_envs, seed=seed, num_threads=cfg.num_threads,
                     backend=cfg.backend, warp=cfg.warp, adjust=lambda env: _collection_settings(cfg, env),
                     overrides=cfg.env_overrides())
 
@@ -325,7 +334,7 @@ def collect_episodes(cfg: CollectConfig, collector_id: str, quota: int,
         check_store_accepts(cfg.out, robot=cfg.robot, control_dt=float(env.dt), what=f"collector {collector_id}")
         policy = build_policy(cfg, env, run_seed)
         # a task env sets its own commands (the policy's high-level command); skills are for locomotion
-        skills = SkillCommandSampler(mix, env.num_envs, run_seed) if cfg.task == "locomotion" else None
+        skills = None if camera_task(cfg.task) else SkillCommandSampler(mix, env.num_envs, run_seed)
         info_extra = {"robot": cfg.robot, "control_dt": float(env.dt), "terrain_spec": cfg.terrain,
                       "skill_mix": mix.to_string(), "seed": run_seed, "push_vel": cfg.push,
                       "collector_id": collector_id}

@@ -11,7 +11,8 @@ import sys
 from quadforge.collection.collect import CollectConfig, collect_tasks, run_local
 from quadforge.data.staging import list_staged
 from quadforge.errors import Interrupted
-from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, add_store, require
+from quadforge.cli_flags import add_num_envs, add_num_threads, add_seed, add_store, require
+from quadforge.envs.robots import add_robot
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.terrain import TERRAIN_SPEC_HELP
 from quadforge.experts.registry import spec_help

@@ -6,7 +6,8 @@ task; ``overrides`` dotted ``EnvConfig`` paths set through the one typed setter
 
 A task is a small function registered by name that turns the default ``EnvConfig`` into the task's
 (command distribution, rewards, terminations, extra observation terms). Adding one is a
-``register_task(name, configure, help)`` call in the module that implements it. A family of tasks whose
+``register_task(name, configure, help, default_policy=...)`` call in the module that implements it (a name
+inside a registered prefix, or taken, is refused). A family of tasks whose
 names follow another registry (``quard:<family>``: one per registered QUARD family) registers a prefix
 instead: ``register_task_prefix(prefix, resolve, names)``, ``resolve(name)`` making the ``Task``.
 
@@ -36,6 +37,11 @@ class Task:
     make: Callable[..., LeggedEnv] | None = None  # the env of a task with its own class (QUARD): make(cfg, **options)
     default_policy: str = "gait"                  # the policy spec a job runs when none is named: one that can succeed here
 
+    @property
+    def own_env(self) -> bool:
+        """Whether the task builds its own env class (``make``, e.g. QUARD's), which alone takes ``task_options``."""
+        return self.make is not None
+
 
 @dataclass(frozen=True)
 class TaskPrefix:
@@ -51,20 +57,33 @@ TASK_MODULES: dict[str, str] = {"quard": "quadforge.envs.quard.tasks"}
 
 
 def register_task(name: str, configure: Callable[[EnvConfig], EnvConfig], help: str,
-                  make: Callable[..., LeggedEnv] | None = None) -> None:
+                  make: Callable[..., LeggedEnv] | None = None, default_policy: str = "gait") -> None:
+    """Task ``name`` (see the module doc); ``default_policy`` is the policy spec a job runs on it when none is
+    named. A name taken by a task, or inside a task prefix (``quard:...``, whose tasks that prefix names), is refused."""
+    prefix = name.partition(":")[0]
+    if ":" in name and (prefix in TASK_PREFIXES or prefix in TASK_MODULES):
+        raise ValueError(f"register_task({name!r}): the prefix {prefix + ':'!r} belongs to the task family "
+                         f"registered with register_task_prefix; choose a name outside it")
     if name in TASKS:
-        raise ValueError(f"task {name!r} is already registered")
-    TASKS[name] = Task(name, configure, help, make)
+        raise ValueError(f"register_task({name!r}): task {name!r} is already registered")
+    TASKS[name] = Task(name, configure, help, make, default_policy)
 
 
 def register_task_prefix(prefix: str, resolve: Callable[[str], Task], names: Callable[[], tuple[str, ...]]) -> None:
     """Tasks named ``prefix:...`` are made by ``resolve(name)`` (see the module doc)."""
     if prefix in TASK_PREFIXES:
         raise ValueError(f"task prefix {prefix!r} is already registered")
+    taken = [n for n in TASKS if n.startswith(prefix + ":")]
+    if taken:
+        raise ValueError(f"task prefix {prefix!r}: the registered tasks {taken} are inside it")
     TASK_PREFIXES[prefix] = TaskPrefix(resolve, names)
 
 
 def task_names() -> tuple[str, ...]:
+    """Every registered task now, the prefixed ones too (their modules, ``TASK_MODULES``, imported first)."""
+    for prefix, module in TASK_MODULES.items():
+        if prefix not in TASK_PREFIXES:
+            importlib.import_module(module)
     return tuple(TASKS) + tuple(n for p in TASK_PREFIXES.values() for n in p.names())
 
 
@@ -124,7 +143,7 @@ def make_env(robot: str = "go1", terrain: str | TerrainConfig | None = "flat", t
     cfg = make_env_config(robot, terrain, task, num_envs, seed, num_threads, overrides, one_column_per_type,
                           terrain_grid, backend, warp, adjust)
     make = get_task(task).make
-    if make is None:
+    if make is None:   # Task.own_env
         if task_options:
             raise ValueError(f"task {task!r} takes no task options; got {sorted(task_options)} "
                              f"(only tasks with their own env class, e.g. quard:*, do)")

@@ -3,6 +3,11 @@ the task state; ``TermCache`` evaluates them lazily so a step only pays for the 
 
 Terms are raw (SI units, body frame, unscaled); policies flatten them with an ``ObsLayout``. Noise is
 added inside the policy group's ``CompiledLayout`` only, never to what ``env.terms`` returns.
+
+Adding a term: its dimension in ``quadforge.terms.TERM_DIMS``, and its function either here in
+``make_term_fns`` or, from outside, ``register_term(name, fn)`` (``fn(TaskView) -> (N, dim)``) before the env is
+built. A task's own term is named ``task_<name>``: it needs no function (zeros unless the task's env fills it,
+``TaskView.task_terms``). A term without a function is a one-line error when an env is built.
 """
 from __future__ import annotations
 
@@ -126,6 +131,23 @@ def _task_term(v: TaskView, name: str) -> torch.Tensor:
     return torch.zeros(v.state.root_pos_w.shape[0], TERM_DIMS[name], device=v.state.root_pos_w.device)
 
 
+# Term functions registered from outside this module (``register_term``): name -> fn(TaskView) -> (N, dim).
+TERM_FUNCTIONS: dict[str, Callable[[TaskView], torch.Tensor]] = {}
+
+
+def register_term(name: str, fn: Callable[[TaskView], torch.Tensor]) -> None:
+    """The function of term ``name`` (already in ``TERM_DIMS``), read by every env built afterwards."""
+    if name not in TERM_DIMS:
+        raise ValueError(f"register_term({name!r}): no such term in quadforge.terms.TERM_DIMS; add its dimension "
+                         f"there first")
+    if name.startswith(TASK_TERM_PREFIX):
+        raise ValueError(f"register_term({name!r}): a {TASK_TERM_PREFIX}* term is its task env's (TaskView.task_terms), "
+                         f"zeros elsewhere; it takes no function")
+    if name in TERM_FUNCTIONS:
+        raise ValueError(f"register_term({name!r}): term {name!r} already has a registered function")
+    TERM_FUNCTIONS[name] = fn
+
+
 def make_term_fns(points_b: torch.Tensor) -> dict[str, Callable[[TaskView], torch.Tensor]]:
     fns: dict[str, Callable[[TaskView], torch.Tensor]] = {
         "base_lin_vel": lambda v: v.state.root_lin_vel_b,
@@ -148,7 +170,20 @@ def make_term_fns(points_b: torch.Tensor) -> dict[str, Callable[[TaskView], torc
     for name in TERM_DIMS:
         if name.startswith(TASK_TERM_PREFIX):
             fns[name] = functools.partial(_task_term, name=name)
-    assert set(fns) == set(TERM_DIMS), "every layout term needs an observation function"
+    built_in = sorted(set(fns) & set(TERM_FUNCTIONS))
+    if built_in:
+        raise ValueError(f"observation terms {built_in}: registered with register_term but built into "
+                         f"envs/observations.py make_term_fns; register only new terms")
+    fns.update(TERM_FUNCTIONS)
+    missing = sorted(set(TERM_DIMS) - set(fns))
+    if missing:
+        raise ValueError(f"observation terms {missing} of quadforge.terms.TERM_DIMS have no function: register one "
+                         f"with envs.observations.register_term(name, fn) (fn(TaskView) -> (N, dim)) before building "
+                         f"the env, or name a task's term {TASK_TERM_PREFIX}<name>")
+    extra = sorted(set(fns) - set(TERM_DIMS))
+    if extra:
+        raise ValueError(f"observation functions {extra} have no term in quadforge.terms.TERM_DIMS; add their "
+                         f"dimensions there")
     return fns
 
 

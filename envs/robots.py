@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from quadforge.layout import JOINT_NAMES, LEGS
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-ROBOTS = ("go1", "aliengo")
 
 _UNITREE_GO1 = "Unitree Go1 product specification / go1_description (unitree_ros)"
 _LEGGED_GYM_GO1 = "walk-these-ways go1_config (Margolis & Agrawal 2022)"
@@ -196,14 +196,46 @@ def _aliengo() -> RobotSpec:
                "action_scale": "our choice, as Go1"}))
 
 
-_BUILDERS = {"go1": _go1, "aliengo": _aliengo}
+# THE robot registry: name -> a function building its RobotSpec (called once, on first use). Every robot list
+# (``--robot`` help, config validation, ``load_policy``'s robot check, ``quadforge info``) reads it when asked.
+ROBOTS: dict[str, Callable[[], RobotSpec]] = {}
 _CACHE: dict[str, RobotSpec] = {}
+
+
+def register_robot(name: str, build: Callable[[], RobotSpec]) -> None:
+    """Add robot ``name``: ``build()`` returns its ``RobotSpec`` (whose ``name`` is ``name``); a taken name is refused."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"register_robot: name {name!r} must be a non-empty string without ':'")
+    if name in ROBOTS:
+        raise ValueError(f"register_robot: robot {name!r} is already registered")
+    if not callable(build):
+        raise ValueError(f"register_robot({name!r}): build must be a function returning its RobotSpec, "
+                         f"got {type(build).__name__}")
+    ROBOTS[name] = build
+
+
+def robot_names() -> tuple[str, ...]:
+    """Every registered robot, in registration order."""
+    return tuple(ROBOTS)
 
 
 def get_robot(name: str) -> RobotSpec:
     """The spec of a named robot; ValueError naming the allowed names for an unknown one."""
-    if name not in _BUILDERS:
+    if name not in ROBOTS:
         raise ValueError(f"unknown robot {name!r}; allowed robots: {', '.join(ROBOTS)}")
     if name not in _CACHE:
-        _CACHE[name] = _BUILDERS[name]()
+        spec = ROBOTS[name]()
+        if not isinstance(spec, RobotSpec) or spec.name != name:
+            raise ValueError(f"robot {name!r}: its builder returned {getattr(spec, 'name', type(spec).__name__)!r}, "
+                             f"not a RobotSpec named {name!r}")
+        _CACHE[name] = spec
     return _CACHE[name]
+
+
+def add_robot(p, default: str = "go1") -> None:
+    """The ``--robot`` flag, its help listing the robots registered now."""
+    p.add_argument("--robot", default=default, help=f"{' | '.join(ROBOTS)} (default {default})")
+
+
+register_robot("go1", _go1)
+register_robot("aliengo", _aliengo)

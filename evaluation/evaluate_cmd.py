@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed, deprecated
+from quadforge.cli_flags import add_num_envs, add_num_threads, add_seed, deprecated
+from quadforge.envs.robots import add_robot
 from quadforge.evaluation.evaluate import EvalConfig, evaluate, replace_earlier_report, write_outputs
 from quadforge.evaluation.reports import cells_table
 from quadforge.envs.backends import add_backend_arguments, backend_from_args

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from quadforge.cli_flags import add_json, add_num_threads, add_robot, add_seed, write_json
+from quadforge.cli_flags import add_json, add_num_threads, add_seed, write_json
+from quadforge.envs.robots import add_robot
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.evaluation.reports import markdown_table
 from quadforge.collection.rollout import Rollout, RolloutConfig

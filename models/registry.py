@@ -19,13 +19,18 @@ Capabilities (names, resolved by the layer that owns them, so this module never 
 - ``objective``: ``imitation`` (regress or classify the demonstrated actions) | ``q`` (conservative
   Q-learning); ``dense``: built with dense FFNs at the MoE's active size (GeRM w/o MoE).
 
-Adding a model: its file under ``models/`` and one ``register_model(ModelSpec(...))`` line below.
+Adding a model: its file under ``models/`` and one ``register_model(ModelSpec(...))`` line below (an
+imitation model's training presets with it: ``presets=``, the zoo's in ``models/zoo_presets.py``; without them
+``training.presets.GENERIC_PRESETS``). A model registered elsewhere (before the command runs) is as
+much a model: ``train``, the sweep's zoo and the benchmarks read this registry when asked.
 """
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from quadforge.models.zoo_presets import ZOO_PRESETS
 
 INPUTS = ("proprio", "vision")
 READS = ("windows", "transitions", "image_windows")
@@ -45,6 +50,9 @@ class ModelSpec:
     objective: str = "imitation"
     dense: bool = False
     help: str = ""
+    # imitation models: preset name -> training.presets.TrainConfig fields (plain data, e.g. {"cpu": {"context":
+    # 8, ..., "optim": {...}}}); None: the trainer's documented generic cpu/paper presets (training.presets)
+    presets: Mapping[str, Mapping[str, Any]] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         for field_name, allowed in (("inputs", INPUTS), ("reads", READS), ("trainer", TRAINERS),
@@ -52,6 +60,18 @@ class ModelSpec:
             if getattr(self, field_name) not in allowed:
                 raise ValueError(f"model {self.name!r}: {field_name}={getattr(self, field_name)!r}; "
                                  f"allowed: {allowed}")
+        module, colon, cls = str(self.cls).partition(":")
+        if not (module and colon and cls) or ":" in cls:
+            raise ValueError(f"model {self.name!r}: cls={self.cls!r}; give 'module:Class', e.g. "
+                             f"'quadforge.models.mlp:HistoryMLP'")
+        if self.presets is not None:
+            if self.trainer != "imitation":
+                raise ValueError(f"model {self.name!r}: presets= are the imitation trainer's; the {self.trainer} "
+                                 f"trainer keeps its own")
+            bad = [k for k, v in dict(self.presets).items() if not isinstance(v, Mapping) or "optim" not in v]
+            if bad or not self.presets:
+                raise ValueError(f"model {self.name!r}: presets {bad or '{}'}: give each preset name a dict of "
+                                 f"TrainConfig fields with its optim dict")
 
     def model_class(self) -> type:
         module, cls = self.cls.split(":")
@@ -109,7 +129,7 @@ for _name, _cls in (("fcnet", "fcnet:FCNet"), ("transformer", "transformer:Trans
                     ("convformer", "convformer:DecisionConvFormer"), ("starformer", "starformer:StARformer"),
                     ("mlp", "mlp:HistoryMLP")):
     register_model(ModelSpec(_name, "proprio", f"quadforge.models.{_cls}", reads="windows", trainer="imitation",
-                             policy="learned", help=_ZOO))
+                             policy="learned", help=_ZOO, presets=ZOO_PRESETS[_name]))
 
 _GERM = {"germ": ("q", False, "GeRM: MoE decoder, conservative discretised Q-learning"),
          "germ-il": ("imitation", False, "GeRM w/o RL: the MoE network by cross-entropy on the demonstrations"),

@@ -90,10 +90,6 @@ def add_resume(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--resume", action="store_true", help=f"continue the run in --out from {what}")
 
 
-def add_robot(p: argparse.ArgumentParser, default: str = "go1") -> None:
-    p.add_argument("--robot", default=default, help=f"go1 | aliengo (default {default})")
-
-
 def add_num_envs(p: argparse.ArgumentParser, default: int | None, what: str = "parallel envs") -> None:
     p.add_argument("--num-envs", type=int, default=default, metavar="N",
                    help=f"{what}" + (f" (default {default})" if default is not None else ""))

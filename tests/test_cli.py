@@ -211,3 +211,30 @@ def test_the_recorded_commit_is_the_codes_not_the_callers_directorys(tmp_path, m
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     monkeypatch.chdir(tmp_path)
     assert git_state() == here
+
+
+def test_info_lists_policy_kinds_terrain_types_reward_terms_and_layouts(tmp_path, capsys, monkeypatch):
+    """`quadforge info` listed backends, robots, tasks and models only; a policy kind registered before it runs
+    is listed too (the lists are read when asked)."""
+    import json
+
+    from quadforge.envs.rewards import REWARD_TERMS
+    from quadforge.envs.terrain import TERRAIN_TYPES
+    from quadforge.experts import registry
+    from quadforge.layout import LAYOUTS
+    monkeypatch.setattr(registry, "POLICY_KINDS", dict(registry.POLICY_KINDS))
+    registry.register_policy_kind("mine", lambda arg, ctx: None, "a test's kind", needs_path=False)
+    out = tmp_path / "info.json"
+    assert main(["info", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert list(r["policy_kinds"]) == list(registry.POLICY_KINDS)
+    assert {"gait", "vla", "quard_expert", "mine"} <= set(r["policy_kinds"])
+    assert r["policy_kinds"]["mine"] == {"help": "a test's kind", "takes_path": False}
+    assert r["policy_kinds"]["model"]["takes_path"] is True
+    assert r["terrain_types"] == list(TERRAIN_TYPES) and r["reward_terms"] == list(REWARD_TERMS)
+    assert r["layouts"] == {name: layout.dim for name, layout in LAYOUTS.items()} and r["layouts"]["legged_gym_48"] == 48
+    assert "policy kinds: gait, zero, model:PATH" in printed and ", mine" in printed
+    for line, names in (("terrain types: ", TERRAIN_TYPES), ("reward terms: ", REWARD_TERMS)):
+        assert line + ", ".join(names) in printed
+    assert "layouts: legged_gym_48 (48)" in printed

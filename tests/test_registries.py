@@ -138,3 +138,123 @@ def test_make_env_config_takes_typed_terrain_and_adjust():
     dotted = builder.make_env_config(overrides={"curriculum": False, "episode_length_s": 7.0,
                                                 "commands.resample": False, "randomization.push_robots": False})
     assert typed == dotted
+
+
+# ------------------------------------------------------------------ robots (envs.robots.register_robot)
+@pytest.fixture
+def go1_copy():
+    """A registered robot 'go1_copy': go1's spec under another name, unregistered afterwards."""
+    from dataclasses import replace
+
+    from quadforge.envs import robots
+    robots.register_robot("go1_copy", lambda: replace(robots.get_robot("go1"), name="go1_copy"))
+    yield "go1_copy"
+    robots.ROBOTS.pop("go1_copy", None)
+    robots._CACHE.pop("go1_copy", None)
+
+
+def test_a_registered_robot_is_taken_everywhere(go1_copy, tmp_path, capsys):
+    import json
+
+    from quadforge.collection.collect import CollectConfig
+    from quadforge.envs.robots import get_robot, register_robot
+    from quadforge.evaluation.evaluate import EvalConfig
+    from quadforge.tools.cli import main
+    env = builder.make_env(robot=go1_copy, num_envs=2)
+    try:
+        assert env.robot.name == go1_copy and env.step(torch.zeros(2, 12))[0] is not None
+    finally:
+        env.close()
+    policy = registry.load_policy("gait", 2, robot=go1_copy)
+    assert policy.act  # the gait expert of the new robot
+    assert CollectConfig(out=str(tmp_path / "s"), episodes=1, robot=go1_copy).validate().robot == go1_copy
+    assert EvalConfig(out=str(tmp_path / "e"), robot=go1_copy).validate().robot == go1_copy
+    assert main(["info", "--json", str(tmp_path / "info.json")]) == 0
+    assert go1_copy in json.loads((tmp_path / "info.json").read_text())["robots"]
+    assert go1_copy in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["rollout", "--help"])
+    assert f"go1 | aliengo | {go1_copy}" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="robot 'go1_copy' is already registered"):
+        register_robot(go1_copy, lambda: get_robot("go1"))
+    with pytest.raises(ValueError, match="robot=.spot. is invalid; allowed: go1, aliengo, go1_copy"):
+        registry.load_policy("gait", 2, robot="spot")
+
+
+def test_register_task_refuses_a_name_taken_or_inside_a_prefix(monkeypatch):
+    """register_task('quard:go_to', ...) shadowed the real QUARD task and task_names() listed it twice."""
+    monkeypatch.setattr(builder, "TASKS", dict(builder.TASKS))
+    real = builder.get_task("quard:go_to")   # the prefix's module loaded
+    with pytest.raises(ValueError, match="the prefix 'quard:' belongs to the task family"):
+        builder.register_task("quard:go_to", lambda cfg: cfg, "mine")
+    with pytest.raises(ValueError, match="task 'locomotion' is already registered"):
+        builder.register_task("locomotion", lambda cfg: cfg, "mine")
+    assert builder.get_task("quard:go_to").help == real.help and builder.task_names().count("quard:go_to") == 1
+    builder.register_task("test:fast", lambda cfg: cfg, "fast walking", default_policy="zero")
+    assert builder.get_task("test:fast").default_policy == "zero"
+    with pytest.raises(ValueError, match="the registered tasks \\['test:fast'\\] are inside it"):
+        builder.register_task_prefix("test", builder.get_task, lambda: ())
+
+
+@pytest.fixture
+def fast_walk(monkeypatch):
+    """A registered LeggedEnv task 'fast_walk' (forward commands only), its configure calls counted."""
+    from dataclasses import replace
+    monkeypatch.setattr(builder, "TASKS", dict(builder.TASKS))
+    calls = []
+
+    def fast(cfg):
+        calls.append(cfg.num_envs)
+        return replace(cfg, commands=replace(cfg.commands, ranges={**cfg.commands.ranges, "lin_vel_x": (1.0, 1.5)}))
+
+    builder.register_task("fast_walk", fast, "fast forward walking", default_policy="gait")
+    return calls
+
+
+def test_a_registered_task_collects_and_rolls_out(fast_walk, tmp_path, capsys):
+    """collect refused it (its task list was locomotion + quard:*), rollout handed it QUARD's task options."""
+    import json
+
+    from quadforge.collection.collect import CollectConfig, collect_tasks, run_local
+    from quadforge.data.store import TrajectoryStore
+    from quadforge.tools.cli import main
+    assert "fast_walk" in collect_tasks()
+    cfg = CollectConfig(out=str(tmp_path / "s"), episodes=2, task="fast_walk", num_envs=2, max_episode_s=0.2,
+                        progress=False).validate()
+    assert cfg.policy == "gait"                                 # the task's registered default policy
+    assert run_local(cfg)["in_store"] == 2 and fast_walk        # its configure built the collector's env
+    assert TrajectoryStore.open(tmp_path / "s").num_episodes == 2
+    with pytest.raises(ValueError, match="--frame-stride applies to the camera tasks"):
+        CollectConfig(out=str(tmp_path / "t"), episodes=1, task="fast_walk", frame_stride=3).validate()
+    fast_walk.clear()
+    out = tmp_path / "r.json"
+    assert main(["rollout", "--task", "fast_walk", "--num-envs", "2", "--seconds", "0.2", "--json", str(out)]) == 0
+    assert "policy=gait" in capsys.readouterr().out and fast_walk == [2]
+    assert json.loads(out.read_text())["mean_command"]["lin_vel_x"] >= 1.0   # the task's own commands
+    with pytest.raises(SystemExit):
+        main(["rollout", "--help"])
+    assert "fast_walk" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ observation terms (envs.observations.register_term)
+def test_a_new_term_without_a_function_is_named_and_one_registers_its_function(monkeypatch):
+    """A TERM_DIMS entry without a function failed every env with a bare AssertionError (gone under python -O)."""
+    from quadforge.envs import observations
+    from quadforge.layout import TERM_DIMS
+    monkeypatch.setattr(observations, "TERM_FUNCTIONS", {})
+    monkeypatch.setitem(TERM_DIMS, "foot_load", 4)
+    with pytest.raises(ValueError, match=r"observation terms \['foot_load'\] of quadforge.terms.TERM_DIMS have no "
+                                         r"function: register one with envs.observations.register_term"):
+        builder.make_env(num_envs=2)
+    observations.register_term("foot_load", lambda v: 2.0 * v.state.foot_contact.to(torch.float32))
+    monkeypatch.setitem(TERM_DIMS, "task_mine", 2)        # a task's term: no function, zeros outside its task
+    env = builder.make_env(num_envs=2)
+    try:
+        assert torch.equal(env.terms["foot_load"], 2.0 * env.terms["foot_contacts"])
+        assert torch.equal(env.terms["task_mine"], torch.zeros(2, 2))
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="register_term\\('nope'\\): no such term"):
+        observations.register_term("nope", lambda v: None)
+    with pytest.raises(ValueError, match="already has a registered function"):
+        observations.register_term("foot_load", lambda v: None)

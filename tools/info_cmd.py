@@ -2,8 +2,9 @@
 
 One screen: the versions of the packages the platform stands on, the devices torch and Warp see, whether
 the CPU camera has an OpenGL to render with, which optional parts are installed (MuJoCo Warp for the GPU
-path, wordllama for the language half), and the registered backends, robots, tasks and models with
-whether each backend can run here. Every list comes from its registry. Nothing is built or compiled:
+path, wordllama for the language half), and the registered backends, robots, tasks, models, policy kinds,
+terrain types, reward terms and observation layouts, with whether each backend can run here. Every list
+comes from its registry, read when asked. Nothing is built or compiled:
 Warp is initialised only with ``--warp`` (its first initialisation loads the CUDA driver and takes a
 second or two). ``--json PATH`` ('-': stdout) writes the same as JSON.
 """
@@ -69,10 +70,14 @@ def _rendering() -> dict[str, Any]:
 
 def _registries() -> dict[str, Any]:
     from quadforge.envs.backends import BACKENDS, PLANNED
-    from quadforge.envs.builder import TASK_MODULES, task_names
+    from quadforge.envs.builder import task_names
+    from quadforge.envs.rewards import REWARD_TERMS
     from quadforge.envs.robots import ROBOTS
+    from quadforge.envs.terrain import TERRAIN_TYPES
+    from quadforge.experts.registry import POLICY_KIND_MODULES, POLICY_KINDS
+    from quadforge.layout import LAYOUTS
     from quadforge.models.registry import MODEL_SPECS
-    for module in TASK_MODULES.values():      # prefixed tasks (quard:...) register on import
+    for module in POLICY_KIND_MODULES.values():   # the lazily registered policy kinds register on import
         importlib.import_module(module)
     backends = {name: {"help": spec.help, "devices": list(spec.devices), "capabilities": sorted(spec.capabilities),
                        "installed": spec.installed()} for name, spec in BACKENDS.items()}
@@ -80,7 +85,10 @@ def _registries() -> dict[str, Any]:
     for name, inputs in MODEL_SPECS:
         models.setdefault(name, []).append(inputs)
     return {"backends": backends, "planned_backends": dict(PLANNED), "robots": list(ROBOTS),
-            "tasks": list(task_names()), "models": models}
+            "tasks": list(task_names()), "models": models,
+            "policy_kinds": {name: {"help": k.help, "takes_path": k.needs_path} for name, k in POLICY_KINDS.items()},
+            "terrain_types": list(TERRAIN_TYPES), "reward_terms": list(REWARD_TERMS),
+            "layouts": {name: layout.dim for name, layout in LAYOUTS.items()}}
 
 
 def collect(warp: bool = False) -> dict[str, Any]:
@@ -128,6 +136,10 @@ def _print(r: dict[str, Any]) -> None:
     print("robots: " + ", ".join(r["robots"]))
     print("tasks: " + ", ".join(r["tasks"]))
     print("models: " + ", ".join(f"{n} ({'/'.join(i)})" for n, i in r["models"].items()))
+    print("policy kinds: " + ", ".join(f"{n}{':PATH' if k['takes_path'] else ''}" for n, k in r["policy_kinds"].items()))
+    print("terrain types: " + ", ".join(r["terrain_types"]))
+    print("reward terms: " + ", ".join(r["reward_terms"]))
+    print("layouts: " + ", ".join(f"{n} ({d})" for n, d in r["layouts"].items()))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,9 @@
 """`quadforge rollout`: run a policy (zero actions, the gait expert or any checkpoint) in LeggedEnv for a few seconds and
 print a summary: env steps/s, episodes and how they ended, mean base velocity vs command, terrain levels.
 On a QUARD task (``--task quard:...``) any policy ``load_policy`` knows runs over the task's env (the
-privileged expert by default, a VLA checkpoint with the camera on); the summary is per family.
+privileged expert by default, a VLA checkpoint with the camera on); the summary is per family. Any other
+registered task on ``LeggedEnv`` (``envs.builder.register_task``) runs as locomotion does, under its
+``default_policy`` unless ``--policy`` names one.
 """
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from dataclasses import replace
 
 import torch
 
-from quadforge.cli_flags import add_json, add_num_envs, add_num_threads, add_robot, add_seed, write_json
+from quadforge.cli_flags import add_json, add_num_envs, add_num_threads, add_seed, write_json
+from quadforge.envs.robots import add_robot
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
-from quadforge.envs.builder import get_task, make_env
+from quadforge.envs.builder import get_task, make_env, task_names
 from quadforge.envs.config import RandomizationConfig, command_outside_limits
 from quadforge.envs.terminations import TERMINATION_REASONS
 from quadforge.envs.terrain import TERRAIN_SPEC_HELP
@@ -25,8 +28,8 @@ from quadforge.seeding import seed_everything
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="locomotion",
-                        help="locomotion (joystick commands), or a QUARD task: quard:<family> | quard:all (any "
-                             "policy: the privileged quard_expert by default, a VLA checkpoint, ...)")
+                        help=f"a registered task: {' | '.join(task_names())} (locomotion: joystick commands; on a "
+                             f"QUARD task any policy: the privileged quard_expert by default, a VLA checkpoint, ...)")
     parser.add_argument("--images", action="store_true",
                         help="QUARD tasks: render the front camera (5 Hz); on by itself for a policy that reads it")
     parser.add_argument("--colours", default="train", choices=("train", "held_out", "all"),
@@ -36,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_num_envs(parser, 16)
     parser.add_argument("--seconds", type=float, default=5.0, help="simulated seconds per env")
     parser.add_argument("--policy", default=None,
-                        help=f"{spec_help()} (default: zero on locomotion, quard_expert on quard:*)")
+                        help=f"{spec_help()} (default: zero on locomotion, the task's own elsewhere: quard_expert "
+                             f"on quard:*)")
     parser.add_argument("--gait", default=None, help="gait of the gait expert (same as --policy gait:<gait>)")
     parser.add_argument("--terrain", default="flat", help=TERRAIN_SPEC_HELP)
     parser.add_argument("--command", default=None, metavar="VX,VY,WZ",
@@ -65,18 +69,19 @@ def _command(text: str | None):
 
 
 def build_env(args: argparse.Namespace, images: bool = False):
-    """The env of ``--task`` (``make_env``); a QUARD task's camera renders only with ``images``."""
+    """The env of ``--task`` (``make_env``); a QUARD task's camera renders only with ``images``. Only a task with
+    its own env class (``Task.own_env``: QUARD's) gets the camera's task options."""
     if args.num_envs < 1:
         raise ValueError(f"--num-envs {args.num_envs}: allowed: an integer >= 1")
     if not args.seconds > 0:
         raise ValueError(f"--seconds {args.seconds}: allowed: > 0")
     backend, warp = backend_from_args(args)
     common = dict(num_envs=args.num_envs, seed=args.seed, num_threads=args.num_threads, backend=backend, warp=warp)
-    if args.task != "locomotion":
+    if get_task(args.task).own_env:
         return make_env(args.robot, args.terrain, task=args.task,
                         task_options={"images": bool(images), "colours": args.colours}, **common)
     nominal = (lambda cfg: replace(cfg, randomization=RandomizationConfig.off())) if args.no_randomization else None
-    return make_env(args.robot, args.terrain, adjust=nominal, **common)
+    return make_env(args.robot, args.terrain, args.task, adjust=nominal, **common)
 
 
 def _policy_spec(args: argparse.Namespace) -> str:
@@ -150,14 +155,13 @@ def format_summary(s: dict, policy: str, terrain: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.task != "locomotion":
-        get_task(args.task)            # a one-line error naming the tasks for a bad name
+    if get_task(args.task).own_env:    # a one-line error naming the tasks for a bad name
         if args.command is not None:   # refused, not dropped without a word
             raise ValueError(f"--command {args.command}: the locomotion task's joystick; on --task {args.task} the "
                              f"policy's high level commands the gait (leave it out)")
         return run_quard(args)
     if args.images or args.colours != "train":   # the QUARD camera's flags: refused, not dropped without a word
-        raise ValueError("--images/--colours: the QUARD tasks' camera and objects; the locomotion task has neither "
+        raise ValueError(f"--images/--colours: the QUARD tasks' camera and objects; the {args.task} task has neither "
                          "(give --task quard:...)")
     spec = _policy_spec(args)
     check_policy_spec(spec)

@@ -52,7 +52,7 @@ from quadforge.output_paths import check_output_dir
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.training.distributed import resolve_device
 from quadforge.training.imitation import train
-from quadforge.training.presets import PRESETS, TrainConfig, preset
+from quadforge.training.presets import TrainConfig, preset, presets
 
 DEMO_TERRAIN = "flat,slope_up,rough_slope,stairs_up"
 # the flags of DaggerConfig fields whose flag is not --<field-name> (the rest are not flags or match it)
@@ -111,9 +111,9 @@ class DaggerConfig:
         models = model_names(trainer="imitation")
         if self.model not in models:
             raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(models)}")
-        if self.preset not in PRESETS[self.model]:
+        if self.preset not in presets(self.model):
             raise ValueError(f"--preset {self.preset!r} unknown for --model {self.model}; "
-                             f"allowed: {', '.join(PRESETS[self.model])}")
+                             f"allowed: {', '.join(presets(self.model))}")
         # the key=value overrides as `train` applies and checks them; building the model (seconds at most)
         # also catches a misspelt model.* key, which the trainer would only meet after the collection
         tcfg = iteration_train_config(self, 0, None)

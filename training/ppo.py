@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from quadforge.cli_flags import add_num_envs, add_num_threads, add_robot, add_seed
+from quadforge.cli_flags import add_num_envs, add_num_threads, add_seed
+from quadforge.envs.robots import add_robot
 from quadforge.data.locks import acquire
 from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.backends.base import WarpConfig

@@ -13,7 +13,7 @@ Every model gets the same budget, so no baseline loses a comparison to its prese
    sign update has a larger norm), so both optimizers get the same number of runs in their own range;
 2. stage 2, the one setting the model's own paper (or, for ours, our notes) says matters, at the best
    learning rate and optimizer of stage 1: exactly ``len(SETTINGS[model])`` = 2 extra runs each
-   (``SETTINGS`` below, with the reason per model).
+   (``SETTINGS`` below, with the reason per model; a model registered without an entry runs stage 1 only).
 
 The chosen setting is stage 1's run with the lowest validation loss (the trainer's held-out episodes,
 ``val_fraction``), replaced by a stage-2 run only when that is more than ``STAGE2_MARGIN`` = 5 % lower
@@ -22,7 +22,7 @@ to change a paper's value). Results go to
 ``OUT/sweep.json`` (rewritten after every run, so an interrupted sweep resumes where it stopped; a rerun
 with another store, grid, budget or seed is refused, naming them: use a new ``--out``) and a markdown
 table to stdout (and ``--table``, checked before the sweep). Writing the choice into
-``training/presets.py`` is a reviewed hand edit (docs/models.md "Equal-budget tuning" quotes the table it came from).
+``models/zoo_presets.py`` is a reviewed hand edit (docs/models.md "Equal-budget tuning" quotes the table it came from).
 
 With ``--episodes N`` and no store at ``--store`` the sweep first collects N gait-expert episodes on
 flat ground (walking commands, 4 s) there, so one command reruns everything.
@@ -34,7 +34,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,7 +49,6 @@ from quadforge.training.imitation import train
 from quadforge.models.registry import model_names
 from quadforge.training.presets import preset
 
-SWEEP_MODELS = model_names(trainer="imitation")   # every model of the zoo: no baseline is left at an untuned preset
 DEFAULT_LRS = (3e-4, 1e-3, 3e-3)       # AdamW's; Lion's are these / LION_LR_RATIO
 LION_LR_RATIO = 3.0
 STAGE2_MARGIN = 0.05   # a stage-2 value must lower the validation loss by more than 5 % to be chosen
@@ -63,7 +62,8 @@ RESUMABLE_CHANGES = ("out", "episodes", "table")
 # for every model: the grid compares optimizers, not one preset's betas against another's
 OPTIMIZER_BETAS = {"adamw": ((0.9, 0.999), 1e-8), "lion": ((0.9, 0.99), 1e-8)}
 
-# stage 2: (config key, the values tried besides the preset's, why this setting)
+# stage 2: (config key, the values tried besides the preset's, why this setting); a model without an entry (one
+# registered with no paper setting to ablate) runs stage 1 only
 SETTINGS: dict[str, tuple[str, tuple[Any, ...], str]] = {
     "fcnet": ("model.modes", (4, 16), "seed 000 ablates the number of Fourier modes m (preset 8 at n 32)"),
     "transformer": ("model.pos_init_std", (1.0, 0.1),
@@ -77,11 +77,16 @@ SETTINGS: dict[str, tuple[str, tuple[Any, ...], str]] = {
 }
 
 
+def sweep_models() -> tuple[str, ...]:
+    """Every imitation model registered now (``models.registry``): no baseline is left at an untuned preset."""
+    return model_names(trainer="imitation")
+
+
 @dataclass
 class SweepConfig:
     data: str
     out: str
-    models: tuple[str, ...] = SWEEP_MODELS
+    models: tuple[str, ...] = field(default_factory=sweep_models)
     steps: int = 1000
     batch_size: int = 64
     lrs: tuple[float, ...] = DEFAULT_LRS
@@ -92,9 +97,9 @@ class SweepConfig:
     table: str | None = None
 
     def validate(self) -> "SweepConfig":
-        unknown = [m for m in self.models if m not in SWEEP_MODELS]
+        unknown = [m for m in self.models if m not in sweep_models()]
         if unknown or not self.models:
-            raise ValueError(f"--models: unknown {unknown}; allowed: {','.join(SWEEP_MODELS)}")
+            raise ValueError(f"--models: unknown {unknown}; allowed: {','.join(sweep_models())}")
         bad = [o for o in self.optimizers if o not in OPTIMIZER_BETAS]
         if bad or not self.optimizers:
             raise ValueError(f"--optimizers: unknown {bad}; allowed: {','.join(OPTIMIZER_BETAS)}")
@@ -207,7 +212,7 @@ def run_sweep(cfg: SweepConfig, log: Callable[[str], None] = print) -> dict[str,
     for model in cfg.models:
         stage1 = [one(model, optimizer_lr(opt, lr), opt, None, 1) for opt in cfg.optimizers for lr in cfg.lrs]
         best1 = min(stage1, key=lambda r: r["val_loss"])
-        name, values, _ = SETTINGS[model]
+        name, values, _ = SETTINGS.get(model, ("", (), ""))
         stage2 = [one(model, best1["lr"], best1["optimizer"], (name, v), 2) for v in values]
         # a paper setting replaces the preset's value only when clearly better: one seed's noise on these
         # small validation splits is a few per cent

@@ -19,7 +19,8 @@ from quadforge.data.episodes import EpisodeArrays
 from quadforge.data.synthetic import synthetic_episode
 from quadforge.layout import get_layout
 from quadforge.training.imitation import train
-from quadforge.training.presets import PRESETS, preset
+from quadforge.models.registry import model_names
+from quadforge.training.presets import preset
 
 # every model within this factor of the best model's validation loss. Measured (150 steps, batch 32):
 # DC 0.070 (best), FCNet 1.4x, StARformer 1.6x (N(0, 0.02) positions), MLP 1.8x, Transformer 2.1x under
@@ -64,7 +65,7 @@ def task():
 
 @pytest.fixture(scope="module")
 def zoo_losses(task):
-    return {model: _val_loss(preset(model, "cpu"), task) for model in PRESETS}
+    return {model: _val_loss(preset(model, "cpu"), task) for model in model_names(trainer="imitation")}
 
 
 def test_every_model_within_factor_of_the_best(task, zoo_losses):

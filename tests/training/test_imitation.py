@@ -9,7 +9,8 @@ from quadforge.layout import TERM_DIMS
 from quadforge.models.checkpoint import load_checkpoint
 from quadforge.experts.registry import load_policy
 from quadforge.training.imitation import train
-from quadforge.training.presets import PRESETS, preset
+from quadforge.models.registry import model_names
+from quadforge.training.presets import preset, presets
 
 from imitation_data import learnable_arrays
 
@@ -39,7 +40,7 @@ def test_presets_carry_the_papers_numbers():
         == ("adamw", 5e-3, (0.9, 0.98), 1e-9, 1e-4, 0.2)
     assert preset("transformer").optim.name == "lion" and preset("transformer").optim.lr == 5e-3
     assert preset("convformer").optim.grad_clip == 0.25 and preset("convformer").model_config["kernel"] == 6
-    assert all("cpu" in p and "paper" in p for p in PRESETS.values())
+    assert all({"cpu", "paper"} <= set(presets(m)) for m in model_names(trainer="imitation"))
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         preset("fcnet", "huge")
 

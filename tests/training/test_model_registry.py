@@ -39,6 +39,13 @@ def test_bad_names_and_capabilities_are_one_line_errors():
     assert model_names(inputs="vision", objective="q") == ("germ", "germ-dense")
 
 
+def test_a_model_class_not_module_colon_class_is_refused_at_registration():
+    """ModelSpec(..., 'nomodule', ...) registered and failed on first use with 'not enough values to unpack'."""
+    for cls in ("nomodule", ":C", "m:", "a:b:C"):
+        with pytest.raises(ValueError, match=f"model 'x': cls={cls!r}; give 'module:Class'"):
+            ModelSpec("x", "proprio", cls, reads="windows", trainer="imitation", policy="learned")
+
+
 def test_germ_loads_weights_saved_before_the_decoder_was_shared():
     cfg = GeRMConfig(obs_dim=5, context=3, d_model=16, num_layers=1, num_heads=2, ffn_hidden=16, num_bins=4,
                      action_dim=3)
@@ -52,3 +59,9 @@ def test_germ_loads_weights_saved_before_the_decoder_was_shared():
     fresh.load_state_dict(old)
     assert torch.equal(fresh.heads.weight, model.heads.weight + 1.0)
     assert torch.equal(fresh.decoder.ln_f.bias, model.decoder.ln_f.bias + 1.0)
+    with pytest.raises(ValueError, match="presets= are the imitation trainer's; the qlearning trainer keeps its own"):
+        ModelSpec("x", "proprio", "m:C", reads="transitions", trainer="qlearning", policy="germ",
+                  presets={"cpu": {"optim": {}}})
+    with pytest.raises(ValueError, match="presets \\['cpu'\\]: give each preset name a dict of TrainConfig fields"):
+        ModelSpec("x", "proprio", "m:C", reads="windows", trainer="imitation", policy="learned",
+                  presets={"cpu": {"context": 8}})

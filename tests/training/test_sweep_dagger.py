@@ -8,8 +8,7 @@ import torch
 from quadforge.tools.cli import build_parser, main as cli_main
 from quadforge.data.store_set import concat_episodes
 from quadforge.training.dagger import DaggerConfig, run_dagger
-from quadforge.training.presets import PRESETS
-from quadforge.training.sweep import LION_LR_RATIO, SETTINGS, SWEEP_MODELS, SweepConfig, run_config
+from quadforge.training.sweep import LION_LR_RATIO, SETTINGS, SweepConfig, run_config, sweep_models
 
 from imitation_data import learnable_arrays
 
@@ -29,9 +28,9 @@ def _store(path, episodes=8):
 
 
 def test_every_model_gets_the_same_grid_and_two_paper_settings(tmp_path):
-    assert set(SETTINGS) == set(SWEEP_MODELS) == set(PRESETS)
+    assert set(SETTINGS) == set(sweep_models())
     cfg = SweepConfig(data=str(_store(tmp_path / "s")), out=str(tmp_path / "o"), steps=7).validate()
-    for model in SWEEP_MODELS:
+    for model in sweep_models():
         key, values, why = SETTINGS[model]
         assert len(values) == 2 and why
         for opt in ("adamw", "lion"):

@@ -129,3 +129,41 @@ def test_num_threads_sets_torch_threads_and_rejects_zero(tmp_path, capsys):
     assert main(base + ["--out", str(tmp_path / "run0"), "--num-threads", "0"]) == 2
     assert "--num-threads 0: must be at least 1" in capsys.readouterr().err
     assert not (tmp_path / "run0" / "last.pt").exists()
+
+
+@pytest.fixture
+def laststep():
+    """An imitation model registered here, without presets of its own; unregistered afterwards."""
+    from quadforge.models.registry import MODEL_SPECS, ModelSpec, register_model
+    register_model(ModelSpec("laststep", "proprio", "laststep_model:LastStepNet", reads="windows",
+                             trainer="imitation", policy="learned"))
+    yield "laststep"
+    MODEL_SPECS.pop(("laststep", "proprio"))
+
+
+def test_a_registered_imitation_model_trains_from_the_cli_and_joins_every_model_list(laststep, tmp_path, capsys):
+    """It was 'no presets for model laststep' (training/presets.py kept a second model list), and the sweep's
+    and bench's lists were frozen when their modules were imported."""
+    from quadforge.envs.builder import make_env
+    from quadforge.experts.registry import policy_for_env
+    from quadforge.models.checkpoint import load_checkpoint
+    from quadforge.tools.bench.models import bench_models
+    from quadforge.training.presets import GENERIC_PRESETS, preset
+    from quadforge.training.sweep import SweepConfig, run_config, sweep_models
+    store = _synthetic_store(tmp_path / "store", [True] * 4)
+    out = tmp_path / "run"
+    assert main(["train", "--model", laststep, "--store", str(store), "--out", str(out), "--max-steps", "2",
+                 "--batch-size", "4", "--val-every", "2", "model.hidden=8", "tensorboard=False"]) == 0
+    assert "train laststep: preset 'cpu'" in capsys.readouterr().out
+    ck = load_checkpoint(out / "last.pt")
+    assert ck.step == 2 and ck.train_config["context"] == GENERIC_PRESETS["cpu"]["context"]
+    assert ck.model_config["hidden"] == 8
+    env = make_env(num_envs=2)
+    try:   # its checkpoint deploys through the learned wrapper, as any zoo model's
+        assert policy_for_env(str(out / "last.pt"), env).act(env.terms).shape == (2, 12)
+    finally:
+        env.close()
+    assert preset(laststep, "paper").optim.lr == GENERIC_PRESETS["paper"]["optim"]["lr"]
+    assert laststep in sweep_models() and laststep in bench_models()
+    cfg = SweepConfig(data=str(store), out=str(tmp_path / "sweep"), models=(laststep,), steps=3).validate()
+    assert run_config(laststep, cfg, 1e-3, "adamw").model == laststep

@@ -30,7 +30,12 @@ from quadforge.models import SequenceModel, build_model
 from quadforge.models.registry import model_names
 from quadforge.training.presets import preset
 
-MODELS = model_names(trainer="imitation")   # fcnet first: the others are matched to its size
+
+def bench_models() -> tuple[str, ...]:
+    """Every imitation model registered now (``models.registry``), fcnet first: the others are matched to its size."""
+    return model_names(trainer="imitation")
+
+
 DEFAULT = dict(context=64, num_layers=4, hidden=256)
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 START, END = "<!-- bench:models:start -->", "<!-- bench:models:end -->"
@@ -145,7 +150,7 @@ def cpu_preset_models(obs_dim: int) -> dict[str, tuple[SequenceModel, int]]:
     """Every imitation model at its ``cpu`` preset (what a CPU run trains by default) with the preset's
     batch, and FCNet at the demo's batch (128)."""
     out = {}
-    for name in MODELS:
+    for name in bench_models():
         cfg = preset(name, "cpu")
         model = build_model(name, obs_dim=obs_dim, action_dim=NUM_JOINTS, context=cfg.context, **cfg.model_config)
         out[f"{name} (cpu preset)"] = (model, cfg.batch_size)
@@ -164,6 +169,7 @@ def main(quick: bool = False, json_path: str | None = None) -> int:
 
 def _run(quick: bool, json_path: str | None) -> int:
     torch.manual_seed(0)
+    names = bench_models()
     obs_dim = get_layout("proprio").dim
     warmup, repeats = (100, 200) if quick else (500, 1000)
     contexts = (16, 64, 256) if quick else (16, 64, 256, 1024)
@@ -173,34 +179,34 @@ def _run(quick: bool, json_path: str | None) -> int:
         configs += [dict(DEFAULT, hidden=h) for h in (128, 512)]
 
     latency = Table("step latency, batch 1, 1 thread (ms, median)",
-                    ["n", "layers", "hidden", "fcnet params"] + [f"{m} ms" for m in MODELS] + ["fcnet / transformer"])
+                    ["n", "layers", "hidden", "fcnet params"] + [f"{m} ms" for m in names] + ["fcnet / transformer"])
     params = Table("matched parameter counts (hidden width chosen per model)",
-                   ["n", "layers", "hidden"] + [f"{m} params (hidden)" for m in MODELS])
+                   ["n", "layers", "hidden"] + [f"{m} params (hidden)" for m in names])
     built = []
     for cfg in configs:
         n, layers, hidden = cfg["context"], cfg["num_layers"], cfg["hidden"]
         fc = _build("fcnet", obs_dim, n, layers, hidden)
-        built.append([fc] + [matched(m, fc.num_parameters(), obs_dim, n, layers) for m in MODELS[1:]])
+        built.append([fc] + [matched(m, fc.num_parameters(), obs_dim, n, layers) for m in names[1:]])
     flat = [m for row in built for m in row]
     print(f"timing {len(flat)} models round-robin ({repeats} steps each) ...", flush=True)
     times = step_latencies(flat, warmup, repeats)
     results: list[dict[str, Any]] = []
     for i, (cfg, models) in enumerate(zip(configs, built)):
-        row = {m: times[i * len(MODELS) + j] * 1e3 for j, m in enumerate(MODELS)}
+        row = {m: times[i * len(names) + j] * 1e3 for j, m in enumerate(names)}
         latency.add(cfg["context"], cfg["num_layers"], cfg["hidden"], models[0].num_parameters(),
-                    *[row[m] for m in MODELS], row["fcnet"] / row["transformer"])
+                    *[row[m] for m in names], row["fcnet"] / row["transformer"])
         params.add(cfg["context"], cfg["num_layers"], cfg["hidden"],
                    *[f"{m.num_parameters():,} ({m.config['hidden']})" for m in models])
-        results.append(dict(cfg, **{f"{m}_ms": row[m] for m in MODELS},
-                            **{f"{m}_params": mod.num_parameters() for m, mod in zip(MODELS, models)}))
+        results.append(dict(cfg, **{f"{m}_ms": row[m] for m in names},
+                            **{f"{m}_params": mod.num_parameters() for m, mod in zip(names, models)}))
 
     throughput = Table("training throughput at the default size (windows/s, fwd+bwd+AdamW, 1 thread)",
-                       ["n", "batch"] + list(MODELS))
+                       ["n", "batch"] + list(names))
     batch, iters = (16, 2) if quick else (32, 3)
     for n in (64, 256):
         fc = _build("fcnet", obs_dim, n, DEFAULT["num_layers"], DEFAULT["hidden"])
         row = []
-        for name in MODELS:
+        for name in names:
             model = fc if name == "fcnet" else matched(name, fc.num_parameters(), obs_dim, n, DEFAULT["num_layers"])
             row.append(train_throughput(model, batch, iters))
         throughput.add(n, batch, *row)
@@ -268,7 +274,7 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     rows = sorted((r for r in results if (r["num_layers"], r["hidden"]) == (4, 256)), key=lambda r: r["context"])
     ns = [r["context"] for r in rows]
     fig, ax = plt.subplots(figsize=(7.5, 4))
-    for name in MODELS:
+    for name in bench_models():
         ax.plot(ns, [r[f"{name}_ms"] for r in rows], marker="o", label=name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
