@@ -24,7 +24,7 @@ from quadforge.data.episodes import (EpisodeArrays, as_episode_arrays, discounte
                            SPLITS)
 from quadforge.data.shard_steps import ShardSteps, StridedPool
 from quadforge.data.step_shards import ShardSource
-from quadforge.layout import ObsLayout
+from quadforge.layout import ObsLayout, as_layout
 from quadforge.seeding import numpy_rng
 
 __all__ = ["EpisodeArrays", "WindowSampler", "TransitionSampler", "SPLITS", "SeededSampler"]
@@ -188,11 +188,12 @@ class WindowSampler(SeededSampler):
     the batch (for data without rewards).
     """
 
-    def __init__(self, source: Any, layout: ObsLayout, context: int, split: str = "train",
+    def __init__(self, source: Any, layout: ObsLayout | str, context: int, split: str = "train",
                  val_fraction: float = 0.1, filters: Mapping[str, Any] | None = None, seed: int = 0,
                  rank: int = 0, world_size: int = 1, action_feature: str = "actions",
                  reward_feature: str | None = "rewards"):
         who = "WindowSampler"
+        layout = as_layout(layout, who)
         _check_context(context, who)
         _check_rank(rank, world_size, who)
         needed = list(layout.term_names) + [action_feature] + ([reward_feature] if reward_feature else [])
@@ -299,12 +300,13 @@ class TransitionSampler(SeededSampler):
     the episode terminated (a fall), not on a time-out.
     """
 
-    def __init__(self, source: Any, layout: ObsLayout, context: int, gamma: float = 0.98,
+    def __init__(self, source: Any, layout: ObsLayout | str, context: int, gamma: float = 0.98,
                  reward: str = "sparse", success_only: bool = False, success_ratio: float | None = None,
                  n_step: int = 1, seed: int = 0, split: str = "train", val_fraction: float = 0.1,
                  filters: Mapping[str, Any] | None = None, rank: int = 0, world_size: int = 1,
                  action_feature: str = "actions"):
         who = "TransitionSampler"
+        layout = as_layout(layout, who)
         _check_context(context, who)
         _check_rank(rank, world_size, who)
         if reward not in REWARD_MODES:

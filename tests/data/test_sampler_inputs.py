@@ -1,0 +1,37 @@
+"""Sampler arguments that are wrong fail at construction with a one-line error naming what is wrong
+(the layout, a feature's width, a filter value, a count), never a silent drop or truncation."""
+import numpy as np
+import pytest
+import torch
+
+from quadforge.data.samplers import EpisodeArrays, TransitionSampler, WindowSampler
+from quadforge.layout import TERM_DIMS, get_layout
+
+torch.set_num_threads(1)
+PROPRIO = get_layout("proprio")
+
+
+def _arrays(lengths=(10, 12, 9, 11), widths=None, action_width=12, **info):
+    """Zero proprio features of the catalogue's widths (``widths`` overrides some), episode table ``info``."""
+    ends = np.cumsum(lengths)
+    total = int(ends[-1])
+    dims = {**{n: TERM_DIMS[n] for n in PROPRIO.term_names}, **(widths or {})}
+    feats = {n: np.zeros((total, d), np.float32) for n, d in dims.items()}
+    feats.update(actions=np.zeros((total, action_width), np.float32), rewards=np.zeros(total, np.float32),
+                 terminated=np.zeros(total, bool))
+    n = len(lengths)
+    table = {"success": np.array([True, False] * (n // 2) + [True] * (n % 2)),
+             "episode_id": np.array([f"c0-{i:08d}" for i in range(n)]), **info}
+    return EpisodeArrays(feats, ends, table)
+
+
+@pytest.mark.parametrize("sampler", [WindowSampler, TransitionSampler])
+def test_samplers_take_a_layout_name(sampler):
+    by_name = sampler(_arrays(), "proprio", 4, split="all")
+    by_layout = sampler(_arrays(), PROPRIO, 4, split="all")
+    assert by_name.layout is PROPRIO
+    torch.testing.assert_close(by_name.batch_at(np.arange(5))["obs"], by_layout.batch_at(np.arange(5))["obs"])
+    with pytest.raises(ValueError, match="unknown observation layout 'proprioo'"):
+        sampler(_arrays(), "proprioo", 4, split="all")
+    with pytest.raises(ValueError, match=f"{sampler.__name__}: layout must be an ObsLayout or a layout name"):
+        sampler(_arrays(), 61, 4, split="all")
