@@ -24,7 +24,8 @@ from quadforge.data.episodes import (EpisodeArrays, as_episode_arrays, discounte
                            SPLITS)
 from quadforge.data.shard_steps import ShardSteps, StridedPool
 from quadforge.data.step_shards import ShardSource
-from quadforge.layout import ObsLayout, as_layout
+from quadforge.data.schema import CATALOGUE
+from quadforge.layout import TERM_DIMS, ObsLayout, as_layout
 from quadforge.seeding import numpy_rng
 
 __all__ = ["EpisodeArrays", "WindowSampler", "TransitionSampler", "SPLITS", "SeededSampler"]
@@ -158,6 +159,27 @@ def _moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x64.mean(axis=0), x64.std(axis=0)
 
 
+def _check_widths(data: Any, layout: ObsLayout, action_feature: str, who: str, catalogue_actions: bool) -> None:
+    """Each layout term's feature holds the catalogue's width, and the action feature the catalogue's (12;
+    ``catalogue_actions=False``: any one vector per step - GeRM sizes its bins from the data): a (T, 11)
+    ``dof_pos`` would otherwise build 60-D observations under a 61-D layout, and training fail mid-run
+    without naming it. A store's shards need no look: its writer held every feature to the catalogue."""
+    if isinstance(data, ShardSource):
+        return
+    expected = {name: (TERM_DIMS[name],) for name in layout.term_names}
+    if catalogue_actions and action_feature in CATALOGUE:
+        expected[action_feature] = CATALOGUE[action_feature].shape
+    for name, shape in expected.items():
+        got = tuple(np.shape(data.features[name])[1:])
+        if got != shape:
+            raise ValueError(f"{who}: feature {name!r} has per-step shape {got}; "
+                             f"{'the action feature' if name == action_feature else f'layout {layout.name!r}'} "
+                             f"needs {shape}")
+    if not catalogue_actions and np.ndim(data.features[action_feature]) != 2:
+        raise ValueError(f"{who}: action feature {action_feature!r} has shape {np.shape(data.features[action_feature])}; "
+                         f"need one vector per step (T, A)")
+
+
 def _check_context(context: int, who: str) -> None:
     if int(context) < 1:
         raise ValueError(f"{who}: context={context}; must be >= 1")
@@ -199,6 +221,7 @@ class WindowSampler(SeededSampler):
         needed = list(layout.term_names) + [action_feature] + ([reward_feature] if reward_feature else [])
         data = _source(source, needed)
         data.require(needed, who)
+        _check_widths(data, layout, action_feature, who, catalogue_actions=True)
         self.layout, self.context, self.split = layout, int(context), split
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
         self.steps = _select_steps(data, select_episodes(data, split, val_fraction, seed, filters, who),
@@ -321,6 +344,7 @@ class TransitionSampler(SeededSampler):
         source_features = needed + ["terminated"]
         data = _source(source, source_features)
         data.require(needed, who)
+        _check_widths(data, layout, action_feature, who, catalogue_actions=False)
         if "success" not in data.episode_info:
             raise ValueError(f"{who}: episode_info needs a 'success' column; have {sorted(data.episode_info)}")
         filters = dict(filters or {})

@@ -35,3 +35,27 @@ def test_samplers_take_a_layout_name(sampler):
         sampler(_arrays(), "proprioo", 4, split="all")
     with pytest.raises(ValueError, match=f"{sampler.__name__}: layout must be an ObsLayout or a layout name"):
         sampler(_arrays(), 61, 4, split="all")
+
+
+@pytest.mark.parametrize("sampler", [WindowSampler, TransitionSampler])
+@pytest.mark.parametrize("widths,match", [
+    ({"dof_pos": 11}, r"feature 'dof_pos' has per-step shape \(11,\); layout 'proprio' needs \(12,\)"),
+    ({"commands": 3}, r"feature 'commands' has per-step shape \(3,\); layout 'proprio' needs \(15,\)"),
+])
+def test_samplers_check_each_term_width(sampler, widths, match):
+    """A (T, 11) dof_pos gave (B, n, 60) observations under the 61-D layout."""
+    with pytest.raises(ValueError, match=f"{sampler.__name__}: {match}"):
+        sampler(_arrays(widths=widths), PROPRIO, 4, split="all")
+
+
+def test_window_sampler_checks_the_action_width():
+    """(T, 8) actions gave 8-D actions to a trainer whose models predict 12; the transition sampler takes any
+    width (GeRM's bins follow the data), but one vector per step."""
+    with pytest.raises(ValueError, match=r"WindowSampler: feature 'actions' has per-step shape \(8,\); "
+                                         r"the action feature needs \(12,\)"):
+        WindowSampler(_arrays(action_width=8), PROPRIO, 4, split="all")
+    assert TransitionSampler(_arrays(action_width=8), PROPRIO, 4, split="all").sample(3)["action"].shape == (3, 8)
+    data = _arrays()
+    data.features["actions"] = data.features["actions"][:, 0]
+    with pytest.raises(ValueError, match=r"TransitionSampler: action feature 'actions' has shape \(42,\); need one"):
+        TransitionSampler(data, PROPRIO, 4, split="all")
