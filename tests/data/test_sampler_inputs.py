@@ -59,3 +59,40 @@ def test_window_sampler_checks_the_action_width():
     data.features["actions"] = data.features["actions"][:, 0]
     with pytest.raises(ValueError, match=r"TransitionSampler: action feature 'actions' has shape \(42,\); need one"):
         TransitionSampler(data, PROPRIO, 4, split="all")
+
+
+def _table_arrays():
+    return _arrays(terrain_type=np.array(["flat", "obstacles", "flat", "gaps"]),
+                   terrain_level=np.array([0, 1, 2, 1]), task=np.array(["locomotion"] * 4),
+                   policy_id=np.array(["gait:trot", "gait:trot", "gait:pace", "gait:trot"]))
+
+
+@pytest.mark.parametrize("filters,match", [
+    ({"terrain_types": ["obstacle", "flat"]}, r"filter terrain_types: unknown terrain types \['obstacle'\]; registered"),
+    ({"tasks": ["locomotoin"]}, r"filter tasks: \['locomotoin'\] match no episode of the source \(its values: \['locomotion'\]\)"),
+    ({"policy_ids": ["gait:trot", "gait:bound"]}, r"filter policy_ids: \['gait:bound'\] match no episode"),
+    ({"episode_ids": ["c0-00000009"]}, r"filter episode_ids: \['c0-00000009'\] match no episode"),
+    ({"success_only": "no"}, r"filter success_only='no': must be True or False"),
+    ({"failure_only": "yes"}, r"filter failure_only='yes': must be True or False"),
+    ({"terrain_levels": ["0", "1"]}, r"filter terrain_levels: \['0', '1'\] are not whole numbers"),
+    ({"terrain_levels": [0.5]}, r"filter terrain_levels: \[0.5\] are not whole numbers"),
+])
+@pytest.mark.parametrize("sampler", [WindowSampler, TransitionSampler])
+def test_filter_values_that_select_nothing_are_named(sampler, filters, match):
+    """A misspelt terrain type, task, policy or episode id was dropped silently; "no" was a truthy flag;
+    string levels matched nothing and said only "no episodes left"."""
+    with pytest.raises(ValueError, match=match):
+        sampler(_table_arrays(), PROPRIO, 4, split="all", filters=filters)
+
+
+def test_valid_filters_select_as_before():
+    data = _table_arrays()
+    def chosen(**filters):
+        return WindowSampler(data, PROPRIO, 4, split="all", filters=filters).episode_indices.tolist()
+    # a registered terrain type this source lacks is no error: it just selects nothing of it
+    assert chosen(terrain_types=["flat", "stairs_up"]) == [0, 2]
+    assert chosen(terrain_types="gaps") == [3]
+    assert chosen(terrain_levels=[1]) == [1, 3] == chosen(terrain_levels=np.int64(1))
+    assert chosen(success_only=True) == [0, 2] == chosen(success_only=np.bool_(True))
+    assert chosen(success_only=False) == [0, 1, 2, 3] == chosen(failure_only=0)
+    assert chosen(failure_only=True, policy_ids=["gait:trot"]) == [1, 3]
