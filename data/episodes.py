@@ -15,7 +15,7 @@ import numpy as np
 from quadforge.data.deferred_column import DeferredColumn
 from quadforge.seeding import numpy_rng
 from quadforge.terms import TERRAIN_TYPES
-from quadforge.typed_values import flag, is_whole
+from quadforge.typed_values import flag, is_whole, whole_array
 
 SPLITS = ("train", "val", "all")
 FILTER_KEYS = ("success_only", "failure_only", "terrain_types", "tasks", "policy_ids", "terrain_levels",
@@ -52,7 +52,8 @@ class EpisodeArrays(EpisodeSpans):
     episode_info: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        ends = np.asarray(self.episode_ends, dtype=np.int64).reshape(-1)
+        # whole_array, not a cast: an end of 20.7 truncated to 20 would cut a step off silently
+        ends = whole_array(self.episode_ends, "EpisodeArrays: episode_ends").reshape(-1)
         if ends.size == 0:
             raise ValueError("EpisodeArrays: episode_ends is empty; need at least one episode")
         lengths = np.diff(ends, prepend=0)

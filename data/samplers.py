@@ -27,6 +27,7 @@ from quadforge.data.step_shards import ShardSource
 from quadforge.data.schema import CATALOGUE
 from quadforge.layout import TERM_DIMS, ObsLayout, as_layout
 from quadforge.seeding import numpy_rng
+from quadforge.typed_values import count, whole
 
 __all__ = ["EpisodeArrays", "WindowSampler", "TransitionSampler", "SPLITS", "SeededSampler"]
 
@@ -181,8 +182,7 @@ def _check_widths(data: Any, layout: ObsLayout, action_feature: str, who: str, c
 
 
 def _check_context(context: int, who: str) -> None:
-    if int(context) < 1:
-        raise ValueError(f"{who}: context={context}; must be >= 1")
+    count(context, f"{who}: context")
 
 
 def check_success_pools(who: str, success_ratio: float | None, sizes: tuple[int, int], selection: str = "") -> None:
@@ -199,6 +199,8 @@ def check_success_pools(who: str, success_ratio: float | None, sizes: tuple[int,
 
 
 def _check_rank(rank: int, world_size: int, who: str) -> None:
+    whole(rank, f"{who}: rank")
+    whole(world_size, f"{who}: world_size")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"{who}: rank={rank}, world_size={world_size}; need 0 <= rank < world_size")
 
@@ -273,7 +275,7 @@ class WindowSampler(SeededSampler):
 
     def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
         """A uniformly random batch of windows (with replacement), from this rank's seeded stream."""
-        return self.batch_at(self._rng.integers(0, self.num_windows, size=int(batch_size)))
+        return self.batch_at(self._rng.integers(0, self.num_windows, size=whole(batch_size, "sample: batch_size")))
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch = int(epoch)
@@ -284,8 +286,7 @@ class WindowSampler(SeededSampler):
         All ranks draw the same permutation (seed, epoch) and take disjoint strided shards of equal
         size (the remainder of num_windows / world_size is dropped), so DDP ranks step in lockstep.
         """
-        if int(batch_size) < 1:
-            raise ValueError(f"epoch: batch_size={batch_size}; must be >= 1")
+        batch_size = count(batch_size, "epoch: batch_size")
         perm = numpy_rng(self.seed, f"window_epoch/{self._epoch}").permutation(self.num_windows)
         self._epoch += 1
         usable = (self.num_windows // self.world_size) * self.world_size
@@ -336,8 +337,7 @@ class TransitionSampler(SeededSampler):
             raise ValueError(f"{who}: reward={reward!r}; allowed: {REWARD_MODES}")
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"{who}: gamma={gamma}; must be in (0, 1]")
-        if n_step < 1:
-            raise ValueError(f"{who}: n_step={n_step}; must be >= 1")
+        count(n_step, f"{who}: n_step")
         if success_ratio is not None and not 0.0 <= success_ratio <= 1.0:
             raise ValueError(f"{who}: success_ratio={success_ratio}; must be in [0, 1] or None")
         needed = list(layout.term_names) + [action_feature] + (["rewards"] if reward == "dense" else [])
@@ -405,7 +405,7 @@ class TransitionSampler(SeededSampler):
         return self._rng.permutation(np.concatenate(parts))
 
     def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
-        return self.batch_at(self._draw(int(batch_size)))
+        return self.batch_at(self._draw(whole(batch_size, "sample: batch_size")))
 
     def batch_at(self, t: np.ndarray) -> dict[str, torch.Tensor]:
         """Transitions starting at these compact step indices."""

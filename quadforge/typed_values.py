@@ -28,6 +28,14 @@ def whole(value: Any, what: str) -> int:
     return int(value)
 
 
+def count(value: Any, what: str, minimum: int = 1) -> int:
+    """A whole number ``>= minimum`` (a batch size, a step count), as an int; else a ValueError naming ``what``."""
+    n = whole(value, what)
+    if n < minimum:
+        raise ValueError(f"{what}={value!r}: must be >= {minimum}")
+    return n
+
+
 def whole_array(values: Any, what: str) -> np.ndarray:
     """``values`` as int64 when every entry is a whole number (integer dtype, or floats with no fraction);
     else a ValueError naming ``what`` and the first entry that is not."""
@@ -39,7 +47,7 @@ def whole_array(values: Any, what: str) -> np.ndarray:
         if not bad.any():
             return arr.astype(np.int64)
         i = int(np.flatnonzero(bad.reshape(-1))[0])
-        raise ValueError(f"{what}: entry {i} is {arr.reshape(-1)[i]!r}, not a whole number")
+        raise ValueError(f"{what}: entry {i} is {arr.reshape(-1)[i].item()!r}, not a whole number")
     raise ValueError(f"{what}: must be whole numbers, got dtype {arr.dtype}")
 
 

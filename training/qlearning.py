@@ -58,6 +58,7 @@ from quadforge.models.registry import model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
 from quadforge.output_paths import check_train_out
 from quadforge.seeding import rank_seed, seed_everything
+from quadforge.typed_values import count
 
 OBJECTIVES = ("q", "il")
 
@@ -115,8 +116,7 @@ class GeRMTrainConfig:
         if self.alpha < 0:
             raise ValueError(f"alpha={self.alpha}; must be >= 0")
         for name in ("batch_size", "max_steps", "n_step", "log_every", "val_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}; must be >= 1")
+            count(getattr(self, name), name)
         if self.success_ratio is not None and not 0.0 <= self.success_ratio <= 1.0:
             raise ValueError(f"success_ratio={self.success_ratio}; must be in [0, 1] or None")
         check_amp(self.amp)

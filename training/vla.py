@@ -65,6 +65,7 @@ from quadforge.training.loop import (RunLog, TrainLoop, apply_trainer_args, chec
 from quadforge.output_paths import check_train_out
 from quadforge.seeding import rank_seed, seed_everything
 from quadforge.tensors import from_host
+from quadforge.typed_values import count
 
 BIN_SOURCES = ("controller", "data")
 
@@ -198,8 +199,7 @@ class VLATrainConfig:
         if self.sampling not in SAMPLING_MODES:
             raise ValueError(f"VLA sampling {self.sampling!r} unknown; allowed: {SAMPLING_MODES}")
         for name in ("batch_size", "max_steps", "log_every", "val_every", "val_batches", "num_bins", "cache_chunks"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"VLA train config {name}={getattr(self, name)}; must be >= 1")
+            count(getattr(self, name), f"VLA train config {name}")
         for name in ("prefetch", "keep_every", "checkpoint_every_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"VLA train config {name}={getattr(self, name)}; must be >= 0")

@@ -96,3 +96,27 @@ def test_valid_filters_select_as_before():
     assert chosen(success_only=True) == [0, 2] == chosen(success_only=np.bool_(True))
     assert chosen(success_only=False) == [0, 1, 2, 3] == chosen(failure_only=0)
     assert chosen(failure_only=True, policy_ids=["gait:trot"]) == [1, 3]
+
+
+def test_counts_and_ends_are_whole_numbers():
+    """sample(2.5) drew 2 windows and ends [20.7, 50.2] became [20, 50]: truncations said nothing."""
+    data = _arrays()
+    window, transition = WindowSampler(data, PROPRIO, 4, split="all"), TransitionSampler(data, PROPRIO, 4, split="all")
+    for s in (window, transition):
+        with pytest.raises(ValueError, match=r"sample: batch_size=2.5: must be a whole number, got float"):
+            s.sample(2.5)
+        with pytest.raises(ValueError, match=r"sample: batch_size=True: must be a whole number, got bool"):
+            s.sample(True)
+        assert len(s.sample(np.int64(3))["obs"]) == 3 == len(s.sample(3.0)["obs"])
+    with pytest.raises(ValueError, match=r"epoch: batch_size=1.5: must be a whole number"):
+        next(window.epoch(1.5))
+    with pytest.raises(ValueError, match=r"WindowSampler: context=2.5: must be a whole number"):
+        WindowSampler(data, PROPRIO, 2.5, split="all")
+    with pytest.raises(ValueError, match=r"TransitionSampler: n_step=1.5: must be a whole number"):
+        TransitionSampler(data, PROPRIO, 4, split="all", n_step=1.5)
+    with pytest.raises(ValueError, match=r"WindowSampler: world_size=2.5: must be a whole number"):
+        WindowSampler(data, PROPRIO, 4, split="all", world_size=2.5)
+    feats = {"rewards": np.zeros(51, np.float32)}
+    with pytest.raises(ValueError, match=r"EpisodeArrays: episode_ends: entry 0 is 20.7, not a whole number"):
+        EpisodeArrays(feats, np.array([20.7, 51.0]))
+    assert EpisodeArrays(feats, np.array([20.0, 51.0])).episode_ends.tolist() == [20, 51]
