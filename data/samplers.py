@@ -155,6 +155,48 @@ class SeededSampler:
         return steps.actions[1:]
 
 
+class _LayoutSampler(SeededSampler):
+    """What the two layout-vector samplers share: the normalisation statistics of their selection."""
+
+    layout: ObsLayout
+    action_feature: str
+    _episode_ids: Any                    # the source's episode_id column (None: it has none)
+
+    def obs_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) of the layout vector over the selected steps, each (D,); std >= std_floor. Non-finite
+        ones (a NaN or inf in the data) are an error naming the feature: normalised by them, every input and
+        so every loss is NaN, and a training would 'finish' with NaN weights."""
+        return _stats(self._finite(self.steps.obs_moments, "observation"), std_floor)
+
+    def action_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
+        return _stats(self._finite(self.steps.action_moments, "action"), std_floor)
+
+    def _finite(self, moments: tuple[np.ndarray, np.ndarray], kind: str) -> tuple[np.ndarray, np.ndarray]:
+        bad = ~(np.isfinite(moments[0]) & np.isfinite(moments[1]))
+        if not bad.any():
+            return moments
+        if kind == "observation":
+            columns = np.repeat([t.name for t in self.layout.terms], [t.dim for t in self.layout.terms])
+        else:
+            columns = np.full(len(bad), self.action_feature)
+        features = list(dict.fromkeys(columns[bad].tolist()))
+        raise ValueError(f"{type(self).__name__}: the {kind} statistics are not finite: feature(s) {features} hold "
+                         f"NaN or inf {self._where_nonfinite(kind, bad)}")
+
+    def _where_nonfinite(self, kind: str, bad_columns: np.ndarray) -> str:
+        """Which selected episodes hold the non-finite values, when the RAM tables make that cheap to say."""
+        steps = self.steps
+        if isinstance(steps, ShardSteps):   # no table in RAM: one pass over the store finds them
+            return "(out of core: `quadforge dataset validate --deep --store STORE` lists the first bad step)"
+        table = steps.obs if kind == "observation" else steps.actions
+        rows = ~np.isfinite(table[steps.row][:, bad_columns]).all(axis=1)
+        episodes = steps.episodes[np.unique(steps.step_episode[rows])]
+        ids = self._episode_ids
+        named = [str(ids[e]) for e in episodes[:10]] if ids is not None else episodes[:10].tolist()
+        more = f" and {len(episodes) - 10} more" if len(episodes) > 10 else ""
+        return f"in episode(s) {named}{more}; fix or drop them"
+
+
 def _moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x64 = x.astype(np.float64)
     return x64.mean(axis=0), x64.std(axis=0)
@@ -205,7 +247,7 @@ def _check_rank(rank: int, world_size: int, who: str) -> None:
         raise ValueError(f"{who}: rank={rank}, world_size={world_size}; need 0 <= rank < world_size")
 
 
-class WindowSampler(SeededSampler):
+class WindowSampler(_LayoutSampler):
     """Context windows for sequence imitation (FCNet, Transformer, DC, StARformer, MLP with n=1).
 
     Every step of every selected episode is a window end. ``reward_feature=None`` drops ``rtg`` from
@@ -225,6 +267,7 @@ class WindowSampler(SeededSampler):
         data.require(needed, who)
         _check_widths(data, layout, action_feature, who, catalogue_actions=True)
         self.layout, self.context, self.split = layout, int(context), split
+        self.action_feature, self._episode_ids = action_feature, data.episode_info.get("episode_id")
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
         self.steps = _select_steps(data, select_episodes(data, split, val_fraction, seed, filters, who),
                                    layout, action_feature, self.context)
@@ -295,14 +338,6 @@ class WindowSampler(SeededSampler):
         for i in range(0, stop, int(batch_size)):
             yield self.batch_at(shard[i:i + batch_size])
 
-    # --- statistics -----------------------------------------------------------------------------
-    def obs_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, std) of the layout vector over the selected steps, each (D,); std >= std_floor."""
-        return _stats(self.steps.obs_moments, std_floor)
-
-    def action_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
-        return _stats(self.steps.action_moments, std_floor)
-
 
 def _stats(moments: tuple[np.ndarray, np.ndarray], std_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
     mean, std = moments
@@ -313,7 +348,7 @@ def _stats(moments: tuple[np.ndarray, np.ndarray], std_floor: float) -> tuple[to
 REWARD_MODES = ("sparse", "dense")
 
 
-class TransitionSampler(SeededSampler):
+class TransitionSampler(_LayoutSampler):
     """(context window, action, reward, next window) transitions for Q-learning (GeRM).
 
     ``reward="sparse"``: 1 at the last step of a successful episode, else 0 (GeRM / Q-Transformer);
@@ -352,6 +387,7 @@ class TransitionSampler(SeededSampler):
             filters["success_only"] = True
         self.layout, self.context, self.gamma, self.n_step = layout, int(context), float(gamma), int(n_step)
         self.reward_mode = reward
+        self.action_feature, self._episode_ids = action_feature, data.episode_info.get("episode_id")
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
         steps = _select_steps(data, select_episodes(data, split, val_fraction, seed, filters, who),
                               layout, action_feature, self.context)
@@ -438,12 +474,6 @@ class TransitionSampler(SeededSampler):
             "episode_index": torch.from_numpy(s.episodes[ep]),            # (B,) into the source table
             "t": torch.from_numpy(local),                                 # (B,) step within the episode
         }
-
-    def obs_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
-        return _stats(self.steps.obs_moments, std_floor)
-
-    def action_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
-        return _stats(self.steps.action_moments, std_floor)
 
 
 def _episode_terminal(data: Any, episodes: np.ndarray, who: str) -> np.ndarray:

@@ -43,6 +43,10 @@ from quadforge.training.optim import clip_gradients
 AMP_MODES = ("off", "bf16")
 
 
+class NonFiniteLoss(ValueError):
+    """A training step's loss is NaN or inf (``TrainLoop`` stops there; a ValueError: the CLI's one line)."""
+
+
 def check_amp(amp: str) -> None:
     if amp not in AMP_MODES:
         raise ValueError(f"amp={amp!r} unknown; allowed: {AMP_MODES}")
@@ -227,14 +231,34 @@ class TrainLoop:
     amp: str = "off"                      # "bf16": the forward (loss_terms) under bf16 autocast
     history: list[dict[str, float]] = field(default_factory=list)
     last_path: Path | None = None
+    last_step: int | None = None          # the step of last_path
 
     def save(self, step: int, collective: bool = True) -> Path | None:
         """``last.pt`` at ``step`` with every rank's random streams (``collective``: call it on every rank)
         or, off the collective schedule, with this process's streams when it is the only one."""
         rngs = rng_state(self.info, self.generators) if collective or not self.info.enabled else None
         if collective or self.info.is_main:
-            self.last_path = self.checkpoint(step, rngs, collective) or self.last_path
+            path = self.checkpoint(step, rngs, collective)
+            if path is not None:
+                self.last_path, self.last_step = path, step
         return self.last_path
+
+    def _check_finite(self, step: int, terms: Mapping[str, torch.Tensor]) -> None:
+        """Stop at the first non-finite loss, before its backward pass: one NaN step makes every weight NaN,
+        and the run would go on to 'finish' and overwrite ``last.pt`` with them. The checkpoint on disk stays
+        the last good one. Reading the loss waits for the device, as each step's batch copy to it already
+        does; under DDP the ranks agree first (a rank that stopped alone would leave the others waiting)."""
+        mine = bool(torch.isfinite(terms["loss"].detach()).all())
+        everyone = all_reduce_mean(float(mine), self.info) == 1.0 if self.info.enabled else mine
+        if everyone:
+            return
+        values = ", ".join(f"{k}={float(v.detach()):.4g}" for k, v in terms.items() if torch.is_tensor(v) and v.numel() == 1)
+        where = f" on rank {self.info.rank}" if not mine and self.info.enabled else " on another rank" if mine else ""
+        kept = (f"the last good checkpoint, {self.last_path} (step {self.last_step}), is kept" if self.last_path
+                else "this run wrote no checkpoint")
+        raise NonFiniteLoss(f"{self.desc}: the training loss is not finite at step {step + 1}{where} ({values}); "
+                            f"stopped before that step's update: {kept}. Check the data (`quadforge dataset validate "
+                            f"--deep`) or lower the learning rate")
 
     def run(self, start: int) -> list[dict[str, float]]:
         info = self.info
@@ -244,6 +268,7 @@ class TrainLoop:
         for step in range(start, self.max_steps):
             with autocast(info.device, self.amp):
                 terms = self.loss_terms(step)
+            self._check_finite(step, terms)
             self.optimizer.zero_grad(set_to_none=True)
             terms["loss"].backward()
             grad_norm = clip_gradients(self.clip_module, self.grad_clip)

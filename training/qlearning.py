@@ -242,11 +242,13 @@ def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = 
     seed_everything(rank_seed(cfg.seed, info.rank))
     run = GeRMRun(cfg, source, Path(out_dir), info, resume, provenance)
     loop = run.loop()
-    history = loop.run(run.start)
-    if run.start >= cfg.max_steps:
-        loop.save(run.start)
-    run.log.close()
-    cleanup(info)
+    try:
+        history = loop.run(run.start)
+        if run.start >= cfg.max_steps:
+            loop.save(run.start)
+    finally:   # a stopped run (a non-finite loss) frees OUT's run lock and the process group too
+        run.log.close()
+        cleanup(info)
     model = run.model
     return {"history": history, "val": run.val_history, "checkpoint": str(run.out / "last.pt"), "model": model,
             "target": run.target, "active_parameters": model.active_parameters(),
