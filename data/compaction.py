@@ -33,7 +33,7 @@ from quadforge.data.integrity import (INTEGRITY_VERSION, ChunkCrcs, array_meta_d
 from quadforge.data.images import frame_stride_of, image_chunk_frames, is_image
 from quadforge.data.instructions import InstructionTable
 from quadforge.data.schema import StoreSchema, episode_length, spec_for
-from quadforge.data.staging import (abandoned_partial_writes, episode_id_of, fsync_dir, list_staged,
+from quadforge.data.staging import (abandoned_partial_writes, episode_id_of, fsync_dir, info_type_problem, list_staged,
                                     quarantine_staged, read_staged, read_staged_header, remove_partial_writes)
 from quadforge.data.stats import RunningStats
 from quadforge.data.integrity import DIGEST_KEY
@@ -535,6 +535,9 @@ def staging_mismatch(schema: StoreSchema, headers: Mapping[str, ArrayHeader], in
         schema.check(headers, where=where)
     except ValueError as err:
         return str(err)
+    problem = info_type_problem(info, where)   # a staging file written by other code than the writer
+    if problem:
+        return problem
     if info.get("robot") and schema.robot and str(info["robot"]) != schema.robot:
         return f"{where}: robot {info['robot']!r}, the store holds {schema.robot!r} (one robot per store)"
     try:

@@ -14,6 +14,8 @@ import numpy as np
 
 from quadforge.data.deferred_column import DeferredColumn
 from quadforge.seeding import numpy_rng
+from quadforge.terms import TERRAIN_TYPES
+from quadforge.typed_values import flag, is_whole, whole_array
 
 SPLITS = ("train", "val", "all")
 FILTER_KEYS = ("success_only", "failure_only", "terrain_types", "tasks", "policy_ids", "terrain_levels",
@@ -50,7 +52,8 @@ class EpisodeArrays(EpisodeSpans):
     episode_info: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        ends = np.asarray(self.episode_ends, dtype=np.int64).reshape(-1)
+        # whole_array, not a cast: an end of 20.7 truncated to 20 would cut a step off silently
+        ends = whole_array(self.episode_ends, "EpisodeArrays: episode_ends").reshape(-1)
         if ends.size == 0:
             raise ValueError("EpisodeArrays: episode_ends is empty; need at least one episode")
         lengths = np.diff(ends, prepend=0)
@@ -139,24 +142,45 @@ def filter_episodes(info: Mapping[str, np.ndarray], indices: np.ndarray,
     if unknown:
         raise ValueError(f"unknown sampler filters {unknown}; allowed: {list(FILTER_KEYS)}")
     keep = np.ones(len(indices), dtype=bool)
-    if filters.get("success_only"):
+    # a flag of "no" is truthy: only a real bool says which episodes to keep
+    if filters.get("success_only") is not None and flag(filters["success_only"], "filter success_only"):
         keep &= _column(info, "success", "success_only")[indices].astype(bool)
-    if filters.get("failure_only"):
+    if filters.get("failure_only") is not None and flag(filters["failure_only"], "filter failure_only"):
         keep &= ~_column(info, "success", "failure_only")[indices].astype(bool)
     for key, col in (("terrain_types", "terrain_type"), ("tasks", "task"), ("policy_ids", "policy_id"),
                      ("episode_ids", "episode_id")):
         wanted = _names(filters.get(key))
         if wanted is not None:
-            values = _column(info, col, key)[indices].astype(str)
-            keep &= np.isin(values, np.asarray(wanted))
+            column = _column(info, col, key).astype(str)
+            _check_names(key, wanted, column)
+            keep &= np.isin(column[indices], np.asarray(wanted))
     families = _names(filters.get("families"))
     if families is not None:   # task_params["family"] (QUARD: go_to, go_avoid, stop, distinguish, go_through)
         params = _column(info, "task_params", "families")[indices]
         keep &= np.isin(np.asarray([str((p or {}).get("family", "")) for p in params]), np.asarray(families))
     levels = filters.get("terrain_levels")
     if levels is not None:
-        keep &= np.isin(_column(info, "terrain_level", "terrain_levels")[indices], np.asarray(levels))
+        levels = [levels] if is_whole(levels) else list(levels) if isinstance(levels, Iterable) else [levels]
+        bad = [v for v in levels if not is_whole(v)]
+        if bad:   # "0" matches no int level: the filter would leave nothing, and not say why
+            raise ValueError(f"filter terrain_levels: {bad} are not whole numbers (levels are ints, e.g. [0, 1])")
+        keep &= np.isin(_column(info, "terrain_level", "terrain_levels")[indices], np.asarray(levels, dtype=np.int64))
     return indices[keep]
+
+
+def _check_names(key: str, wanted: list[str], column: np.ndarray) -> None:
+    """A name filter's values must name something: a terrain type registered (``quadforge.terms``) or
+    present, any other name present in the source's column (of every episode, not only the split's).
+    A misspelt value otherwise drops its episodes silently."""
+    have = set(column.tolist())
+    unknown = [w for w in wanted if w not in have and not (key == "terrain_types" and w in TERRAIN_TYPES)]
+    if not unknown:
+        return
+    if key == "terrain_types":
+        raise ValueError(f"filter terrain_types: unknown terrain types {unknown}; registered: {list(TERRAIN_TYPES)}")
+    shown = sorted(have)
+    listing = f"{shown[:10]}{f' and {len(shown) - 10} more' if len(shown) > 10 else ''}"
+    raise ValueError(f"filter {key}: {unknown} match no episode of the source (its values: {listing})")
 
 
 def select_episodes(data: EpisodeArrays, split: str, val_fraction: float, seed: int,

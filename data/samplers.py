@@ -24,8 +24,10 @@ from quadforge.data.episodes import (EpisodeArrays, as_episode_arrays, discounte
                            SPLITS)
 from quadforge.data.shard_steps import ShardSteps, StridedPool
 from quadforge.data.step_shards import ShardSource
-from quadforge.layout import ObsLayout
+from quadforge.data.schema import CATALOGUE
+from quadforge.layout import TERM_DIMS, ObsLayout, as_layout
 from quadforge.seeding import numpy_rng
+from quadforge.typed_values import count, whole
 
 __all__ = ["EpisodeArrays", "WindowSampler", "TransitionSampler", "SPLITS", "SeededSampler"]
 
@@ -153,14 +155,76 @@ class SeededSampler:
         return steps.actions[1:]
 
 
+class _LayoutSampler(SeededSampler):
+    """What the two layout-vector samplers share: the normalisation statistics of their selection."""
+
+    layout: ObsLayout
+    action_feature: str
+    _episode_ids: Any                    # the source's episode_id column (None: it has none)
+
+    def obs_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) of the layout vector over the selected steps, each (D,); std >= std_floor. Non-finite
+        ones (a NaN or inf in the data) are an error naming the feature: normalised by them, every input and
+        so every loss is NaN, and a training would 'finish' with NaN weights."""
+        return _stats(self._finite(self.steps.obs_moments, "observation"), std_floor)
+
+    def action_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
+        return _stats(self._finite(self.steps.action_moments, "action"), std_floor)
+
+    def _finite(self, moments: tuple[np.ndarray, np.ndarray], kind: str) -> tuple[np.ndarray, np.ndarray]:
+        bad = ~(np.isfinite(moments[0]) & np.isfinite(moments[1]))
+        if not bad.any():
+            return moments
+        if kind == "observation":
+            columns = np.repeat([t.name for t in self.layout.terms], [t.dim for t in self.layout.terms])
+        else:
+            columns = np.full(len(bad), self.action_feature)
+        features = list(dict.fromkeys(columns[bad].tolist()))
+        raise ValueError(f"{type(self).__name__}: the {kind} statistics are not finite: feature(s) {features} hold "
+                         f"NaN or inf {self._where_nonfinite(kind, bad)}")
+
+    def _where_nonfinite(self, kind: str, bad_columns: np.ndarray) -> str:
+        """Which selected episodes hold the non-finite values, when the RAM tables make that cheap to say."""
+        steps = self.steps
+        if isinstance(steps, ShardSteps):   # no table in RAM: one pass over the store finds them
+            return "(out of core: `quadforge dataset validate --deep --store STORE` lists the first bad step)"
+        table = steps.obs if kind == "observation" else steps.actions
+        rows = ~np.isfinite(table[steps.row][:, bad_columns]).all(axis=1)
+        episodes = steps.episodes[np.unique(steps.step_episode[rows])]
+        ids = self._episode_ids
+        named = [str(ids[e]) for e in episodes[:10]] if ids is not None else episodes[:10].tolist()
+        more = f" and {len(episodes) - 10} more" if len(episodes) > 10 else ""
+        return f"in episode(s) {named}{more}; fix or drop them"
+
+
 def _moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x64 = x.astype(np.float64)
     return x64.mean(axis=0), x64.std(axis=0)
 
 
+def _check_widths(data: Any, layout: ObsLayout, action_feature: str, who: str, catalogue_actions: bool) -> None:
+    """Each layout term's feature holds the catalogue's width, and the action feature the catalogue's (12;
+    ``catalogue_actions=False``: any one vector per step - GeRM sizes its bins from the data): a (T, 11)
+    ``dof_pos`` would otherwise build 60-D observations under a 61-D layout, and training fail mid-run
+    without naming it. A store's shards need no look: its writer held every feature to the catalogue."""
+    if isinstance(data, ShardSource):
+        return
+    expected = {name: (TERM_DIMS[name],) for name in layout.term_names}
+    if catalogue_actions and action_feature in CATALOGUE:
+        expected[action_feature] = CATALOGUE[action_feature].shape
+    for name, shape in expected.items():
+        got = tuple(np.shape(data.features[name])[1:])
+        if got != shape:
+            raise ValueError(f"{who}: feature {name!r} has per-step shape {got}; "
+                             f"{'the action feature' if name == action_feature else f'layout {layout.name!r}'} "
+                             f"needs {shape}")
+    if not catalogue_actions and np.ndim(data.features[action_feature]) != 2:
+        raise ValueError(f"{who}: action feature {action_feature!r} has shape {np.shape(data.features[action_feature])}; "
+                         f"need one vector per step (T, A)")
+
+
 def _check_context(context: int, who: str) -> None:
-    if int(context) < 1:
-        raise ValueError(f"{who}: context={context}; must be >= 1")
+    count(context, f"{who}: context")
 
 
 def check_success_pools(who: str, success_ratio: float | None, sizes: tuple[int, int], selection: str = "") -> None:
@@ -177,28 +241,33 @@ def check_success_pools(who: str, success_ratio: float | None, sizes: tuple[int,
 
 
 def _check_rank(rank: int, world_size: int, who: str) -> None:
+    whole(rank, f"{who}: rank")
+    whole(world_size, f"{who}: world_size")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"{who}: rank={rank}, world_size={world_size}; need 0 <= rank < world_size")
 
 
-class WindowSampler(SeededSampler):
+class WindowSampler(_LayoutSampler):
     """Context windows for sequence imitation (FCNet, Transformer, DC, StARformer, MLP with n=1).
 
     Every step of every selected episode is a window end. ``reward_feature=None`` drops ``rtg`` from
     the batch (for data without rewards).
     """
 
-    def __init__(self, source: Any, layout: ObsLayout, context: int, split: str = "train",
+    def __init__(self, source: Any, layout: ObsLayout | str, context: int, split: str = "train",
                  val_fraction: float = 0.1, filters: Mapping[str, Any] | None = None, seed: int = 0,
                  rank: int = 0, world_size: int = 1, action_feature: str = "actions",
                  reward_feature: str | None = "rewards"):
         who = "WindowSampler"
+        layout = as_layout(layout, who)
         _check_context(context, who)
         _check_rank(rank, world_size, who)
         needed = list(layout.term_names) + [action_feature] + ([reward_feature] if reward_feature else [])
         data = _source(source, needed)
         data.require(needed, who)
+        _check_widths(data, layout, action_feature, who, catalogue_actions=True)
         self.layout, self.context, self.split = layout, int(context), split
+        self.action_feature, self._episode_ids = action_feature, data.episode_info.get("episode_id")
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
         self.steps = _select_steps(data, select_episodes(data, split, val_fraction, seed, filters, who),
                                    layout, action_feature, self.context)
@@ -249,7 +318,7 @@ class WindowSampler(SeededSampler):
 
     def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
         """A uniformly random batch of windows (with replacement), from this rank's seeded stream."""
-        return self.batch_at(self._rng.integers(0, self.num_windows, size=int(batch_size)))
+        return self.batch_at(self._rng.integers(0, self.num_windows, size=whole(batch_size, "sample: batch_size")))
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch = int(epoch)
@@ -260,8 +329,7 @@ class WindowSampler(SeededSampler):
         All ranks draw the same permutation (seed, epoch) and take disjoint strided shards of equal
         size (the remainder of num_windows / world_size is dropped), so DDP ranks step in lockstep.
         """
-        if int(batch_size) < 1:
-            raise ValueError(f"epoch: batch_size={batch_size}; must be >= 1")
+        batch_size = count(batch_size, "epoch: batch_size")
         perm = numpy_rng(self.seed, f"window_epoch/{self._epoch}").permutation(self.num_windows)
         self._epoch += 1
         usable = (self.num_windows // self.world_size) * self.world_size
@@ -269,14 +337,6 @@ class WindowSampler(SeededSampler):
         stop = len(shard) - (len(shard) % batch_size if drop_last else 0)
         for i in range(0, stop, int(batch_size)):
             yield self.batch_at(shard[i:i + batch_size])
-
-    # --- statistics -----------------------------------------------------------------------------
-    def obs_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, std) of the layout vector over the selected steps, each (D,); std >= std_floor."""
-        return _stats(self.steps.obs_moments, std_floor)
-
-    def action_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
-        return _stats(self.steps.action_moments, std_floor)
 
 
 def _stats(moments: tuple[np.ndarray, np.ndarray], std_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,7 +348,7 @@ def _stats(moments: tuple[np.ndarray, np.ndarray], std_floor: float) -> tuple[to
 REWARD_MODES = ("sparse", "dense")
 
 
-class TransitionSampler(SeededSampler):
+class TransitionSampler(_LayoutSampler):
     """(context window, action, reward, next window) transitions for Q-learning (GeRM).
 
     ``reward="sparse"``: 1 at the last step of a successful episode, else 0 (GeRM / Q-Transformer);
@@ -299,26 +359,27 @@ class TransitionSampler(SeededSampler):
     the episode terminated (a fall), not on a time-out.
     """
 
-    def __init__(self, source: Any, layout: ObsLayout, context: int, gamma: float = 0.98,
+    def __init__(self, source: Any, layout: ObsLayout | str, context: int, gamma: float = 0.98,
                  reward: str = "sparse", success_only: bool = False, success_ratio: float | None = None,
                  n_step: int = 1, seed: int = 0, split: str = "train", val_fraction: float = 0.1,
                  filters: Mapping[str, Any] | None = None, rank: int = 0, world_size: int = 1,
                  action_feature: str = "actions"):
         who = "TransitionSampler"
+        layout = as_layout(layout, who)
         _check_context(context, who)
         _check_rank(rank, world_size, who)
         if reward not in REWARD_MODES:
             raise ValueError(f"{who}: reward={reward!r}; allowed: {REWARD_MODES}")
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"{who}: gamma={gamma}; must be in (0, 1]")
-        if n_step < 1:
-            raise ValueError(f"{who}: n_step={n_step}; must be >= 1")
+        count(n_step, f"{who}: n_step")
         if success_ratio is not None and not 0.0 <= success_ratio <= 1.0:
             raise ValueError(f"{who}: success_ratio={success_ratio}; must be in [0, 1] or None")
         needed = list(layout.term_names) + [action_feature] + (["rewards"] if reward == "dense" else [])
         source_features = needed + ["terminated"]
         data = _source(source, source_features)
         data.require(needed, who)
+        _check_widths(data, layout, action_feature, who, catalogue_actions=False)
         if "success" not in data.episode_info:
             raise ValueError(f"{who}: episode_info needs a 'success' column; have {sorted(data.episode_info)}")
         filters = dict(filters or {})
@@ -326,6 +387,7 @@ class TransitionSampler(SeededSampler):
             filters["success_only"] = True
         self.layout, self.context, self.gamma, self.n_step = layout, int(context), float(gamma), int(n_step)
         self.reward_mode = reward
+        self.action_feature, self._episode_ids = action_feature, data.episode_info.get("episode_id")
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
         steps = _select_steps(data, select_episodes(data, split, val_fraction, seed, filters, who),
                               layout, action_feature, self.context)
@@ -379,7 +441,7 @@ class TransitionSampler(SeededSampler):
         return self._rng.permutation(np.concatenate(parts))
 
     def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
-        return self.batch_at(self._draw(int(batch_size)))
+        return self.batch_at(self._draw(whole(batch_size, "sample: batch_size")))
 
     def batch_at(self, t: np.ndarray) -> dict[str, torch.Tensor]:
         """Transitions starting at these compact step indices."""
@@ -412,12 +474,6 @@ class TransitionSampler(SeededSampler):
             "episode_index": torch.from_numpy(s.episodes[ep]),            # (B,) into the source table
             "t": torch.from_numpy(local),                                 # (B,) step within the episode
         }
-
-    def obs_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
-        return _stats(self.steps.obs_moments, std_floor)
-
-    def action_stats(self, std_floor: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor]:
-        return _stats(self.steps.action_moments, std_floor)
 
 
 def _episode_terminal(data: Any, episodes: np.ndarray, who: str) -> np.ndarray:

@@ -30,6 +30,7 @@ from quadforge.data.integrity import crc_rows
 from quadforge.data.locks import is_held
 from quadforge.data.schema import check_episode, spec_for
 from quadforge.errors import JobFailed, is_write_failure, os_reason
+from quadforge.typed_values import is_flag, is_whole
 
 STAGING_DIR = "staging"
 QUARANTINE_DIR = "quarantine"
@@ -160,8 +161,36 @@ def _cast(name: str, value: np.ndarray, where: str, stride: int) -> np.ndarray:
     return np.ascontiguousarray(value, dtype=spec_for(name, value, where, stride).dtype)
 
 
+# info keys the episode table stores as typed columns (data.compaction._episode_row), with what each takes:
+# compaction casts them (bool(), int(), float()), and a cast hides a wrong value - bool("no") is True
+INFO_FLAGS = ("success", "terminated")
+INFO_WHOLE = ("terrain_level", "seed", "instruction_index")
+INFO_NUMBERS = ("return", "cmd_vx", "cmd_vy", "cmd_wz", "control_dt")
+
+
+def info_type_problem(info: Mapping[str, Any], where: str) -> str | None:
+    """Why a typed info key's value would not survive its column's cast, or None."""
+    for key in INFO_FLAGS:
+        if key in info and not is_flag(info[key]):
+            return f"{where}: info {key!r}={info[key]!r} must be True or False (or 0/1)"
+    for key in INFO_WHOLE:
+        if key in info and not is_whole(info[key]):
+            return f"{where}: info {key!r}={info[key]!r} must be a whole number"
+    for key in INFO_NUMBERS:
+        value = info.get(key, 0.0)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            return f"{where}: info {key!r}={value!r} must be a number"
+    if "label" in info and not isinstance(info["label"], Mapping):
+        return f"{where}: info 'label'={info['label']!r:.80} must be a dict (the labelling rule's record)"
+    return None
+
+
 def _check_info(info: Mapping[str, Any], where: str, features: Mapping[str, np.ndarray]) -> None:
-    """Per-episode metadata with a fixed shape: task parameters a dict, instructions index -> text."""
+    """Per-episode metadata with a fixed shape: typed keys of their type, task parameters a dict,
+    instructions index -> text."""
+    problem = info_type_problem(info, where)
+    if problem:
+        raise ValueError(problem)
     params = info.get("task_params")
     if params is not None and not isinstance(params, Mapping):
         raise ValueError(f"{where}: task_params must be a dict (family, target, colours, ...), "

@@ -3,7 +3,7 @@
 Defaults follow legged_gym (dt 0.005 x 4, 20 s episodes, its reward scales, noise scales, pushes and
 friction range) and walk-these-ways for the gait-conditioned command ranges. ``validate()`` turns every
 bad value into a one-line ``ValueError`` naming the field and what is allowed (every value first against
-its annotation: ``quadforge.config_types``); ``LeggedEnv`` calls it.
+its annotation: ``quadforge.typed_values``); ``LeggedEnv`` calls it.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from quadforge.config_types import check_field_types
+from quadforge.typed_values import check_field_types
 from quadforge.envs.backends.base import BackendConfig
 from quadforge.envs.backends.base import RandomizationConfig as PhysicsRandomizationConfig
 from quadforge.layout import COMMAND_NAMES, LAYOUTS, TERM_DIMS

@@ -25,9 +25,8 @@ import torch
 from quadforge.envs.fast_paths import cpu_arrays
 from quadforge.seeding import numpy_rng
 from quadforge.tensors import device_constant
+from quadforge.terms import TERRAIN_TYPES  # noqa: F401  (named with the term catalogue; generated here)
 
-TERRAIN_TYPES = ("flat", "slope_up", "slope_down", "rough_slope", "stairs_up", "stairs_down",
-                 "obstacles", "stepping_stones", "gaps")
 
 PLATFORM_HALF = 1.0     # m, half-width of the flat spawn platform at every tile centre
 STEP_WIDTH = 0.31       # m, stair tread (legged_gym)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
 from quadforge.tensors import device_constant
+from quadforge.typed_values import is_whole
 
 # the catalogue lives in quadforge.terms (no torch); its names are this module's too
 from quadforge.terms import (COMMAND_NAMES, HEIGHT_SCAN_X, HEIGHT_SCAN_Y, JOINT_NAMES, LEGS, NUM_FEET,  # noqa: F401
@@ -29,10 +30,26 @@ class LayoutTerm:
     offset: float = 0.0
     clip: float | None = None
 
-    @property
-    def dim(self) -> int:
+    def __post_init__(self) -> None:
+        # checked here, not at build(): a wrong scale length or index would otherwise give a layout whose
+        # .dim disagrees with what build() makes, or an index error deep inside torch at the first batch
         if self.name not in TERM_DIMS:
             raise ValueError(f"unknown observation term {self.name!r}; known terms: {sorted(TERM_DIMS)}")
+        width = TERM_DIMS[self.name]
+        if self.index is not None:
+            if len(self.index) == 0 or not all(is_whole(i) and 0 <= i < width for i in self.index):
+                raise ValueError(f"layout term {self.name!r}: index={tuple(self.index)!r}; entries must be whole "
+                                 f"numbers in 0..{width - 1} (the term has {width} entries)")
+        if isinstance(self.scale, numbers.Real) and not isinstance(self.scale, bool):
+            return
+        values = list(self.scale) if isinstance(self.scale, Iterable) and not isinstance(self.scale, str) else None
+        if values is None or len(values) != self.dim \
+                or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+            raise ValueError(f"layout term {self.name!r}: scale={self.scale!r}; give one number or {self.dim} "
+                             f"numbers (one per entry{' of index' if self.index is not None else ''})")
+
+    @property
+    def dim(self) -> int:
         return len(self.index) if self.index is not None else TERM_DIMS[self.name]
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
@@ -146,3 +163,13 @@ def get_layout(name: str) -> ObsLayout:
     if name not in LAYOUTS:
         raise ValueError(f"unknown observation layout {name!r}; allowed: {sorted(LAYOUTS)}")
     return LAYOUTS[name]
+
+
+def as_layout(layout: ObsLayout | str, who: str = "layout") -> ObsLayout:
+    """An ``ObsLayout`` as is, a registered layout's name resolved (``get_layout``); anything else an error."""
+    if isinstance(layout, ObsLayout):
+        return layout
+    if isinstance(layout, str):
+        return get_layout(layout)
+    raise ValueError(f"{who}: layout must be an ObsLayout or a layout name ({', '.join(sorted(LAYOUTS))}), "
+                     f"got {type(layout).__name__}")

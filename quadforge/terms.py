@@ -1,4 +1,5 @@
-"""The catalogue of observation terms: names, widths, joint and command order, the height-scan grid.
+"""The catalogue of observation terms: names, widths, joint and command order, the height-scan grid (and the
+terrain type names).
 
 Plain Python, no torch: the store's schema (``data.schema``) reads it, so a `quadforge dataset ...` command
 starts without importing torch (about 1.7 s and 180 MB). ``quadforge.layout`` builds policy input vectors
@@ -19,6 +20,11 @@ COMMAND_NAMES = (
     "gait_phase", "gait_offset", "gait_bound", "gait_duration", "foot_swing_height",
     "body_pitch", "body_roll", "stance_width", "stance_length", "aux",
 )
+
+# The terrain types envs.terrain generates, named here (plain Python) so the data layer's sampler filter
+# `terrain_types` can tell a misspelt type from one a store merely lacks
+TERRAIN_TYPES = ("flat", "slope_up", "slope_down", "rough_slope", "stairs_up", "stairs_down",
+                 "obstacles", "stepping_stones", "gaps")
 
 # legged_gym's 17 x 11 height-sample grid over 1.6 m x 1.0 m.
 HEIGHT_SCAN_X = tuple(round(-0.8 + 0.1 * i, 2) for i in range(17))

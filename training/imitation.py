@@ -153,8 +153,10 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     set_rng_state(run.saved_rng, info)   # torch's stream (dropout) as it was when the checkpoint was written
     run.ddp.train()
     loop = run.loop()
-    history = loop.run(run.start)
-    run.log.close()
+    try:
+        history = loop.run(run.start)
+    finally:   # a stopped run (a non-finite loss) frees OUT's run lock too
+        run.log.close()
     dist.barrier(info)
     return TrainResult(model=run.model, step=max(run.start, run.max_steps), checkpoint=loop.last_path, history=history)
 

@@ -43,6 +43,10 @@ from quadforge.training.optim import clip_gradients
 AMP_MODES = ("off", "bf16")
 
 
+class NonFiniteLoss(ValueError):
+    """A training step's loss is NaN or inf (``TrainLoop`` stops there; a ValueError: the CLI's one line)."""
+
+
 def check_amp(amp: str) -> None:
     if amp not in AMP_MODES:
         raise ValueError(f"amp={amp!r} unknown; allowed: {AMP_MODES}")
@@ -227,23 +231,54 @@ class TrainLoop:
     amp: str = "off"                      # "bf16": the forward (loss_terms) under bf16 autocast
     history: list[dict[str, float]] = field(default_factory=list)
     last_path: Path | None = None
+    last_step: int | None = None          # the step of last_path
 
     def save(self, step: int, collective: bool = True) -> Path | None:
         """``last.pt`` at ``step`` with every rank's random streams (``collective``: call it on every rank)
         or, off the collective schedule, with this process's streams when it is the only one."""
         rngs = rng_state(self.info, self.generators) if collective or not self.info.enabled else None
         if collective or self.info.is_main:
-            self.last_path = self.checkpoint(step, rngs, collective) or self.last_path
+            path = self.checkpoint(step, rngs, collective)
+            if path is not None:
+                self.last_path, self.last_step = path, step
         return self.last_path
+
+    def _watch_finite(self, step: int, terms: Mapping[str, torch.Tensor]) -> None:
+        """Marks the first step whose loss is NaN or inf, on the device: no host read (on a GPU a read each
+        step would stall the queue; ``_check_finite`` reads the mark when the loss is read for the log)."""
+        bad = ~torch.isfinite(terms["loss"].detach()).all()
+        self._first_bad.masked_fill_(bad & (self._first_bad < 0), step + 1)
+
+    def _check_finite(self, done: int, terms: Mapping[str, torch.Tensor], collective: bool = True) -> bool:
+        """Whether every loss so far was finite; at a collective point (a log row, before ``last.pt``) a
+        ``NonFiniteLoss`` otherwise: one NaN step makes every weight NaN, and the run would go on to 'finish'
+        and overwrite ``last.pt`` with them; stopped here, the checkpoint on disk stays the last good one.
+        Under DDP the ranks agree first (a rank stopping alone would leave the others waiting); off the
+        collective schedule (a wall-clock save) it only answers, and the caller skips that save."""
+        first = int(self._first_bad)
+        if not collective:
+            return first < 0
+        if not (all_reduce_mean(float(first >= 0), self.info) > 0 if self.info.enabled else first >= 0):
+            return True
+        values = ", ".join(f"{k}={float(v.detach()):.4g}" for k, v in terms.items() if torch.is_tensor(v) and v.numel() == 1)
+        where = (f"from step {first} on" + (f" on rank {self.info.rank}" if self.info.enabled else "")
+                 if first >= 0 else "on another rank")
+        kept = (f"the last good checkpoint, {self.last_path} (step {self.last_step}), is kept" if self.last_path
+                else "this run wrote no checkpoint")
+        raise NonFiniteLoss(f"{self.desc}: the training loss is not finite {where} (at step {done}: {values}); "
+                            f"stopped before saving: {kept}. Check the data (`quadforge dataset validate --deep`) "
+                            f"or lower the learning rate")
 
     def run(self, start: int) -> list[dict[str, float]]:
         info = self.info
         t0, seen = time.perf_counter(), 0
         last_saved = time.monotonic()
         bar = progress_bar(self.max_steps, start, desc=self.desc, enabled=info.is_main)
+        self._first_bad = torch.full((), -1, dtype=torch.long, device=info.device)
         for step in range(start, self.max_steps):
             with autocast(info.device, self.amp):
                 terms = self.loss_terms(step)
+            self._watch_finite(step, terms)
             self.optimizer.zero_grad(set_to_none=True)
             terms["loss"].backward()
             grad_norm = clip_gradients(self.clip_module, self.grad_clip)
@@ -255,6 +290,7 @@ class TrainLoop:
             done = step + 1
             validate = done % self.val_every == 0 or done == self.max_steps
             if done % self.log_every == 0 or validate:
+                self._check_finite(done, terms)
                 row: dict[str, Any] = {"step": done}
                 row.update({k: all_reduce_mean(v.detach() if torch.is_tensor(v) else v, info) for k, v in terms.items()})
                 row.update(lr=self.optimizer.param_groups[0]["lr"], grad_norm=float(grad_norm))
@@ -271,7 +307,8 @@ class TrainLoop:
                 self.save(done)   # a collective: every rank reaches it at the same steps
                 last_saved = time.monotonic()
                 barrier(info)
-            elif self.checkpoint_every_s and time.monotonic() - last_saved >= self.checkpoint_every_s:
+            elif (self.checkpoint_every_s and time.monotonic() - last_saved >= self.checkpoint_every_s
+                  and self._check_finite(done, terms, collective=False)):
                 # by wall time too, so a slow run never goes long without a resumable last.pt. Ranks
                 # reach this at different steps: no collective, so under DDP without random streams.
                 self.save(done, collective=False)

@@ -15,6 +15,7 @@ from quadforge.models.registry import MODEL_SPECS, model_names
 from quadforge.models.zoo_presets import SWEPT_ADAMW
 from quadforge.training.loop import check_amp
 from quadforge.training.optim import OptimConfig
+from quadforge.typed_values import count
 
 LOSSES = ("mse", "nll")
 
@@ -48,10 +49,9 @@ class TrainConfig:
         if self.loss not in LOSSES:
             raise ValueError(f"train config loss={self.loss!r}; allowed: {LOSSES}")
         for name in ("context", "batch_size", "val_every", "val_batches", "log_every"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"train config {name}={getattr(self, name)}; must be >= 1")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"train config max_steps={self.max_steps}; must be >= 1")
+            count(getattr(self, name), f"train config {name}")   # int() would truncate 2.5 (or fail in numpy)
+        if self.max_steps is not None:
+            count(self.max_steps, "train config max_steps")
         if not self.checkpoint_every_s >= 0:
             raise ValueError(f"train config checkpoint_every_s={self.checkpoint_every_s}; must be >= 0 (0: off)")
         if self.max_steps is None and not self.epochs > 0:

@@ -44,10 +44,10 @@ from torch import nn
 from quadforge.layout import ObsLayout, get_layout
 from quadforge.data.ram_budget import sampler_source
 from quadforge.data.samplers import TransitionSampler
-from quadforge.data.store import TrajectoryStore
 from quadforge.models.binning import BIN_METHODS, ActionBinner, fit_binner
 from quadforge.models.checkpoint import Checkpoint, check_model, latest_checkpoint, load_checkpoint, load_state
 from quadforge.training.distributed import DistInfo, broadcast_object, cleanup, init_distributed, wrap_model
+from quadforge.training.imitation import open_source
 from quadforge.experts.germ_policy import action_space_of
 from quadforge.training.loop import (COMMON_STEP_FLAGS, RunLog, TrainLoop, apply_trainer_args, check_amp,
                                      check_resume_provenance, resume_from, save_run_checkpoint)
@@ -58,6 +58,7 @@ from quadforge.models.registry import model_names, model_spec
 from quadforge.training.optim import OptimConfig, build_optimizer, build_scheduler
 from quadforge.output_paths import check_train_out
 from quadforge.seeding import rank_seed, seed_everything
+from quadforge.typed_values import count
 
 OBJECTIVES = ("q", "il")
 
@@ -115,8 +116,7 @@ class GeRMTrainConfig:
         if self.alpha < 0:
             raise ValueError(f"alpha={self.alpha}; must be >= 0")
         for name in ("batch_size", "max_steps", "n_step", "log_every", "val_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}; must be >= 1")
+            count(getattr(self, name), name)
         if self.success_ratio is not None and not 0.0 <= self.success_ratio <= 1.0:
             raise ValueError(f"success_ratio={self.success_ratio}; must be in [0, 1] or None")
         check_amp(self.amp)
@@ -176,13 +176,6 @@ def losses(model: nn.Module, target: nn.Module | None, batch: Mapping[str, torch
 
 # --- data ----------------------------------------------------------------------------------------
 
-def open_source(path: str | Path) -> Any:
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"--store {path}: no trajectory store there")
-    return TrajectoryStore.open(str(path))
-
-
 def make_samplers(source: Any, layout: ObsLayout, cfg: GeRMTrainConfig, info: DistInfo):
     data = sampler_source(source, list(layout.term_names) + [cfg.action_feature, "terminated"], layout, cfg.ram_budget,
                           log=print if info.is_main else None)
@@ -232,23 +225,34 @@ def validate(model: GeRM, target: GeRM | None, sampler: Any, binner: ActionBinne
     return sums
 
 
-def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path, device: str = "cpu", resume: bool = False,
+def train(cfg: GeRMTrainConfig, source: Any, out_dir: str | Path | None, device: str = "cpu", resume: bool = False,
           provenance: Mapping[str, Any] | None = None, overwrite: bool = False) -> dict[str, Any]:
-    """Train on ``source`` (a TrajectoryStore or EpisodeArrays); returns a summary dict. An ``out_dir``
-    holding an earlier run is refused unless ``resume`` continues it or ``overwrite`` replaces it."""
+    """Train on ``source`` (a store path, an open TrajectoryStore, a StoreSet or EpisodeArrays: opened as
+    ``training.imitation.train`` opens its data) into ``out_dir`` (None: no files); returns a summary dict
+    (``history``, ``val``, ``checkpoint``: the path of last.pt or None, ``model``, ``target``, parameter
+    counts). An ``out_dir`` holding an earlier run is refused unless ``resume`` continues it or
+    ``overwrite`` replaces it."""
     cfg.validate()
     check_train_out(out_dir, resume, overwrite)
+    if resume and out_dir is None:
+        raise ValueError("resume=True needs out_dir (the run directory holding last.pt)")
+    source, opened = open_source(source)
+    if provenance is None and opened.get("store") is not None:   # the data a deployment is checked against
+        provenance = {"data": opened["store"], "robot": opened["robot"], "control_dt": opened["control_dt"]}
     info = init_distributed(device)
     seed_everything(rank_seed(cfg.seed, info.rank))
-    run = GeRMRun(cfg, source, Path(out_dir), info, resume, provenance)
+    run = GeRMRun(cfg, source, Path(out_dir) if out_dir is not None else None, info, resume, provenance)
     loop = run.loop()
-    history = loop.run(run.start)
-    if run.start >= cfg.max_steps:
-        loop.save(run.start)
-    run.log.close()
-    cleanup(info)
+    try:
+        history = loop.run(run.start)
+        if run.start >= cfg.max_steps:
+            loop.save(run.start)
+    finally:   # a stopped run (a non-finite loss) frees OUT's run lock and the process group too
+        run.log.close()
+        cleanup(info)
     model = run.model
-    return {"history": history, "val": run.val_history, "checkpoint": str(run.out / "last.pt"), "model": model,
+    return {"history": history, "val": run.val_history,
+            "checkpoint": str(run.out / "last.pt") if run.out is not None else None, "model": model,
             "target": run.target, "active_parameters": model.active_parameters(),
             "total_parameters": model.total_parameters()}
 
@@ -273,7 +277,7 @@ class GeRMRun:
     """One proprioceptive GeRM run: samplers, the Q-network and its EMA target, binner, optimizer, and
     the parts ``TrainLoop`` calls (``loss_terms``, ``after_step``, ``validate``, ``checkpoint``)."""
 
-    def __init__(self, cfg: GeRMTrainConfig, source: Any, out: Path, info: DistInfo, resume: bool,
+    def __init__(self, cfg: GeRMTrainConfig, source: Any, out: Path | None, info: DistInfo, resume: bool,
                  provenance: Mapping[str, Any] | None):
         self.cfg, self.out, self.info = cfg, out, info
         self.layout = get_layout(cfg.layout)
@@ -310,7 +314,7 @@ class GeRMRun:
         self.val_history: list[dict[str, float]] = []
 
     def checkpoint(self, step: int, rngs: dict | None, scheduled: bool) -> Path | None:
-        if not self.info.is_main:
+        if not self.info.is_main or self.out is None:
             return None
         cfg, model = self.cfg, self.model
         extra = {"binner": {"edges": self.binner.edges.cpu()}, "action_feature": cfg.action_feature,
@@ -370,14 +374,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         raise ValueError("--store STORE is required for GeRM training")
     if not getattr(args, "out", None):
         raise ValueError("--out DIR is required for GeRM training")
-    source = open_source(args.store)
-    schema = getattr(source, "schema", None)
-    provenance = {"data": str(Path(args.store).resolve())}
-    if schema is not None:   # the robot the data came from: deploying on another one is refused
-        provenance.update(robot=schema.robot, control_dt=schema.control_dt)
-    summary = train(cfg, source, args.out, device=getattr(args, "device", "cpu"),
-                    resume=bool(getattr(args, "resume", False)), provenance=provenance,
-                    overwrite=bool(getattr(args, "overwrite", False)))
+    # train() opens the path and records it, with the robot the data came from (deploying on another is refused)
+    summary = train(cfg, args.store, args.out, device=getattr(args, "device", "cpu"),
+                    resume=bool(getattr(args, "resume", False)), overwrite=bool(getattr(args, "overwrite", False)))
     print(f"[{cfg.model_name}] wrote {summary['checkpoint']} (active {summary['active_parameters']:,} / "
           f"total {summary['total_parameters']:,} parameters)")
     return 0

@@ -65,6 +65,7 @@ from quadforge.training.loop import (RunLog, TrainLoop, apply_trainer_args, chec
 from quadforge.output_paths import check_train_out
 from quadforge.seeding import rank_seed, seed_everything
 from quadforge.tensors import from_host
+from quadforge.typed_values import count
 
 BIN_SOURCES = ("controller", "data")
 
@@ -198,8 +199,7 @@ class VLATrainConfig:
         if self.sampling not in SAMPLING_MODES:
             raise ValueError(f"VLA sampling {self.sampling!r} unknown; allowed: {SAMPLING_MODES}")
         for name in ("batch_size", "max_steps", "log_every", "val_every", "val_batches", "num_bins", "cache_chunks"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"VLA train config {name}={getattr(self, name)}; must be >= 1")
+            count(getattr(self, name), f"VLA train config {name}")
         for name in ("prefetch", "keep_every", "checkpoint_every_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"VLA train config {name}={getattr(self, name)}; must be >= 0")
@@ -397,23 +397,28 @@ def _store_sources(path: str | Path, cfg: VLATrainConfig, info: DistInfo):
     return source, val
 
 
-def train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out_dir: str | Path, device: str = "cpu",
+def train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out_dir: str | Path | None, device: str = "cpu",
           val_source: ImageWindowSource | None = None, resume: bool = False,
           provenance: Mapping[str, Any] | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Train on an ImageWindowSource, or on an image store (a path: split into training and validation
-    episodes, sharded over ranks); writes OUT/last.pt; returns a summary (history, val, model, binner).
-    One process, or DDP under torchrun (``training.distributed``). An ``out_dir`` holding an earlier run
-    is refused unless ``resume`` continues it or ``overwrite`` replaces it."""
+    episodes, sharded over ranks); writes OUT/last.pt (``out_dir=None``: no files); returns a summary dict
+    (``history``, ``val``, ``checkpoint``: the path of last.pt or None, ``model``, ``target``, ``binner``,
+    ``parameters``, ``instruction_inputs``). One process, or DDP under torchrun (``training.distributed``).
+    An ``out_dir`` holding an earlier run is refused unless ``resume`` continues it or ``overwrite`` replaces it."""
     cfg.validate()
     check_train_out(out_dir, resume, overwrite)
+    if resume and out_dir is None:
+        raise ValueError("resume=True needs out_dir (the run directory holding last.pt)")
+    if isinstance(source, (str, Path)) and "data" not in (provenance or {}):   # as `quadforge train` records it
+        provenance = {**(provenance or {}), "data": str(Path(source).resolve())}
     info = init_distributed(device)
     try:
-        return _train(cfg, source, Path(out_dir), info, val_source, resume, provenance)
+        return _train(cfg, source, Path(out_dir) if out_dir is not None else None, info, val_source, resume, provenance)
     finally:
         cleanup(info)
 
 
-def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Path, info: DistInfo,
+def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Path | None, info: DistInfo,
            val_source: ImageWindowSource | None, resume: bool, provenance: Mapping[str, Any] | None) -> dict[str, Any]:
     seed_everything(rank_seed(cfg.seed, info.rank))   # rank 0's initial weights reach every rank through DDP
     if info.enabled:   # ranks share the machine's cores
@@ -435,7 +440,8 @@ def _train(cfg: VLATrainConfig, source: ImageWindowSource | str | Path, out: Pat
             run.loop().save(run.start)
     finally:
         run.close()
-    return {"history": history, "val": run.val_history, "checkpoint": str(out / "last.pt"), "model": run.model,
+    return {"history": history, "val": run.val_history, "checkpoint": str(out / "last.pt") if out is not None else None,
+            "model": run.model,
             "target": run.target, "binner": run.binner, "parameters": run.counts, "instruction_inputs": run.table}
 
 
@@ -506,7 +512,7 @@ class VLARun:
     parts ``TrainLoop`` calls (``loss_terms``, ``after_step``, ``validate``, ``checkpoint``)."""
 
     def __init__(self, cfg: VLATrainConfig, source: ImageWindowSource, val_source: ImageWindowSource | None,
-                 out: Path, info: DistInfo, resume: bool, prov: dict[str, Any], probe: GroundingProbe | None = None):
+                 out: Path | None, info: DistInfo, resume: bool, prov: dict[str, Any], probe: GroundingProbe | None = None):
         self.cfg, self.source, self.out, self.info, self.prov = cfg, source, out, info, prov
         self.probe = probe   # the instruction-swap metric's windows (training.grounding), measured at validation
         dev = info.device
@@ -590,14 +596,15 @@ class VLARun:
             v = validate(self.model, self.target, self.val_draw(), self.binner, self.cfg, self.prepare)
             if self.probe is not None:
                 v.update(self.probe.measure(self.model, self.binner))
-                append_row(self.out, {**v, "step": step})
+                if self.out is not None:
+                    append_row(self.out, {**v, "step": step})
             v["step"] = step
             self.val_history.append(v)
             self.log.line("val", f"val step {step}", v, step)
 
     def checkpoint(self, step: int, rngs: dict | None, scheduled: bool) -> Path | None:
         self.feed.restart(step)   # every rank that saves: the batches from here derive from (seed, rank, step)
-        if not self.info.is_main:
+        if not self.info.is_main or self.out is None:
             return None
         cfg = self.cfg
         extra = {"policy_kind": POLICY_KIND, "binner": {"edges": self.binner.edges.cpu()},
@@ -620,7 +627,7 @@ class VLARun:
         """The run's ``TrainLoop`` (built once, the model put in training mode)."""
         if self._loop is None:
             cfg, info = self.cfg, self.info
-            if info.is_main:
+            if info.is_main and self.out is not None:
                 self.out.mkdir(parents=True, exist_ok=True)
             self.model.train()
             self._loop = TrainLoop(

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from quadforge.config_types import check_field_types
+from quadforge.typed_values import check_field_types
 from quadforge.envs.backends import make_backend, require_capabilities
 from quadforge.envs.commands import yaw_from_quat
 from quadforge.envs.config import CommandsConfig, EnvConfig, InitConfig, RandomizationConfig

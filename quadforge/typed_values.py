@@ -1,15 +1,20 @@
-"""A dataclass config's values checked against their annotations, the one check every env config runs.
+"""Whether a value is of the kind it is given as, the one place such checks live. Plain Python + numpy;
+each check is a one-line ValueError naming the argument (or field) and the value.
 
-The hand-written ``validate()`` methods test ranges (``lo <= hi``, ``> 0``); a NaN passes every such
-comparison that is written as a negative test, an ``inf`` episode length overflows deep in the env, a
-bool passes ``isinstance(v, int)``, and a reward scale is never compared at all. ``check_field_types``
-walks the config (sub-configs included) and refuses, naming the field:
-- a ``float`` field that is not a finite real number (NaN, inf, a bool, a string);
-- an ``int`` field that is not an integer (``1.5``, ``True``);
-- a ``bool`` field that is not True/False; a ``str`` field that is not a string;
-- a ``tuple[...]``/``dict[...]`` field whose shape or entries are not what the annotation says
-  (``(0.5, 1)`` for ``tuple[int, int]``, a NaN scale in ``dict[str, float]``).
-Annotations it does not read (a class name, ``Any``, ``object``) are left to that field's own checks.
+- A function's arguments (``count``, ``whole``, ``flag``, ...): a count of 2.5 is not silently 2, and a
+  flag of ``"no"`` is not silently True (``bool("no")``); a float with no fraction (3.0) is taken as the
+  count 3, since the argument is converted. The data layer's writers and samplers and the trainers'
+  configs check their arguments with them.
+- A dataclass config's fields (``check_field_types``), against their annotations: the hand-written
+  ``validate()`` methods test ranges (``lo <= hi``, ``> 0``); a NaN passes every such comparison written
+  as a negative test, an ``inf`` episode length overflows deep in the env, a bool passes
+  ``isinstance(v, int)``, and a reward scale is never compared at all. Refused, naming the field: a
+  ``float`` field that is not a finite real number; an ``int`` field that is not an integer (here 3.0 is
+  refused too: a field keeps the value it is given, and the code reading it expects an int); a ``bool``
+  field that is not True/False; a ``str`` field that is not a string; a ``tuple[...]``/``dict[...]``
+  field whose shape or entries are not what the annotation says (``(0.5, 1)`` for ``tuple[int, int]``,
+  a NaN scale in ``dict[str, float]``). Annotations it does not read (a class name, ``Any``,
+  ``object``) are left to that field's own checks.
 """
 from __future__ import annotations
 
@@ -20,6 +25,61 @@ from typing import Any
 
 import numpy as np
 
+
+def is_whole(value: Any) -> bool:
+    """An int (Python or numpy) or a finite float with no fraction; never a bool (True is no count)."""
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, numbers.Integral):
+        return True
+    return isinstance(value, numbers.Real) and math.isfinite(value) and float(value).is_integer()
+
+
+def whole(value: Any, what: str) -> int:
+    """``value`` as an int, or a ValueError naming ``what`` (a count, an index)."""
+    if not is_whole(value):
+        raise ValueError(f"{what}={value!r}: must be a whole number, got {type(value).__name__}")
+    return int(value)
+
+
+def count(value: Any, what: str, minimum: int = 1) -> int:
+    """A whole number ``>= minimum`` (a batch size, a step count), as an int; else a ValueError naming ``what``."""
+    n = whole(value, what)
+    if n < minimum:
+        raise ValueError(f"{what}={value!r}: must be >= {minimum}")
+    return n
+
+
+def whole_array(values: Any, what: str) -> np.ndarray:
+    """``values`` as int64 when every entry is a whole number (integer dtype, or floats with no fraction);
+    else a ValueError naming ``what`` and the first entry that is not."""
+    arr = np.asarray(values)
+    if np.issubdtype(arr.dtype, np.integer):
+        return arr.astype(np.int64)
+    if np.issubdtype(arr.dtype, np.floating):
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if not bad.any():
+            return arr.astype(np.int64)
+        i = int(np.flatnonzero(bad.reshape(-1))[0])
+        raise ValueError(f"{what}: entry {i} is {arr.reshape(-1)[i].item()!r}, not a whole number")
+    raise ValueError(f"{what}: must be whole numbers, got dtype {arr.dtype}")
+
+
+def is_flag(value: Any) -> bool:
+    """True/False (Python or numpy), or the integers 0 and 1 (a flag column read back as numbers)."""
+    if isinstance(value, (bool, np.bool_)):
+        return True
+    return isinstance(value, numbers.Integral) and int(value) in (0, 1)
+
+
+def flag(value: Any, what: str) -> bool:
+    """``value`` as a bool, or a ValueError naming ``what``: a string such as ``"no"`` is no flag."""
+    if not is_flag(value):
+        raise ValueError(f"{what}={value!r}: must be True or False (or 0/1), got {type(value).__name__}")
+    return bool(value)
+
+
+# --- a dataclass config's fields against their annotations ---------------------------------------------
 _WORDS = {"bool": "True or False", "int": "an integer", "float": "a finite number", "str": "a string",
           "None": "None"}
 
