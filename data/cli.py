@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from quadforge.cli_flags import add_store, require, write_json
+from quadforge.cli_flags import add_json, add_store, require, write_json
 
 ACTIONS = ("info", "validate", "compact", "export-hdf5", "export-lerobot", "import-hdf5")
 # The positional spellings each action accepted before the flag convention (docs/cli.md), in their old
@@ -55,8 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = sub.add_parser("info", help="summary of a store: episodes, steps, features, success, terrains")
     _store(p, "the one to summarise")
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                   help="write the summary as JSON to PATH ('-' or no PATH: stdout) instead of the text")
+    add_json(p, "the summary")
     p = sub.add_parser("validate", help="check every store invariant and every chunk's checksum; exit 1 if any "
                                         "is broken")
     _store(p, "the one to check")
@@ -181,10 +180,8 @@ def run(args: argparse.Namespace) -> int:
     refuse_file_as_store(require(args, "store", "--store"), f"dataset {args.action} --store")
     if args.action == "info":
         s = summary(args.store)
-        if args.json:
-            write_json(args.json, s)
-        else:
-            _print_summary(s)
+        _print_summary(s)            # on stderr with --json - (tools/cli.py), as every command's report
+        write_json(args.json, s)
         return 0
     if args.action == "validate":
         from quadforge.data.validate import validate

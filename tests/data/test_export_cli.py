@@ -78,6 +78,9 @@ def test_dataset_info_json(tmp_path, write_episodes, capsys):
     assert info["terrains"]["gaps"] == {"episodes": 2, "success_rate": 0.0}
     assert info["failure_reasons"] == {"none": 4, "fall": 2}
     assert info["features"]["dof_pos"] == {"dtype": "float32", "shape": [12]}
+    assert main(["dataset", "info", "--store", str(store), "--json", str(tmp_path / "i.json")]) == 0
+    assert "episodes" in capsys.readouterr().out            # a PATH: the text report as well, as every command
+    assert json.loads((tmp_path / "i.json").read_text()) == info
     assert info["control_rate_hz"] == 50.0 and info["staged"] == 0
     assert main(["dataset", "validate", "--store", str(store)]) == 0
     assert main(["dataset", "info", "--store", str(tmp_path / "missing")]) == 2
