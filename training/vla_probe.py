@@ -133,21 +133,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:   # python -m quadfor
     p.add_argument("store")
     p.add_argument("--swap", action="store_true", help="the instruction-swap metric instead of the steering table")
     p.add_argument("--split", choices=("val", "all"), default="val")
-    p.add_argument("--windows", type=int, default=256)
-    p.add_argument("--families", default="", help="comma-separated QUARD families (default: all in the store)")
-    p.add_argument("--decision-frames", type=int, default=DECISION_FRAMES,
-                   help="swap windows end in an episode's first N image frames (0: anywhere)")
-    p.add_argument("--contrast", type=float, default=0.0, metavar="W", help="--swap, RT-1-style: act on "
-                   "l(instr) + W (l(instr) - l(null instruction)) (docs/vla.md, Grounding)")
+    p.add_argument("--windows", type=int, default=None, help="windows measured (default 256 with --swap, else 512)")
+    p.add_argument("--families", default=None, help="--swap: comma-separated QUARD families (default: all in the store)")
+    p.add_argument("--decision-frames", type=int, default=None,
+                   help=f"--swap: windows end in an episode's first N image frames (0: anywhere; default {DECISION_FRAMES})")
+    p.add_argument("--contrast", type=float, default=None, metavar="W", help="--swap, RT-1-style: act on "
+                   "l(instr) + W (l(instr) - l(null instruction)) (docs/vla.md, Grounding; default 0)")
     args = p.parse_args(argv)
+    if args.windows is not None and args.windows < 1:
+        p.error(f"--windows {args.windows}: allowed: an integer >= 1")
     torch.set_num_threads(1)
     if args.swap:
-        families = tuple(f for f in args.families.split(",") if f)
-        swap = swap_by_family(args.checkpoint, args.store, args.windows, split=args.split, families=families,
-                              decision_frames=args.decision_frames, contrast=args.contrast)
+        families = tuple(f for f in (args.families or "").split(",") if f)
+        swap = swap_by_family(args.checkpoint, args.store, args.windows or 256, split=args.split, families=families,
+                              decision_frames=DECISION_FRAMES if args.decision_frames is None else args.decision_frames,
+                              contrast=args.contrast or 0.0)
         print(" ".join(f"{k}={v:.3f}" for k, v in swap.items()))
         return swap
-    report = steering_by_family(args.checkpoint, args.store, split=args.split)
+    swap_only = [flag for flag, v in (("--families", args.families), ("--decision-frames", args.decision_frames),
+                                      ("--contrast", args.contrast)) if v is not None]
+    if swap_only:   # the steering table reads every family's successes: refused, not ignored
+        p.error(f"{', '.join(swap_only)}: apply to --swap only")
+    report = steering_by_family(args.checkpoint, args.store, args.windows or 512, split=args.split)
     print(format_steering(report))
     return report
 

@@ -616,3 +616,12 @@ def test_init_from_a_locomotion_checkpoint_is_named_as_one(tmp_path):
 def test_germ_takes_the_cpu_preset_name_every_trainer_takes():
     from quadforge.training.qlearning import default_config
     assert default_config("germ", "cpu").model == default_config("germ", "small").model
+
+
+def test_the_probe_refuses_swap_flags_on_the_steering_table(capsys):
+    """--families/--decision-frames/--contrast shape the swap metric only: without --swap they were ignored."""
+    from quadforge.training.vla_probe import main
+    for flags in (["--families", "go_to"], ["--decision-frames", "3"], ["--contrast", "0.5"]):
+        with pytest.raises(SystemExit) as err:
+            main(["no.pt", "no_store", *flags])
+        assert err.value.code == 2 and f"{flags[0]}: apply to --swap only" in capsys.readouterr().err
