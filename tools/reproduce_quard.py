@@ -974,7 +974,8 @@ def run_quard(cfg: QuardConfig, log: Callable[[str], None] = print, command: str
 # --- CLI (through tools/reproduce.py) -----------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", choices=SCALES, default=None, help="quard stage sizes: tiny (plumbing), cpu (this "
-                   "machine, hours), paper (seed 003's sizes, a GPU cluster); default cpu")
+                   "machine, hours), power (evaluation sized to tell rows 15 points apart with 80 %% power: 167 "
+                   "episodes a row; docs/quard_auto.md), paper (seed 003's sizes, a GPU cluster); default cpu")
     p.add_argument("--rounds", type=int, default=None, help="quard stage: collection rounds of the data flywheel "
                    "(round k+1 collects with round k's GeRM); default 1")
     p.add_argument("--demos", default=None, metavar="STORE", help="quard stage: an existing demonstration store "

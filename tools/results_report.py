@@ -53,7 +53,7 @@ def imitation_section(data: Mapping[str, Any], docs_dir: Path) -> list[str]:
              f"(curriculum on), {fmt(cfg['max_episode_s'])} s episodes; one collection of {d.get('episodes')} "
              f"episodes / {d.get('steps')} env steps ({fmt(d.get('seconds'))} s), the three datasets are its "
              "first episodes reaching each size. Training: `cpu` preset of each model "
-             f"(`training/presets.py`{_at_commit(data)}), {cfg['train_steps']} optimizer steps, batch {cfg['batch_size']}, "
+             f"(`models/zoo_presets.py`{_at_commit(data)}), {cfg['train_steps']} optimizer steps, batch {cfg['batch_size']}, "
              f"seeds {list(cfg['seeds'])}. Evaluation: `{cfg['eval_terrain']}` × levels `{cfg['eval_levels']}`, "
              f"{cfg['eval_episodes']} episodes per cell (walking commands), success by `collection/labels.py`.", ""]
     expert = data.get("expert_eval")
@@ -295,7 +295,7 @@ def write_report(data: Mapping[str, Any], path: Path, only: str | None = None) -
               "- Validation losses are on each dataset's own held-out episodes (10 %), so they compare models "
               "at one size, not sizes with each other (the smallest sets hold out only a few episodes).",
               "- Parameters are not matched across the imitation models: each runs its `cpu` preset "
-              "(`training/presets.py`, see the params column), so the comparison is of those presets at this "
+              "(`models/zoo_presets.py`, see the params column), so the comparison is of those presets at this "
               "training length, not of the architectures at their best.",
               "- GeRM's 'val greedy = data bin' is the share of held-out (step, action dimension) pairs where its "
               "greedy bin equals the dataset's (256 bins per dimension; chance ≈ 0.4 %): how far its Q-function got in the "
