@@ -42,7 +42,7 @@ from quadforge.envs.terrain import TERRAIN_SPEC_HELP
 from quadforge.experts.loaders import RSL_RL_PREFIX, _torch_load, latest_rsl_rl_checkpoint
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
-from quadforge.output_paths import RUN_LOCK, check_output_dir, made_folder_removed_on_failure
+from quadforge.output_paths import RUN_LOCK, check_output_dir, file_written_whole, made_folder_removed_on_failure
 from quadforge.training.distributed import DistInfo, barrier, cleanup, init_distributed
 
 PRESETS_HELP = "legged_gym (the paper's PPO settings, 4096 envs) or cpu (scaled to a 2-core machine)"
@@ -167,9 +167,34 @@ def _runner_class():
         """OnPolicyRunner whose every checkpoint carries what a loader needs to rebuild the policy."""
 
         quadforge_meta: dict[str, Any] = {}
+        purge_step: int | None = None   # a resumed run: TensorBoard drops what the interrupted one logged from here
 
         def save(self, path: str, infos: dict | None = None) -> None:
-            super().save(path, infos={**(infos or {}), "quadforge": self.quadforge_meta})
+            """rsl_rl's save, written whole: beside ``path`` then renamed (a kill mid-write left a truncated
+            model_<it>.pt that --resume then picked as the run's latest)."""
+            saved = self.alg.save()
+            saved["iter"] = self.current_learning_iteration
+            saved["infos"] = {**(infos or {}), "quadforge": self.quadforge_meta}
+            with file_written_whole(path, "train-expert --out") as partial:
+                torch.save(saved, partial)
+            self.logger.save_model(path, self.current_learning_iteration)
+
+        def learn(self, *args: Any, **kwargs: Any) -> None:
+            if self.purge_step is not None:
+                self.logger.init_logging_writer = self._writer_purging(self.logger.init_logging_writer)
+            super().learn(*args, **kwargs)
+
+        def _writer_purging(self, init_writer: Any) -> Any:
+            """rsl_rl's writer set-up, then (TensorBoard) a writer with ``purge_step``: the steps the
+            interrupted run logged past its checkpoint would otherwise show twice, as ``train`` avoids too."""
+            def init() -> None:
+                init_writer()
+                writer = self.logger.writer
+                if type(writer).__name__ == "SummaryWriter":
+                    from torch.utils.tensorboard import SummaryWriter
+                    writer.close()
+                    self.logger.writer = SummaryWriter(log_dir=writer.log_dir, flush_secs=10, purge_step=self.purge_step)
+            return init
 
         def _configure_multi_gpu(self) -> None:
             """rsl_rl's torchrun set-up, with the process group opened by ``training.distributed``: nccl
@@ -253,6 +278,7 @@ def _train(cfg: TrainExpertConfig, preset: Any) -> Path:
         # the checkpoint already holds it, so the continued run starts one later: an uninterrupted run
         # and a resumed one name the same update alike, and the resumed-from file is never rewritten
         runner.current_learning_iteration += 1
+        runner.purge_step = runner.current_learning_iteration
         print(f"resumed from {cfg.resume}: continuing at iteration {runner.current_learning_iteration}", flush=True)
     t0 = time.time()
     try:
@@ -275,7 +301,16 @@ def check_resume_checkpoint(path: str, robot: str) -> tuple[int, dict[str, Any]]
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"--resume-from {path!r}: no such checkpoint file")
-    raw = _torch_load(p)
+    try:
+        raw = _torch_load(p)
+    except ValueError as err:   # damaged: name the run's checkpoint before it, if there is one
+        earlier = sorted((q for q in p.parent.glob(f"{RSL_RL_PREFIX}*.pt") if q.stem[len(RSL_RL_PREFIX):].isdigit()
+                          and int(q.stem[len(RSL_RL_PREFIX):]) < _iteration_of(p)),
+                         key=_iteration_of)
+        if not earlier:
+            raise
+        raise ValueError(f"{err}; the run's checkpoint before it is {earlier[-1]}: move the damaged file away and "
+                         f"continue from that one (--resume-from {earlier[-1]})") from err
     if isinstance(raw, dict) and raw.get("kind") == "quadforge-policy":
         raise ValueError(f"--resume-from {path}: a quadforge train checkpoint (model {raw.get('model', {}).get('name')!r}), "
                          f"not a PPO expert; train-expert --resume-from takes a model_<it>.pt written by train-expert")
@@ -288,6 +323,12 @@ def check_resume_checkpoint(path: str, robot: str) -> tuple[int, dict[str, Any]]
     if trained and trained != robot:
         raise ValueError(f"--resume-from {path}: trained for robot {trained!r}, this run is for --robot {robot!r}")
     return int(raw.get("iter", 0)), meta
+
+
+def _iteration_of(path: Path) -> int:
+    """The iteration a ``model_<it>.pt`` was saved after (-1 for another name)."""
+    tail = path.stem[len(RSL_RL_PREFIX):]
+    return int(tail) if path.stem.startswith(RSL_RL_PREFIX) and tail.isdigit() else -1
 
 
 def written_checkpoints(start: int, iterations: int, save_interval: int) -> list[int]:

@@ -194,3 +194,37 @@ def test_a_resume_in_place_keeps_the_runs_settings_and_one_training_writes_a_fol
     with acquire(tmp_path / "run" / RUN_LOCK, "another training"):   # a run still writing the folder
         with pytest.raises(ValueError, match="another training"):
             _train(tmp_path / "run", iterations=1, resume=str(first))
+
+
+def test_a_resume_after_a_kill_logs_each_iteration_once_and_checkpoints_are_written_whole(tmp_path, monkeypatch):
+    """A run killed after logging iterations it never saved (model_1/model_2 gone): the resume from model_0
+    logs 1.. again, and TensorBoard keeps one value per step (purge_step, as `train` does). A save that
+    fails mid-write leaves the earlier file and no partial one (a kill left a truncated model_<it>.pt that
+    --resume took as the latest); a damaged latest checkpoint names the one before it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    run = tmp_path / "run"
+    _train(run, iterations=3)
+    for name in ("model_1.pt", "model_2.pt"):
+        (run / name).unlink()
+    _train(run, iterations=2, resume=str(run / "model_0.pt"))
+    events = EventAccumulator(str(run))
+    events.Reload()
+    tag = next(t for t in events.Tags()["scalars"] if t.startswith("Loss/"))
+    assert [e.step for e in events.Scalars(tag)] == [0, 1, 2]
+
+    before = (run / "model_2.pt").read_bytes()
+
+    def torn_save(obj, path, *a, **kw):
+        with open(path, "wb") as f:
+            f.write(b"PK\x03\x04 torn")
+        raise OSError("killed mid-write")
+    monkeypatch.setattr(torch, "save", torn_save)
+    with pytest.raises(OSError, match="killed mid-write"):
+        _train(run, iterations=1, resume=str(run / "model_2.pt"))
+    monkeypatch.undo()
+    assert (run / "model_2.pt").read_bytes() == before and not list(run.glob("*.partial")) \
+        and not (run / "model_3.pt").exists()
+    (run / "model_2.pt").write_bytes(before[: len(before) // 2])
+    with pytest.raises(ValueError, match=r"the run's checkpoint before it is .*model_1.pt: move the damaged file "
+                                         r"away and continue from that one \(--resume-from .*model_1.pt\)"):
+        _train(run, iterations=1, resume=str(run / "model_2.pt"))
