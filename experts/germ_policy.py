@@ -73,4 +73,5 @@ def load_germ(path: str | Path, num_envs: int, device: str | torch.device = "cpu
     load_state(model, ckpt)
     return GeRMPolicy(model, ActionBinner.from_dict(ckpt.extra["binner"]), ObsLayout.from_dict(ckpt.layout), num_envs,
                       action_space=ckpt.extra.get("action_space", "joint"),
-                      policy_id=checkpoint_policy_id(ckpt.model_name, path), device=device)
+                      policy_id=checkpoint_policy_id(ckpt.model_name, path, ckpt.state_dict, ckpt.model_config),
+                      device=device)

@@ -96,4 +96,4 @@ def load_learned(path: str | Path, num_envs: int, device: str | torch.device = "
     if path.is_dir():
         path = latest_checkpoint(path)
     ckpt = load_checkpoint(path)
-    return LearnedPolicy(ckpt, num_envs, device, policy_id=checkpoint_policy_id(ckpt.model_name, path))
+    return LearnedPolicy(ckpt, num_envs, device, policy_id=checkpoint_policy_id(ckpt.model_name, path, ckpt.state_dict, ckpt.model_config))

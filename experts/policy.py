@@ -13,8 +13,9 @@ Action spaces:
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
-from typing import Mapping, Protocol, runtime_checkable
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 import torch
 
@@ -76,17 +77,26 @@ def check_policy(policy: object) -> Policy:
     return policy  # type: ignore[return-value]
 
 
-def checkpoint_policy_id(kind: str, path: str | Path) -> str:
+def checkpoint_policy_id(kind: str, path: str | Path, weights: Mapping[str, Any] | None = None,
+                         config: Any = None) -> str:
     """The one policy-id scheme for policies loaded from files: ``<kind>:<file name>:<digest>``.
 
     ``kind`` names what the file holds (``rsl_rl_v5``, ``wtw``, a model name such as ``fcnet`` or
-    ``germ``); the digest is of the file's bytes, so a retrained file in the same place gets a new id while
-    a copy, a fresh clone's shipped checkpoint or a same-seed rerun's bit-identical one keeps it (a digest
-    of path and modification time did not: stores and evaluations of the same weights disagreed).
-    Built-in policies use ``<kind>:<variant>`` (``gait:trot``, ``zero``)."""
+    ``germ``). The digest is of what acts: for a checkpoint written here, its ``weights`` (tensors by
+    name) and model ``config``; for another format, the file's bytes. So a retrained file in the same place
+    gets a new id while a copy, a fresh clone's shipped checkpoint or a same-seed rerun keeps it (a digest
+    of path and modification time did not; nor did the file's bytes of a rerun into another folder, whose
+    provenance records other paths). Built-in policies use ``<kind>:<variant>`` (``gait:trot``, ``zero``)."""
     path = Path(path)
     digest = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    if weights is not None:
+        digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+        for name in sorted(weights):
+            t = weights[name]
+            digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            digest.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    else:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
     return f"{kind}:{path.name}:{digest.hexdigest()[:10]}"

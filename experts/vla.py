@@ -179,7 +179,8 @@ def load_vla(path: str | Path, num_envs: int, device: str | torch.device = "cpu"
     return VLAPolicy(model, ActionBinner.from_dict(ckpt.extra["binner"]), dict(ckpt.extra["settings"]),
                      list(ckpt.extra["instructions"]), num_envs, device=device,
                      instruction_inputs=ckpt.extra.get("instruction_inputs"), env_instructions=instructions,
-                     task=task, camera=camera, policy_id=checkpoint_policy_id(f"vla-{ckpt.model_name}", path))
+                     task=task, camera=camera, policy_id=checkpoint_policy_id(f"vla-{ckpt.model_name}", path, ckpt.state_dict,
+                                                                  ckpt.model_config))
 
 
 def _load_for_registry(arg: str, ctx: LoadContext) -> VLAPolicy:

@@ -328,3 +328,20 @@ def test_policy_id_follows_the_files_bytes_not_its_place_or_time(tmp_path):
     a.write_bytes(b"weights two")
     assert checkpoint_policy_id("mlp", a) != checkpoint_policy_id("mlp", b)
     assert checkpoint_policy_id("mlp", a).startswith("mlp:model.pt:")
+
+
+def test_a_checkpoint_written_here_is_known_by_its_weights_not_its_recorded_paths(tmp_path):
+    """A same-seed rerun into another folder records other paths (provenance: the store's) in its file: the
+    same weights keep one id; other weights or another model config get another."""
+    from quadforge.experts.registry import load_policy
+    from quadforge.models.checkpoint import load_checkpoint, save_checkpoint
+    src = Path(__file__).resolve().parents[2] / "experts" / "checkpoints" / "vla_rt1.pt"
+    ckpt = load_checkpoint(src)
+    ckpt.provenance = {**(ckpt.provenance or {}), "store": str(tmp_path / "elsewhere" / "store")}
+    moved = save_checkpoint(tmp_path / "b" / "vla_rt1.pt", ckpt)
+    assert moved.read_bytes() != src.read_bytes()
+    ids = [load_policy(p, 1, task="quard:go_to").policy_id for p in (src, moved)]
+    assert ids[0] == ids[1]
+    name = next(iter(ckpt.state_dict))
+    ckpt.state_dict[name] = ckpt.state_dict[name] + 1
+    assert load_policy(save_checkpoint(tmp_path / "c" / "vla_rt1.pt", ckpt), 1, task="quard:go_to").policy_id != ids[0]
