@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from quadforge.cli_flags import add_out, add_seed, add_store, field_flag, require
@@ -219,12 +220,14 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
         if it > 0 and cfg.episodes_per_iter:   # 0: the control, same optimisation without relabelled data
             target = it * cfg.episodes_per_iter
             log(f"[dagger] iteration {it}: {previous} drives, the gait expert labels -> {relabelled} ({target} episodes)")
-            collected = run_local(CollectConfig(
+            run_local(CollectConfig(
                 out=relabelled, episodes=target, policy=previous, relabel="gait",
                 expert_drive_prob=cfg.expert_drive_prob, terrain=cfg.terrain, skills="walking",
                 num_envs=cfg.num_envs, seed=cfg.seed, max_episode_s=cfg.max_episode_s,
                 collector_id=f"dagger{it}", compact_every=0, progress=False, compile_expert=cfg.compile_expert))
-            driven_success = collected.get("run", {}).get("success_ratio")
+            # from the store, not this invocation's summary: a rerun after an interruption collected only
+            # the rest (or nothing), and its summary covers only that
+            driven_success = collector_success(relabelled, f"dagger{it}")
             stores.append(relabelled)
         # the stores as one: the trainer reads them in RAM when they fit its ram_budget, else out of core
         # (each store's memory-mapped shards, joined per batch), and says which ("data: ... path")
@@ -250,6 +253,13 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
         log(f"[dagger] iteration {it}: val {row['val_loss']:.4g}, success {ev['success']:.3f} "
             f"(expert {res['expert_eval']['success']:.3f}), {row['wall_s']:.0f}s")
     return res
+
+
+def collector_success(store: str, collector_id: str) -> float | None:
+    """The success ratio of one collector's episodes in a store (None when it has none)."""
+    table = TrajectoryStore.open(store).episodes
+    mine = np.char.startswith(np.asarray(table["episode_id"]).astype(str), f"{collector_id}-")
+    return float(np.asarray(table["success"])[mine].mean()) if mine.any() else None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

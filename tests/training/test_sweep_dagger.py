@@ -99,6 +99,17 @@ def test_dagger_relabels_the_learners_states_and_keeps_a_ladder(tmp_path, capsys
     store = TrajectoryStore.open(str(tmp_path / "d" / "relabelled"))
     feats = store.load(["actions", "applied_actions"])
     assert not np.allclose(feats["actions"], feats["applied_actions"])   # labels are the expert's, not the driver's
+    driven = second["driver_success_while_collecting"]
+    ours = np.char.startswith(np.asarray(store.episodes["episode_id"]).astype(str), "dagger1-")
+    assert ours.sum() == 2 and driven == float(np.asarray(store.episodes["success"])[ours].mean())
+    # a rerun whose iteration 1 was interrupted after its collection: nothing left to collect, and the
+    # driver's success still read (from the store; the rerun's collect summary has no run: it was None)
+    path = tmp_path / "d" / "dagger.json"
+    saved = json.loads(path.read_text())
+    saved["ladder"] = saved["ladder"][:1]
+    path.write_text(json.dumps(saved))
+    again = run_dagger(cfg, log=lines.append)["ladder"][1]
+    assert again["driver_success_while_collecting"] == driven and again["relabelled_episodes"] == 2
     with pytest.raises(ValueError, match="control"):
         DaggerConfig(out=str(tmp_path / "x"), episodes_per_iter=0, iterations=1).validate()
 
