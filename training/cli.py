@@ -18,6 +18,7 @@ import os
 import importlib
 
 from quadforge.cli_flags import add_num_threads, add_out, add_resume, add_seed, add_store
+from quadforge.errors import Interrupted
 from quadforge.training.loop import AMP_MODES
 from quadforge.models.registry import INPUTS, ModelSpec, model_inputs, model_names, model_spec
 
@@ -96,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
         resolve_device(args.device)   # a bad --device is the error, before a preset is chosen for it
         args.preset = default_preset(args.device)
         print(f"train {spec.name}: preset {args.preset!r} (the default on {args.device}; pass --preset to choose)")
-    return int(importlib.import_module(TRAINER_MODULES[spec.trainer]).run_from_args(args) or 0)
+    try:
+        return int(importlib.import_module(TRAINER_MODULES[spec.trainer]).run_from_args(args) or 0)
+    except Interrupted as err:   # the loop says what it kept; the command says how to go on
+        raise Interrupted(f"{err}: the same command with --resume continues from it" if "holds step" in str(err)
+                          else str(err)) from None
 
 
 def set_cpu_threads(n: int | None) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from quadforge.data.locks import acquire
+from quadforge.errors import Interrupted
 from quadforge.output_paths import RUN_LOCK
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.models.checkpoint import Checkpoint, save_checkpoint
@@ -270,6 +271,17 @@ class TrainLoop:
                             f"or lower the learning rate")
 
     def run(self, start: int) -> list[dict[str, float]]:
+        try:
+            return self._run(start)
+        except KeyboardInterrupt as err:
+            if isinstance(err, Interrupted):
+                raise
+            kept = (f"{self.last_path} holds step {self.last_step} of {self.max_steps}" if self.last_path
+                    else f"the checkpoint it resumed from holds step {start}" if start
+                    else "no checkpoint was written yet")
+            raise Interrupted(f"{self.desc} stopped; {kept}") from None
+
+    def _run(self, start: int) -> list[dict[str, float]]:
         info = self.info
         t0, seen = time.perf_counter(), 0
         last_saved = time.monotonic()

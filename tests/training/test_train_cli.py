@@ -82,6 +82,28 @@ def test_train_command_on_a_real_store(tmp_path, capsys):
     assert "has no field 'bogus'" in capsys.readouterr().err
 
 
+def test_ctrl_c_says_which_checkpoint_was_kept_and_how_to_go_on(tmp_path, capsys, monkeypatch):
+    """It printed 'interrupted' alone: which step survives, and whether --resume helps, went unsaid."""
+    from quadforge.training import imitation
+    store = _synthetic_store(tmp_path / "store", [i != 0 for i in range(6)])
+    out = tmp_path / "run"
+    argv = ["train", "--model", "mlp", "--store", str(store), "--out", str(out), "--preset", "cpu",
+            "--max-steps", "8", "--batch-size", "8", "--val-every", "2", "model.hidden=8", "tensorboard=False"]
+    original = imitation.ImitationRun.loss_terms
+
+    def ctrl_c_at_step_5(self, step):
+        if step == 4:
+            raise KeyboardInterrupt
+        return original(self, step)
+    monkeypatch.setattr(imitation.ImitationRun, "loss_terms", ctrl_c_at_step_5)
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted: train mlp stopped; {out / 'last.pt'} holds step 4 of 8: the same command with --resume " \
+           "continues from it" in err
+    monkeypatch.undo()
+    assert main(argv + ["--resume"]) == 0
+
+
 def test_germ_models_are_dispatched_to_qlearning(monkeypatch, tmp_path):
     import sys
     import types
