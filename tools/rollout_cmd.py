@@ -217,6 +217,9 @@ def run_quard(args: argparse.Namespace) -> int:
     for t, f in summary["families"].items():
         print(f"  {t:18s} episodes {f['episodes']:4d}  success {f['success_rate']:.3f}  "
               + "  ".join(f"{k}={v}" for k, v in sorted(f["outcomes"].items())))
+    if not summary["families"]:   # an empty table would read as a run that judged nothing wrong
+        print(f"  no episode ended in {summary['sim_seconds']:.1f} s: the families' episodes last up to "
+              f"{env.qcfg.env.episode_length_s:g} s; give --seconds at least that to judge one")
     if args.json:
         write_json(args.json, summary)
     return 0
