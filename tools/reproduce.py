@@ -19,7 +19,8 @@ Three questions, each answered by measurements taken in this run (nothing is cop
 Every stage appends to ``OUT/results.json`` as it finishes and the report is rebuilt from that file, so an
 interrupted run still documents what it measured (``--report-only`` rebuilds the report alone), and a rerun
 with the same ``--out`` resumes: the store is topped up, finished (model, size, seed) runs are skipped and an
-unfinished one is retrained from its start. ``--report-section imitation`` rewrites only section 1 of an
+unfinished imitation run continues from its ``last.pt`` (the same weights as an uninterrupted run; a GeRM
+run is retrained from its start). ``--report-section imitation`` rewrites only section 1 of an
 existing page (with its own provenance line), so one page can hold sections measured by different runs.
 ``--quick`` scales everything down to finish in well under an hour on a shared 2-core machine; the
 defaults are the sizes the brief asks for (they are CPU-days here).
@@ -198,7 +199,7 @@ def eval_policy(policy: str, out: Path, cfg: ReproduceConfig, seed: int) -> dict
 
 # --- stages ----------------------------------------------------------------------------------------------
 def stage_imitation(cfg: ReproduceConfig, res: Results, log: Callable[[str], None]) -> None:
-    from quadforge.training.imitation import train
+    from quadforge.training.imitation import final_val_loss, train_or_continue
     from quadforge.training.presets import preset
 
     out = Path(cfg.out)
@@ -228,14 +229,13 @@ def stage_imitation(cfg: ReproduceConfig, res: Results, log: Callable[[str], Non
                 tcfg.val_every = tcfg.log_every = max(1, cfg.train_steps // 2)
                 tcfg.tensorboard = False
                 t0 = time.perf_counter()
-                trained = train(tcfg, subset, run_dir, overwrite=True)   # a run the results do not hold: unfinished
+                trained = train_or_continue(tcfg, subset, run_dir)   # a run the results do not hold: unfinished
                 train_s = time.perf_counter() - t0
-                val = [h["val_loss"] for h in trained.history if "val_loss" in h]
                 ev = eval_policy(str(trained.checkpoint), run_dir / "eval", cfg, seed)
                 row = {"model": model, "size": size, "seed": seed, "data_steps": subset.num_steps,
                        "data_episodes": subset.num_episodes, "train_steps": cfg.train_steps,
                        "batch_size": cfg.batch_size, "context": tcfg.context,
-                       "params": trained.model.num_parameters(), "val_loss": val[-1] if val else None,
+                       "params": trained.model.num_parameters(), "val_loss": final_val_loss(trained, run_dir),
                        "train_s": train_s, **ev}
                 res.append("imitation", row)
                 res.tick("imitation")

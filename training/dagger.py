@@ -52,7 +52,7 @@ from quadforge.models.registry import model_names
 from quadforge.output_paths import check_output_dir
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.training.distributed import resolve_device
-from quadforge.training.imitation import train
+from quadforge.training.imitation import final_val_loss, train_or_continue
 from quadforge.training.presets import TrainConfig, preset, presets
 
 DEMO_TERRAIN = "flat,slope_up,rough_slope,stairs_up"
@@ -236,14 +236,15 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
         log(f"[dagger] iteration {it}: training {cfg.model} on {data.num_episodes} episodes / {data.num_steps} steps "
             f"({len(stores)} store(s)), {tcfg.max_steps} steps" + (f" from {previous}" if tcfg.init_from else ""))
         t1 = time.perf_counter()
-        # overwrite: an interrupted rerun retrains the iteration it did not finish (dagger.json has no row for it)
-        trained = train(tcfg, open_aggregate(stores), out / f"iter{it}", device=cfg.device, overwrite=True)
+        # an interrupted rerun continues the iteration it did not finish (dagger.json has no row for it) from
+        # its last.pt: the same weights as an uninterrupted run
+        trained = train_or_continue(tcfg, open_aggregate(stores), out / f"iter{it}", device=cfg.device)
         train_s = time.perf_counter() - t1
-        val = [h["val_loss"] for h in trained.history if "val_loss" in h]
+        val_loss = final_val_loss(trained, out / f"iter{it}")
         ev = evaluate_policy(str(trained.checkpoint), f"iter{it}")
         row = {"iteration": it, "checkpoint": str(trained.checkpoint), "data_episodes": data.num_episodes,
                "data_steps": data.num_steps, "relabelled_episodes": data.num_episodes - expert_episodes,
-               "train_steps": tcfg.max_steps, "init_from": tcfg.init_from, "val_loss": val[-1] if val else None,
+               "train_steps": tcfg.max_steps, "init_from": tcfg.init_from, "val_loss": val_loss,
                "train_s": train_s, "wall_s": time.perf_counter() - t0, **ev}
         if it > 0 and cfg.episodes_per_iter:
             row["driver_success_while_collecting"] = driven_success

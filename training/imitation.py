@@ -33,6 +33,7 @@ from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
 from quadforge.models.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
+from quadforge.training.curves import read_val_curve
 from quadforge.training.loop import RunLog, TrainLoop, check_resume_provenance, save_run_checkpoint, set_rng_state
 from quadforge.models import SequenceModel, build_model
 from quadforge.training.optim import build_optimizer, build_scheduler
@@ -158,7 +159,29 @@ def _train(cfg: TrainConfig, data: Any, out: Path | None, info: dist.DistInfo, r
     finally:   # a stopped run (a non-finite loss) frees OUT's run lock too
         run.log.close()
     dist.barrier(info)
-    return TrainResult(model=run.model, step=max(run.start, run.max_steps), checkpoint=loop.last_path, history=history)
+    # a resume with no steps left writes nothing: its checkpoint is the one it resumed from
+    kept = out / "last.pt" if out is not None and resume and run.start else None
+    return TrainResult(model=run.model, step=max(run.start, run.max_steps), checkpoint=loop.last_path or kept,
+                       history=history)
+
+
+def train_or_continue(cfg: TrainConfig, data: Any, out_dir: str | Path, device: str = "cpu") -> TrainResult:
+    """A job's run that an interruption may have stopped part-way (``reproduce``, ``dagger``): continued from
+    its ``last.pt`` when it has one (a resumed run equals an uninterrupted one, bit for bit:
+    tests/training/test_resume_files.py), else started afresh (replacing a folder that holds no checkpoint).
+    The job must give the same ``cfg`` as the interrupted run (they refuse other options)."""
+    resume = (Path(out_dir) / "last.pt").is_file()
+    return train(cfg, data, out_dir, device=device, resume=resume, overwrite=not resume)
+
+
+def final_val_loss(result: TrainResult, out_dir: str | Path) -> float | None:
+    """The run's last validation loss: from this call's history, or (a continued run with no validation
+    left to do) from the run's ``val.jsonl``."""
+    val = [h["val_loss"] for h in result.history if "val_loss" in h]
+    if val:
+        return val[-1]
+    rows = read_val_curve(Path(out_dir))
+    return rows[-1].get("loss") if rows else None
 
 
 # the TrainConfig fields that decide which batches a run draws: a resume must keep them (more --max-steps is fine)

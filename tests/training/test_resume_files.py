@@ -113,3 +113,26 @@ def test_train_from_python_refuses_a_folder_holding_a_run_unless_told(tmp_path):
     for trainer, cfg in ((qlearning, qlearning.default_config("germ")), (vla, vla.default_config("rt1"))):
         with pytest.raises(ValueError, match=r"out_dir .*already holds a training run"):
             trainer.train(cfg, None, out)   # refused before the (missing) data is touched
+
+
+def test_a_jobs_run_continues_from_its_last_checkpoint_and_a_finished_one_is_kept(tmp_path, monkeypatch):
+    """``train_or_continue`` (reproduce's and dagger's runs): a run killed part-way continues from its last.pt
+    to the uninterrupted run's weights (it was retrained from step 0); a finished one trains nothing and
+    still names its checkpoint and last validation loss; an empty folder starts afresh."""
+    whole = imitation.train_or_continue(_cfg(), learnable_arrays(), tmp_path / "whole")
+    real = imitation.ImitationRun.loss_terms
+
+    def dies(self, step):
+        if step == KILL_AT:
+            raise Killed
+        return real(self, step)
+    monkeypatch.setattr(imitation.ImitationRun, "loss_terms", dies)
+    with pytest.raises(Killed):
+        imitation.train_or_continue(_cfg(), learnable_arrays(), tmp_path / "cut")
+    monkeypatch.setattr(imitation.ImitationRun, "loss_terms", real)
+    continued = imitation.train_or_continue(_cfg(), learnable_arrays(), tmp_path / "cut")
+    a, b = load_checkpoint(whole.checkpoint), load_checkpoint(continued.checkpoint)
+    assert a.step == b.step == 12 and all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+    again = imitation.train_or_continue(_cfg(), learnable_arrays(), tmp_path / "cut")   # nothing left to do
+    assert again.checkpoint == tmp_path / "cut" / "last.pt" and again.history == []
+    assert imitation.final_val_loss(again, tmp_path / "cut") == pytest.approx(imitation.final_val_loss(whole, tmp_path / "whole"))
