@@ -179,6 +179,9 @@ def run_dagger(cfg: DaggerConfig, log: Callable[[str], None] = print) -> dict[st
     out.mkdir(parents=True, exist_ok=True)
     res["config"] = asdict(cfg)
     ladder: list[dict[str, Any]] = res.setdefault("ladder", [])
+    if ladder:   # a rerun says what it takes over, not only what it does next
+        log(f"[dagger] resuming {path}: iteration(s) 0-{ladder[-1]['iteration']} done and kept, "
+            f"{max(0, cfg.iterations + 1 - len(ladder))} to go")
 
     def save() -> None:
         tmp = path.with_suffix(".tmp")

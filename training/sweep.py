@@ -180,6 +180,8 @@ def run_sweep(cfg: SweepConfig, log: Callable[[str], None] = print) -> dict[str,
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, Any] = results.setdefault("runs", {})
     results["config"] = cfg.recorded()
+    if runs:   # a rerun says what it takes over, not only what it does next
+        log(f"[sweep] resuming {path}: {len(runs)} run(s) already done are kept, not run again")
 
     def save() -> None:
         tmp = path.with_suffix(".tmp")

@@ -58,7 +58,8 @@ def test_sweep_runs_resumes_and_tabulates(tmp_path, capsys):
     assert table.startswith("| model |") and "| mlp |" in table and "context=16" in table
     capsys.readouterr()
     assert cli_main(argv) == 0                             # resumes: nothing retrained
-    assert "train mlp" not in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "train mlp" not in said and "[sweep] resuming" in said and "run(s) already done are kept" in said
 
 
 def test_sweep_bad_input_is_a_clear_error(tmp_path):
@@ -179,6 +180,7 @@ def test_dagger_rerun_with_other_options_is_refused_and_the_same_resumes(tmp_pat
     assert cli_main(argv + ["--model", "mlp", "--iterations", "0"]) == 0          # the same options: resumes
     said = capsys.readouterr().out
     assert "training" not in said and "evaluating" not in said and said.strip().splitlines()[-1] == first
+    assert "[dagger] resuming" in said and "iteration(s) 0-0 done and kept, 0 to go" in said
     assert json.loads((out / "dagger.json").read_text())["config"]["model"] == "mlp"
 
 
