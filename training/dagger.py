@@ -50,10 +50,10 @@ from quadforge.models import build_model
 from quadforge.models.checkpoint import check_model, load_checkpoint
 from quadforge.models.registry import model_names
 from quadforge.output_paths import check_output_dir
-from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.overrides import parse_overrides
 from quadforge.training.distributed import resolve_device
 from quadforge.training.imitation import final_val_loss, train_or_continue
-from quadforge.training.presets import TrainConfig, preset, presets
+from quadforge.training.presets import TrainConfig, apply_train_overrides, preset, presets
 
 DEMO_TERRAIN = "flat,slope_up,rough_slope,stairs_up"
 # the flags of DaggerConfig fields whose flag is not --<field-name> (the rest are not flags or match it)
@@ -158,9 +158,7 @@ def iteration_train_config(cfg: DaggerConfig, it: int, previous: str | None) -> 
     ``train_steps`` or (``finetune_steps`` > 0, it >= 1) from ``previous``'s weights."""
     tcfg = preset(cfg.model, cfg.preset)
     overrides = parse_overrides(cfg.overrides)
-    model_keys = {k: v for k, v in overrides.items() if k.startswith("model.")}
-    apply_overrides(tcfg, {k: v for k, v in overrides.items() if k not in model_keys})
-    tcfg.model_config.update({k.split(".", 1)[1]: v for k, v in model_keys.items()})
+    apply_train_overrides(tcfg, overrides)
     tcfg.seed, tcfg.batch_size, tcfg.tensorboard = cfg.seed, cfg.batch_size, False
     tcfg.max_steps = cfg.train_steps
     if it > 0 and cfg.finetune_steps:

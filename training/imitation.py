@@ -29,7 +29,7 @@ from quadforge.data.samplers import WindowSampler
 from quadforge.data.store import TrajectoryStore
 from quadforge.data.store_set import StoreSet
 from quadforge.output_paths import check_train_out
-from quadforge.overrides import apply_overrides, parse_overrides
+from quadforge.overrides import parse_overrides
 from quadforge.seeding import numpy_rng, seed_everything
 from quadforge.training import distributed as dist
 from quadforge.models.checkpoint import Checkpoint, check_model, load_checkpoint, load_state, save_checkpoint
@@ -37,7 +37,7 @@ from quadforge.training.curves import read_val_curve
 from quadforge.training.loop import RunLog, TrainLoop, check_resume_provenance, save_run_checkpoint, set_rng_state
 from quadforge.models import SequenceModel, build_model
 from quadforge.training.optim import build_optimizer, build_scheduler
-from quadforge.training.presets import TrainConfig, preset
+from quadforge.training.presets import TrainConfig, apply_train_overrides, preset
 
 
 # --- data ----------------------------------------------------------------------------------------------
@@ -374,9 +374,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.success_only:
         cfg.success_only = True
     overrides = parse_overrides(args.overrides)
-    model_keys = {k: v for k, v in overrides.items() if k.startswith("model.")}
-    apply_overrides(cfg, {k: v for k, v in overrides.items() if k not in model_keys})
-    cfg.model_config.update({k.split(".", 1)[1]: v for k, v in model_keys.items()})
+    apply_train_overrides(cfg, overrides)
     cfg.validate()
     return cfg
 

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from quadforge.models.registry import MODEL_SPECS, model_names
 from quadforge.models.zoo_presets import SWEPT_ADAMW
+from quadforge.overrides import apply_overrides
 from quadforge.training.loop import check_amp
 from quadforge.training.optim import OptimConfig
 from quadforge.typed_values import count
@@ -78,6 +79,16 @@ GENERIC_PRESETS: dict[str, dict[str, Any]] = {
                 optim=dict(**SWEPT_ADAMW, weight_decay=1e-4, warmup_frac=0.1, grad_clip=1.0)),
 }
 DEFAULT_PRESET = "paper"
+
+
+def apply_train_overrides(cfg: TrainConfig, overrides: Mapping[str, Any]) -> TrainConfig:
+    """``key=value`` overrides of a TrainConfig, the one place (``train``, ``dagger``, ``train-sweep`` and
+    Python callers): ``model.<key>`` sets the model's kwargs (``cfg.model_config``), any other key a
+    (dotted) field through ``quadforge.overrides.apply_overrides``; returns ``cfg``."""
+    model_keys = {k: v for k, v in overrides.items() if k.startswith("model.")}
+    apply_overrides(cfg, {k: v for k, v in overrides.items() if k not in model_keys})
+    cfg.model_config.update({k.split(".", 1)[1]: v for k, v in model_keys.items()})
+    return cfg
 
 
 def presets(model: str) -> Mapping[str, Mapping[str, Any]]:

@@ -44,10 +44,9 @@ from quadforge.cli_flags import add_out, add_seed, add_store, field_flag, requir
 from quadforge.collection.collect import CollectConfig, run_local
 from quadforge.data.store import refuse_file_as_store
 from quadforge.output_paths import check_output_dir, check_output_file, table_marker, written_by
-from quadforge.overrides import apply_overrides
 from quadforge.training.imitation import train
 from quadforge.models.registry import model_names
-from quadforge.training.presets import preset
+from quadforge.training.presets import apply_train_overrides, preset
 
 DEFAULT_LRS = (3e-4, 1e-3, 3e-3)       # AdamW's; Lion's are these / LION_LR_RATIO
 LION_LR_RATIO = 3.0
@@ -150,11 +149,7 @@ def run_config(model: str, cfg: SweepConfig, lr: float, optimizer: str, setting:
     t.val_every = t.log_every = cfg.steps
     t.tensorboard = False
     if setting is not None:
-        key, value = setting
-        if key.startswith("model."):
-            t.model_config[key.split(".", 1)[1]] = value
-        else:
-            apply_overrides(t, {key: value})
+        apply_train_overrides(t, dict([setting]))
     t.validate()
     return t
 

@@ -27,6 +27,14 @@ def test_overrides_parse_and_apply():
     assert cfg.optim.betas == (0.8, 0.9) and cfg.name == "hello" and cfg.model == {"hidden": 64}
 
 
+def test_model_keys_and_fields_are_set_in_one_place_for_python_callers_too():
+    from quadforge.training.presets import apply_train_overrides, preset
+    cfg = apply_train_overrides(preset("mlp", "cpu"), {"model.hidden": 8, "optim.lr": 0.01, "batch_size": 16})
+    assert cfg.model_config["hidden"] == 8 and cfg.optim.lr == 0.01 and cfg.batch_size == 16
+    with pytest.raises(ValueError, match="no field 'bogus'"):
+        apply_train_overrides(preset("mlp", "cpu"), {"bogus": 1})
+
+
 def test_bad_overrides_name_the_field():
     with pytest.raises(ValueError, match="not key=value"):
         parse_overrides(["oops"])
