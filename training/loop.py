@@ -265,6 +265,7 @@ class TrainLoop:
         where = (f"from step {first} on" + (f" on rank {self.info.rank}" if self.info.enabled else "")
                  if first >= 0 else "on another rank")
         kept = (f"the last good checkpoint, {self.last_path} (step {self.last_step}), is kept" if self.last_path
+                else f"the checkpoint it resumed from (step {self._start}) is kept" if self._start
                 else "this run wrote no checkpoint")
         raise NonFiniteLoss(f"{self.desc}: the training loss is not finite {where} (at step {done}: {values}); "
                             f"stopped before saving: {kept}. Check the data (`quadforge dataset validate --deep`) "
@@ -287,6 +288,7 @@ class TrainLoop:
         last_saved = time.monotonic()
         bar = progress_bar(self.max_steps, start, desc=self.desc, enabled=info.is_main)
         self._first_bad = torch.full((), -1, dtype=torch.long, device=info.device)
+        self._start = start
         for step in range(start, self.max_steps):
             with autocast(info.device, self.amp):
                 terms = self.loss_terms(step)

@@ -74,6 +74,12 @@ def test_imitation_stops_at_the_first_nan_loss_and_keeps_the_last_good_checkpoin
     assert ckpt.step == 4 and all(torch.isfinite(v).all() for v in ckpt.state_dict.values())
     monkeypatch.undo()
     assert imitation.train(_imitation_cfg(), learnable_arrays(), out, resume=True).step == 6
+    # a resumed run that turns NaN before its first save names the checkpoint it resumed from, kept
+    monkeypatch.setattr(imitation.ImitationRun, "loss_terms", _nan_from(7, imitation.ImitationRun.loss_terms))
+    with pytest.raises(NonFiniteLoss, match=r"not finite from step 7 on .*: the checkpoint it resumed from \(step 6\) "
+                                            r"is kept"):
+        imitation.train(_imitation_cfg(max_steps=8), learnable_arrays(), out, resume=True)
+    assert load_checkpoint(out / "last.pt").step == 6
 
 
 def test_germ_stops_at_the_first_nan_loss(tmp_path, monkeypatch):
