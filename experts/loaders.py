@@ -198,13 +198,23 @@ def _action_gain(robot: str, source_scale: float, hip_reduction: float = 1.0) ->
     return gain
 
 
+def rsl_rl_checkpoints(directory: str | Path) -> list[Path]:
+    """The ``model_<it>.pt`` files of an rsl_rl run directory, by iteration (another ``model_*`` name is none)."""
+    paths = [p for p in Path(directory).glob(f"{RSL_RL_PREFIX}*.pt") if p.stem[len(RSL_RL_PREFIX):].isdigit()]
+    return sorted(paths, key=rsl_rl_iteration)
+
+
+def rsl_rl_iteration(path: Path) -> int:
+    """The iteration a ``model_<it>.pt`` was saved after."""
+    return int(path.stem[len(RSL_RL_PREFIX):])
+
+
 def latest_rsl_rl_checkpoint(directory: str | Path) -> Path:
     """The ``model_<it>.pt`` with the highest iteration in an rsl_rl run directory."""
-    paths = list(Path(directory).glob(f"{RSL_RL_PREFIX}*.pt"))
-    paths = [p for p in paths if p.stem[len(RSL_RL_PREFIX):].isdigit()]
+    paths = rsl_rl_checkpoints(directory)
     if not paths:
         raise FileNotFoundError(f"no {RSL_RL_PREFIX}<iteration>.pt checkpoint in {directory}")
-    return max(paths, key=lambda p: int(p.stem[len(RSL_RL_PREFIX):]))
+    return paths[-1]
 
 
 # --- the loaders -------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from quadforge.envs.backends import add_backend_arguments, backend_from_args
 from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.builder import make_env
 from quadforge.envs.terrain import TERRAIN_SPEC_HELP
-from quadforge.experts.loaders import RSL_RL_PREFIX, _torch_load, latest_rsl_rl_checkpoint
+from quadforge.experts.loaders import RSL_RL_PREFIX, _torch_load, latest_rsl_rl_checkpoint, rsl_rl_checkpoints
 from quadforge.overrides import apply_overrides, parse_overrides
 from quadforge.seeding import seed_everything
 from quadforge.output_paths import RUN_LOCK, check_output_dir, file_written_whole, made_folder_removed_on_failure
@@ -304,9 +304,8 @@ def check_resume_checkpoint(path: str, robot: str) -> tuple[int, dict[str, Any]]
     try:
         raw = _torch_load(p)
     except ValueError as err:   # damaged: name the run's checkpoint before it, if there is one
-        earlier = sorted((q for q in p.parent.glob(f"{RSL_RL_PREFIX}*.pt") if q.stem[len(RSL_RL_PREFIX):].isdigit()
-                          and int(q.stem[len(RSL_RL_PREFIX):]) < _iteration_of(p)),
-                         key=_iteration_of)
+        run = rsl_rl_checkpoints(p.parent)
+        earlier = run[:run.index(p)] if p in run else []
         if not earlier:
             raise
         raise ValueError(f"{err}; the run's checkpoint before it is {earlier[-1]}: move the damaged file away and "
@@ -323,12 +322,6 @@ def check_resume_checkpoint(path: str, robot: str) -> tuple[int, dict[str, Any]]
     if trained and trained != robot:
         raise ValueError(f"--resume-from {path}: trained for robot {trained!r}, this run is for --robot {robot!r}")
     return int(raw.get("iter", 0)), meta
-
-
-def _iteration_of(path: Path) -> int:
-    """The iteration a ``model_<it>.pt`` was saved after (-1 for another name)."""
-    tail = path.stem[len(RSL_RL_PREFIX):]
-    return int(tail) if path.stem.startswith(RSL_RL_PREFIX) and tail.isdigit() else -1
 
 
 def written_checkpoints(start: int, iterations: int, save_interval: int) -> list[int]:
