@@ -147,12 +147,14 @@ class SeededSampler:
         return self._rng
 
     def binning_actions(self) -> np.ndarray:
-        """(N, A) actions to fit action bins on: the RAM path's action table (every selected step, plus its
-        zero rows); out of core the selected steps, a seeded sample of ``BIN_FIT_ROWS`` beyond that."""
+        """(N, A) actions to fit action bins on: the selected steps' actions (in RAM all of them; out of core
+        all up to ``BIN_FIT_ROWS``, a seeded sample of that many beyond). Not the RAM table's zero rows (the
+        windows' left padding): a dimension that never reaches 0 (a gait frequency of 2-4 Hz) would get
+        edges stretched to 0, and quantile bins would pile onto the padding's zeros."""
         steps = self.steps
         if isinstance(steps, ShardSteps):
             return steps.action_rows(BIN_FIT_ROWS, self.seed)
-        return steps.actions[1:]
+        return steps.actions[steps.row]
 
 
 class _LayoutSampler(SeededSampler):

@@ -109,6 +109,18 @@ def test_transition_batches_and_success_ratio_match_the_ram_path(store, reward, 
                 assert float(b["success"].mean()) == pytest.approx(round(64 * ratio) / 64)
 
 
+def test_action_bins_are_fitted_on_the_selected_steps_alike_on_either_path(store):
+    """GeRM fits its bins on ``binning_actions``: the selected steps' actions on both paths, never the RAM
+    table's zero rows (the windows' padding), so quantile bins are the same whichever path a run takes."""
+    from quadforge.models.binning import fit_binner
+    kw = dict(layout=LAYOUT, context=4, seed=2, split="train", val_fraction=0.2)
+    ram, ooc = TransitionSampler(store, **kw), TransitionSampler(StepShards(store), **kw)
+    a, b = ram.binning_actions(), ooc.binning_actions()
+    assert a.shape == b.shape == (ram.steps.num_steps, 12) and np.array_equal(a, b)
+    assert not (a == 0).all(axis=1).any()          # no padding row among them
+    for method in ("uniform", "quantile"):
+        assert torch.equal(fit_binner(a, 16, method).edges, fit_binner(b, 16, method).edges), method
+
 def test_a_budget_smaller_than_the_store_selects_the_out_of_core_path(store):
     lines = []
     features = list(LAYOUT.term_names) + ["actions"]

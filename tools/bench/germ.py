@@ -101,7 +101,7 @@ def throughput_table(cfgs: dict, steps: int, batch_size: int) -> Table:
         train_cfg = default_config(model_name)
         train_cfg.model = cfg
         sampler = TransitionSampler(data, PROPRIO, cfg.context, success_ratio=None, split="all")
-        binner = fit_binner(sampler.steps.actions[1:], cfg.num_bins)
+        binner = fit_binner(sampler.binning_actions(), cfg.num_bins)
         seed_everything(0)
         model = GeRM(cfg).train()
         target = copy.deepcopy(model).eval().requires_grad_(False) if train_cfg.objective == "q" else None
