@@ -9,7 +9,9 @@ The observation side is an explicit adapter, so the same wrapper serves every ch
 Joint order: terms are permuted into the source network's joint/foot order (``JointOrder``) before the
 layout, and actions permuted back after it. The action side converts the source's convention to this project's ``q = q_default + action_scale * a``:
 clip to ``clip_actions`` (the source env's clip), then multiply per joint by ``action_gain`` (e.g.
-walk-these-ways' hip reduction, or source action scale / our robot's action scale).
+walk-these-ways' hip reduction, or source action scale / our robot's action scale); the previous actions
+the network reads back (``last_action``, ``last_last_action``) are divided by it again, so it sees its
+own clipped outputs, as in the env it was trained in.
 """
 from __future__ import annotations
 
@@ -122,6 +124,10 @@ class ActorPolicy:
         self.clip_actions = clip_actions
         # per joint, in the *source* order (e.g. walk-these-ways' hip reduction)
         self.action_gain = torch.as_tensor(action_gain, dtype=torch.float32, device=self.device)
+        if not bool(torch.isfinite(self.action_gain).all()) or bool((self.action_gain == 0).any()):
+            raise ValueError(f"action_gain={action_gain!r} is invalid; allowed: finite, non-zero gains (per joint "
+                             f"or one): the env's previous actions are divided by it to give the network its own")
+        self._unit_gain = bool((self.action_gain == 1).all())
         self.joint_order = joint_order or JointOrder()
 
     def reset(self, env_ids: torch.Tensor) -> None:
@@ -138,7 +144,16 @@ class ActorPolicy:
                 raise ValueError(f"observation term {name!r} has shape {tuple(x.shape)}; policy {self.policy_id} "
                                  f"expects (num_envs={self.num_envs}, {TERM_DIMS[name]})")
             terms[name] = x.to(self.device, torch.float32)
-        return self.adapter(self.joint_order.terms_to_source(terms))
+        return self.adapter(self._own_actions(self.joint_order.terms_to_source(terms)))
+
+    def _own_actions(self, terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The env's previous actions (``last_action``, ``last_last_action``) in the network's own units: the
+        env holds ``clip(net) * action_gain``, and a network is trained on what it output itself
+        (walk-these-ways feeds back its clipped output and applies the hip reduction only to the targets)."""
+        if self._unit_gain:
+            return terms
+        return {name: x / self.action_gain if name in ("last_action", "last_last_action") else x
+                for name, x in terms.items()}
 
     @torch.no_grad()
     def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -128,8 +128,9 @@ def test_torchscript_policy(tmp_path):
     # an explicit joint order (ours) and source action scale (0.5 -> doubled for go1's 0.25)
     policy = load_expert(tmp_path / "policy_1.pt", kind="torchscript", num_envs=N,
                          joint_order="FR,FL,RR,RL", source_action_scale=0.5)
-    with torch.no_grad():
-        torch.testing.assert_close(policy.act(terms), 2 * actor(LEGGED_GYM_48.build(terms)))
+    with torch.no_grad():   # the env's previous actions go back in at the source's scale (halved)
+        own = {**terms, "last_action": terms["last_action"] / 2}
+        torch.testing.assert_close(policy.act(terms), 2 * actor(LEGGED_GYM_48.build(own)))
 
 
 def _wtw_files(folder, latent=2, history=30, frame=70):
@@ -156,7 +157,10 @@ def test_wtw_history_stacking_reset_and_action_conventions(tmp_path):
             hist[1] = 0.0
         terms = _terms(10 + t)
         terms["commands"] = terms["commands"].abs()
-        frame = layout.build(_isaac(terms))
+        source = _isaac(terms)
+        for name in ("last_action", "last_last_action"):    # the env's actions back in the network's units
+            source[name] = source[name] / gain
+        frame = layout.build(source)
         hist = torch.cat([hist[:, 1:], frame[:, None]], dim=1)
         flat = hist.reshape(N, -1)
         with torch.no_grad():
@@ -168,6 +172,30 @@ def test_wtw_history_stacking_reset_and_action_conventions(tmp_path):
     torch.testing.assert_close(scaled[0, 3:18], torch.tensor(WTW_COMMAND_SCALES))
     # the body file alone also works (its adaptation module is found next to it)
     assert load_expert(tmp_path / "run" / "checkpoints" / "body_latest.jit", num_envs=N).action_dim == 12
+
+
+def test_a_network_reads_back_its_own_actions_not_the_gained_ones(tmp_path):
+    """The env holds ``clip(net) * action_gain`` as its action; the network's ``last_action`` input must be
+    its own clipped output again (walk-these-ways applies the hip reduction to the targets only)."""
+    from quadforge.experts.actor_policy import ActorPolicy, FrameObs
+    from quadforge.layout import ObsLayout, LayoutTerm
+    layout = ObsLayout("fb", (LayoutTerm("last_action"),))
+    seen = []
+    outputs = torch.linspace(-0.6, 0.6, 12).repeat(N, 1)
+
+    def net(x):
+        seen.append(x.clone())
+        return outputs
+
+    gain = torch.ones(12)
+    gain[[0, 3, 6, 9]] = 0.5
+    policy = ActorPolicy(net, FrameObs(layout, N, torch.device("cpu")), N, action_gain=gain, clip_actions=0.5,
+                         joint_order=JointOrder(("FL", "FR", "RL", "RR")))
+    actions = policy.act({"last_action": torch.zeros(N, 12)})
+    policy.act({"last_action": actions})          # what the env gives back after applying them
+    torch.testing.assert_close(seen[1], outputs.clamp(-0.5, 0.5))
+    with pytest.raises(ValueError, match="action_gain"):
+        ActorPolicy(net, FrameObs(layout, N, torch.device("cpu")), N, action_gain=[1.0] * 11 + [0.0])
 
 
 def test_joint_order_accepts_twelve_names():
