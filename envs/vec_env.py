@@ -212,7 +212,8 @@ class LeggedEnv(VecEnv):
                 episode[k][done_ids] = v.to(episode[k].device, episode[k].dtype)
             pending = self._episode_log(done_ids, info)
             if self.cfg.curriculum:
-                self.terrain.update_curriculum(done_ids, info["distance"], info["commanded_distance"])
+                asked = self.task.asked_distance(done_ids, info["commanded_distance"], self.max_episode_length)
+                self.terrain.update_curriculum(done_ids, info["distance"], asked)
             applied_targets = self.joint_targets[done_ids].clone()
             self._reset_envs(done_ids)
             # the contract: joint_targets are the targets applied at this step, done envs included

@@ -186,6 +186,16 @@ class LocomotionTask:
         torch.remainder(self.gait_time + cv.gait_frequency * self.dt, 1.0, out=self.gait_time)
         return rew, ends.reason, ends.dones, ends.time_outs
 
+    def asked_distance(self, env_ids: torch.Tensor, commanded_distance: torch.Tensor,
+                       max_episode_length: int) -> torch.Tensor:
+        """What the commands ask for over a whole episode, for the curriculum's demotion: the commanded
+        distance walked so far (``commanded_distance``, ∫|cmd_xy| dt) plus the last command's speed over
+        the steps an episode that ended early did not run. legged_gym takes |cmd_xy| x the episode length,
+        so a robot that falls goes down a level; the integral alone let one that fell after a second at
+        its commanded speed keep its level. An episode that ran its full length asks its integral."""
+        missed = (max_episode_length - self.ep_steps[env_ids]).clamp(min=0).to(commanded_distance.dtype)
+        return commanded_distance + self._cmd_speed[env_ids] * missed * self.dt
+
     def episode_info(self, env_ids: torch.Tensor, reason: torch.Tensor, root_pos_w: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-episode statistics of the given (ending) envs, as (k,) tensors."""
         steps = self.ep_steps[env_ids].clamp(min=1).to(torch.float32)

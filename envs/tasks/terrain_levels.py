@@ -3,7 +3,9 @@ type, and legged_gym's terrain curriculum that moves it between levels at reset 
 
 The curriculum rule (``next_levels``, applied to the envs being reset): up one level if the robot walked
 more than half a tile from its spawn point; otherwise down one level if it walked less than half the
-distance its commands asked for; an env pushed past the top level is sent to a uniformly random level
+distance its commands ask for over a whole episode (``LocomotionTask.asked_distance``: an episode that
+ended early, a fall, counts the steps it did not run at its last command, as legged_gym's
+|cmd| x episode length does); an env pushed past the top level is sent to a uniformly random level
 (so solved envs keep sampling the whole range); levels never go below 0. Columns (terrain types) never
 change under the curriculum.
 
@@ -25,7 +27,7 @@ from quadforge.envs.terrain import TERRAIN_TYPES, generate
 def next_levels(levels: torch.Tensor, distance: torch.Tensor, commanded_distance: torch.Tensor,
                 num_levels: int, tile_size: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """The rule on its own: new levels (k,) for envs at ``levels`` (k,) that walked ``distance`` (k,)
-    of ``commanded_distance`` (k,); ``generator`` (CPU) draws the random level past the top."""
+    of ``commanded_distance`` (k,), the distance asked over a whole episode; ``generator`` (CPU) draws the random level past the top."""
     up = distance > tile_size / 2
     down = (distance < 0.5 * commanded_distance) & ~up
     levels = levels + up.long() - down.long()

@@ -90,3 +90,26 @@ def test_next_levels_is_the_rule_alone():
     out = next_levels(torch.tensor([0, 2, 2, 2, 9]), torch.tensor([0.0, 5.0, 2.0, 0.5, 5.0]),
                       torch.tensor([4.0, 0.0, 3.0, 3.0, 0.0]), num_levels=10, tile_size=8.0, generator=g)
     assert out[:4].tolist() == [0, 3, 2, 1] and 0 <= out[4] < 10
+
+
+def test_an_episode_that_ends_early_is_asked_the_whole_episodes_distance():
+    """legged_gym demotes a robot that walked less than half of |cmd| x episode length: one that fell after
+    a second at its commanded speed goes down. The asked distance is the commanded integral so far plus
+    the last command's speed over the steps the episode did not run; a full episode asks its integral."""
+    from quadforge.envs.builder import make_env
+    env = make_env("go1", "mixed", num_envs=3, seed=0, overrides={"curriculum": True})
+    try:
+        task, dt, full = env.task, env.dt, env.max_episode_length
+        ids = torch.arange(3)
+        task.ep_steps[:] = torch.tensor([int(round(1.0 / dt)), full, full + 3])
+        task._cmd_speed[:] = torch.tensor([1.0, 1.0, 0.5])
+        walked = torch.tensor([1.0, 1.0, 2.0])          # the integral of |cmd| over what each episode ran
+        asked = task.asked_distance(ids, walked, full)
+        torch.testing.assert_close(asked, torch.tensor([1.0 + (full * dt - 1.0), 1.0, 2.0]))
+        # fell after 1 s having walked 0.8 m at 1 m/s: down a level (the integral alone kept it)
+        levels = torch.tensor([5, 5, 5])
+        moved = torch.tensor([0.8, 0.8, 1.1])
+        assert next_levels(levels, moved, asked, 10, 8.0).tolist() == [4, 5, 5]
+        assert next_levels(levels, moved, walked, 10, 8.0).tolist() == [5, 5, 5]
+    finally:
+        env.close()
