@@ -27,7 +27,8 @@ from quadforge.envs.terrain import TERRAIN_TYPES, generate
 def next_levels(levels: torch.Tensor, distance: torch.Tensor, commanded_distance: torch.Tensor,
                 num_levels: int, tile_size: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """The rule on its own: new levels (k,) for envs at ``levels`` (k,) that walked ``distance`` (k,)
-    of ``commanded_distance`` (k,), the distance asked over a whole episode; ``generator`` (CPU) draws the random level past the top."""
+    of ``commanded_distance`` (k,), the distance asked over a whole episode; ``generator`` (CPU) draws the
+    random level past the top."""
     up = distance > tile_size / 2
     down = (distance < 0.5 * commanded_distance) & ~up
     levels = levels + up.long() - down.long()
