@@ -27,13 +27,20 @@ speed, gait, seed, ...; read when the episode starts and stored with it), ``env.
 episode so the store can keep the same texts) and ``env.frame_stride`` (its camera rate).
 
 Stopping at a count favours short episodes among those in flight (failures finish first); the envs'
-partly run episodes are dropped, never yielded.
+partly run episodes are dropped, never yielded. A measurement (evaluation, benchmarks) therefore keeps a
+sample fixed before any outcome is known: ``Rollout.first_episodes`` (and ``first_episodes_by_group``)
+runs until env i has finished its first ``first_episode_quotas`` episodes and keeps the first N by
+(episode index, env id) - each env's first ceil(N / envs) episodes, less for the last envs when N is not a
+multiple. Episodes finished beyond an env's quota are dropped. Env i's k-th episode is the same whatever
+the policy does (a seeded env draws it from its seed, env id and k), so two runs on the same env seed
+keep the same scenes: ``first_episode_pairs`` names them.
 """
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -173,6 +180,29 @@ def gait_name(command: np.ndarray | torch.Tensor) -> str:
     return "custom"
 
 
+def first_episode_quotas(groups: Sequence[Hashable], episodes: int) -> list[int]:
+    """Per env, how many of its first episodes are among its group's first ``episodes`` by (episode index,
+    env id): env i, the p-th env of a group of m, keeps ceil((episodes - p) / m) (>= 0). The quotas of a group
+    sum to ``episodes``; they depend on the group sizes only, never on an outcome."""
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 0:
+        raise ValueError(f"episodes={episodes!r}; must be an integer >= 0")
+    size, seen, quotas = Counter(groups), Counter(), []
+    for g in groups:
+        quotas.append(max(0, -(-(episodes - seen[g]) // size[g])))
+        seen[g] += 1
+    return quotas
+
+
+def first_episode_pairs(groups: Sequence[Hashable], episodes: int) -> dict[Hashable, list[tuple[int, int]]]:
+    """Per group, the (episode index, env id) of the episodes ``Rollout.first_episodes_by_group`` keeps, in
+    its order: the group's first ``episodes`` pairs sorted by episode index, then env id."""
+    quotas = first_episode_quotas(groups, episodes)
+    out: dict[Hashable, list[tuple[int, int]]] = {g: [] for g in groups}
+    for i, (g, q) in enumerate(zip(groups, quotas)):
+        out[g].extend((k, i) for k in range(q))
+    return {g: sorted(pairs) for g, pairs in out.items()}
+
+
 class Rollout:
     """Runs ``policy`` in ``env`` and yields ``Episode``s (see the module doc).
 
@@ -268,6 +298,40 @@ class Rollout:
                 yield self._finish(i, extras)
                 emitted += 1
             self._restart(done_ids)
+
+    def first_episodes(self, episodes: int, reset: bool = True,
+                       check: Callable[[Episode], None] | None = None) -> list[Episode]:
+        """The first ``episodes`` episodes by (episode index, env id): each env's first ceil(episodes /
+        num_envs) or so (``first_episode_quotas``), run until every env has finished its own - a sample fixed
+        before any outcome is known. ``episodes(max_episodes=N)`` keeps the first N to *finish* instead,
+        which over-samples quick outcomes (a success or a collision ends an episode early, a time-out runs
+        to the limit) and depends on ``num_envs``. ``check(episode)`` sees every finished episode."""
+        return self.first_episodes_by_group(episodes, [None] * self.num_envs, reset, check)[None]
+
+    def first_episodes_by_group(self, episodes: int, groups: Sequence[Hashable], reset: bool = True,
+                                check: Callable[[Episode], None] | None = None) -> dict[Hashable, list[Episode]]:
+        """Env i belongs to ``groups[i]`` (an evaluation cell); per group its first ``episodes`` episodes by
+        (episode index, env id), as ``first_episode_pairs`` lists them (``first_episodes``: one group)."""
+        if len(groups) != self.num_envs:
+            raise ValueError(f"groups: {len(groups)} entries for {self.num_envs} envs; one group per env")
+        quotas = first_episode_quotas(groups, episodes)
+        got: list[list[Episode]] = [[] for _ in range(self.num_envs)]
+        short = sum(1 for q in quotas if q > 0)   # envs still short of their quota
+        if short:
+            bound = max(quotas) * self.max_len + 1   # every episode ends within max_len steps
+            for ep in self.episodes(max_steps=bound, reset=reset):
+                if check is not None:
+                    check(ep)
+                i = int(ep.info["env_id"])
+                if len(got[i]) < quotas[i]:
+                    got[i].append(ep)
+                    short -= len(got[i]) == quotas[i]
+                if not short:
+                    break
+            if short:
+                raise RuntimeError(f"Rollout.first_episodes: {short} env(s) did not finish their episodes within "
+                                   f"{bound} steps")
+        return {g: [got[i][k] for k, i in pairs] for g, pairs in first_episode_pairs(groups, episodes).items()}
 
     def _step(self) -> tuple[list[int], dict]:
         terms = self.env.terms

@@ -52,7 +52,8 @@ class TakeoverPolicy(RelabelledPolicy):
 
 def takeover_outcomes(spec: str, task: str, after: Sequence[int], episodes: int, expert: str = "quard_expert",
                       num_envs: int = 10, seed: int = 0) -> dict[int, dict[str, int]]:
-    """Per take-over step ``K``: the outcome counts of ``episodes`` episodes (the same scenes for every K)."""
+    """Per take-over step ``K``: the outcome counts of ``episodes`` episodes (the same scenes for every K: each
+    env's first episodes, ``Rollout.first_episodes``, not the first to finish, which favour quick outcomes)."""
     torch.set_num_threads(1)
     out: dict[int, dict[str, int]] = {}
     for k in after:
@@ -60,7 +61,7 @@ def takeover_outcomes(spec: str, task: str, after: Sequence[int], episodes: int,
         try:
             policy = TakeoverPolicy(policy_for_env(spec, env), policy_for_env(expert, env), env.num_envs, k)
             rollout = Rollout(env, policy, RolloutConfig(record=False, seed=seed))
-            counts = collections.Counter(str(ep.info["quard_outcome"]) for ep in rollout.episodes(max_episodes=episodes))
+            counts = collections.Counter(str(ep.info["quard_outcome"]) for ep in rollout.first_episodes(episodes))
         finally:
             env.close()
         out[int(k)] = dict(sorted(counts.items()))

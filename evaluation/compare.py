@@ -30,7 +30,11 @@ from quadforge.output_paths import check_output_file, table_marker, written_by
 
 KINDS = {"locomotion": ("commands", "terrain", "level"), "quard": ("instructions", "colours", "family")}
 # config keys left out of "not like for like": they do not change what is measured (the policy is the point
-# of the comparison; env and thread counts change which episodes run, not their distribution)
+# of the comparison). num_envs changes which scenes are kept - env i's k-th episode is drawn from the seed,
+# i and k, and an evaluation keeps each env's first episodes (collection.rollout.Rollout.first_episodes) -
+# but not their distribution: the kept set is fixed before any outcome is known. (Evaluations that kept the
+# first episodes to finish, before 2026-11-29, were biased toward quick outcomes by an amount that grew
+# with num_envs.) Thread counts change nothing measured.
 IGNORED_SETTINGS = ("policy", "out", "video", "frames", "num_threads", "num_envs")
 
 

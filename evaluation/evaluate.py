@@ -180,32 +180,20 @@ def _rounds(cells: list[tuple[str, int]], num_envs: int) -> list[list[tuple[str,
 def run_round(env: Any, rollout: Rollout, cells: list[tuple[str, int]], episodes: int,
               col_of: Mapping[str, int]) -> dict[tuple[str, int], list[Any]]:
     """Place the envs on ``cells`` (env i on cells[i % len]) and return each cell's first ``episodes``
-    episodes by (episode index, env id)."""
+    episodes by (episode index, env id) (``Rollout.first_episodes_by_group``)."""
     n = env.num_envs
     assignment = [cells[i % len(cells)] for i in range(n)]
-    per_cell = {c: sum(1 for a in assignment if a == c) for c in cells}
-    quota = [math.ceil(episodes / per_cell[assignment[i]]) for i in range(n)]
     ids = torch.arange(n, device=env.device)
     env.set_terrain_levels(ids, torch.tensor([a[1] for a in assignment]),
                            torch.tensor([col_of[a[0]] for a in assignment]))
-    got: list[list[Any]] = [[] for _ in range(n)]
-    bound = max(quota) * int(env.max_episode_length) + 1
-    for ep in rollout.episodes(max_steps=bound, reset=False):
+
+    def on_its_cell(ep: Any) -> None:
         i = int(ep.info["env_id"])
         if (ep.info.get("terrain_type"), int(ep.info.get("terrain_level", -1))) != assignment[i]:
             raise RuntimeError(f"env {i} ran an episode on {ep.info.get('terrain_type')}/level "
                                f"{ep.info.get('terrain_level')}, not its cell {assignment[i]}; was the curriculum on?")
-        if len(got[i]) < quota[i]:
-            got[i].append(ep)
-        if all(len(g) >= q for g, q in zip(got, quota)):
-            break
-    if not all(len(g) >= q for g, q in zip(got, quota)):
-        raise RuntimeError("evaluation round ended before every env finished its episodes")
-    out: dict[tuple[str, int], list[Any]] = {}
-    for c in cells:
-        ordered = [(k, i) for i in range(n) if assignment[i] == c for k in range(quota[i])]
-        out[c] = [got[i][k] for k, i in sorted(ordered)[:episodes]]
-    return out
+
+    return rollout.first_episodes_by_group(episodes, assignment, reset=False, check=on_its_cell)
 
 
 def load_policy(cfg: EvalConfig, env: Any) -> Any:

@@ -35,6 +35,7 @@ def test_eval_quard_swapped_instructions_measures_instruction_following(tmp_path
     assert swapped["episodes"] == 1 and swapped["follows"] == swapped["success"]
     assert swapped["to_original"] == swapped["outcomes"].get("wrong_target", 0)
     assert "follows" not in original and result["overall"]["episodes"] == 1
+    assert original["scenes"] == swapped["scenes"] == [[0, 1]]   # env 0's first episode after the reset, in both
     follow = result["instruction_following"]
     assert follow["episodes"] == 1 and follow["follows"] == swapped["follows"]
     assert follow["follows"] == 1.0          # the privileged expert reads the swapped target

@@ -58,7 +58,7 @@ def _expert_run(family: str, episodes: int, num_envs: int, seed: int, record: bo
             env.set_terrain_levels(torch.arange(env.num_envs), level)
         rollout = Rollout(env, _expert(env), RolloutConfig(record=record))
         t0 = time.perf_counter()
-        eps = list(rollout.episodes(max_episodes=episodes, reset=tc is None))
+        eps = rollout.first_episodes(episodes, reset=tc is None)   # each env's first: not biased to quick ends
         return eps, time.perf_counter() - t0
     finally:
         env.close()
