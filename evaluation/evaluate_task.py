@@ -26,7 +26,10 @@ the words from the walking: ~0.5 when the words are ignored, however often the p
 
 ``eval.json``: ``families[colours][family]`` (original instructions) and ``swapped[colours][family]``
 rows; ``overall`` {success, episodes} over the original rows like the locomotion eval, so reports read
-either, and ``instruction_following`` {follows, to_original, named_share, episodes} over the swapped rows.
+either, ``instruction_following`` {follows, to_original, named_share, episodes} over the swapped rows, and
+``held_out_colour_words`` {success, episodes, families}: the held-out colours over the families whose
+instruction names the colour (go_to, stop, go_through), the held-out test proper - distinguish and go_avoid
+name no colour, so on held-out colours their scenes are only re-tinted (None without held-out colours).
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -43,6 +46,7 @@ from quadforge.collection.rollout import Rollout, RolloutConfig
 from quadforge.envs.backends.base import WarpConfig
 from quadforge.envs.builder import make_env
 from quadforge.envs.quard.env import COLOUR_SETS
+from quadforge.envs.quard.families import get_family
 from quadforge.envs.quard.instructions import task_families
 from quadforge.experts.registry import check_policy_spec, policy_for_env, task_blindness
 from quadforge.progress import progress_bar
@@ -174,13 +178,31 @@ def evaluate_task(cfg: TaskEvalConfig, log: Callable[[str], None] = print) -> di
                     f"of {row['episodes']}{follow}  {row['outcomes']}")
     bar.close()
     return {"policy": cfg.policy, "policy_id": policy_id, "task": cfg.task, "config": asdict(cfg),
-            "overall": _pooled(results, "success"),
-            "instruction_following": {**_pooled(swapped_rows, "follows"),
-                                      "to_original": _pooled(swapped_rows, "to_original")["to_original"],
+            "overall": pooled_rows(results, "success"),
+            "instruction_following": {**pooled_rows(swapped_rows, "follows"),
+                                      "to_original": pooled_rows(swapped_rows, "to_original")["to_original"],
                                       "named_share": _pooled_share(swapped_rows)},
+            "held_out_colour_words": held_out_colour_words(results),
             "families": results, "swapped": swapped_rows, "frames": strips,
             "wall_s": time.perf_counter() - t_start,
             "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+
+
+def colour_word_families(families: Sequence[str]) -> list[str]:
+    """Those of ``families`` whose instruction names a colour (``Family.names_colour``): go_to, stop, go_through."""
+    return [f for f in families if get_family(f).names_colour]
+
+
+def held_out_colour_words(results: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Success on the held-out colours over the families whose instruction names the colour - the test of
+    colour words the policy never read. distinguish (letters) and go_avoid (objects) name none: held-out
+    colours only re-tint their scenes, so the held-out rows of all five families are not that test.
+    None when the held-out colours were not evaluated."""
+    rows = results.get("held_out")
+    if not rows:
+        return None
+    families = colour_word_families(list(rows))
+    return {**pooled_rows({"held_out": rows}, "success", families), "families": families}
 
 
 def _named_share(reached_named: float, reached_other: float) -> float | None:
@@ -195,9 +217,10 @@ def _pooled_share(rows: dict[str, dict[str, Any]]) -> float | None:
                         sum(r["wrong_target"] * r["episodes"] for r in flat))
 
 
-def _pooled(rows: dict[str, dict[str, Any]], key: str) -> dict[str, Any]:
-    """{key: the episode-weighted mean of ``key`` over every row, episodes: their sum}; key None without rows."""
-    flat = [r for by_family in rows.values() for r in by_family.values()]
+def pooled_rows(rows: dict[str, dict[str, Any]], key: str, families: Sequence[str] | None = None) -> dict[str, Any]:
+    """{key: the episode-weighted mean of ``key`` over every row (of ``families``, when given), episodes: their
+    sum}; key None without rows."""
+    flat = [r for by_family in rows.values() for f, r in by_family.items() if families is None or f in families]
     total = sum(r["episodes"] for r in flat)
     value = sum(r[key] * r["episodes"] for r in flat) / total if total else None
     return {key: value, "episodes": total}
@@ -210,6 +233,10 @@ def task_report_markdown(result: dict[str, Any]) -> str:
     lines = [f"# QUARD evaluation: {result['policy_id']} on {result['task']}", ""]
     if o["episodes"]:
         lines.append(f"overall success {rate(o['success'])} over {o['episodes']} episodes")
+    words = result.get("held_out_colour_words")
+    if words and words["episodes"]:
+        lines.append(f"held-out colours where the instruction names the colour ({', '.join(words['families'])}): "
+                     f"success {rate(words['success'])} over {words['episodes']} episodes")
     if follow.get("episodes"):
         lines.append(f"instruction following (swapped instructions) {rate(follow['follows'])}, to the originally "
                      f"named object {rate(follow['to_original'])} (named share {rate(follow['named_share'])}), "

@@ -106,3 +106,18 @@ def test_eval_quard_runs_on_the_backend_it_is_given(tmp_path, monkeypatch):
                          backend="bare")
     with pytest.raises(NotImplementedError, match="backend 'bare' lacks"):
         evaluate_task(cfg)
+
+
+def test_the_held_out_colour_test_pools_only_the_families_that_name_a_colour():
+    """distinguish (letters) and go_avoid (objects) name no colour: held-out colours only re-tint their
+    scenes, so the held-out-colour figure pools go_to, stop and go_through."""
+    from quadforge.envs.quard.families import family_names, get_family
+    from quadforge.evaluation.evaluate_task import held_out_colour_words
+    assert {f: get_family(f).names_colour for f in family_names()} == {
+        "go_to": True, "go_avoid": False, "stop": True, "distinguish": False, "go_through": True}
+    rows = {f: {"episodes": 10, "success": s} for f, s in
+            (("go_to", 0.9), ("go_avoid", 0.1), ("stop", 0.7), ("distinguish", 1.0), ("go_through", 0.5))}
+    words = held_out_colour_words({"train": rows, "held_out": rows})
+    assert words["families"] == ["go_to", "stop", "go_through"] and words["episodes"] == 30
+    assert abs(words["success"] - 0.7) < 1e-12
+    assert held_out_colour_words({"train": rows}) is None

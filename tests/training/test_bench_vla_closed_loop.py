@@ -91,9 +91,14 @@ def test_bench_tabulates_a_vla_beside_the_expert(tiny_vla, tmp_path, capsys):
     assert record["seed"] == 3
     tables = list(record["tables"].values())
     success, to_original, speed = tables
-    assert [r["family"] for r in success] == ["go_to", "all"]
+    assert [r["family"] for r in success] == ["go_to", "all", "colour words"]
     for row in success:
         assert all(0.0 <= row[c] <= 1.0 for c in row if c != "family")
+    # go_to names a colour: its row is the whole colour-word pool
+    assert {c: v for c, v in success[2].items() if c != "family"} == {c: v for c, v in success[0].items() if c != "family"}
+    held_out = record["evaluations"][str(tiny_vla)]["held_out"]
+    assert held_out["held_out_colour_words"]["families"] == ["go_to"]
+    assert held_out["held_out_colour_words"]["success"] == held_out["families"]["held_out"]["go_to"]["success"]
     assert success[0]["expert follows"] == 1.0          # the privileged expert reads the swapped target
     assert {(r["policy"], r["evaluation"]) for r in speed} == {
         (p, c) for p in ("expert", "vla_rt1") for c in ("seen", "held_out", "swapped")}

@@ -18,7 +18,11 @@ share of the episodes that reached either object (~0.5 when the words are ignore
 badly the policy walks); episodes per minute
 of each evaluation (env + policy + gait controller + camera at 5 Hz, ``--num-envs`` batched envs, one
 torch thread). ``--episodes`` is per family and evaluation (default 100; ``--quick``: 2 on 2 envs).
-The JSON (``--json``) also holds every evaluation's full per-family rows (outcomes, time to success, ...).
+The success table's ``colour words`` row pools go_to, stop and go_through, the families whose instruction
+names the colour: only there is a held-out colour a word the policy never read (distinguish's letters and
+go_avoid's objects are re-tinted, their instructions unchanged), so its held-out column, not ``all``'s, is
+the held-out-colour test. The JSON (``--json``) also holds every evaluation's full per-family rows
+(outcomes, time to success, ...) and each its ``held_out_colour_words``.
 """
 from __future__ import annotations
 
@@ -32,6 +36,9 @@ from quadforge.tools.bench.common import Table, report
 EXPERT = "quard_expert"
 # column name -> (colour set, instruction set) of TaskEvalConfig
 CONDITIONS = {"seen": ("train", "original"), "held_out": ("held_out", "original"), "swapped": ("train", "swapped")}
+# the pooled row over the families whose instruction names the colour: the held-out test proper (distinguish
+# and go_avoid name none, so held-out colours only re-tint their scenes)
+COLOUR_WORDS_ROW = "colour words"
 OPTIONS = ("policy", "episodes", "num_envs", "task", "workers", "seed")   # the `quadforge bench` flags this benchmark takes
 
 
@@ -71,13 +78,20 @@ def evaluate_all(specs: Sequence[str], task: str, episodes: int, num_envs: int, 
     return {s: {c: done[(s, c)] for c in CONDITIONS} for s in specs}
 
 
+def _rows_by_colours(result: dict[str, Any], condition: str) -> dict[str, dict[str, dict[str, Any]]]:
+    colours, instructions = CONDITIONS[condition]
+    return {colours: _rows(result, condition)}
+
+
 def _rows(result: dict[str, Any], condition: str) -> dict[str, dict[str, Any]]:
     colours, instructions = CONDITIONS[condition]
     return result["swapped" if instructions == "swapped" else "families"][colours]
 
 
 def tables(results: dict[str, dict[str, Any]], families: Sequence[str]) -> list[Table]:
-    """Success / follows per family, to-original per family, and episodes per minute per evaluation."""
+    """Success / follows per family (and pooled: over all, and over the families whose instruction names a
+    colour, ``COLOUR_WORDS_ROW``), to-original per family, and episodes per minute per evaluation."""
+    from quadforge.evaluation.evaluate_task import colour_word_families, pooled_rows
     labels = {spec: policy_label(spec) for spec in results}
     cols = ["family"]
     for spec in results:
@@ -88,7 +102,8 @@ def tables(results: dict[str, dict[str, Any]], families: Sequence[str]) -> list[
     to_original = Table("swapped instructions: rate of going to the originally named object, and the named "
                         "object's share of the episodes that reached either (~0.5: the words ignored)",
                         ["family"] + [f"{labels[s]} {c}" for s in results for c in ("to original", "named share")])
-    for family in list(families) + ["all"]:
+    words = colour_word_families(families)
+    for family in list(families) + ["all", COLOUR_WORDS_ROW]:
         row, orig = [family], [family]
         for spec, by_condition in results.items():
             for condition, key in (("seen", "success"), ("held_out", "success"), ("swapped", "follows")):
@@ -96,8 +111,13 @@ def tables(results: dict[str, dict[str, Any]], families: Sequence[str]) -> list[
                 if family == "all":
                     pooled = res["instruction_following"] if condition == "swapped" else res["overall"]
                     row.append(pooled[key])
+                elif family == COLOUR_WORDS_ROW:
+                    row.append(pooled_rows(_rows_by_colours(res, condition), key, words)[key])
                 else:
                     row.append(_rows(res, condition)[family][key])
+        if family == COLOUR_WORDS_ROW:   # no to-original row: the swapped pool is in "all"
+            success.add(*row)
+            continue
             swapped = by_condition["swapped"]
             cell = swapped["instruction_following"] if family == "all" else _rows(swapped, "swapped")[family]
             orig += [cell["to_original"], "-" if cell["named_share"] is None else cell["named_share"]]

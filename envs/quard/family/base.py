@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from quadforge.envs.quard.words import GAIT_WORDS, SPEEDS, SUFFIX
+from quadforge.envs.quard.words import COLOURS, GAIT_WORDS, SPEEDS, SUFFIX
 
 TARGET_X, TARGET_X_JITTER = 3.0, 0.3
 SLOT_Y, SLOT_Y_JITTER = 0.75, 0.1
@@ -180,6 +180,13 @@ class Family:
         if not self.time_limit_s > 0:
             raise ValueError(f"QUARD family {self.name}: time_limit_s={self.time_limit_s}; must be > 0")
         return self
+
+    @property
+    def names_colour(self) -> bool:
+        """Whether the instruction names a colour (a word drawn from ``COLOURS``). Only then is an episode
+        on the held-out colours a test of colour words the policy never read: distinguish (letters) and
+        go_avoid (objects) are only re-tinted by them, the instruction the same."""
+        return any(set(values) & set(COLOURS) for _, values in self.words)
 
     def instruction(self, speed: str, gait: str, **words: str) -> str:
         """The instruction text: ``GO_TO.instruction("slowly", "trotting", colour="red", object="cube")`` ->
