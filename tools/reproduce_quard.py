@@ -339,8 +339,10 @@ def _device_argv(cfg: QuardConfig) -> list[str]:
 
 
 def balanced_envs(episodes: int, most: int) -> int:
-    """Envs for ``episodes`` per cell, at most ``most``: as many waves as ``most`` needs, each as full as the
-    last (16 episodes on up to 9 envs: 2 waves of 8, not 9 + 7)."""
+    """Envs for ``episodes`` per cell, at most ``most``, so that every env runs the same number of episodes
+    (``Rollout.first_episodes`` gives each env its quota; 16 episodes on up to 9 envs: 8 envs x 2, not 9
+    envs of which 7 run a second episode). Envs do not run in waves - each starts its next episode when
+    its last ends - but with equal quotas none waits on the others' extra episodes."""
     waves = math.ceil(episodes / most)
     return math.ceil(episodes / waves)
 
