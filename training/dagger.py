@@ -121,6 +121,11 @@ class DaggerConfig:
         tcfg.validate()
         model = build_model(tcfg.model, obs_dim=get_layout(tcfg.layout).dim, action_dim=NUM_JOINTS,
                             context=tcfg.context, **tcfg.model_config)
+        if model.use_actions and self.iterations and self.episodes_per_iter:   # its relabelled stores: refused later
+            raise ValueError(f"--model {self.model} reads its previous actions, and DAgger's relabelled episodes "
+                             f"hold the expert's labels where the driver applied other actions: the model would "
+                             f"learn from the labels as its previous actions. Use a model without action inputs "
+                             f"(fcnet, mlp, transformer) or model.use_actions=False")
         if self.init_from is not None:
             try:
                 init = load_checkpoint(self.init_from)   # a text file or a damaged archive: one line, now

@@ -195,3 +195,18 @@ def test_a_second_training_into_a_folder_in_use_is_refused_naming_the_first(tmp_
             train(_cfg(steps=2), learnable_arrays(num_episodes=4), out)
     check_run_dir(out)                                     # only the released lock file: an empty folder
     assert train(_cfg(steps=2), learnable_arrays(num_episodes=4), out).history[-1]["step"] == 2
+
+
+@pytest.mark.parametrize("model", ["starformer", "convformer"])
+def test_a_model_reading_its_previous_actions_is_refused_on_relabelled_data(model, tmp_path):
+    """A relabelled store's ``actions`` are the expert's labels, ``applied_actions`` what drove the env:
+    an action-input model would learn from the labels as its previous actions, which the deployed model
+    never sees. Refused, naming the source; without action inputs, or on expert data, it trains."""
+    from quadforge.data.episodes import EpisodeArrays
+    data = learnable_arrays()
+    relabelled = EpisodeArrays({**data.features, "applied_actions": data.features["actions"] * 0.5},
+                               data.episode_ends, data.episode_info)
+    with pytest.raises(ValueError, match="reads its previous actions.*in-memory EpisodeArrays"):
+        train(_cfg(model, steps=2), relabelled, None)
+    train(_cfg(model, steps=2, model_config={"use_actions": False}), relabelled, None)
+    train(_cfg(model, steps=2), data, None)

@@ -210,6 +210,12 @@ def test_dagger_checkpoint_of_another_model_is_refused_when_fine_tuned_from(tmp_
     assert not (tmp_path / "d").exists()
 
 
+def test_dagger_refuses_a_model_that_would_read_the_labels_as_its_previous_actions(capsys, tmp_path):
+    out = str(tmp_path / "d")
+    _refused(["dagger", "--out", out, "--model", "starformer"], capsys, "reads its previous actions")
+    assert not (tmp_path / "d").exists()
+
+
 def test_dagger_errors_name_the_flag_passed(capsys, tmp_path):
     out = str(tmp_path / "d")
     _refused(["dagger", "--out", out, "--episodes-per-cell", "0"], capsys, "--episodes-per-cell=0")
