@@ -282,7 +282,9 @@ def _train(cfg: TrainExpertConfig, preset: Any) -> Path:
         print(f"resumed from {cfg.resume}: continuing at iteration {runner.current_learning_iteration}", flush=True)
     t0 = time.time()
     try:
-        runner.learn(num_learning_iterations=cfg.iterations, init_at_random_ep_len=cfg.resume is None)
+        # a resumed run's envs are new too: their episode clocks start spread, or every env would time out
+        # in the same step once an episode length (legged_gym and Isaac Lab spread them on every start)
+        runner.learn(num_learning_iterations=cfg.iterations, init_at_random_ep_len=True)
     finally:
         env.close()
     if runner.is_distributed:   # rank 0 writes the checkpoints: every rank returns the last one

@@ -60,7 +60,8 @@ def test_runner_accepts_the_env_itself(tmp_path):
 
 def test_rsl_rl_logs_the_episode_statistics_of_finished_episodes(tmp_path, monkeypatch):
     """The env handed to OnPolicyRunner as it is: what rsl_rl writes as Episode/length and the
-    termination shares are the means over the episodes that ended (not over all envs, zeros included)."""
+    termination shares are each step's means over the envs that ended then (not over all envs, zeros
+    included), averaged by rsl_rl over the steps (docs/envs.md: not a mean over episodes)."""
     from torch.utils.tensorboard import SummaryWriter
 
     logged: dict[str, list[float]] = {}

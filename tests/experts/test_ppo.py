@@ -228,3 +228,20 @@ def test_a_resume_after_a_kill_logs_each_iteration_once_and_checkpoints_are_writ
     with pytest.raises(ValueError, match=r"the run's checkpoint before it is .*model_1.pt: move the damaged file "
                                          r"away and continue from that one \(--resume-from .*model_1.pt\)"):
         _train(run, iterations=1, resume=str(run / "model_2.pt"))
+
+
+def test_a_resumed_run_spreads_its_envs_episode_clocks_as_a_fresh_one(tmp_path, monkeypatch):
+    """Started at 0 in every env, a resumed run's episodes would all time out in the same step once an
+    episode length: the batch resets at once and that rollout is all time-out bootstraps."""
+    from rsl_rl.runners import OnPolicyRunner   # train-expert's runner inherits its learn
+    seen = []
+    learn = OnPolicyRunner.learn
+
+    def recording(self, *args, **kwargs):
+        seen.append(kwargs.get("init_at_random_ep_len"))
+        return learn(self, *args, **kwargs)
+
+    monkeypatch.setattr(OnPolicyRunner, "learn", recording)
+    first = _train(tmp_path / "a", iterations=1)
+    _train(tmp_path / "b", iterations=1, resume=str(first))
+    assert seen == [True, True]
