@@ -29,6 +29,11 @@ from quadforge.terms import TERRAIN_TYPES  # noqa: F401  (named with the term ca
 
 
 PLATFORM_HALF = 1.0     # m, half-width of the flat spawn platform at every tile centre
+# Types whose platform ends in a pit (gaps: a 1 m deep moat from r = PLATFORM_HALF, the surface falling
+# from the vertex before it): spawned anywhere within +-spawn_xy of the centre, half the robots started with
+# a foot over it (an audit, 2026-11-29: 34 of 64 Go1 envs). The env keeps their footprint on the platform
+# (``LeggedEnv``'s spawn); other types' platform edges are a slope, a step or a bump, met anyway.
+PIT_EDGED = frozenset({"gaps"})
 STEP_WIDTH = 0.31       # m, stair tread (legged_gym)
 PIT_DEPTH = 1.0         # m, depth of stepping-stone and gap pits
 ROUGH_NOISE = 0.05      # m, +- uniform noise of rough slopes (legged_gym)

@@ -25,6 +25,7 @@ from quadforge.layout import NUM_FEET, NUM_JOINTS, get_layout
 from quadforge.envs.observations import CompiledLayout, TermCache, ground_terms, make_term_fns, scan_points_b
 from quadforge.envs.randomization import ActionLatency, Pushes
 from quadforge.envs.robots import get_robot
+from quadforge.envs.terrain import PIT_EDGED, PLATFORM_HALF, TERRAIN_TYPES
 from quadforge.envs.step_log import PendingLog, match_table, named, read_logs
 from quadforge.envs.tasks.locomotion import LocomotionTask
 from quadforge.envs.tasks.terrain_levels import TerrainState
@@ -50,6 +51,19 @@ def spawn_footprint(robot, device) -> torch.Tensor:
     xs = torch.arange(float(lo[0]), float(hi[0]) + 1e-6, 0.05)
     ys = torch.arange(float(lo[1]), float(hi[1]) + 1e-6, 0.05)
     return torch.stack(torch.meshgrid(xs, ys, indexing="ij"), -1).reshape(-1, 2).to(device)
+
+
+def spawn_half_widths(spawn_xy: float, footprint: torch.Tensor, horizontal_scale: float | None,
+                      device) -> torch.Tensor:
+    """(types,) the spawn offset's half-width per ``TERRAIN_TYPES`` entry: ``spawn_xy`` (legged_gym's
+    +-1 m), except on ``PIT_EDGED`` types, where the footprint (its farthest point from the base) stays a
+    heightfield cell inside the platform."""
+    widths = torch.full((len(TERRAIN_TYPES),), float(spawn_xy))
+    if horizontal_scale is not None:
+        inside = PLATFORM_HALF - horizontal_scale - float(footprint.abs().amax())
+        for name in PIT_EDGED:
+            widths[TERRAIN_TYPES.index(name)] = min(float(spawn_xy), max(inside, 0.0))
+    return widths.to(device)
 
 
 def spawn_clearance(robot, spawn_height: float) -> float:
@@ -138,6 +152,8 @@ class LeggedEnv(VecEnv):
         self._critic_obs = CompiledLayout(self.critic_layout, device=dev)
         self._scan_points = scan_points_b(dev)
         self._spawn_footprint = spawn_footprint(self.robot, dev)
+        self._spawn_half = spawn_half_widths(cfg.init.spawn_xy, self._spawn_footprint,
+                                             cfg.terrain.horizontal_scale if cfg.terrain is not None else None, dev)
         self._leg_kin = LegKinematics(self.robot, dev)
         self._spawn_clearance = spawn_clearance(self.robot, cfg.init.spawn_height)
         self._term_fns = make_term_fns(self._scan_points)
@@ -293,7 +309,7 @@ class LeggedEnv(VecEnv):
         u = lambda *shape: torch.rand(*shape, generator=g, device=dev)  # noqa: E731
         pos = self.terrain.origins_of(env_ids).clone()
         if self.terrain.terrain is not None:  # legged_gym: anywhere on the tile's central platform
-            pos[:, :2] += (2 * u(k, 2) - 1) * ic.spawn_xy
+            pos[:, :2] += (2 * u(k, 2) - 1) * self._spawn_half[self.terrain.type_idx[env_ids]][:, None]
         quat = torch.zeros(k, 4, device=dev)
         quat[:, 0] = 1.0
         lin_vel = (2 * u(k, 3) - 1) * ic.root_vel

@@ -105,3 +105,27 @@ def test_feet_spawn_no_lower_over_rough_terrain_than_over_flat_ground():
         assert _clearance(env).min() >= spawn_clearance(env.robot, cfg.init.spawn_height) - 1e-4
     finally:
         env.close()
+
+
+def test_robots_on_gaps_tiles_spawn_with_their_footprint_on_the_platform():
+    """A gaps tile's 2 m platform ends in a 1 m deep moat: spawned anywhere within +-1 m of the centre,
+    half the robots started with a foot over it and fell. There the spawn offset keeps the footprint a
+    heightfield cell inside the platform; on the other types it stays legged_gym's +-spawn_xy."""
+    from quadforge.envs.terrain import PLATFORM_HALF, TERRAIN_TYPES
+    cfg = EnvConfig.flat(robot="go1", num_envs=48, seed=0)
+    cfg.terrain = TerrainConfig.of_types(["gaps", "flat"], num_levels=10, num_cols=2, tile_size=8.0, border=1.0)
+    cfg.curriculum = False
+    env = LeggedEnv(cfg)
+    try:
+        gaps = env.terrain.type_idx == TERRAIN_TYPES.index("gaps")
+        half = env._spawn_half[TERRAIN_TYPES.index("gaps")]
+        footprint = float(env._spawn_footprint.abs().amax())
+        assert half + footprint <= PLATFORM_HALF - cfg.terrain.horizontal_scale + 1e-6
+        offset = (env.backend.state.root_pos_w[:, :2] - env.terrain.origins_of(torch.arange(48))[:, :2]).abs()
+        assert (offset[gaps] <= half + 1e-4).all()
+        assert offset[~gaps].amax() > half + 0.2                 # the other tiles keep their +-1 m
+        for _ in range(50):                                       # 1 s of zero actions: nobody drops in
+            env.step(torch.zeros(48, 12))
+            assert (env.backend.state.foot_pos_w[gaps][..., 2] > -0.3).all()
+    finally:
+        env.close()
