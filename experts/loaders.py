@@ -257,9 +257,12 @@ def load_rsl_rl(path: Path, layout: str | ObsLayout | None, robot: str, num_envs
     else:
         order, scale = joint_order or ISAAC_GYM_LEGS, source_action_scale or SOURCE_ACTION_SCALE
     gen = "v5" if prefix == "mlp." else "v1"
+    # the env it was trained in clipped its actions there (env.observations.clip_actions): so does the policy,
+    # in whichever env it runs (files from before the clip was recorded: none, the default 100 anyway)
+    clip = (meta or {}).get("clip_actions")
     return ActorPolicy(actor, FrameObs(lay, num_envs, torch.device(device)), num_envs, device,
                        policy_id=checkpoint_policy_id(f"rsl_rl_{gen}", path), action_gain=_action_gain(robot or "go1", scale),
-                       joint_order=JointOrder(order))
+                       joint_order=JointOrder(order), clip_actions=float(clip) if clip is not None else None)
 
 
 def _jit_load(path: Path, device: str) -> torch.jit.ScriptModule:

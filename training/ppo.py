@@ -267,7 +267,7 @@ def _train(cfg: TrainExpertConfig, preset: Any) -> Path:
         "format": 1, "robot": cfg.robot, "terrain": cfg.terrain, "preset": cfg.preset,
         "preset_config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(preset).items()},
         "policy_layout": env.policy_layout.to_dict(), "critic_layout": env.critic_layout.name,
-        "action_scale": env.action_scale, "dt": env.dt, "seed": cfg.seed,
+        "action_scale": env.action_scale, "clip_actions": float(env.clip_actions), "dt": env.dt, "seed": cfg.seed,
         "overrides": {k: repr(v) for k, v in cfg.overrides.items()},
         "command": "quadforge train-expert " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if len(sys.argv) > 1 and sys.argv[1] == "train-expert" else "",

@@ -5,7 +5,7 @@ import torch
 from tensordict import TensorDict
 
 from quadforge.envs.config import EnvConfig
-from quadforge.layout import LEGGED_GYM_48
+from quadforge.layout import LEGGED_GYM_48, TERM_DIMS
 from quadforge.experts.loaders import load_expert
 from quadforge.experts.policy import check_policy
 from quadforge.training.ppo import (PRESETS, TrainExpertConfig, apply_env_overrides, apply_preset_overrides,
@@ -245,3 +245,13 @@ def test_a_resumed_run_spreads_its_envs_episode_clocks_as_a_fresh_one(tmp_path, 
     first = _train(tmp_path / "a", iterations=1)
     _train(tmp_path / "b", iterations=1, resume=str(first))
     assert seen == [True, True]
+
+
+def test_a_trained_action_clip_goes_with_the_checkpoint(tmp_path):
+    """env.observations.clip_actions clips the actions in training: the loaded policy clips them there too,
+    in an env of default settings (which clips at 100)."""
+    last = _train(tmp_path / "run", iterations=1, **{"env.observations.clip_actions": 0.05})
+    assert torch.load(last, weights_only=True)["infos"]["quadforge"]["clip_actions"] == 0.05
+    policy = load_expert(last, num_envs=4)
+    terms = {n: torch.randn(4, TERM_DIMS[n]) * 3 for n in policy.obs_terms}
+    assert policy.clip_actions == 0.05 and policy.act(terms).abs().max() <= 0.05 + 1e-7
