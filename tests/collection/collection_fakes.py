@@ -85,6 +85,18 @@ class ScriptedEnv:
         return None, rewards, dones, extras
 
 
+class ZeroPolicy:
+    """Zero joint actions: for tests where what the policy does does not matter."""
+
+    policy_id, obs_terms, action_space, action_dim = "zero", ("dof_pos",), "joint", 12
+
+    def reset(self, env_ids):
+        pass
+
+    def act(self, obs):
+        return torch.zeros(obs["dof_pos"].shape[0], 12)
+
+
 class EchoPolicy:
     """Joint actions that repeat the observation they saw (dof_pos), so tests can match them up."""
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from collection_fakes import ZeroPolicy
 from quadforge.evaluation.evaluate import EvalConfig, TimedPolicy, evaluate, parse_levels, run_round, terrain_types, write_outputs
 from quadforge.evaluation.metrics import (episode_metrics, episodes_for_power, high_freq_energy, summarize,
                                           wilson_interval)
@@ -122,20 +123,10 @@ class _CellEnv:
         return None, torch.ones(n), dones, {"time_outs": dones.clone(), "episode_end": episode}
 
 
-class _ZeroPolicy:
-    policy_id, obs_terms, action_space, action_dim = "zero", ("dof_pos",), "joint", 12
-
-    def reset(self, env_ids):
-        pass
-
-    def act(self, obs):
-        return torch.zeros(obs["dof_pos"].shape[0], 12)
-
-
 @pytest.mark.parametrize("num_envs", [3, 4])
 def test_run_round_keeps_first_episodes_of_each_cell_in_fixed_order(num_envs):
     env = _CellEnv(num_envs)
-    rollout = Rollout(env, TimedPolicy(_ZeroPolicy()), RolloutConfig(record=True))
+    rollout = Rollout(env, TimedPolicy(ZeroPolicy()), RolloutConfig(record=True))
     cells = [("flat", 2), ("stairs_up", 5)]
     got = run_round(env, rollout, cells, episodes=3, col_of={"flat": 0, "stairs_up": 1})
     assert set(got) == set(cells)
@@ -150,7 +141,7 @@ def test_run_round_keeps_first_episodes_of_each_cell_in_fixed_order(num_envs):
 
 def test_timed_policy_times_and_forwards():
     seen = []
-    timed = TimedPolicy(_ZeroPolicy(), before_act=lambda terms: seen.append(1))
+    timed = TimedPolicy(ZeroPolicy(), before_act=lambda terms: seen.append(1))
     out = timed.act({"dof_pos": torch.zeros(2, 12)})
     assert out.shape == (2, 12) and len(timed.seconds) == 1 and seen == [1]
     assert timed.policy_id == "zero" and timed.action_space == "joint"

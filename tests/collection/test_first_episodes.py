@@ -8,6 +8,7 @@ k-th episode is quick (2 steps) or slow (to the limit) by a rule on (i, k) known
 import pytest
 import torch
 
+from collection_fakes import ZeroPolicy
 from quadforge.collection.rollout import Rollout, RolloutConfig, first_episode_pairs, first_episode_quotas
 from quadforge.envs.quard.rules import OUTCOME_CODE
 from quadforge.layout import COMMAND_NAMES
@@ -61,16 +62,6 @@ class TimedSceneEnv:
         self.t[dones] = 0
         self.k += dones.long()
         return None, torch.zeros(n), dones, {"time_outs": timeout, "episode_end": episode}
-
-
-class ZeroPolicy:
-    policy_id, obs_terms, action_space, action_dim = "zero", ("dof_pos",), "joint", 12
-
-    def reset(self, env_ids):
-        pass
-
-    def act(self, obs):
-        return torch.zeros(obs["dof_pos"].shape[0], 12)
 
 
 def _scene(ep):
