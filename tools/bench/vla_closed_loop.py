@@ -115,14 +115,13 @@ def tables(results: dict[str, dict[str, Any]], families: Sequence[str]) -> list[
                     row.append(pooled_rows(_rows_by_colours(res, condition), key, words)[key])
                 else:
                     row.append(_rows(res, condition)[family][key])
-        if family == COLOUR_WORDS_ROW:   # no to-original row: the swapped pool is in "all"
-            success.add(*row)
-            continue
-            swapped = by_condition["swapped"]
-            cell = swapped["instruction_following"] if family == "all" else _rows(swapped, "swapped")[family]
-            orig += [cell["to_original"], "-" if cell["named_share"] is None else cell["named_share"]]
+            if family != COLOUR_WORDS_ROW:   # the to-original table has per-family rows and "all" only
+                swapped = by_condition["swapped"]
+                cell = swapped["instruction_following"] if family == "all" else _rows(swapped, "swapped")[family]
+                orig += [cell["to_original"], "-" if cell["named_share"] is None else cell["named_share"]]
         success.add(*row)
-        to_original.add(*orig)
+        if family != COLOUR_WORDS_ROW:
+            to_original.add(*orig)
     speed = Table(f"evaluation throughput ({torch.get_num_threads()} torch thread)",
                   ["policy", "evaluation", "episodes", "wall s", "episodes/min"])
     for spec, by_condition in results.items():
@@ -157,8 +156,9 @@ def main(quick: bool = False, json_path: str | None = None, policy: Sequence[str
     seed = 0 if seed is None else int(seed)
     results = evaluate_all(specs, task, episodes, num_envs, workers, seed)
     policy_ids = {policy_label(s): r["seen"]["policy_id"] for s, r in results.items()}
-    detail = {s: {c: {k: r[k] for k in ("policy_id", "overall", "instruction_following", "families", "swapped",
-                                          "wall_s")} for c, r in by.items()} for s, by in results.items()}
+    detail = {s: {c: {k: r[k] for k in ("policy_id", "overall", "instruction_following", "held_out_colour_words",
+                                          "families", "swapped", "wall_s")} for c, r in by.items()}
+              for s, by in results.items()}
     report("vla_closed_loop", tables(results, families), json_path,
            extra={"task": task, "episodes_per_cell": episodes, "num_envs": num_envs, "workers": workers, "quick": quick,
                   "seed": seed,
