@@ -94,7 +94,7 @@ class SequenceModel(nn.Module):
             raise ValueError(f"{self.name}: batch_size={batch_size}; must be >= 1")
         device = torch.device(device) if device is not None else self._device()
         state = self._init_state(int(batch_size), device)
-        state["last_action"] = torch.zeros(batch_size, self.action_dim, device=device)
+        state["last_action"] = torch.zeros(batch_size, self.action_dim, dtype=self._float_dtype(), device=device)
         return Cache(int(batch_size), torch.zeros(batch_size, dtype=torch.long, device=device), state)
 
     def reset_cache(self, cache: Cache, env_ids: torch.Tensor) -> None:
@@ -159,6 +159,12 @@ class SequenceModel(nn.Module):
     def _device(self) -> torch.device:
         p = next(self.parameters(), None)
         return p.device if p is not None else torch.device("cpu")
+
+    def _float_dtype(self) -> torch.dtype:
+        """The model's floating precision (its first floating parameter's): the deployment caches follow it,
+        so ``step`` of a float64 model runs in float64 as ``forward`` does."""
+        p = next((p for p in self.parameters() if p.is_floating_point()), None)
+        return p.dtype if p is not None else torch.get_default_dtype()
 
 
 class Decoder(nn.Sequential):

@@ -97,7 +97,8 @@ class DecisionConvFormer(SequenceModel):
         return self.decoder(self.norm(states))
 
     def _init_state(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-        return {f"buf{i}": torch.zeros(batch_size, self.kernel - 1, self.hidden, device=device)
+        return {f"buf{i}": torch.zeros(batch_size, self.kernel - 1, self.hidden, dtype=self._float_dtype(),
+                                       device=device)
                 for i in range(self.num_layers)}
 
     def _step(self, obs_t, cache: Cache, action_prev, rtg_t) -> torch.Tensor:

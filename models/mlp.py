@@ -46,7 +46,7 @@ class HistoryMLP(SequenceModel):
         return self.decoder(self.body(flat))
 
     def _init_state(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-        return {"frames": torch.zeros(batch_size, self.context, self.frame, device=device)}
+        return {"frames": torch.zeros(batch_size, self.context, self.frame, dtype=self._float_dtype(), device=device)}
 
     def _step(self, obs_t, cache: Cache, action_prev, rtg_t) -> torch.Tensor:
         buf = cache.state["frames"]

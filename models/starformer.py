@@ -90,7 +90,8 @@ class StARformer(SequenceModel):
         return self.decoder(self.norm(h))
 
     def _init_state(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-        return empty_kv_cache(batch_size, 2 * self.context, self.num_layers, self.num_heads, self.hidden, device)
+        return empty_kv_cache(batch_size, 2 * self.context, self.num_layers, self.num_heads, self.hidden, device,
+                              self._float_dtype())
 
     def _step(self, obs_t, cache: Cache, action_prev, rtg_t) -> torch.Tensor:
         b = obs_t.shape[0]

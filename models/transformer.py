@@ -28,13 +28,14 @@ def allowed_keys(key_valid: torch.Tensor, key_slot: torch.Tensor, query_slot: to
 
 
 def empty_kv_cache(batch_size: int, slots: int, num_layers: int, num_heads: int, hidden: int,
-                   device: torch.device) -> dict[str, torch.Tensor]:
-    """A KV cache with ``slots`` empty positions per layer (``valid`` says which hold a key)."""
+                   device: torch.device, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """A KV cache with ``slots`` empty positions per layer (``valid`` says which hold a key), in ``dtype``
+    (the model's precision)."""
     shape = (batch_size, slots, num_heads, hidden // num_heads)
     state = {"valid": torch.zeros(batch_size, slots, dtype=torch.bool, device=device)}
     for i in range(num_layers):
-        state[f"k{i}"] = torch.zeros(shape, device=device)
-        state[f"v{i}"] = torch.zeros(shape, device=device)
+        state[f"k{i}"] = torch.zeros(shape, dtype=dtype, device=device)
+        state[f"v{i}"] = torch.zeros(shape, dtype=dtype, device=device)
     return state
 
 
@@ -118,7 +119,7 @@ class Transformer(SequenceModel):
 
     def _init_state(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
         return empty_kv_cache(batch_size, self.context * self.tokens.k + 1, self.num_layers, self.num_heads,
-                              self.hidden, device)
+                              self.hidden, device, self._float_dtype())
 
     def _step(self, obs_t, cache: Cache, action_prev, rtg_t) -> torch.Tensor:
         if self._plan is None or self._plan[-2].device != obs_t.device:

@@ -91,6 +91,23 @@ def test_step_equals_forward_and_left_padding_is_zero_history(key):
     assert torch.allclose(short, full[:, :5], atol=1e-5)
 
 
+@pytest.mark.parametrize("key", sorted(CONFIGS))
+def test_step_runs_in_the_models_precision(key):
+    """The deployment caches follow the model's dtype: a float64 model's step equals its float64 forward
+    (float32 caches were a dtype error in the token models' step)."""
+    model = _model(key).double()
+    obs, act, rtg = (x.double() for x in _window())
+    full = _fwd(model, obs, act, rtg)
+    cache = model.init_cache(B)
+    assert all(t.dtype == torch.float64 for t in cache.state.values() if t.is_floating_point())
+    out = []
+    for t in range(N):
+        prev = act[:, t - 1] if t > 0 else torch.zeros(B, A, dtype=torch.float64)
+        out.append(model.step(obs[:, t], cache, prev, rtg[:, t] if model.use_rtg else None))
+    stepped = torch.stack(out, 1)
+    assert stepped.dtype == torch.float64 and torch.allclose(stepped, full, atol=1e-6)
+
+
 @pytest.mark.parametrize("key", ["fcnet", "transformer_dt", "convformer", "starformer", "mlp"])
 def test_blocks_and_per_env_resets(key):
     model = _model(key)
