@@ -54,6 +54,11 @@ def check_modes(context: int, modes: int) -> None:
         raise ValueError(f"FCNet modes m={modes} must satisfy 1 <= m <= (n+1)//2 = {limit} for context n={context}")
 
 
+def complex_of(dtype: torch.dtype) -> torch.dtype:
+    """The complex type that carries ``dtype``'s precision: complex128 for float64, else complex64."""
+    return torch.complex128 if dtype == torch.float64 else torch.complex64
+
+
 def causal_fft_conv(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """y_t = sum_{j<=t} h_j * x_{t-j} per channel. x (B, T, d) real, h (T, d) real -> (B, T, d)."""
     t = x.shape[1]
@@ -87,13 +92,15 @@ class CausalSpectralConv(nn.Module):
         """V = W^T c, (m, d): the mixing and the inverse DFT at the last position folded together."""
         return torch.einsum("k,kld->ld", self.c.to(dtype), self.weight.to(dtype))
 
-    def kernel(self, length: int) -> torch.Tensor:
-        """The equivalent real causal kernel h_j, (length, d)."""
+    def kernel(self, length: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The equivalent real causal kernel h_j, (length, d), computed in the complex type of ``dtype`` (the
+        input's: complex64 for float32, complex128 for float64, so a float64 model is float64 throughout)."""
+        c = complex_of(dtype)
         j = torch.arange(1, length + 1, dtype=torch.float64, device=self.u.device)
         powers = torch.polar(torch.ones(length, self.modes, dtype=torch.float64, device=self.u.device),
                              torch.outer(j, torch.angle(self.u)))                          # (T, m) u^{j+1}
-        v = self.readout(torch.cfloat)                                                     # (m, d)
-        return (powers.to(torch.cfloat) @ v).real                                          # (T, d)
+        v = self.readout(c)                                                                # (m, d)
+        return (powers.to(c) @ v).real                                                     # (T, d)
 
     # --- parallel -----------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -101,25 +108,25 @@ class CausalSpectralConv(nn.Module):
         if x.shape[1] > self.context:
             raise ValueError(f"CSC window length {x.shape[1]} exceeds context n={self.context}")
         if self.impl == "kernel":
-            return causal_fft_conv(x, self.kernel(x.shape[1]).to(x.dtype))
+            return causal_fft_conv(x, self.kernel(x.shape[1], x.dtype).to(x.dtype))
         if self.impl == "direct":
             t = x.shape[1]
-            w = self.kernel(t).to(x.dtype).flip(0).t().unsqueeze(1)                       # (d, 1, T)
+            w = self.kernel(t, x.dtype).to(x.dtype).flip(0).t().unsqueeze(1)              # (d, 1, T)
             return F.conv1d(F.pad(x.transpose(1, 2), (t - 1, 0)), w, groups=self.dim).transpose(1, 2)
         return self.forward_modes(x)
 
     def forward_modes(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 10-12: every mode's sliding DFT by one FFT convolution, then mixing and readout."""
         b, t, d = x.shape
-        size = 2 * t
+        size, c = 2 * t, complex_of(x.dtype)
         j = torch.arange(1, t + 1, dtype=torch.float64, device=x.device)
         a = torch.polar(torch.ones(t, self.modes, dtype=torch.float64, device=x.device),
-                        torch.outer(j, torch.angle(self.u))).to(torch.cfloat)              # (T, m) A_i
-        xf = torch.fft.fft(x.to(torch.cfloat), n=size, dim=1)                              # (B, 2T, d)
+                        torch.outer(j, torch.angle(self.u))).to(c)                         # (T, m) A_i
+        xf = torch.fft.fft(x.to(c), n=size, dim=1)                                         # (B, 2T, d)
         af = torch.fft.fft(a, n=size, dim=0)                                               # (2T, m)
         modes = torch.fft.ifft(xf[:, :, None, :] * af[None, :, :, None], dim=1)[:, :t]     # (B, T, m, d)
-        mixed = torch.einsum("kld,btld->btkd", self.weight, modes)                         # (B, T, m, d)
-        return torch.einsum("k,btkd->btd", self.c.to(torch.cfloat), mixed).real
+        mixed = torch.einsum("kld,btld->btkd", self.weight.to(c), modes)                   # (B, T, m, d)
+        return torch.einsum("k,btkd->btd", self.c.to(c), mixed).real
 
     @torch.no_grad()
     def naive(self, x: torch.Tensor) -> torch.Tensor:

@@ -141,3 +141,15 @@ def test_bfloat16_model_steps_with_a_complex64_state():
     out = torch.stack([model.step(x[:, t].bfloat16(), cache) for t in range(8)], 1)
     assert out.dtype == torch.bfloat16
     assert (out.float() - ref).abs().max() < 2e-2
+
+
+@pytest.mark.parametrize("impl", ["kernel", "direct", "modes"])
+def test_a_float64_layer_is_the_literal_equations_in_float64(impl):
+    """Every path mixes in the complex type of its input: a float64 layer equals Eq. 5-7 to float64 rounding
+    (it was within 1e-7 only, its modes mixed in complex64), and a float32 one to float32 rounding."""
+    torch.manual_seed(0)
+    csc = CausalSpectralConv(8, 64, 12, impl=impl).double()
+    x = torch.randn(2, 64, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert (csc(x) - csc.naive(x)).abs().max() < 1e-12
+        assert (csc.float()(x.float()).double() - csc.naive(x)).abs().max() < 1e-5
