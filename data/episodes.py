@@ -156,8 +156,9 @@ def filter_episodes(info: Mapping[str, np.ndarray], indices: np.ndarray,
             keep &= np.isin(column[indices], np.asarray(wanted))
     families = _names(filters.get("families"))
     if families is not None:   # task_params["family"] (QUARD: go_to, go_avoid, stop, distinguish, go_through)
-        params = _column(info, "task_params", "families")[indices]
-        keep &= np.isin(np.asarray([str((p or {}).get("family", "")) for p in params]), np.asarray(families))
+        column = np.asarray([str((p or {}).get("family", "")) for p in _column(info, "task_params", "families")])
+        _check_names("families", families, column)
+        keep &= np.isin(column[indices], np.asarray(families))
     levels = filters.get("terrain_levels")
     if levels is not None:
         levels = [levels] if is_whole(levels) else list(levels) if isinstance(levels, Iterable) else [levels]

@@ -137,6 +137,9 @@ def test_filters_by_family_and_split(store):
     families = {store.task_params(int(e))["family"] for e in fam.episodes}
     assert families == {"stop", "distinguish"}
     assert set(fam.sample(64)["episode_index"].tolist()) <= set(fam.episodes.tolist())
+    # a family the store lacks (or a typo) selects nothing of it: named, not dropped silently
+    with pytest.raises(ValueError, match=r"filter families: \['stpo'\] match no episode of the source"):
+        ImageWindowSampler(store, split="all", filters={"families": ["stop", "stpo"]})
     train, val = ImageWindowSampler(store), ImageWindowSampler(store, split="val")
     assert not set(train.episodes) & set(val.episodes)
 
