@@ -166,6 +166,8 @@ def _cast(name: str, value: np.ndarray, where: str, stride: int) -> np.ndarray:
 INFO_FLAGS = ("success", "terminated")
 INFO_WHOLE = ("terrain_level", "seed", "instruction_index")
 INFO_NUMBERS = ("return", "cmd_vx", "cmd_vy", "cmd_wz", "control_dt")
+# ... and the text columns (str() would store terrain_type=3 as "3", a type no filter or report knows)
+INFO_TEXT = ("task", "failure_reason", "terrain_type", "gait", "policy_id")
 
 
 def info_type_problem(info: Mapping[str, Any], where: str) -> str | None:
@@ -180,6 +182,11 @@ def info_type_problem(info: Mapping[str, Any], where: str) -> str | None:
         value = info.get(key, 0.0)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
             return f"{where}: info {key!r}={value!r} must be a number"
+    for key in INFO_TEXT:
+        if key in info and not isinstance(info[key], str):
+            return f"{where}: info {key!r}={info[key]!r} must be text (a str)"
+    if info.get("instruction") is not None and not isinstance(info["instruction"], str):
+        return f"{where}: info 'instruction'={info['instruction']!r} must be text (a str) or None"
     if "label" in info and not isinstance(info["label"], Mapping):
         return f"{where}: info 'label'={info['label']!r:.80} must be a dict (the labelling rule's record)"
     return None

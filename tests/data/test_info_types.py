@@ -17,7 +17,9 @@ def _episode(i=0, success=True):
 @pytest.mark.parametrize("key,value", [("success", "no"), ("success", "False"), ("success", "0"),
                                        ("success", 2), ("success", None), ("terminated", "yes"),
                                        ("terrain_level", 2.5), ("terrain_level", "3"), ("seed", True),
-                                       ("return", "1.5"), ("cmd_vx", None), ("label", "good")])
+                                       ("return", "1.5"), ("cmd_vx", None), ("label", "good"),
+                                       ("terrain_type", 3), ("gait", None), ("task", 1), ("policy_id", 7),
+                                       ("failure_reason", 2), ("instruction", 4)])
 def test_writer_refuses_a_mistyped_info_value_and_stages_nothing(tmp_path, key, value):
     feats, info = _episode()
     with StagingWriter(tmp_path, "me") as w:
