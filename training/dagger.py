@@ -52,7 +52,7 @@ from quadforge.models.registry import model_names
 from quadforge.output_paths import check_output_dir
 from quadforge.overrides import parse_overrides
 from quadforge.training.distributed import resolve_device
-from quadforge.training.imitation import final_val_loss, train_or_continue
+from quadforge.training.imitation import final_val_loss, refuse_labels_as_action_inputs, train_or_continue
 from quadforge.training.presets import TrainConfig, apply_train_overrides, preset, presets
 
 DEMO_TERRAIN = "flat,slope_up,rough_slope,stairs_up"
@@ -121,11 +121,8 @@ class DaggerConfig:
         tcfg.validate()
         model = build_model(tcfg.model, obs_dim=get_layout(tcfg.layout).dim, action_dim=NUM_JOINTS,
                             context=tcfg.context, **tcfg.model_config)
-        if model.use_actions and self.iterations and self.episodes_per_iter:   # its relabelled stores: refused later
-            raise ValueError(f"--model {self.model} reads its previous actions, and DAgger's relabelled episodes "
-                             f"hold the expert's labels where the driver applied other actions: the model would "
-                             f"learn from the labels as its previous actions. Use a model without action inputs "
-                             f"(fcnet, mlp, transformer) or model.use_actions=False")
+        if self.iterations and self.episodes_per_iter:   # the trainer would refuse it at iteration 1, after hours
+            refuse_labels_as_action_inputs(model, ["DAgger's relabelled stores (from iteration 1)"])
         if self.init_from is not None:
             try:
                 init = load_checkpoint(self.init_from)   # a text file or a damaged archive: one line, now

@@ -93,18 +93,18 @@ def relabelled_stores(source: Any) -> list[str]:
     return [str(s.root) for s in stores if "applied_actions" in s.feature_names]
 
 
-def refuse_labels_as_action_inputs(model: SequenceModel, source: Any) -> None:
+def refuse_labels_as_action_inputs(model: SequenceModel, relabelled: list[str]) -> None:
     """A model that reads its previous actions (StARformer, Decision ConvFormer) would read a relabelled
     store's labels as them: the expert's action where the driver applied another, an input the deployed
     model never sees (it reads its own previous output). Feeding it ``applied_actions`` instead is not built
-    yet, so such a run is refused rather than trained on the wrong inputs."""
-    relabelled = relabelled_stores(source) if model.use_actions else []
-    if relabelled:
-        raise ValueError(f"model {model.name!r} reads its previous actions, and {', '.join(relabelled)} holds "
-                         f"relabelled actions (the labels differ from applied_actions, what drove the env): it "
-                         f"would learn from the labels as its previous actions. Train a model without action "
-                         f"inputs on relabelled data (fcnet, mlp, transformer), or use_actions=False "
-                         f"(docs/training.md)")
+    yet, so such a run is refused rather than trained on the wrong inputs. ``relabelled``: the relabelled
+    sources, by name (``relabelled_stores``; DAgger names the stores it will collect)."""
+    if model.use_actions and relabelled:
+        raise ValueError(f"model {model.name!r} reads its previous actions, and the actions of "
+                         f"{', '.join(relabelled)} are relabelled (the labels differ from applied_actions, what "
+                         f"drove the env): it would learn from the labels as its previous actions. Train a model "
+                         f"without action inputs on relabelled data (fcnet, mlp, transformer), or set "
+                         f"model.use_actions=False (docs/training.md)")
 
 
 # --- objective -----------------------------------------------------------------------------------------
@@ -229,7 +229,7 @@ class ImitationRun:
                                                            / (cfg.batch_size * info.world_size)))
         self.model = build_model(cfg.model, obs_dim=self.layout.dim, action_dim=NUM_JOINTS, context=cfg.context,
                                  **cfg.model_config).to(info.device)
-        refuse_labels_as_action_inputs(self.model, source)
+        refuse_labels_as_action_inputs(self.model, relabelled_stores(source) if self.model.use_actions else [])
         self.objective = ImitationObjective(self.model, cfg.loss).to(info.device)
         self.obs_mean, self.obs_std = self.train_s.obs_stats()
         self.act_mean, self.act_std = self.train_s.action_stats()
