@@ -56,7 +56,7 @@ def check_modes(context: int, modes: int) -> None:
 
 def complex_of(dtype: torch.dtype) -> torch.dtype:
     """The complex type that carries ``dtype``'s precision: complex128 for float64, else complex64."""
-    return torch.complex128 if dtype == torch.float64 else torch.complex64
+    return torch.promote_types(dtype, torch.complex64)
 
 
 def causal_fft_conv(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quadforge.models.base import Cache, Decoder, FeedForward, SequenceModel
-from quadforge.models.csc import CausalSpectralConv, weight_key
+from quadforge.models.csc import CausalSpectralConv, complex_of, weight_key
 from quadforge.models.step_plans import ffn_step, fourier_layer_plan, fourier_step, live_params
 
 
@@ -80,7 +80,7 @@ class FCNet(SequenceModel):
         # at most one block of n steps before its reset, so rotation rounding cannot accumulate the way
         # it does in an unbounded sliding DFT (csc.py keeps complex128 there); measured at n 1024 and
         # tested (tests/training/test_fcnet_csc.py), docs/models.md
-        return torch.promote_types(self.encoder.weight.dtype, torch.complex64)
+        return complex_of(self.encoder.weight.dtype)
 
     def _init_state(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
         # every layer's CSC state in one tensor (B, L, d, m), kept as Z = (V u) * X (see _step): the
