@@ -21,7 +21,12 @@ class JobFailed(RuntimeError):
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a job that can say what it kept and how to go on: ``str(err)`` says it (the CLI prints
-    it after ``interrupted``, exit 130 as for any interruption)."""
+    it after ``interrupted``, exit 130 as for any interruption). ``resumable``: a checkpoint was kept that
+    the same command with ``--resume`` continues from."""
+
+    def __init__(self, message: str, resumable: bool = False):
+        super().__init__(message)
+        self.resumable = resumable
 
 
 def is_write_failure(err: BaseException) -> bool:

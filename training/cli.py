@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return int(importlib.import_module(TRAINER_MODULES[spec.trainer]).run_from_args(args) or 0)
     except Interrupted as err:   # the loop says what it kept; the command says how to go on
-        raise Interrupted(f"{err}: the same command with --resume continues from it" if "holds step" in str(err)
+        raise Interrupted(f"{err}: the same command with --resume continues from it" if err.resumable
                           else str(err)) from None
 
 

@@ -280,7 +280,7 @@ class TrainLoop:
             kept = (f"{self.last_path} holds step {self.last_step} of {self.max_steps}" if self.last_path
                     else f"the checkpoint it resumed from holds step {start}" if start
                     else "no checkpoint was written yet")
-            raise Interrupted(f"{self.desc} stopped; {kept}") from None
+            raise Interrupted(f"{self.desc} stopped; {kept}", resumable=bool(self.last_path or start)) from None
 
     def _run(self, start: int) -> list[dict[str, float]]:
         info = self.info
