@@ -79,8 +79,8 @@ def evaluate_all(specs: Sequence[str], task: str, episodes: int, num_envs: int, 
 
 
 def _rows_by_colours(result: dict[str, Any], condition: str) -> dict[str, dict[str, dict[str, Any]]]:
-    colours, instructions = CONDITIONS[condition]
-    return {colours: _rows(result, condition)}
+    """One condition's per-family rows keyed by its colour set, the shape ``pooled_rows`` reads."""
+    return {CONDITIONS[condition][0]: _rows(result, condition)}
 
 
 def _rows(result: dict[str, Any], condition: str) -> dict[str, dict[str, Any]]:
