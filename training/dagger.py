@@ -272,7 +272,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_store(p, "the expert's episodes (default: collect the demo's into OUT/expert)")
     p.add_argument("--expert-episodes", type=int, default=d.expert_episodes,
                    help="gait-expert episodes collected when --store is not given")
-    p.add_argument("--model", default=d.model, help="imitation model (models)")
+    p.add_argument("--model", default=d.model, help="imitation model (models); one that reads its previous actions "
+                   "(starformer, convformer) is refused with relabelling: it would read the expert's labels as them")
     p.add_argument("--preset", default=d.preset, help="the model's training preset")
     p.add_argument("--iterations", type=int, default=d.iterations, help="DAgger iterations after the expert-only one")
     p.add_argument("--episodes-per-iter", type=int, default=d.episodes_per_iter,
